@@ -1,0 +1,1 @@
+"""jgrind: exact full-graph GNN training in JAX."""

@@ -1,0 +1,36 @@
+"""Orbax checkpoints of a training run: parameters, optimizer state, best-so-far and the log.
+
+Resuming restores the exact state at the saved epoch; together with keys derived by
+``fold_in(key, epoch)`` this makes a resumed run end with the same parameters as one that never
+stopped.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any, Optional
+
+import orbax.checkpoint as ocp
+
+
+def manager(directory: str | pathlib.Path, every: int, keep: int = 2) -> ocp.CheckpointManager:
+    directory = pathlib.Path(directory).absolute()
+    directory.mkdir(parents=True, exist_ok=True)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=max(every, 1))
+    return ocp.CheckpointManager(directory, options=options)
+
+
+def save(mgr: ocp.CheckpointManager, epoch: int, state: Any, meta: dict, force=False) -> None:
+    mgr.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                            meta=ocp.args.JsonSave(meta)), force=force)
+
+
+def restore_latest(mgr: ocp.CheckpointManager, like: Any) -> Optional[tuple[int, Any, dict]]:
+    """``(epoch, state, meta)`` of the latest checkpoint, or None. ``like`` gives the pytree
+    structure (e.g. freshly initialised state)."""
+    step = mgr.latest_step()
+    if step is None:
+        return None
+    restored = mgr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore()))
+    return step, restored["state"], restored["meta"]

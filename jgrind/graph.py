@@ -1,0 +1,214 @@
+"""The `Graph` value: an immutable node-classification graph in CSR form.
+
+Everything downstream (transforms, partitioning, models, the engine) reads a graph through this
+one type. It lives in NumPy host memory on purpose: a graph too large for the accelerator is the
+whole point of jgrind, so device copies are made explicitly, per partition, by later stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import numpy as np
+
+
+class GraphError(ValueError):
+    """A graph (or a file it was read from) is malformed. The message says what and what to do."""
+
+
+def index_dtype(n: int) -> np.dtype:
+    """int32 while ids fit (half the memory and the native index type of XLA), else int64."""
+    return np.dtype(np.int32) if n < 2**31 - 1 else np.dtype(np.int64)
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    if a.flags.writeable:
+        a = a.view()
+        a.flags.writeable = False
+    return a
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Graph:
+    """A directed graph with node features, labels and one or more train/val/test splits.
+
+    N nodes, E directed edges, F features, S splits, C classes.
+
+    Attributes:
+      indptr: ``[N + 1]`` int, CSR row pointers. Row ``i`` holds the *in*-neighbours of node ``i``
+        (the sources of edges ``j -> i``), so aggregating messages is ``A @ X`` with
+        ``A[dst, src]``. Undirected graphs store both directions.
+      indices: ``[E]`` int, source node of every edge, grouped by destination row.
+      features: ``[N, F]`` float32 node features, all finite.
+      labels: ``[N]`` int32 class ids in ``[0, C)``; ``-1`` marks an unlabelled node, which may
+        not appear in any mask.
+      train_mask, val_mask, test_mask: ``[S, N]`` bool. Split ``s`` is row ``s``; within a split the
+        three masks are disjoint.
+      num_classes: C.
+      edge_weight: optional ``[E]`` float32 weight of every edge, aligned with ``indices``.
+      name: a label for logs and reports.
+
+    Construct through the dataclass constructor; it validates everything and freezes the arrays.
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    features: np.ndarray
+    labels: np.ndarray
+    train_mask: np.ndarray
+    val_mask: np.ndarray
+    test_mask: np.ndarray
+    num_classes: int
+    edge_weight: Optional[np.ndarray] = None
+    name: str = "graph"
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
+        indptr = np.asarray(self.indptr)
+        if indptr.ndim != 1 or indptr.size < 2:
+            raise GraphError(f"{self.name}: the graph is empty (indptr has {indptr.size} entries); "
+                             "a graph needs at least one node")
+        n = indptr.size - 1
+        idx_t = index_dtype(max(n, int(indptr[-1])))
+        set_("indptr", _frozen(indptr.astype(idx_t, copy=False)))
+        set_("indices", _frozen(np.asarray(self.indices).astype(idx_t, copy=False)))
+        feats = np.asarray(self.features)
+        if feats.dtype != np.float32:
+            feats = feats.astype(np.float32)
+        set_("features", _frozen(feats))
+        set_("labels", _frozen(np.asarray(self.labels).astype(np.int32, copy=False)))
+        for k in ("train_mask", "val_mask", "test_mask"):
+            m = np.asarray(getattr(self, k), dtype=bool)
+            set_(k, _frozen(m[None] if m.ndim == 1 else m))
+        if self.edge_weight is not None:
+            set_("edge_weight", _frozen(np.asarray(self.edge_weight, dtype=np.float32)))
+        set_("num_classes", int(self.num_classes))
+        self.validate()
+
+    # -- sizes ------------------------------------------------------------------------------
+    @property
+    def num_nodes(self) -> int:
+        return self.indptr.size - 1
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.indices.size)
+
+    @property
+    def num_features(self) -> int:
+        return int(self.features.shape[1])
+
+    @property
+    def num_splits(self) -> int:
+        return int(self.train_mask.shape[0])
+
+    def in_degree(self) -> np.ndarray:
+        """``[N]`` number of in-edges of every node."""
+        return np.diff(self.indptr)
+
+    def edge_destinations(self) -> np.ndarray:
+        """``[E]`` destination of every edge (the CSR row each entry of `indices` belongs to)."""
+        return np.repeat(np.arange(self.num_nodes, dtype=self.indices.dtype), self.in_degree())
+
+    def nbytes(self) -> int:
+        arrays = [self.indptr, self.indices, self.features, self.labels,
+                  self.train_mask, self.val_mask, self.test_mask]
+        if self.edge_weight is not None:
+            arrays.append(self.edge_weight)
+        return int(sum(a.nbytes for a in arrays))
+
+    def replace(self, **changes) -> "Graph":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        return (f"Graph(name={self.name!r}, nodes={self.num_nodes:,}, edges={self.num_edges:,}, "
+                f"features={self.num_features}, classes={self.num_classes}, "
+                f"splits={self.num_splits}, weighted={self.edge_weight is not None})")
+
+    # -- validation -------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise `GraphError` naming the first problem found."""
+        name, n = self.name, self.num_nodes
+        ip, ix = self.indptr, self.indices
+        if ip[0] != 0 or np.any(ip[1:] < ip[:-1]):
+            raise GraphError(f"{name}: indptr must start at 0 and never decrease")
+        if ip[-1] != ix.size:
+            raise GraphError(f"{name}: indptr ends at {ip[-1]} but there are {ix.size} edge indices")
+        if ix.size and (ix.min() < 0 or ix.max() >= n):
+            bad = int(ix.min()) if ix.min() < 0 else int(ix.max())
+            raise GraphError(f"{name}: edge endpoint {bad} is out of range for {n} nodes "
+                             f"(node ids must lie in [0, {n})); check the edge file's id base")
+        if self.features.ndim != 2 or self.features.shape[0] != n:
+            raise GraphError(f"{name}: features have shape {self.features.shape}, expected "
+                             f"[{n}, F] (one row per node)")
+        if not np.isfinite(self.features).all():
+            rows = np.unique(np.nonzero(~np.isfinite(self.features))[0])
+            raise GraphError(f"{name}: features contain NaN or inf in {rows.size} rows "
+                             f"(first: node {int(rows[0])}); impute or drop them before loading")
+        if self.labels.shape != (n,):
+            raise GraphError(f"{name}: labels have shape {self.labels.shape}, expected [{n}]")
+        if self.num_classes < 1:
+            raise GraphError(f"{name}: num_classes must be at least 1, got {self.num_classes}")
+        labelled = self.labels >= 0
+        if np.any(self.labels < -1) or np.any(self.labels[labelled] >= self.num_classes):
+            bad = self.labels[(self.labels < -1) | (self.labels >= self.num_classes)]
+            raise GraphError(f"{name}: label {int(bad[0])} is outside [0, {self.num_classes}) "
+                             "(use -1 for unlabelled nodes, or raise num_classes)")
+        shapes = {k: getattr(self, k).shape for k in ("train_mask", "val_mask", "test_mask")}
+        if len(set(shapes.values())) != 1 or self.train_mask.ndim != 2 \
+                or self.train_mask.shape[1] != n:
+            raise GraphError(f"{name}: masks must all have shape [splits, {n}], got {shapes}")
+        tr, va, te = self.train_mask, self.val_mask, self.test_mask
+        for a, b, an, bn in ((tr, va, "train", "val"), (tr, te, "train", "test"),
+                             (va, te, "val", "test")):
+            both = a & b
+            if both.any():
+                s, i = (int(v[0]) for v in np.nonzero(both))
+                raise GraphError(f"{name}: {an} and {bn} masks overlap (split {s}, node {i}, "
+                                 f"{int(both.sum())} nodes in all); a node may be in one set only")
+        used = tr | va | te
+        if np.any(used & ~labelled[None]):
+            s, i = (int(v[0]) for v in np.nonzero(used & ~labelled[None]))
+            raise GraphError(f"{name}: node {i} is in a mask of split {s} but has no label (-1)")
+        if self.edge_weight is not None:
+            if self.edge_weight.shape != ix.shape:
+                raise GraphError(f"{name}: edge_weight has shape {self.edge_weight.shape}, "
+                                 f"expected [{ix.size}] (one weight per edge)")
+            if not np.isfinite(self.edge_weight).all():
+                raise GraphError(f"{name}: edge weights contain NaN or inf")
+
+
+def from_edges(src, dst, features, labels, *, num_classes=None, train_mask=None, val_mask=None,
+               test_mask=None, name="graph", num_nodes=None) -> Graph:
+    """Build a `Graph` from edge lists ``src -> dst`` (kept as given: no symmetrising, no dedup).
+
+    Masks default to empty single splits. Raises `GraphError` for out-of-range ids before
+    anything large is allocated.
+    """
+    src = np.asarray(src).reshape(-1)
+    dst = np.asarray(dst).reshape(-1)
+    features = np.asarray(features)
+    n = int(num_nodes if num_nodes is not None else features.shape[0])
+    if src.shape != dst.shape:
+        raise GraphError(f"{name}: {src.size} edge sources but {dst.size} destinations")
+    for ids, what in ((src, "source"), (dst, "destination")):
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+            raise GraphError(f"{name}: edge {what} {bad} is out of range for {n} nodes "
+                             f"(ids must lie in [0, {n}))")
+    idx_t = index_dtype(max(n, src.size))
+    order = np.argsort(dst, kind="stable")
+    indptr = np.zeros(n + 1, dtype=idx_t)
+    np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
+    labels = np.asarray(labels)
+    if num_classes is None:
+        num_classes = int(labels.max()) + 1 if labels.size else 1
+    empty = np.zeros((1, n), dtype=bool)
+    return Graph(indptr=indptr, indices=src[order].astype(idx_t), features=features,
+                 labels=labels, train_mask=empty if train_mask is None else train_mask,
+                 val_mask=empty if val_mask is None else val_mask,
+                 test_mask=empty if test_mask is None else test_mask,
+                 num_classes=num_classes, name=name)

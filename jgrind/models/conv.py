@@ -1,0 +1,65 @@
+"""What every layer shares: pre-norm, dropout, the layer's own transform, activation, residual.
+
+    h_out = skip(h[:n_out]) + act(transform(dropout(norm(h))))      (residual=True)
+    h_out =                   act(transform(dropout(norm(h))))      (residual=False)
+
+``transform`` maps all ``n_in`` input rows to the ``n_out`` output rows (a graph convolution, or
+a node-wise linear map that just keeps the first ``n_out`` rows). Because norm, dropout and the
+activation are per node and dropout is keyed by global node ids, a layer computes the same output
+rows whether it sees the whole graph or one partition with its halo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+
+from jgrind.models.block import Block
+from jgrind.models.dropout import dropout as hashed_dropout
+from jgrind.models.init import glorot
+from jgrind.models.norm import layer_norm, layer_norm_init
+
+Activation = Optional[Callable[[jax.Array], jax.Array]]
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerOptions:
+    """Options shared by all layers.
+
+    Attributes:
+      dropout: rate applied to the layer input (after the norm) in training.
+      activation: applied to the transform's output; None for the logits layer.
+      layer_norm: pre-normalise the input with LayerNorm.
+      residual: add the input (projected if the width changes) to the output.
+    """
+
+    dropout: float = 0.0
+    activation: Activation = None
+    layer_norm: bool = False
+    residual: bool = False
+
+
+def init_wrapper(key: jax.Array, in_channels: int, out_channels: int,
+                 opts: LayerOptions) -> dict:
+    params = {}
+    if opts.layer_norm:
+        params["norm"] = layer_norm_init(in_channels)
+    if opts.residual and in_channels != out_channels:
+        params["skip"] = glorot(key, (in_channels, out_channels))
+    return params
+
+
+def apply_wrapper(transform: Callable[[jax.Array], jax.Array], params: dict, block: Block,
+                  h: jax.Array, key: Optional[jax.Array], opts: LayerOptions) -> jax.Array:
+    x = layer_norm(params["norm"], h) if opts.layer_norm else h
+    x = hashed_dropout(x, opts.dropout, key, block.node_ids)
+    y = transform(x)
+    if opts.activation is not None:
+        y = opts.activation(y)
+    if opts.residual:
+        own = h[: block.num_out]
+        y = y + (own @ params["skip"] if "skip" in params else own)
+    return y

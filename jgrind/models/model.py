@@ -1,0 +1,167 @@
+"""`GNN`: a model as a sequence of layers plus the whole-graph normalisation it needs.
+
+Parameters are a plain tuple of per-layer dicts, created from a PRNG key. ``apply`` runs all
+layers on one block (the in-memory path); the out-of-core engine instead calls the layers one at a
+time on per-partition blocks. Both call the same layer objects, so they compute the same function.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+
+from jgrind import transforms
+from jgrind.graph import Graph
+from jgrind.models.block import Block, full_block
+from jgrind.models.conv import LayerOptions
+from jgrind.models.gat import GATConv
+from jgrind.models.gcn import GCNConv
+from jgrind.models.linear import Linear
+from jgrind.models.sage import SAGEConv
+
+Params = tuple  # one dict per layer
+
+
+@dataclasses.dataclass(frozen=True)
+class GNN:
+    """A graph neural network as data.
+
+    Attributes:
+      layers: the layer objects, applied in order. Each has ``init(key) -> dict`` and
+        ``__call__(params, block, h, key) -> h'`` and a class flag ``aggregates`` (whether it
+        reads neighbours, i.e. needs a halo).
+      normalize: whole-graph preprocessing that sets the edge weights the layers aggregate with
+        (e.g. `transforms.gcn_norm`). Computed once per graph, before any partitioning.
+      needs_adjacency / needs_edges: which block pieces the layers read.
+      name: for logs.
+    """
+
+    layers: tuple
+    normalize: Callable[[Graph], Graph]
+    needs_adjacency: bool
+    needs_edges: bool
+    name: str = "gnn"
+
+    def init(self, key: jax.Array) -> Params:
+        keys = jax.random.split(key, len(self.layers))
+        return tuple(layer.init(k) for layer, k in zip(self.layers, keys))
+
+    def block(self, normalized: Graph) -> Block:
+        """The whole (already normalised) graph as one block, on the host."""
+        return full_block(normalized, needs_edges=self.needs_edges,
+                          needs_adjacency=self.needs_adjacency)
+
+    def apply(self, params: Params, block: Block, x: jax.Array,
+              key: Optional[jax.Array] = None) -> jax.Array:
+        """Logits ``[num_out, C]``. ``key`` enables dropout; None means evaluation."""
+        h = x
+        for i, (layer, p) in enumerate(zip(self.layers, params)):
+            h = layer(p, block, h, layer_key(key, i))
+        return h
+
+    @property
+    def out_channels(self) -> int:
+        last = self.layers[-1]
+        return last.width if isinstance(last, GATConv) else last.out_channels
+
+
+def layer_key(key: Optional[jax.Array], layer: int) -> Optional[jax.Array]:
+    """The dropout key of one layer: the same in the in-memory path and in the engine."""
+    return None if key is None else jax.random.fold_in(key, layer)
+
+
+def _widths(in_channels: int, hidden: int | Sequence[int], num_layers: int) -> list[int]:
+    if isinstance(hidden, int):
+        return [hidden] * (num_layers - 1)
+    hidden = list(hidden)
+    if len(hidden) != num_layers - 1:
+        raise ValueError(f"hidden sizes {hidden} give {len(hidden) + 1} layers, but "
+                         f"num_layers={num_layers}; pass num_layers={len(hidden) + 1}")
+    return hidden
+
+
+def _stack(conv: Callable[..., Any], in_channels: int, hidden, out_channels: int, *,
+           num_layers: int, dropout: float, residual: bool, layer_norm: bool,
+           activation) -> tuple:
+    """Plain stack conv -> ... -> conv (logits), or, with residual=True, the residual design of
+    Platonov et al. (2023): Linear in -> num_layers residual conv blocks -> LayerNorm + Linear out.
+    """
+    if num_layers < 1:
+        raise ValueError(f"num_layers must be at least 1, got {num_layers}")
+    if not residual:
+        widths = [in_channels, *_widths(in_channels, hidden, num_layers), out_channels]
+        layers = []
+        for i in range(num_layers):
+            last = i == num_layers - 1
+            opts = LayerOptions(dropout=dropout, activation=None if last else activation,
+                                layer_norm=layer_norm and i > 0, residual=False)
+            layers.append(conv(widths[i], widths[i + 1], opts, last))
+        return tuple(layers)
+    width = hidden if isinstance(hidden, int) else hidden[0]
+    if not isinstance(hidden, int) and len(set(hidden)) != 1:
+        raise ValueError("residual models need one hidden width for all blocks, got "
+                         f"{list(hidden)}")
+    layers = [Linear(in_channels, width, LayerOptions(activation=activation))]
+    block_opts = LayerOptions(dropout=dropout, activation=activation, layer_norm=layer_norm,
+                              residual=True)
+    layers += [conv(width, width, block_opts, False) for _ in range(num_layers)]
+    layers.append(Linear(width, out_channels, LayerOptions(layer_norm=layer_norm)))
+    return tuple(layers)
+
+
+def gcn(in_channels: int, hidden_channels: int | Sequence[int], out_channels: int, *,
+        num_layers: int = 2, dropout: float = 0.5, residual: bool = False,
+        layer_norm: bool = False, activation=jax.nn.relu) -> GNN:
+    """GCN. Defaults are Kipf & Welling's: 2 layers, ReLU, dropout 0.5 before each layer."""
+    make = lambda i, o, opts, last: GCNConv(i, o, opts)  # noqa: E731
+    layers = _stack(make, in_channels, hidden_channels, out_channels, num_layers=num_layers,
+                    dropout=dropout, residual=residual, layer_norm=layer_norm,
+                    activation=activation)
+    return GNN(layers, transforms.gcn_norm, needs_adjacency=True, needs_edges=False, name="gcn")
+
+
+def sage(in_channels: int, hidden_channels: int | Sequence[int], out_channels: int, *,
+         num_layers: int = 2, dropout: float = 0.5, residual: bool = False,
+         layer_norm: bool = False, activation=jax.nn.relu) -> GNN:
+    """GraphSAGE with mean aggregation and a root weight (PyG ``SAGEConv`` defaults)."""
+    make = lambda i, o, opts, last: SAGEConv(i, o, opts)  # noqa: E731
+    layers = _stack(make, in_channels, hidden_channels, out_channels, num_layers=num_layers,
+                    dropout=dropout, residual=residual, layer_norm=layer_norm,
+                    activation=activation)
+    return GNN(layers, _sage_normalize, needs_adjacency=True, needs_edges=False, name="sage")
+
+
+def _sage_normalize(graph: Graph) -> Graph:
+    return transforms.mean_norm(transforms.remove_self_loops(graph))
+
+
+def _gat_normalize(graph: Graph) -> Graph:
+    return transforms.add_self_loops(graph.replace(edge_weight=None))
+
+
+def gat(in_channels: int, hidden_channels: int, out_channels: int, *, num_layers: int = 2,
+        heads: int = 8, output_heads: int = 1, dropout: float = 0.6,
+        attention_dropout: Optional[float] = None, residual: bool = False,
+        layer_norm: bool = False, activation=jax.nn.elu) -> GNN:
+    """GAT. Defaults are Velickovic et al.'s Cora model: 8 heads x 8 hidden, concatenated, ELU,
+    dropout 0.6 on inputs and attention, one output head averaged. ``hidden_channels`` is per head.
+    """
+    att = dropout if attention_dropout is None else attention_dropout
+
+    def make(i, o, opts, last):
+        if last:
+            return GATConv(i, o, heads=output_heads, concat=False, attention_dropout=att,
+                           options=opts)
+        per_head = o // heads
+        if per_head * heads != o:
+            raise ValueError(f"GAT width {o} is not a multiple of heads={heads}")
+        return GATConv(i, per_head, heads=heads, concat=True, attention_dropout=att,
+                       options=opts)
+
+    width = hidden_channels * heads
+    layers = _stack(make, in_channels, width, out_channels, num_layers=num_layers,
+                    dropout=dropout, residual=residual, layer_norm=layer_norm,
+                    activation=activation)
+    return GNN(layers, _gat_normalize, needs_adjacency=False, needs_edges=True, name="gat")

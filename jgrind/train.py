@@ -1,0 +1,260 @@
+"""The functional trainer: ``train(key, graph, model, optimizer, epochs=...) -> TrainResult``.
+
+One straight line: prepare -> (resume) -> for each epoch: step, evaluate, log, checkpoint.
+The *executor* does the numerical work of an epoch. `InMemory` (here) runs the whole model in one
+jitted step, the fast path when everything fits; the out-of-core engine provides the same two
+methods, so the trainer, logging, checkpoints and trials are shared by every execution strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+import time
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jgrind import checkpoint as ckpt
+from jgrind.graph import Graph
+from jgrind.loss import node_weights, weighted_cross_entropy
+from jgrind.metrics import cross_entropy, default_metric, evaluate
+from jgrind.models.model import GNN, Params
+
+
+class Executor(Protocol):
+    """How an epoch is computed. ``step`` does forward, backward and the optimizer update."""
+
+    def step(self, params: Params, opt_state: Any, key: jax.Array) -> tuple[Params, Any, float]:
+        ...
+
+    def predict(self, params: Params) -> np.ndarray:
+        """Logits ``[N, C]`` on the host, dropout off."""
+        ...
+
+
+class InMemory:
+    """The whole graph on one device, one jitted step for the whole model: no per-layer Python.
+
+    Built once per (graph, model, optimizer); arrays are moved to the device explicitly here.
+    """
+
+    def __init__(self, graph: Graph, model: GNN, optimizer: optax.GradientTransformation,
+                 split: int = 0, device=None):
+        normalized = model.normalize(graph)
+        put = lambda a: jax.device_put(a, device)  # noqa: E731 - the one explicit transfer
+        self.block = put(model.block(normalized))
+        self.x = put(graph.features)
+        self.labels = put(graph.labels)
+        self.weights = put(node_weights(graph.train_mask[split]))
+        self.model, self.optimizer = model, optimizer
+
+        def loss_fn(params, block, x, labels, weights, key):
+            logits = model.apply(params, block, x, key)
+            return weighted_cross_entropy(logits, labels, weights)
+
+        def step(params, opt_state, block, x, labels, weights, key):
+            loss, grads = jax.value_and_grad(loss_fn)(params, block, x, labels, weights, key)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+        # params and optimizer state are donated: the old buffers are dead after the update.
+        self._step = jax.jit(step, donate_argnums=(0, 1))
+        self._predict = jax.jit(lambda p, b, x: model.apply(p, b, x, None))
+        self._loss_and_grad = jax.jit(jax.value_and_grad(loss_fn))
+
+    def step(self, params, opt_state, key):
+        params, opt_state, loss = self._step(params, opt_state, self.block, self.x, self.labels,
+                                             self.weights, key)
+        return params, opt_state, loss
+
+    def predict(self, params) -> np.ndarray:
+        return np.asarray(self._predict(params, self.block, self.x))
+
+    def loss_and_grad(self, params, key):
+        """Loss and gradient without an update: the reference the engine is tested against."""
+        return self._loss_and_grad(params, self.block, self.x, self.labels, self.weights, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What a run returns.
+
+    Attributes:
+      params: parameters after the last epoch.
+      best_params: parameters at ``best_epoch`` (highest validation metric).
+      history: one dict per epoch (see `train`), also written to the metrics log.
+      metric: "accuracy" or "roc_auc".
+      best_epoch, val, test: model selection by validation: the test metric at the best epoch.
+      seconds: wall time of the epochs (not counting preparation and compilation).
+    """
+
+    params: Params
+    best_params: Params
+    history: list
+    metric: str
+    best_epoch: int
+    val: float
+    test: float
+    seconds: float
+
+
+def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTransformation, *,
+          epochs: int, split: int = 0, metric: Optional[str] = None, eval_every: int = 1,
+          patience: Optional[int] = None, log_path: Optional[str | pathlib.Path] = None,
+          checkpoint_dir: Optional[str | pathlib.Path] = None, checkpoint_every: int = 10,
+          progress: bool = True, executor: Optional[Executor] = None) -> TrainResult:
+    """Train ``model`` on the full graph for ``epochs`` epochs (one optimizer step each).
+
+    Args:
+      key: the run's only source of randomness: split once into init and dropout keys; the
+        dropout key of epoch ``e`` is ``fold_in(dropout_key, e)``.
+      graph: the raw graph; the model's normalisation is applied here, on the whole graph.
+      model, optimizer: a `GNN` and any optax transformation.
+      split: which row of the graph's masks to use.
+      metric: "accuracy" or "roc_auc"; default by the number of classes.
+      eval_every: evaluate on val/test every this many epochs (and at the last).
+      patience: stop when the validation metric has not improved for this many evaluations.
+      log_path: write one JSON object per epoch (JSON lines).
+      checkpoint_dir, checkpoint_every: orbax checkpoints; an existing checkpoint is resumed.
+      executor: how to compute an epoch; default `InMemory`.
+
+    Each history record: ``epoch, loss, seconds`` and, on evaluated epochs, ``train``, ``val``,
+    ``test`` (the metric) and ``val_loss``.
+    """
+    if epochs < 1:
+        raise ValueError(f"epochs must be at least 1, got {epochs}")
+    if not 0 <= split < graph.num_splits:
+        raise ValueError(f"split {split} does not exist: {graph.name} has {graph.num_splits} "
+                         f"split(s), numbered 0..{graph.num_splits - 1}")
+    metric = metric or default_metric(graph.num_classes)
+    masks = (graph.train_mask[split], graph.val_mask[split], graph.test_mask[split])
+    labels = graph.labels
+    executor = executor or InMemory(graph, model, optimizer, split)
+
+    init_key, dropout_key = jax.random.split(key)
+    params = model.init(init_key)
+    opt_state = optimizer.init(params)
+    best = {"epoch": -1, "val": -math.inf, "test": float("nan"), "params": params}
+    history: list[dict] = []
+    start_epoch = 0
+
+    # -- resume ------------------------------------------------------------------------------
+    manager = ckpt.manager(checkpoint_dir, checkpoint_every) if checkpoint_dir else None
+    if manager is not None:
+        like = {"params": params, "opt_state": opt_state, "best_params": params}
+        restored = ckpt.restore_latest(manager, like)
+        if restored is not None:
+            saved_epoch, state, meta = restored
+            params, opt_state = state["params"], state["opt_state"]
+            best = {**meta["best"], "params": state["best_params"]}
+            history = meta["history"]
+            start_epoch = saved_epoch + 1
+
+    log_file = None
+    if log_path is not None:
+        log_path = pathlib.Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(log_path, "w")
+        for record in history:
+            log_file.write(json.dumps(record) + "\n")
+
+    # -- epochs ------------------------------------------------------------------------------
+    bar = _progress(range(start_epoch, epochs), progress, total=epochs, initial=start_epoch,
+                    desc=f"{model.name} on {graph.name}")
+    stale = 0
+    train_seconds = 0.0
+    try:
+        for epoch in bar:
+            t0 = time.perf_counter()
+            params, opt_state, loss = executor.step(params, opt_state,
+                                                    jax.random.fold_in(dropout_key, epoch))
+            loss = float(loss)  # blocks until the step is done, so `seconds` is honest
+            record = {"epoch": epoch, "loss": loss, "seconds": time.perf_counter() - t0}
+            train_seconds += record["seconds"]
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"loss became {loss} at epoch {epoch}; lower the "
+                                         "learning rate or check the features' scale")
+            last = epoch == epochs - 1
+            if (epoch + 1) % eval_every == 0 or last:
+                logits = executor.predict(params)
+                record.update({name: evaluate(logits, labels, m, metric)
+                               for name, m in zip(("train", "val", "test"), masks)})
+                record["val_loss"] = cross_entropy(logits, labels, masks[1])
+                if record["val"] > best["val"]:
+                    best = {"epoch": epoch, "val": record["val"], "test": record["test"],
+                            "params": jax.tree.map(jnp.copy, params)}
+                    stale = 0
+                else:
+                    stale += 1
+                if hasattr(bar, "set_postfix"):
+                    bar.set_postfix(loss=f"{loss:.4f}", val=f"{record['val']:.4f}")
+            history.append(record)
+            if log_file is not None:
+                log_file.write(json.dumps(record) + "\n")
+                log_file.flush()
+            stop = patience is not None and stale >= patience
+            if manager is not None:
+                meta = {"best": {k: v for k, v in best.items() if k != "params"},
+                        "history": history}
+                state = {"params": params, "opt_state": opt_state,
+                         "best_params": best["params"]}
+                ckpt.save(manager, epoch, state, meta, force=last or stop)
+            if stop:
+                break
+    finally:
+        if log_file is not None:
+            log_file.close()
+        if manager is not None:
+            manager.wait_until_finished()
+            manager.close()
+
+    return TrainResult(params=params, best_params=best["params"], history=history,
+                       metric=metric, best_epoch=int(best["epoch"]), val=float(best["val"]),
+                       test=float(best["test"]), seconds=train_seconds)
+
+
+def _progress(iterable, enabled: bool, **kwargs):
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+    return tqdm(iterable, leave=False, dynamic_ncols=True, **kwargs)
+
+
+# -- reproducible trials ------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Trials:
+    """Results of one configuration over several seeds."""
+
+    seeds: tuple
+    results: tuple  # TrainResult per seed
+    metric: str
+
+    @property
+    def tests(self) -> np.ndarray:
+        return np.array([r.test for r in self.results])
+
+    @property
+    def mean(self) -> float:
+        return float(self.tests.mean())
+
+    @property
+    def std(self) -> float:
+        return float(self.tests.std())
+
+    def summary(self) -> str:
+        return (f"test {self.metric}: {100 * self.mean:.2f} +- {100 * self.std:.2f} % "
+                f"over {len(self.seeds)} seeds")
+
+
+def run_trials(run: Callable[[int], TrainResult], seeds: Sequence[int]) -> Trials:
+    """Call ``run(seed)`` for every seed; ``run`` builds its key from the seed, so the same seed
+    gives the same numbers."""
+    results = tuple(run(int(s)) for s in seeds)
+    metric = results[0].metric if results else "accuracy"
+    return Trials(seeds=tuple(int(s) for s in seeds), results=results, metric=metric)
