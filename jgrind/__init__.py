@@ -1,1 +1,18 @@
-"""jgrind: exact full-graph GNN training in JAX."""
+"""jgrind: exact full-graph GNN training in JAX, in memory or partition by partition with
+device / host / SSD offloading.
+
+The data flow, one module group per stage (no module imports a later stage):
+
+    graph, transforms, datasets, generators  ->  partition  ->  plan (fates, policies)
+    ->  engine (store, out-of-core executor)  ->  train (trainer, trials, checkpoints)
+"""
+
+from jgrind import datasets, generators, models, transforms
+from jgrind.graph import Graph, GraphError
+from jgrind.plan import Fate, TensorInfo, policies
+from jgrind.train import TrainResult, Trials, run_trials, train
+
+__version__ = "0.1.0"
+
+__all__ = ["Fate", "Graph", "GraphError", "TensorInfo", "TrainResult", "Trials", "datasets",
+           "generators", "models", "policies", "run_trials", "train", "transforms"]

@@ -86,6 +86,7 @@ def cmd_train(args) -> int:
 
 def cmd_datasets(args) -> int:
     from jgrind import datasets
+    from jgrind.datasets import generated  # noqa: F401 - registers csbm and rmat
     records = datasets.available()
     if args.json:
         print(json.dumps([dict(r) if isinstance(r, dict) else dataclasses.asdict(r)

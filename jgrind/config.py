@@ -140,8 +140,9 @@ def build_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
 def load_graph(cfg: RunConfig) -> Graph:
     from jgrind import datasets
     from jgrind.datasets.features import row_normalize_features
+    from jgrind.datasets.generated import GENERATED
     kwargs = {}
-    if cfg.dataset in datasets.generated_names():
+    if cfg.dataset in GENERATED:
         kwargs = {"num_nodes": cfg.num_nodes, "avg_degree": cfg.avg_degree}
     graph = datasets.load(cfg.dataset, **kwargs)
     return row_normalize_features(graph) if cfg.row_normalize else graph

@@ -108,7 +108,10 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
           epochs: int, split: int = 0, metric: Optional[str] = None, eval_every: int = 1,
           patience: Optional[int] = None, log_path: Optional[str | pathlib.Path] = None,
           checkpoint_dir: Optional[str | pathlib.Path] = None, checkpoint_every: int = 10,
-          progress: bool = True, executor: Optional[Executor] = None) -> TrainResult:
+          progress: bool = True, executor: Optional[Executor] = None,
+          policy=None, num_parts: Optional[int] = None, store=None,
+          device_budget: Optional[int] = None, host_budget: Optional[int] = None,
+          partitioner=None) -> TrainResult:
     """Train ``model`` on the full graph for ``epochs`` epochs (one optimizer step each).
 
     Args:
@@ -122,7 +125,10 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
       patience: stop when the validation metric has not improved for this many evaluations.
       log_path: write one JSON object per epoch (JSON lines).
       checkpoint_dir, checkpoint_every: orbax checkpoints; an existing checkpoint is resumed.
-      executor: how to compute an epoch; default `InMemory`.
+      executor: how to compute an epoch; default: chosen by `make_executor` from the
+        out-of-core arguments below (`InMemory` when none is given).
+      policy, num_parts, store, device_budget, host_budget, partitioner: run out of core, see
+        `make_executor` and `jgrind.engine.OutOfCore`.
 
     Each history record: ``epoch, loss, seconds`` and, on evaluated epochs, ``train``, ``val``,
     ``test`` (the metric) and ``val_loss``.
@@ -135,7 +141,11 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     metric = metric or default_metric(graph.num_classes)
     masks = (graph.train_mask[split], graph.val_mask[split], graph.test_mask[split])
     labels = graph.labels
-    executor = executor or InMemory(graph, model, optimizer, split)
+    owned_executor = executor is None
+    if executor is None:
+        executor = make_executor(graph, model, optimizer, split=split, policy=policy,
+                                 num_parts=num_parts, store=store, device_budget=device_budget,
+                                 host_budget=host_budget, partitioner=partitioner)
 
     init_key, dropout_key = jax.random.split(key)
     params = model.init(init_key)
@@ -208,6 +218,8 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             if stop:
                 break
     finally:
+        if owned_executor and hasattr(executor, "close"):
+            executor.close()  # removes the run's SSD files, also on error
         if log_file is not None:
             log_file.close()
         if manager is not None:
@@ -217,6 +229,39 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     return TrainResult(params=params, best_params=best["params"], history=history,
                        metric=metric, best_epoch=int(best["epoch"]), val=float(best["val"]),
                        test=float(best["test"]), seconds=train_seconds)
+
+
+def in_memory_bytes(graph: Graph, model: GNN) -> int:
+    """Bytes the in-memory path holds at its peak, estimated from shapes: the graph structure
+    (and its transpose), the features, and per layer the input activation, its gradient and
+    about one more tensor of intermediates the backward pass keeps."""
+    from jgrind.plan.inventory import layer_widths
+    widths = layer_widths(model, graph.num_features)
+    structure = 2 * (graph.indptr.nbytes + graph.indices.nbytes + 4 * graph.num_edges)
+    activations = 4 * graph.num_nodes * sum(widths)
+    return int(structure + graph.features.nbytes + 3 * activations)
+
+
+def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy=None,
+                  num_parts: Optional[int] = None, store=None,
+                  device_budget: Optional[int] = None, host_budget: Optional[int] = None,
+                  partitioner=None) -> Executor:
+    """The in-memory fast path when it is asked for or when everything fits the device budget
+    (and no policy forces offloading); otherwise the out-of-core engine."""
+    from jgrind.plan.policies import Constant
+    from jgrind.plan.fates import Fate
+    wants_engine = policy is not None or num_parts not in (None, 1) \
+        or device_budget is not None or host_budget is not None
+    all_device = isinstance(policy, Constant) and policy.fate is Fate.DEVICE \
+        and policy.gradient_fate is Fate.DEVICE
+    fits = device_budget is None or in_memory_bytes(graph, model) <= device_budget
+    if not wants_engine or ((policy is None or all_device) and num_parts in (None, 1) and fits):
+        return InMemory(graph, model, optimizer, split)
+    from jgrind.engine import OutOfCore
+    kwargs = {} if partitioner is None else {"partitioner": partitioner}
+    return OutOfCore(graph, model, optimizer, policy=policy, num_parts=num_parts or 4,
+                     split=split, store=store, device_budget=device_budget,
+                     host_budget=host_budget, **kwargs)
 
 
 def _progress(iterable, enabled: bool, **kwargs):

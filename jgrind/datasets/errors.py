@@ -1,0 +1,58 @@
+"""`DatasetError`: the user pointed a loader at something it cannot read.
+
+It subclasses `GraphError` so that callers can catch every "bad input graph" problem with one
+``except GraphError``; a `GraphError` that is *not* a `DatasetError` means the file was read but
+the graph it holds is invalid (NaN features, out-of-range ids, ...).
+
+Also here: the two checked openers every loader uses, so that a missing or damaged file never
+surfaces as a bare OSError / KeyError / BadZipFile.
+"""
+
+from __future__ import annotations
+
+import zipfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from jgrind.graph import GraphError
+
+
+class DatasetError(GraphError):
+    """A dataset file or folder is missing, truncated or malformed, or a name is unknown.
+
+    The message is one line: what is wrong (naming the file, and the line where it helps) and
+    what to do about it.
+    """
+
+
+def require_file(path: Path, what: str, hint: str) -> Path:
+    """Return `path` if it is a readable file, else raise `DatasetError` naming it.
+
+    `what` says what the file is ("the Cora edge file"); `hint` what to do if it is missing.
+    """
+    path = Path(path)
+    if not path.is_file():
+        problem = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise DatasetError(f"{what} {path} {problem}; {hint}")
+    return path
+
+
+def read_npz(path: Path, keys, hint: str, optional=()) -> dict:
+    """The arrays `keys` (all required) and `optional` (those present) of an ``.npz`` file,
+    loaded without pickles. Raises `DatasetError` naming the file for a missing file, an
+    unreadable or truncated archive, or missing keys (listing the keys it has)."""
+    path = require_file(path, "dataset file", hint)
+    try:  # open the file here: np.load leaks its own handle when the archive is damaged
+        with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as z:
+            missing = [k for k in keys if k not in z.files]
+            if missing:
+                raise DatasetError(f"{path} lacks the key(s) {', '.join(missing)} (it has "
+                                   f"{', '.join(z.files) or 'none'}); {hint}")
+            return {k: z[k] for k in (*keys, *optional) if k in z.files}
+    except DatasetError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise DatasetError(f"cannot read {path}: file is truncated or not an .npz archive "
+                           f"({type(e).__name__}: {e}); {hint}") from e

@@ -1,0 +1,120 @@
+"""Datasets by name: ``load("cora")``, ``available()``, and `register` for generated graphs.
+
+Built-in names map to a loader and a path under the data root. Besides names, `load` takes
+``"ogb:/dir"`` (`load_ogb_raw`), ``"npz:/file.npz"`` (`load_gnn_benchmark`) and
+``"edgelist:/edges.txt"`` (`load_edge_list`, with features_path= and labels_path=).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Callable, Optional
+
+from jgrind.datasets.edgelist import load_edge_list
+from jgrind.datasets.errors import DatasetError
+from jgrind.datasets.gnn_benchmark import load_gnn_benchmark
+from jgrind.datasets.heterophilous import load_heterophilous
+from jgrind.datasets.ogb import load_ogb_raw
+from jgrind.datasets.paths import data_root, require_root
+from jgrind.datasets.planetoid import PARTS, load_planetoid
+from jgrind.graph import Graph
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+    """One row of `available()`. `path` is None for generated graphs (always present)."""
+
+    name: str
+    format: str
+    description: str
+    path: Optional[str]
+    present: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Builtin:
+    format: str
+    description: str
+    files: tuple  # paths relative to the data root; all must exist; files[0] is shown
+    load: Callable  # (root: Path, **kwargs) -> Graph
+
+
+def _planetoid(name: str, description: str) -> _Builtin:
+    files = tuple(f"planetoid/ind.{name}.{p}" for p in PARTS)
+    return _Builtin("planetoid", description, files,
+                    lambda root, **kw: load_planetoid(name, root, **kw))
+
+
+def _npz(fmt: str, rel: str, description: str, loader, **fixed) -> _Builtin:
+    return _Builtin(fmt, description, (rel,),
+                    lambda root, **kw: loader(str(Path(root) / rel), **{**fixed, **kw}))
+
+
+_BUILTIN = {
+    "cora": _planetoid("cora", "Cora citations, Planetoid public split (140/500/1000)"),
+    "citeseer": _planetoid("citeseer", "CiteSeer citations, Planetoid public split "
+                                       "(120/500/1000)"),
+    "pubmed": _planetoid("pubmed", "PubMed citations, Planetoid public split (60/500/1000)"),
+    "tolokers": _npz("heterophilous", "heterophilous/tolokers.npz",
+                     "Toloka workers, binary (ROC-AUC), 10 fixed splits", load_heterophilous),
+    "minesweeper": _npz("heterophilous", "heterophilous/minesweeper.npz",
+                        "Minesweeper grid, binary (ROC-AUC), 10 fixed splits", load_heterophilous),
+    "cora-npz": _npz("gnn-benchmark", "gnn-benchmark/cora.npz",
+                     "Cora from gnn-benchmark, random 20/30-per-class splits",
+                     load_gnn_benchmark, name="cora-npz"),
+}
+
+_GENERATED: dict[str, tuple[Callable[..., Graph], str]] = {}
+
+_PREFIXES = {"ogb": load_ogb_raw, "npz": load_gnn_benchmark, "edgelist": load_edge_list}
+
+
+def register(name: str, fn: Callable[..., Graph], description: str) -> None:
+    """Make ``load(name, **kwargs)`` call ``fn(**kwargs)`` (for generated graphs: no files, no
+    data root). Re-registering a name replaces it; built-in names cannot be taken."""
+    key = name.lower()
+    if key in _BUILTIN or ":" in key:
+        raise ValueError(f"cannot register {name!r}: it is a built-in dataset or has a ':'")
+    _GENERATED[key] = (fn, description)
+
+
+def names() -> list[str]:
+    """Every name `load` accepts, built-in first."""
+    return [*_BUILTIN, *_GENERATED]
+
+
+def load(name: str, /, root=None, **kwargs) -> Graph:
+    """The graph called `name` (case-insensitive), or at ``"ogb:/dir"``, ``"npz:/file.npz"``,
+    ``"edgelist:/edges.txt"``. `root` overrides the data root for built-in names; `kwargs` go
+    to the loader or generator."""
+    prefix, sep, rest = name.partition(":")
+    if sep and prefix.lower() in _PREFIXES:
+        return _PREFIXES[prefix.lower()](rest, **kwargs)
+    key = name.lower()
+    if key in _GENERATED:
+        return _GENERATED[key][0](**kwargs)
+    if key not in _BUILTIN:
+        raise DatasetError(f"unknown dataset {name!r}; known names: {', '.join(names())} (or "
+                           f"{', '.join(p + ':PATH' for p in _PREFIXES)})")
+    entry = _BUILTIN[key]
+    base = require_root(root)
+    missing = [f for f in entry.files if not (base / f).is_file()]
+    if missing:
+        raise DatasetError(f"dataset {key!r} is not in {base}: missing {', '.join(missing)}; "
+                           "put the files there or set JGRIND_DATA to a folder that has them")
+    return entry.load(base, **kwargs)
+
+
+def available(root=None) -> list[DatasetInfo]:
+    """Every dataset `load` knows, and whether its files are under `root` (default: the data
+    root; if there is none, every built-in is absent)."""
+    base = Path(root).expanduser() if root is not None else data_root()
+    rows = []
+    for name, e in _BUILTIN.items():
+        present = base is not None and all((base / f).is_file() for f in e.files)
+        path = str(base / e.files[0]) if base is not None else None
+        rows.append(DatasetInfo(name, e.format, e.description, path, present))
+    for name, (_, description) in _GENERATED.items():
+        rows.append(DatasetInfo(name, "generated", description, None, True))
+    return rows

@@ -1,0 +1,340 @@
+"""`OutOfCore`: exact full-graph training, layer by layer and partition by partition.
+
+The GriNNder scheme in JAX (see docs/architecture.md):
+
+* **Forward**, layer l < L-1: for each partition, gather its owned and halo rows of ``H_l`` from
+  whatever tier holds them, run the jitted layer step, write its owned rows of ``H_{l+1}`` to the
+  tier the policy names. No snapshot of the gathered input is kept.
+* **Backward**: the top layer is fused with the loss. Then for l = L-1 .. 0 and each partition:
+  *regather* the same inputs, recompute the layer inside ``jax.vjp``, add the parameter gradient
+  to a running sum, and scatter-add the input gradient into ``G_l``; halo rows of that gradient
+  are partial gradients of nodes owned elsewhere, so ``G_l`` is complete only after every
+  partition of layer l is done.
+* One optimizer step per epoch with the summed gradient: the same update as in-memory training.
+
+I/O overlaps compute: while partition p runs, a background thread gathers partition p+1's inputs,
+and a writer thread stores p-1's outputs. JAX dispatch is asynchronous, so the main thread only
+blocks where a value is needed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import time
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jgrind.engine.steps import (LayerSteps, PaddedPartition, layer_steps, pad_partition,
+                                 shape_groups)
+from jgrind.engine.store import BudgetError, Store, Table
+from jgrind.graph import Graph
+from jgrind.loss import node_weights
+from jgrind.models.model import GNN, layer_key
+from jgrind.partition import PartitionedGraph, partition_graph
+from jgrind.partition.partitioners import label_propagation
+from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate, check_fate
+from jgrind.plan.inventory import build_inventory, layer_widths
+from jgrind.plan.policies import Policy, bind, grinnder, store_directory
+
+UNLIMITED = 1 << 62
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes the run needs per tier at its peak (checked against the budgets before any work)."""
+
+    device_tables: int
+    device_working_set: int
+    host_tables: int
+    host_transient: int
+    ssd: int
+
+    @property
+    def device(self) -> int:
+        return self.device_tables + self.device_working_set
+
+    @property
+    def host(self) -> int:
+        return self.host_tables + self.host_transient
+
+
+def _gib(n: int) -> str:
+    """Bytes in the largest unit that keeps three significant digits readable."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} bytes"
+
+
+class OutOfCore:
+    """An `Executor` (see `jgrind.train`) that runs the model partition by partition.
+
+    Args:
+      graph, model, optimizer: as for `train`.
+      policy: a fate for every block (`jgrind.plan.policies`); default: `grinnder` over the
+        budgets.
+      num_parts: number of partitions (ignored if ``partitioned`` is given).
+      partitioner: ``(graph, k, seed=) -> assignment``; default label propagation.
+      partitioned: a ready `PartitionedGraph` of the *normalised* graph.
+      store: directory for the SSD tier (a private subdirectory is made and removed).
+      device_budget, host_budget: bytes; None = unlimited.
+      remat_policy: ``jax.checkpoint`` policy for intermediates inside a layer step.
+      prefetch: overlap gathers and writes with compute on background threads.
+      max_shapes: at most this many padded block shapes (compilations per layer step).
+    """
+
+    def __init__(self, graph: Graph, model: GNN, optimizer: optax.GradientTransformation, *,
+                 policy: Optional[Policy] = None, num_parts: int = 4,
+                 partitioner: Callable = label_propagation,
+                 partitioned: Optional[PartitionedGraph] = None, split: int = 0,
+                 store: Optional[str] = None, device_budget: Optional[int] = None,
+                 host_budget: Optional[int] = None, remat_policy=None, prefetch: bool = True,
+                 max_shapes: int = 3, seed: int = 0):
+        self.model, self.optimizer = model, optimizer
+        self.device_budget = UNLIMITED if device_budget is None else int(device_budget)
+        self.host_budget = UNLIMITED if host_budget is None else int(host_budget)
+        if partitioned is None:
+            normalized = model.normalize(graph)
+            assignment = partitioner(normalized, num_parts, seed=seed)
+            partitioned = partition_graph(normalized, assignment, num_parts=num_parts)
+        self.pg = pg = partitioned
+        self.num_layers = len(model.layers)
+        self.widths = layer_widths(model, graph.num_features)
+        weights = node_weights(graph.train_mask[split])
+        shapes = shape_groups(pg.partitions, max_shapes)
+        self.parts = [pad_partition(p, shapes[p.index], labels=graph.labels, weights=weights,
+                                    needs_edges=model.needs_edges,
+                                    needs_adjacency=model.needs_adjacency)
+                      for p in pg.partitions if p.num_owned > 0]
+        self.steps: list[LayerSteps] = [layer_steps(layer, remat_policy)
+                                        for layer in model.layers]
+
+        # -- plan: a fate per block, checked against the budgets before any work ---------------
+        self.inventory = build_inventory(model, pg)
+        if policy is None:
+            policy = grinnder(self.device_budget, self.host_budget, store,
+                              device_reserve=self._working_set())
+        self.policy = bind(policy, self.inventory)
+        self.fates = {(i.name, i.layer, i.partition): check_fate(i, self.policy(i))
+                      for i in self.inventory}
+        self.memory = self._memory_plan()
+        self._check_budgets()
+        host_cache = max(self.host_budget - self.memory.host, 0) \
+            if self.host_budget < UNLIMITED else sum(i.nbytes for i in self.inventory)
+        self.store = Store(pg.offsets[1:] - pg.offsets[:-1],
+                           store if store is not None else store_directory(self.policy),
+                           host_cache_bytes=host_cache, ssd_bytes_needed=self.memory.ssd)
+        try:
+            self.activations = [self.store.table(ACTIVATION, l, self.widths[l],
+                                                 self._fates(ACTIVATION, l))
+                                for l in range(self.num_layers)]
+            features = self.activations[0]
+            for part in pg.partitions:
+                if part.num_owned:
+                    features.write(part.index, graph.features[part.owned])
+        except BaseException:
+            self.store.close()
+            raise
+        self.labels_out = graph.labels
+        self.num_nodes = graph.num_nodes
+        self.pool = cf.ThreadPoolExecutor(max_workers=2) if prefetch else None
+        self.writer = cf.ThreadPoolExecutor(max_workers=1) if prefetch else None
+        self.times: dict[str, float] = {}
+        self._update = jax.jit(self._apply_update, donate_argnums=(0, 1))
+
+    # -- planning helpers ---------------------------------------------------------------------
+    def _fates(self, name: str, layer: int) -> list[Fate]:
+        fates = [self.fates.get((name, layer, p.index), Fate.HOST)
+                 for p in self.pg.partitions]
+        if Fate.RECOMPUTE in fates and any(f is not Fate.RECOMPUTE for f in fates):
+            raise ValueError(f"{name} of layer {layer}: RECOMPUTE must be chosen for all "
+                             "partitions of a layer or none (recomputing a block needs its "
+                             "whole previous layer)")
+        return fates
+
+    def _working_set(self) -> int:
+        """Device bytes one partition step needs beyond stored blocks: inputs, outputs, the
+        block structure and the step's intermediates (estimated as 3x the output)."""
+        worst = 0
+        for part in self.parts:
+            for l in range(self.num_layers):
+                f_in, f_out = self.widths[l], self.widths[l + 1]
+                need = 4 * (part.num_in * f_in * 2 + part.num_out * f_out * 3) + part.nbytes()
+                worst = max(worst, need)
+        return worst
+
+    def _memory_plan(self) -> MemoryPlan:
+        def tier_bytes(name, layer, fate):
+            return sum(i.nbytes for i in self.inventory if i.name == name and i.layer == layer
+                       and self.fates[(name, layer, i.partition)] is fate)
+        L = self.num_layers
+        acts = {f: sum(tier_bytes(ACTIVATION, l, f) for l in range(L)) for f in Fate}
+        # gradient tables live two at a time: G_{l+1} is read while G_l is accumulated
+        grad_pairs = {f: max([tier_bytes(GRADIENT, l, f) + tier_bytes(GRADIENT, l + 1, f)
+                              for l in range(1, L)] or [0]) for f in Fate}
+        transient = max([tier_bytes(ACTIVATION, l, Fate.RECOMPUTE) for l in range(L)] or [0])
+        ssd = acts[Fate.SSD] + sum(tier_bytes(GRADIENT, l, Fate.SSD) for l in range(1, L))
+        return MemoryPlan(device_tables=acts[Fate.DEVICE] + grad_pairs[Fate.DEVICE],
+                          device_working_set=self._working_set(),
+                          host_tables=acts[Fate.HOST] + grad_pairs[Fate.HOST],
+                          host_transient=2 * transient, ssd=ssd)
+
+    def _check_budgets(self) -> None:
+        m = self.memory
+        if m.device_working_set > self.device_budget:
+            raise BudgetError(
+                f"the device budget {_gib(self.device_budget)} is below one partition's "
+                f"working set ({_gib(m.device_working_set)} at least); use more partitions "
+                f"(now {self.pg.num_parts}) or a device budget of at least "
+                f"{_gib(m.device_working_set)}")
+        if m.device > self.device_budget:
+            raise BudgetError(
+                f"the plan keeps {_gib(m.device)} on the device (blocks "
+                f"{_gib(m.device_tables)} + working set {_gib(m.device_working_set)}) but the "
+                f"device budget is {_gib(self.device_budget)}; raise it to at least "
+                f"{_gib(m.device)} or choose a policy that offloads more")
+        if m.host > self.host_budget:
+            raise BudgetError(
+                f"the plan keeps {_gib(m.host)} in host RAM but the host budget is "
+                f"{_gib(self.host_budget)}; raise it to at least {_gib(m.host)} or send more "
+                "blocks to the SSD tier (e.g. jgrind.plan.policies.ssd_offload)")
+
+    # -- the epoch ----------------------------------------------------------------------------
+    def step(self, params, opt_state, key):
+        t0 = time.perf_counter()
+        grads, loss = self.loss_and_grad(params, key)
+        params, opt_state = self._update(params, opt_state, grads)
+        self.times["epoch"] = time.perf_counter() - t0
+        return params, opt_state, loss
+
+    def _apply_update(self, params, opt_state, grads):
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    def loss_and_grad(self, params, key):
+        """``(grads, loss)`` of the full-graph loss, computed partition by partition."""
+        L = self.num_layers
+        for l in range(L - 1):
+            self._forward_layer(params, l, key)
+            if l >= 1:
+                self.activations[l].release()  # no-op unless the layer is recomputed
+        grads = jax.tree.map(jnp.zeros_like, params)
+        grads = list(grads)
+        loss = jnp.zeros((), jnp.float32)
+        upper: Optional[Table] = None
+        for l in reversed(range(L)):
+            self._ensure_materialized(params, l, key)
+            lower = self._gradient_table(l) if l > 0 else None
+            loss, grads[l] = self._backward_layer(params, l, key, upper, lower, loss, grads[l])
+            if upper is not None:
+                self.store.drop(upper)
+            if l >= 1 and self.activations[l].recomputed:
+                self.activations[l].release()
+            upper = lower
+        return tuple(grads), loss
+
+    def _gradient_table(self, layer: int) -> Table:
+        return self.store.table(GRADIENT, layer, self.widths[layer],
+                                self._fates(GRADIENT, layer))
+
+    def _ensure_materialized(self, params, layer: int, key) -> None:
+        """Recompute a RECOMPUTE-fated activation layer from the layer below (recursively)."""
+        table = self.activations[layer]
+        if layer == 0 or not table.recomputed or table.transient is not None:
+            return
+        self._ensure_materialized(params, layer - 1, key)
+        self._forward_layer(params, layer - 1, key)
+
+    def _forward_layer(self, params, l: int, key) -> None:
+        src, dst = self.activations[l], self.activations[l + 1]
+        dst.materialize()
+        steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
+        pending = []
+        for part, h_in in self._gathered(src):
+            out = steps.forward(p_l, jax.device_put(part.block), h_in, k_l)
+            pending.append(self._write(dst.write, part.index, out))
+        self._wait(pending)
+
+    def _backward_layer(self, params, l, key, upper, lower, loss, acc):
+        steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
+        top = l == self.num_layers - 1
+        pending = []
+        for part, h_in in self._gathered(self.activations[l]):
+            block = jax.device_put(part.block)
+            if top:
+                value, acc, d_h = steps.top(p_l, block, h_in, k_l, part.labels, part.weights,
+                                            acc)
+                loss = loss + value
+            else:
+                g_out = upper.read(part.index, part.num_out)
+                if lower is None:
+                    acc = steps.backward_params(p_l, block, h_in, k_l, g_out, acc)
+                    continue
+                acc, d_h = steps.backward(p_l, block, h_in, k_l, g_out, acc)
+            if lower is not None:
+                pending.append(self._write(lower.accumulate, part.index, part.halo_owner,
+                                           part.halo_row, d_h))
+        self._wait(pending)
+        return loss, acc
+
+    # -- overlapped I/O -----------------------------------------------------------------------
+    def _gathered(self, table: Table):
+        """Yield ``(part, inputs)`` while the next partition's inputs load in the background."""
+        def load(part: PaddedPartition):
+            return table.gather(part.index, part.halo_owner, part.halo_row, part.num_in)
+
+        if self.pool is None:
+            for part in self.parts:
+                yield part, load(part)
+            return
+        future = self.pool.submit(load, self.parts[0]) if self.parts else None
+        for i, part in enumerate(self.parts):
+            h_in = future.result()
+            if i + 1 < len(self.parts):
+                future = self.pool.submit(load, self.parts[i + 1])
+            yield part, h_in
+
+    def _write(self, fn, *args):
+        if self.writer is None:
+            fn(*args)
+            return None
+        return self.writer.submit(fn, *args)
+
+    @staticmethod
+    def _wait(pending) -> None:
+        for f in pending:
+            if f is not None:
+                f.result()  # re-raises a writer's error here, on the main thread
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def predict(self, params) -> np.ndarray:
+        """Logits ``[N, C]`` in the graph's node order, dropout off, partition by partition."""
+        L = self.num_layers
+        for l in range(L - 1):
+            self._forward_layer(params, l, None)
+        logits = np.zeros((self.num_nodes, self.widths[-1]), np.float32)
+        steps, p_top = self.steps[-1], params[-1]
+        for part, h_in in self._gathered(self.activations[L - 1]):
+            out = steps.forward(p_top, jax.device_put(part.block), h_in, None)
+            logits[part.owned] = np.asarray(out)[: part.num_owned]
+        for l in range(1, L):
+            if self.activations[l].recomputed:
+                self.activations[l].release()
+        return logits
+
+    def close(self) -> None:
+        for pool in (self.pool, self.writer):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self.store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,170 @@
+"""One tensor in the SSD tier: a file with a header, then rows in partition-major order.
+
+Layout: a 4096-byte-aligned header (magic, format version, run id, rows, width, dtype, block
+offsets), then ``rows x width`` values, so a partition's block is one contiguous range and reading
+it is one sequential read. The data region is a plain C-order array: ``as_memmap()`` views it with
+``np.memmap`` for inspection.
+
+I/O goes through ``os.preadv`` / ``os.pwritev`` into NumPy buffers rather than through a mapping:
+mapped pages count towards the process's resident memory, and the whole point of this tier is to
+keep activations out of RAM. Integrity: the file size is checked before every read (truncation),
+and every whole-block write records a CRC32 that whole-block reads verify (corruption between the
+forward write and the backward read raises instead of yielding wrong gradients).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import struct
+import zlib
+from typing import Optional
+
+import numpy as np
+
+MAGIC = b"JGRINDST"
+VERSION = 1
+_ALIGN = 4096
+
+
+class StoreCorruptedError(RuntimeError):
+    """An SSD store file changed behind jgrind's back (truncated, overwritten)."""
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+class SSDFile:
+    """A ``[rows, width]`` float32 tensor on disk whose block ``b`` is rows
+    ``offsets[b]:offsets[b+1]``."""
+
+    def __init__(self, path: pathlib.Path, offsets: np.ndarray, width: int, run_id: bytes,
+                 dtype=np.float32):
+        self.path = pathlib.Path(path)
+        self.offsets = np.asarray(offsets, np.int64)
+        self.rows = int(self.offsets[-1])
+        self.width = int(width)
+        self.dtype = np.dtype(dtype)
+        self.row_bytes = self.width * self.dtype.itemsize
+        head = struct.pack("<8sI16sqqq", MAGIC, VERSION, run_id[:16].ljust(16, b"\0"),
+                           self.rows, self.width, self.offsets.size) + self.offsets.tobytes()
+        self.data_start = _align(len(head))
+        self.size = self.data_start + self.rows * self.row_bytes
+        self._crc: dict[int, Optional[int]] = {}
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.pwrite(fd, head, 0)
+            os.ftruncate(fd, self.size)  # sparse: no disk blocks until written
+        except BaseException:
+            os.close(fd)
+            self.path.unlink(missing_ok=True)
+            raise
+        self.fd = fd
+        self.bytes_read = 0
+        self.bytes_written = 0
+
+    # -- integrity ----------------------------------------------------------------------------
+    def _check_size(self) -> None:
+        actual = os.fstat(self.fd).st_size
+        if actual != self.size:
+            raise StoreCorruptedError(
+                f"store file {self.path} is {actual} bytes, expected {self.size}: it was "
+                "truncated or overwritten during the epoch; keep the store directory private "
+                "to this run and check the disk")
+
+    def _check_header(self) -> None:
+        magic = os.pread(self.fd, 8, 0)
+        if magic != MAGIC:
+            raise StoreCorruptedError(f"store file {self.path} lost its header (found "
+                                      f"{magic!r}): it was overwritten during the epoch")
+
+    # -- whole blocks -------------------------------------------------------------------------
+    def write_block(self, b: int, values: np.ndarray) -> None:
+        values = np.ascontiguousarray(values, self.dtype)
+        start, stop = self.offsets[b], self.offsets[b + 1]
+        if values.shape != (stop - start, self.width):
+            raise ValueError(f"block {b} of {self.path.name} has shape "
+                             f"{(stop - start, self.width)}, got {values.shape}")
+        self._pwrite(values, self.data_start + start * self.row_bytes)
+        self._crc[b] = zlib.crc32(values)
+
+    def read_block(self, b: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+        start, stop = self.offsets[b], self.offsets[b + 1]
+        out = np.empty((stop - start, self.width), self.dtype) if out is None else out
+        self._check_size()
+        self._check_header()
+        self._pread(out, self.data_start + start * self.row_bytes)
+        expected = self._crc.get(b)
+        if expected is not None and zlib.crc32(out) != expected:
+            raise StoreCorruptedError(
+                f"block {b} of store file {self.path} does not match what was written "
+                "(checksum mismatch): the file was modified during the epoch or the disk "
+                "returned bad data")
+        return out
+
+    # -- rows (halo reads, gradient accumulation) ---------------------------------------------
+    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (ascending) as ``[len(rows), width]``; one read per run of
+        consecutive rows."""
+        out = np.empty((rows.size, self.width), self.dtype)
+        self._check_size()
+        for lo, hi, dst in _runs(rows):
+            self._pread(out[dst:dst + hi - lo], self.data_start + lo * self.row_bytes)
+        return out
+
+    def add_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """``file[rows] += values`` (rows ascending, unique): read, add, write per run.
+        Blocks touched this way lose their checksum (it would need the whole block)."""
+        self._check_size()
+        for lo, hi, src in _runs(rows):
+            buf = np.empty((hi - lo, self.width), self.dtype)
+            offset = self.data_start + lo * self.row_bytes
+            self._pread(buf, offset)
+            buf += values[src:src + hi - lo]
+            self._pwrite(buf, offset)
+        for b in np.unique(np.searchsorted(self.offsets, rows, side="right") - 1):
+            self._crc[int(b)] = None
+
+    def zero(self) -> None:
+        """Make every row zero again (punches the data out; the file stays the same size)."""
+        os.ftruncate(self.fd, self.data_start)
+        os.ftruncate(self.fd, self.size)
+        self._crc = {b: None for b in range(self.offsets.size - 1)}
+
+    # -- raw I/O ------------------------------------------------------------------------------
+    def _pread(self, out: np.ndarray, offset: int) -> None:
+        view = memoryview(out).cast("B")
+        done = 0
+        while done < view.nbytes:
+            n = os.preadv(self.fd, [view[done:]], offset + done)
+            if n == 0:
+                raise StoreCorruptedError(f"store file {self.path} ended early at byte "
+                                          f"{offset + done}: it was truncated")
+            done += n
+        self.bytes_read += view.nbytes
+
+    def _pwrite(self, values: np.ndarray, offset: int) -> None:
+        view = memoryview(np.ascontiguousarray(values)).cast("B")
+        done = 0
+        while done < view.nbytes:
+            done += os.pwritev(self.fd, [view[done:]], offset + done)
+        self.bytes_written += view.nbytes
+
+    def as_memmap(self) -> np.memmap:
+        return np.memmap(self.path, self.dtype, "r", self.data_start, (self.rows, self.width))
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _runs(rows: np.ndarray):
+    """``(first_row, last_row + 1, index into rows)`` for each run of consecutive rows."""
+    if rows.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [rows.size]])
+    return [(int(rows[s]), int(rows[e - 1]) + 1, int(s)) for s, e in zip(starts, ends)]

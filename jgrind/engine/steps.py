@@ -1,0 +1,150 @@
+"""The jitted per-partition steps of one layer, and the padded blocks they run on.
+
+Per layer there are three functions, each compiled once per bucketed block shape:
+
+* ``forward(params, block, h_in, key) -> h_out``
+* ``backward(params, block, h_in, key, g_out, acc) -> (acc + dparams, dh_in)``: *regather and
+  recompute*: the layer's forward is rerun inside ``jax.vjp`` from the regathered inputs, so no
+  per-partition snapshot is kept between the sweeps. ``backward_params`` skips ``dh_in`` for the
+  first layer (the features need no gradient).
+* ``top(params, block, h_in, key, labels, weights, acc) -> (loss, acc + dparams, dh_in)``: the
+  last layer fused with the loss, so the logits are never stored.
+
+``remat_policy`` (a ``jax.checkpoint_policies`` policy) decides which intermediates *inside* a
+layer step (aggregations, attention coefficients, pre-activations) are saved for that step's own
+backward and which are recomputed: recomputation within a partition step is also a choice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Optional
+
+import jax
+import numpy as np
+
+from jgrind.loss import weighted_cross_entropy
+from jgrind.models.block import Block, make_block
+from jgrind.partition import bucket
+
+
+def _tree_add(a, b):
+    return jax.tree.map(lambda x, y: x + y, a, b)
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSteps:
+    forward: Callable
+    backward: Callable
+    backward_params: Callable
+    top: Callable
+
+
+@functools.lru_cache(maxsize=256)
+def layer_steps(layer, remat_policy: Optional[Callable] = None) -> LayerSteps:
+    """The jitted steps of ``layer``. Layers are frozen dataclasses, so equal layers share one
+    set of jitted functions and their compiled shapes across engines (cached)."""
+    def apply(params, block, h, key):
+        return layer(params, block, h, key)
+
+    if remat_policy is not None:
+        apply = jax.checkpoint(apply, policy=remat_policy)
+
+    def backward(params, block, h, key, g_out, acc):
+        _, vjp = jax.vjp(lambda p, x: apply(p, block, x, key), params, h)
+        d_params, d_h = vjp(g_out)
+        return _tree_add(acc, d_params), d_h
+
+    def backward_params(params, block, h, key, g_out, acc):
+        _, vjp = jax.vjp(lambda p: apply(p, block, h, key), params)
+        (d_params,) = vjp(g_out)
+        return _tree_add(acc, d_params)
+
+    def top(params, block, h, key, labels, weights, acc):
+        def loss(p, x):
+            return weighted_cross_entropy(apply(p, block, x, key), labels, weights)
+        value, (d_params, d_h) = jax.value_and_grad(loss, argnums=(0, 1))(params, h)
+        return value, _tree_add(acc, d_params), d_h
+
+    # the gradient accumulator is donated: it is replaced by the returned sum
+    return LayerSteps(forward=jax.jit(apply),
+                      backward=jax.jit(backward, donate_argnums=5),
+                      backward_params=jax.jit(backward_params, donate_argnums=5),
+                      top=jax.jit(top, donate_argnums=6))
+
+
+@dataclasses.dataclass(frozen=True)
+class PaddedPartition:
+    """One partition's block padded to bucketed sizes, plus what its loss needs.
+
+    Padding (sizes from `shape_groups`): more output and input rows than real ones, so at least
+    one padded row exists, and more edges than real ones; padded edges (weight 0) run from the last padded input
+    row to the last padded output row. Padded rows read zeros, carry zero loss weight, and their
+    outputs and input gradients are dropped, so padding changes no real value.
+    """
+
+    index: int
+    block: Block                 # host arrays; moved to the device per step
+    num_owned: int
+    num_inputs: int
+    halo_owner: np.ndarray
+    halo_row: np.ndarray
+    labels: np.ndarray           # [num_out] int32, -1 on padding
+    weights: np.ndarray          # [num_out] float32 loss weights, 0 on padding
+    owned: np.ndarray            # [num_owned] global ids
+
+    @property
+    def num_out(self) -> int:
+        return self.block.num_out
+
+    @property
+    def num_in(self) -> int:
+        return self.block.num_in
+
+    def nbytes(self) -> int:
+        return int(sum(np.asarray(a).nbytes for a in jax.tree.leaves(self.block)))
+
+
+def shape_groups(parts, max_shapes: int = 3) -> dict:
+    """``{partition index: (num_out, num_in, nnz)}`` padded sizes, at most ``max_shapes``
+    distinct ones: partitions sorted by input rows are cut into groups and each group is padded
+    to its largest member (rounded up by `bucket`). Every distinct shape costs one compilation
+    per layer step; balanced partitions lose a few percent to padding."""
+    order = sorted((p for p in parts if p.num_owned), key=lambda p: (p.num_inputs, p.num_edges))
+    sizes = {}
+    for group in np.array_split(np.arange(len(order)), min(max_shapes, len(order)) or 1):
+        members = [order[i] for i in group]
+        if not members:
+            continue
+        shape = (bucket(max(p.num_owned for p in members) + 1),
+                 bucket(max(p.num_inputs for p in members) + 1),
+                 bucket(max(p.num_edges for p in members) + 1))
+        sizes.update({p.index: shape for p in members})
+    return sizes
+
+
+def pad_partition(part, shape: tuple, *, labels: np.ndarray, weights: np.ndarray,
+                  needs_edges: bool, needs_adjacency: bool) -> PaddedPartition:
+    n_own, n_in, nnz = part.num_owned, part.num_inputs, part.num_edges
+    n_out_pad, n_in_pad, nnz_pad = shape
+    extra = nnz_pad - nnz
+    indptr = np.empty(n_out_pad + 1, np.int64)
+    indptr[: n_own + 1] = part.indptr
+    indptr[n_own + 1:] = nnz
+    indptr[-1] = nnz + extra                      # padded edges sit in the last padded row
+    indices = np.concatenate([part.indices, np.full(extra, n_in_pad - 1)]).astype(np.int32)
+    weight = part.weight if part.weight is not None else np.ones(nnz, np.float32)
+    weight = np.concatenate([weight, np.zeros(extra, np.float32)])
+    ids = np.zeros(n_in_pad, np.int32)
+    ids[:n_in] = part.input_ids
+    block = make_block(indptr.astype(np.int32), indices, weight, ids, num_out=n_out_pad,
+                       needs_edges=needs_edges, needs_adjacency=needs_adjacency)
+    lab = np.full(n_out_pad, -1, np.int32)
+    lab[:n_own] = labels[part.owned]
+    w = np.zeros(n_out_pad, np.float32)
+    w[:n_own] = weights[part.owned]
+    return PaddedPartition(index=part.index, block=block, num_owned=n_own, num_inputs=n_in,
+                           halo_owner=np.asarray(part.halo_owner, np.int64),
+                           halo_row=np.asarray(part.halo_row, np.int64), labels=lab,
+                           weights=w, owned=np.asarray(part.owned))

@@ -1,0 +1,441 @@
+"""The activation store: device, host RAM and SSD tiers behind one interface, with exact accounts.
+
+A *table* is one layer's activation ``H_l`` or gradient ``G_l``: ``[N, width]`` rows in
+partition-major order, split into one block per partition. Every block has a fate (from the
+policy); each tier keeps the blocks assigned to it in one compact array (device: a JAX array;
+host: a NumPy array; SSD: an `SSDFile`), so gathering a partition's halo rows is one vectorised
+index per tier however many partitions there are. RECOMPUTE blocks live in a host-side transient
+array that exists only while the layer is needed.
+
+The store keeps exact byte accounts per tier (current and peak, with a timeline for plots) and
+counts the bytes moved between tiers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import shutil
+import threading
+import time
+import uuid
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jgrind.engine.cache import HostCache
+from jgrind.engine.ssd import SSDFile
+from jgrind.plan.fates import Fate
+
+_TIERS = (Fate.DEVICE, Fate.HOST, Fate.SSD, Fate.RECOMPUTE)
+_CODE = {f: i for i, f in enumerate(_TIERS)}
+
+
+class StoreError(RuntimeError):
+    """The store directory cannot be used (missing, read-only, or too little free space)."""
+
+
+class BudgetError(ValueError):
+    """The budgets cannot hold what the plan needs. The message gives the minimum."""
+
+
+@dataclasses.dataclass
+class Accounts:
+    """Bytes per tier, now and at peak, and bytes moved. ``timeline`` holds
+    ``(seconds, device, host, ssd)`` samples for the memory-over-time plot."""
+
+    device: int = 0
+    host: int = 0
+    ssd: int = 0
+    peak_device: int = 0
+    peak_host: int = 0
+    peak_ssd: int = 0
+    ssd_read: int = 0
+    ssd_written: int = 0
+    host_read: int = 0
+    host_written: int = 0
+    timeline: list = dataclasses.field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("timeline")
+        return d
+
+
+# Device-side table operations. Index arrays are padded to bucketed lengths with an
+# out-of-range index, which `drop`/`fill` modes ignore, so a handful of shapes are compiled.
+@jax.jit
+def _device_take(table, rows):
+    return jnp.take(table, rows, axis=0, mode="fill", fill_value=0)
+
+
+_device_set = jax.jit(lambda table, rows, values: table.at[rows].set(values, mode="drop"),
+                      donate_argnums=0)
+_device_add = jax.jit(lambda table, rows, values: table.at[rows].add(values, mode="drop"),
+                      donate_argnums=0)
+
+
+def _padded_rows(rows: np.ndarray, length: int, fill: int) -> np.ndarray:
+    out = np.full(length, fill, np.int32)
+    out[: rows.size] = rows
+    return out
+
+
+class Table:
+    """One ``[N, width]`` tensor in partition-major order, its blocks spread over the tiers."""
+
+    def __init__(self, store: "Store", name: str, layer: int, width: int, fates: list[Fate]):
+        self.store, self.name, self.layer, self.width = store, name, layer, int(width)
+        self.key = (name, layer)
+        sizes = store.block_rows
+        self.tier = np.array([_CODE[f] for f in fates], np.int8)
+        self.slot = np.zeros(sizes.size, np.int64)      # first row of the block in its tier
+        self.tier_rows = []
+        for code in range(len(_TIERS)):
+            members = self.tier == code
+            starts = np.cumsum(np.where(members, sizes, 0)) - np.where(members, sizes, 0)
+            self.slot[members] = starts[members]
+            self.tier_rows.append(int(sizes[members].sum()))
+        self.device: Optional[jax.Array] = None
+        self.host: Optional[np.ndarray] = None
+        self.transient: Optional[np.ndarray] = None
+        self.ssd: Optional[SSDFile] = None
+        nbytes = lambda code: self.tier_rows[code] * self.width * 4  # noqa: E731
+        if self.tier_rows[_CODE[Fate.DEVICE]]:
+            self.device = jnp.zeros((self.tier_rows[_CODE[Fate.DEVICE]], self.width),
+                                    jnp.float32)
+            store._charge(device=nbytes(_CODE[Fate.DEVICE]))
+        if self.tier_rows[_CODE[Fate.HOST]]:
+            self.host = np.zeros((self.tier_rows[_CODE[Fate.HOST]], self.width), np.float32)
+            store._charge(host=nbytes(_CODE[Fate.HOST]))
+        if self.tier_rows[_CODE[Fate.SSD]]:
+            members = self.tier == _CODE[Fate.SSD]
+            offsets = np.concatenate([[0], np.cumsum(sizes[members])])
+            self.ssd_blocks = np.flatnonzero(members)     # block index -> file block order
+            self.ssd_index = np.full(sizes.size, -1, np.int64)
+            self.ssd_index[self.ssd_blocks] = np.arange(self.ssd_blocks.size)
+            self.ssd = SSDFile(store.run_dir / f"{name}-{layer}.bin", offsets, self.width,
+                               store.run_id)
+            store._charge(ssd=nbytes(_CODE[Fate.SSD]))
+        self._device_lock = threading.Lock()
+
+    # -- helpers ---------------------------------------------------------------------------
+    def fate(self, block: int) -> Fate:
+        return _TIERS[self.tier[block]]
+
+    @property
+    def recomputed(self) -> bool:
+        return self.tier_rows[_CODE[Fate.RECOMPUTE]] > 0
+
+    def _rows(self, block: int) -> int:
+        return int(self.store.block_rows[block])
+
+    def _host_array(self, code: int) -> np.ndarray:
+        if code == _CODE[Fate.HOST]:
+            return self.host
+        if self.transient is None:
+            raise RuntimeError(f"{self.name} {self.layer} is recomputed and not materialised")
+        return self.transient
+
+    # -- transient (recompute) storage -------------------------------------------------------
+    def materialize(self) -> None:
+        rows = self.tier_rows[_CODE[Fate.RECOMPUTE]]
+        if rows and self.transient is None:
+            self.transient = np.zeros((rows, self.width), np.float32)
+            self.store._charge(host=self.transient.nbytes)
+
+    def release(self) -> None:
+        if self.transient is not None:
+            self.store._charge(host=-self.transient.nbytes)
+            self.transient = None
+
+    # -- whole blocks ----------------------------------------------------------------------
+    def write(self, block: int, values) -> None:
+        """Store the first ``rows(block)`` rows of ``values`` (a padded step output)."""
+        code, rows = self.tier[block], self._rows(block)
+        start = int(self.slot[block])
+        if code == _CODE[Fate.DEVICE]:
+            idx = np.arange(start, start + rows, dtype=np.int32)
+            idx = _padded_rows(idx, values.shape[0], self.device.shape[0])
+            with self._device_lock:
+                self.device = _device_set(self.device, idx, values)
+            return
+        host_values = np.asarray(values)[:rows]
+        if code == _CODE[Fate.SSD]:
+            self.ssd.write_block(int(self.ssd_index[block]), host_values)
+            self.store.cache.invalidate((self.key, block))
+            self.store.accounts.ssd_written += host_values.nbytes
+        else:
+            self._host_array(code)[start:start + rows] = host_values
+            self.store.accounts.host_written += host_values.nbytes
+
+    def read(self, block: int, padded_rows: int):
+        """Block ``block`` padded with zero rows to ``padded_rows`` (device array if on device,
+        else NumPy)."""
+        code, rows = self.tier[block], self._rows(block)
+        start = int(self.slot[block])
+        if code == _CODE[Fate.DEVICE]:
+            idx = np.arange(start, start + rows, dtype=np.int32)
+            return _device_take(self.device, _padded_rows(idx, padded_rows,
+                                                          self.device.shape[0]))
+        out = np.zeros((padded_rows, self.width), np.float32)
+        out[:rows] = self._read_host_or_ssd(block)
+        return out
+
+    def _read_host_or_ssd(self, block: int) -> np.ndarray:
+        code, rows = self.tier[block], self._rows(block)
+        if code == _CODE[Fate.SSD]:
+            return self._ssd_block(block)
+        start = int(self.slot[block])
+        self.store.accounts.host_read += rows * self.width * 4
+        return self._host_array(code)[start:start + rows]
+
+    def _ssd_block(self, block: int) -> np.ndarray:
+        cache = self.store.cache
+        hit = cache.get((self.key, block))
+        if hit is not None:
+            return hit
+        data = self.ssd.read_block(int(self.ssd_index[block]))
+        self.store.accounts.ssd_read += data.nbytes
+        if cache.fits(data.nbytes):
+            cache.put((self.key, block), data)
+        return data
+
+    # -- gather / accumulate over a partition's inputs ----------------------------------------
+    def gather(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,
+               padded_rows: int):
+        """Rows of ``block``'s owned nodes, then its halo rows, zero-padded to ``padded_rows``."""
+        own_rows = self._rows(block)
+        owner_code = self.tier[halo_owner]
+        all_device = (self.tier[block] == _CODE[Fate.DEVICE]
+                      and np.all(owner_code == _CODE[Fate.DEVICE]))
+        if all_device:
+            start = int(self.slot[block])
+            idx = np.concatenate([np.arange(start, start + own_rows),
+                                  self.slot[halo_owner] + halo_row]).astype(np.int32)
+            return _device_take(self.device, _padded_rows(idx, padded_rows,
+                                                          self.device.shape[0]))
+        out = np.zeros((padded_rows, self.width), np.float32)
+        needed = np.unique(np.concatenate([[block], halo_owner])).astype(np.int64)
+        ssd_needed = [int(b) for b in needed if self.tier[b] == _CODE[Fate.SSD]]
+        keys = [(self.key, b) for b in ssd_needed]
+        self.store.cache.pin(keys)
+        try:
+            out[:own_rows] = self._block_rows(block)
+            for code in np.unique(owner_code):
+                sel = np.flatnonzero(owner_code == code)
+                owners, rows = halo_owner[sel], halo_row[sel]
+                dst = own_rows + sel
+                if code == _CODE[Fate.DEVICE]:
+                    idx = (self.slot[owners] + rows).astype(np.int32)
+                    n = _bucket_len(idx.size)
+                    got = _device_take(self.device, _padded_rows(idx, n, self.device.shape[0]))
+                    out[dst] = np.asarray(got)[: idx.size]
+                elif code == _CODE[Fate.SSD]:
+                    out[dst] = self._ssd_rows(owners, rows)
+                else:
+                    out[dst] = self._host_array(code)[self.slot[owners] + rows]
+                    self.store.accounts.host_read += sel.size * self.width * 4
+        finally:
+            self.store.cache.unpin(keys)
+        return out
+
+    def _block_rows(self, block: int) -> np.ndarray:
+        if self.tier[block] == _CODE[Fate.DEVICE]:
+            start, rows = int(self.slot[block]), self._rows(block)
+            return np.asarray(self.device[start:start + rows])
+        return self._read_host_or_ssd(block)
+
+    def _ssd_rows(self, owners: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Halo rows held on SSD: from cached blocks, else cache the owner block if it fits
+        (a later partition will likely read it too), else read just those rows."""
+        out = np.empty((owners.size, self.width), np.float32)
+        boundaries = np.flatnonzero(np.diff(owners)) + 1
+        for seg in np.split(np.arange(owners.size), boundaries):
+            b = int(owners[seg[0]])
+            cached = self.store.cache.get((self.key, b))
+            nbytes = self._rows(b) * self.width * 4
+            if cached is None and self.store.cache.fits(nbytes):
+                cached = self._ssd_block(b)
+            if cached is not None:
+                out[seg] = cached[rows[seg]]
+            else:
+                file_rows = self.ssd.offsets[self.ssd_index[b]] + rows[seg]
+                out[seg] = self.ssd.read_rows(file_rows)
+                self.store.accounts.ssd_read += seg.size * self.width * 4
+        return out
+
+    def accumulate(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,
+                   values) -> None:
+        """``G[own rows] += values[:own]`` and ``G[halo rows] += values[own:own+halo]``: halo
+        rows are partial gradients of nodes owned by other partitions."""
+        own_rows = self._rows(block)
+        n_in = own_rows + halo_row.size
+        owners = np.concatenate([np.full(own_rows, block), halo_owner]).astype(np.int64)
+        rows = np.concatenate([np.arange(own_rows), halo_row]).astype(np.int64)
+        codes = self.tier[owners]
+        if np.all(codes == _CODE[Fate.DEVICE]):
+            idx = (self.slot[owners] + rows).astype(np.int32)
+            idx = _padded_rows(idx, values.shape[0], self.device.shape[0])
+            with self._device_lock:
+                self.device = _device_add(self.device, idx, values)
+            return
+        host_values = np.asarray(values)[:n_in]
+        for code in np.unique(codes):
+            sel = np.flatnonzero(codes == code)
+            if code == _CODE[Fate.DEVICE]:
+                idx = (self.slot[owners[sel]] + rows[sel]).astype(np.int32)
+                n = _bucket_len(idx.size)
+                with self._device_lock:
+                    self.device = _device_add(
+                        self.device, _padded_rows(idx, n, self.device.shape[0]),
+                        _pad_to(host_values[sel], n))
+            elif code == _CODE[Fate.SSD]:
+                file_rows = self.ssd.offsets[self.ssd_index[owners[sel]]] + rows[sel]
+                order = np.argsort(file_rows, kind="stable")
+                self.ssd.add_rows(file_rows[order], host_values[sel][order])
+                for b in np.unique(owners[sel]):
+                    self.store.cache.invalidate((self.key, int(b)))
+                moved = sel.size * self.width * 4
+                self.store.accounts.ssd_read += moved
+                self.store.accounts.ssd_written += moved
+            else:
+                # rows within one accumulate are unique, so fancy-index += is exact
+                self._host_array(code)[self.slot[owners[sel]] + rows[sel]] += host_values[sel]
+                self.store.accounts.host_written += sel.size * self.width * 4
+
+    def zero(self) -> None:
+        if self.device is not None:
+            self.device = jnp.zeros_like(self.device)
+        if self.host is not None:
+            self.host.fill(0)
+        if self.transient is not None:
+            self.transient.fill(0)
+        if self.ssd is not None:
+            self.ssd.zero()
+            self.store.cache.drop_table(self.key)
+
+    def free(self) -> None:
+        """Give back every tier's storage (and delete the SSD file), uncharging the accounts."""
+        charge = {}
+        if self.device is not None:
+            charge["device"] = -int(self.device.size) * 4
+        if self.host is not None:
+            charge["host"] = -self.host.nbytes
+        if self.ssd is not None:
+            charge["ssd"] = -self.ssd.rows * self.ssd.width * 4
+            self.ssd.close()
+            self.ssd.path.unlink(missing_ok=True)
+            self.store.cache.drop_table(self.key)
+        self.release()
+        self.device = self.host = self.ssd = None
+        self.store._charge(**charge)
+
+    def close(self) -> None:
+        if self.ssd is not None:
+            self.ssd.close()
+
+
+def _bucket_len(n: int) -> int:
+    """Round index-array lengths up to a power of two so device gathers compile few shapes."""
+    return 1 << max(int(n - 1).bit_length(), 3)
+
+
+def _pad_to(values: np.ndarray, n: int) -> np.ndarray:
+    out = np.zeros((n,) + values.shape[1:], values.dtype)
+    out[: values.shape[0]] = values
+    return out
+
+
+class Store:
+    """All tables of a run, the host cache and the run's private SSD directory.
+
+    Args:
+      block_rows: ``[P]`` rows of every partition block.
+      directory: where the run's subdirectory is made (needed only if a block goes to SSD).
+      host_cache_bytes: capacity of the host cache in front of the SSD tier.
+    """
+
+    def __init__(self, block_rows: np.ndarray, directory: Optional[str | os.PathLike],
+                 host_cache_bytes: int, ssd_bytes_needed: int = 0):
+        self.block_rows = np.asarray(block_rows, np.int64)
+        self.accounts = Accounts()
+        self._t0 = time.perf_counter()
+        self._lock = threading.Lock()
+        self.run_id = uuid.uuid4().bytes
+        self.run_dir: Optional[pathlib.Path] = None
+        self.tables: dict[tuple, Table] = {}
+        if ssd_bytes_needed:
+            self.run_dir = make_run_dir(directory, ssd_bytes_needed, self.run_id)
+        self.cache = HostCache(host_cache_bytes, on_change=self._sample)
+
+    def table(self, name: str, layer: int, width: int, fates: list[Fate]) -> Table:
+        t = Table(self, name, layer, width, fates)
+        self.tables[(name, layer)] = t
+        return t
+
+    def drop(self, table: Table) -> None:
+        """Free a table that is no longer needed (e.g. a gradient buffer after its layer)."""
+        self.tables.pop(table.key, None)
+        table.free()
+
+    def _charge(self, device: int = 0, host: int = 0, ssd: int = 0) -> None:
+        with self._lock:
+            a = self.accounts
+            a.device += device
+            a.host += host
+            a.ssd += ssd
+            a.peak_device = max(a.peak_device, a.device)
+            a.peak_ssd = max(a.peak_ssd, a.ssd)
+        self._sample()
+
+    def _sample(self) -> None:
+        with self._lock:
+            a = self.accounts
+            host = a.host + (self.cache.bytes if hasattr(self, "cache") else 0)
+            a.peak_host = max(a.peak_host, host)
+            a.timeline.append((time.perf_counter() - self._t0, a.device, host, a.ssd))
+
+    def close(self) -> None:
+        """Close every file and remove the run's directory (also on error paths)."""
+        for t in self.tables.values():
+            t.close()
+        if self.run_dir is not None and self.run_dir.exists():
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.run_dir = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def make_run_dir(directory, needed_bytes: int, run_id: bytes) -> pathlib.Path:
+    """Check the store directory and create this run's private subdirectory in it."""
+    if directory is None:
+        raise StoreError("the plan puts blocks on the SSD tier but no store directory was "
+                         "given; pass store=/path/to/fast/disk (CLI: --store)")
+    root = pathlib.Path(directory)
+    if not root.exists():
+        raise StoreError(f"store directory {root} does not exist; create it or pass another "
+                         "--store")
+    if not root.is_dir():
+        raise StoreError(f"store path {root} is not a directory")
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise StoreError(f"store directory {root} is not writable; choose a directory you "
+                         "can write to")
+    free = shutil.disk_usage(root).free
+    if free < needed_bytes:
+        raise StoreError(f"store directory {root} has {free / 2**30:.2f} GiB free but the plan "
+                         f"writes {needed_bytes / 2**30:.2f} GiB to SSD; free space, raise the "
+                         "host budget or choose another disk")
+    run_dir = root / f"jgrind-run-{os.getpid()}-{run_id.hex()[:12]}"
+    try:
+        run_dir.mkdir()
+    except OSError as err:
+        raise StoreError(f"cannot create a run directory in {root}: {err.strerror}") from None
+    return run_dir

@@ -1,0 +1,152 @@
+"""Offload policies: callables from a `TensorInfo` to a `Fate`, passed to ``train(policy=...)``.
+
+Plain policies are functions or frozen dataclasses with ``__call__`` (hashable, comparable).
+A policy that needs to see every tensor before deciding (budget-aware ones) also has
+``bind(inventory) -> policy``; the engine calls it once with the full tensor inventory.
+
+Write your own in a few lines::
+
+    def activations_on_ssd_after_layer_1(info):
+        if info.name == "activation" and info.layer >= 2:
+            return Fate.SSD
+        return Fate.HOST
+
+    train(..., policy=activations_on_ssd_after_layer_1, store="/mnt/nvme/jgrind")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Callable, Optional, Sequence
+
+from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate, TensorInfo
+
+Policy = Callable[[TensorInfo], Fate]
+
+
+@dataclasses.dataclass(frozen=True)
+class Constant:
+    """Every tensor gets ``fate`` (gradients too, except RECOMPUTE, which is for activations:
+    gradients then go to ``gradient_fate``)."""
+
+    fate: Fate
+    gradient_fate: Fate = Fate.HOST
+    features_fate: Optional[Fate] = None
+    directory: Optional[str] = None
+
+    def __call__(self, info: TensorInfo) -> Fate:
+        if info.name == GRADIENT:
+            return self.gradient_fate if self.fate is Fate.RECOMPUTE else self.fate
+        if info.layer == 0 and self.features_fate is not None:
+            return self.features_fate
+        if self.fate is Fate.RECOMPUTE and not info.recomputable:
+            return self.gradient_fate
+        return self.fate
+
+
+def in_memory() -> Constant:
+    """Everything on the device: the fast path when it fits."""
+    return Constant(Fate.DEVICE, gradient_fate=Fate.DEVICE)
+
+
+def host_offload() -> Constant:
+    """Every activation and gradient block in host RAM; the device holds one partition's
+    working set at a time."""
+    return Constant(Fate.HOST, gradient_fate=Fate.HOST)
+
+
+def ssd_offload(directory: str | os.PathLike, gradients: Fate = Fate.SSD) -> Constant:
+    """Every activation block (and, by default, gradient block) in the SSD store under
+    ``directory``; the host cache still serves reads within the host budget."""
+    return Constant(Fate.SSD, gradient_fate=gradients, directory=os.fspath(directory))
+
+
+def recompute_activations(gradients: Fate = Fate.HOST, features: Fate = Fate.HOST) -> Constant:
+    """Keep only the input features; recompute every hidden activation in backward."""
+    return Constant(Fate.RECOMPUTE, gradient_fate=gradients, features_fate=features)
+
+
+@dataclasses.dataclass(frozen=True)
+class ByKind:
+    """Different policies for activations and gradients."""
+
+    activations: Policy
+    gradients: Policy
+
+    def __call__(self, info: TensorInfo) -> Fate:
+        return (self.activations if info.name == ACTIVATION else self.gradients)(info)
+
+
+@dataclasses.dataclass(frozen=True)
+class ByLayer:
+    """``policies[l]`` for layer l; layers past the end use the last one."""
+
+    policies: tuple
+
+    def __call__(self, info: TensorInfo) -> Fate:
+        return self.policies[min(info.layer, len(self.policies) - 1)](info)
+
+
+def by_layer(*policies: Policy) -> ByLayer:
+    return ByLayer(tuple(policies))
+
+
+@dataclasses.dataclass(frozen=True)
+class Budgeted:
+    """The GriNNder-style default: fill the device, then host RAM, then the SSD store.
+
+    Blocks are placed in order of first backward use (the tensors backward needs first are
+    kept closest), each in the fastest tier with room left; the device tier keeps
+    ``device_reserve`` bytes free for one partition's working set. ``bind`` does the packing
+    once over the inventory; the bound policy is a table lookup.
+    """
+
+    device_budget: int
+    host_budget: int
+    directory: Optional[str] = None
+    device_reserve: int = 0
+    assignment: Optional[tuple] = None  # ((name, layer, partition), fate) pairs once bound
+
+    def bind(self, inventory: Sequence[TensorInfo]) -> "Budgeted":
+        left = {Fate.DEVICE: self.device_budget - self.device_reserve,
+                Fate.HOST: self.host_budget}
+        order = sorted(inventory, key=lambda t: (t.first_backward_use, t.name, t.partition))
+        table = []
+        for info in order:
+            for fate in (Fate.DEVICE, Fate.HOST):
+                if info.nbytes <= left[fate]:
+                    left[fate] -= info.nbytes
+                    break
+            else:
+                fate = Fate.SSD
+            table.append(((info.name, info.layer, info.partition), fate))
+        return dataclasses.replace(self, assignment=tuple(table))
+
+    def __call__(self, info: TensorInfo) -> Fate:
+        if self.assignment is None:
+            raise RuntimeError("Budgeted policy used before bind(inventory)")
+        return self._lookup[(info.name, info.layer, info.partition)]
+
+    @functools.cached_property
+    def _lookup(self) -> dict:
+        return dict(self.assignment)
+
+
+def grinnder(device_budget: int, host_budget: int, directory: Optional[str] = None,
+             device_reserve: int = 0) -> Budgeted:
+    """The default out-of-core policy: device, then host, then SSD, within the budgets."""
+    return Budgeted(int(device_budget), int(host_budget),
+                    None if directory is None else os.fspath(directory), int(device_reserve))
+
+
+def bind(policy: Policy, inventory: Sequence[TensorInfo]) -> Policy:
+    """Give a budget-aware policy the whole inventory; plain policies come back unchanged."""
+    binder = getattr(policy, "bind", None)
+    return binder(inventory) if callable(binder) else policy
+
+
+def store_directory(policy: Policy) -> Optional[str]:
+    """The SSD directory a policy names, if any (``ssd_offload(dir)``, ``grinnder(..., dir)``)."""
+    return getattr(policy, "directory", None)

@@ -1,0 +1,38 @@
+"""Shared pytest fixtures. Add new fixtures under their own comment header."""
+
+import os
+
+import pytest
+
+import jgrind.datasets
+
+
+# -- real datasets (../shared/datasets or $JGRIND_DATA) ------------------------------------------
+# Tests that need the real files take `data_root` (the folder) or `data_file` (checks that given
+# files exist). Without the data they skip, unless JGRIND_REQUIRE_DATA=1 (CI), where they fail.
+
+def _no_data(detail: str):
+    msg = "real datasets not found: set JGRIND_DATA or put ../shared/datasets beside the repo"
+    if os.environ.get("JGRIND_REQUIRE_DATA") == "1":
+        pytest.fail(f"{msg} ({detail})", pytrace=False)
+    pytest.skip(f"{msg} ({detail})")
+
+
+@pytest.fixture
+def data_root():
+    root = jgrind.datasets.data_root()
+    if root is None or not root.is_dir():
+        _no_data(f"data_root() is {root}")
+    return root
+
+
+@pytest.fixture
+def data_file(data_root):
+    """``data_file("planetoid/ind.cora.x", ...)``: the path of the first, after checking that
+    all exist (skip or fail as above if not)."""
+    def get(*relpaths):
+        for rel in relpaths:
+            if not (data_root / rel).is_file():
+                _no_data(f"{data_root / rel} is missing")
+        return data_root / relpaths[0]
+    return get

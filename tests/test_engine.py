@@ -1,0 +1,298 @@
+"""The out-of-core engine against the in-memory full-graph computation.
+
+Tolerance: float32 with the partition-wise sums taken in a different order than the in-memory
+ones. Each gradient entry is a sum over up to a few thousand products, so reordering moves it by
+a few ulps of the largest partial sum; we allow ``1e-4 * max|g| + 1e-7`` per tensor. Every real
+bug we have made while building the engine (a dropped halo gradient, a wrong loss scale,
+per-partition dropout masks, normalisation recomputed per partition) moves gradients by 1e-2
+relative or more, so this bound separates the two by orders of magnitude.
+"""
+
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jgrind import datasets, generators, models
+from jgrind.engine import BudgetError, OutOfCore, StoreCorruptedError, StoreError
+from jgrind.partition import contiguous, random as random_partition
+from jgrind.plan import Fate, policies
+from jgrind.train import InMemory, make_executor, train
+
+from helpers import community_graph
+
+RTOL = 1e-4
+
+
+def assert_same_gradients(grads, reference):
+    for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads),
+                            jax.tree.leaves(reference)):
+        g, r = np.asarray(g), np.asarray(r)
+        bound = RTOL * np.abs(r).max() + 1e-7
+        err = np.abs(g - r).max()
+        assert err <= bound, f"{jax.tree_util.keystr(path)}: max error {err:.3g} > {bound:.3g}"
+
+
+def _models(f, c):
+    return {
+        "gcn": models.gcn(f, 16, c, num_layers=3, dropout=0.5),
+        "sage-res-ln": models.sage(f, 16, c, num_layers=2, dropout=0.5, residual=True,
+                                   layer_norm=True),
+        "gat": models.gat(f, 4, c, heads=2, num_layers=2, dropout=0.5),
+        "gcn-res-ln": models.gcn(f, 16, c, num_layers=2, dropout=0.3, residual=True,
+                                 layer_norm=True),
+    }
+
+
+def _policies(tmp_path):
+    return {"in_memory": policies.in_memory(), "host": policies.host_offload(),
+            "ssd": policies.ssd_offload(tmp_path),
+            "recompute": policies.recompute_activations(),
+            "grinnder": policies.grinnder(2**20, 2**20, tmp_path)}
+
+
+def _check(graph, model, policy, parts, tmp_path, partitioner=contiguous):
+    params = model.init(jax.random.key(0))
+    key = jax.random.key(42)  # dropout on: masks must not depend on the partitioning
+    ref_loss, ref_grads = InMemory(graph, model, optax.sgd(0.1)).loss_and_grad(params, key)
+    with OutOfCore(graph, model, optax.sgd(0.1), policy=policy, num_parts=parts,
+                   store=tmp_path, partitioner=partitioner) as ex:
+        grads, loss = ex.loss_and_grad(params, key)
+        assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+        assert_same_gradients(grads, ref_grads)
+        return ex.store.accounts
+
+
+MODELS = ["gcn", "sage-res-ln", "gat", "gcn-res-ln"]
+POLICIES = ["in_memory", "host", "ssd", "recompute", "grinnder"]
+PARTS = [1, 2, 7, 16]
+
+
+def _csbm():
+    return generators.csbm(num_nodes=400, num_features=8, avg_degree=6, seed=1)
+
+
+# Every model under every policy (partition counts rotate), and every model at every partition
+# count (under the SSD policy, the one with the most moving parts): all pairs, not the product.
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("model", MODELS)
+def test_generated_graph_every_policy(model, policy, tmp_path):
+    graph = _csbm()
+    parts = PARTS[(MODELS.index(model) + POLICIES.index(policy)) % len(PARTS)]
+    _check(graph, _models(8, graph.num_classes)[model], _policies(tmp_path)[policy], parts,
+           tmp_path, partitioner=random_partition)
+
+
+@pytest.mark.parametrize("parts", PARTS)
+@pytest.mark.parametrize("model", MODELS)
+def test_generated_graph_every_partition_count(model, parts, tmp_path):
+    graph = _csbm()
+    _check(graph, _models(8, graph.num_classes)[model], _policies(tmp_path)["ssd"], parts,
+           tmp_path, partitioner=random_partition)
+
+
+@pytest.mark.parametrize("parts", [2, 7, 16])
+@pytest.mark.parametrize("model", ["gcn", "sage-res-ln", "gat"])
+def test_cora(model, parts, tmp_path, data_file):
+    data_file("planetoid/ind.cora.graph")
+    graph = datasets.load("cora")
+    policy = list(_policies(tmp_path).values())[parts % 5]
+    _check(graph, _models(graph.num_features, 7)[model], policy, parts, tmp_path)
+
+
+@pytest.mark.parametrize("parts, policy", [(2, "ssd"), (7, "host"), (16, "recompute")])
+def test_tolokers(parts, policy, tmp_path, data_file):
+    data_file("heterophilous/tolokers.npz")
+    graph = datasets.load("tolokers")
+    model = models.gcn(graph.num_features, 16, 2, num_layers=2, dropout=0.2, residual=True,
+                       layer_norm=True)
+    _check(graph, model, _policies(tmp_path)[policy], parts, tmp_path)
+
+
+def test_parameters_agree_after_20_epochs(tmp_path):
+    graph = community_graph(num_nodes=300, num_features=8)
+    model = models.gcn(8, 16, graph.num_classes, num_layers=2, dropout=0.5, residual=True,
+                       layer_norm=True)
+    opt = optax.adam(0.01)
+    ref = train(jax.random.key(3), graph, model, opt, epochs=20, progress=False)
+    ooc = train(jax.random.key(3), graph, model, opt, epochs=20, progress=False,
+                policy=policies.ssd_offload(tmp_path), num_parts=5)
+    for a, b in zip(jax.tree.leaves(ooc.params), jax.tree.leaves(ref.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-5)
+    assert ooc.best_epoch == ref.best_epoch and ooc.test == pytest.approx(ref.test)
+    assert list(tmp_path.iterdir()) == []  # the run's directory is gone
+
+
+def test_small_budgets_really_use_the_ssd_tier(tmp_path):
+    graph = generators.csbm(num_nodes=3000, num_features=16, avg_degree=8, seed=0)
+    model = models.gcn(16, 32, graph.num_classes, num_layers=3, dropout=0.5)
+    probe = OutOfCore(graph, model, optax.sgd(0.1), num_parts=8, store=tmp_path)
+    working_set = probe.memory.device_working_set
+    total = sum(info.nbytes for info in probe.inventory)
+    probe.close()
+    device_budget = working_set + 20_000        # room for a block or two at most
+    host_budget = total // 4                    # a quarter of the stored tensors
+    params = model.init(jax.random.key(0))
+    key = jax.random.key(1)
+    ref_loss, ref_grads = InMemory(graph, model, optax.sgd(0.1)).loss_and_grad(params, key)
+    with OutOfCore(graph, model, optax.sgd(0.1), num_parts=8, store=tmp_path,
+                   device_budget=device_budget, host_budget=host_budget) as ex:
+        fates = set(ex.fates.values())
+        assert Fate.SSD in fates and Fate.HOST in fates
+        grads, loss = ex.loss_and_grad(params, key)
+        acc = ex.store.accounts
+        assert acc.peak_ssd > 0 and acc.ssd_written > 0 and acc.ssd_read > 0
+        assert acc.peak_host <= host_budget
+        assert acc.peak_device <= device_budget - working_set
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    assert_same_gradients(grads, ref_grads)
+
+
+def test_budget_too_small_fails_before_work_with_minimum(tmp_path):
+    graph = community_graph(num_nodes=300)
+    model = models.gcn(graph.num_features, 16, graph.num_classes)
+    with pytest.raises(BudgetError, match=r"working set .* at least"):
+        OutOfCore(graph, model, optax.sgd(0.1), num_parts=2, device_budget=1000,
+                  store=tmp_path)
+    with pytest.raises(BudgetError, match="host budget"):
+        OutOfCore(graph, model, optax.sgd(0.1), num_parts=2, policy=policies.host_offload(),
+                  host_budget=1000)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_store_directory_problems(tmp_path):
+    graph = community_graph(num_nodes=200)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    build = lambda d: OutOfCore(graph, model, optax.sgd(0.1),  # noqa: E731
+                                policy=policies.ssd_offload(d), num_parts=2)
+    with pytest.raises(StoreError, match="does not exist"):
+        build(tmp_path / "missing")
+    with pytest.raises(StoreError, match="no store directory"):
+        OutOfCore(graph, model, optax.sgd(0.1), policy=lambda info: Fate.SSD, num_parts=2)
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o500)
+    try:
+        if os.access(read_only, os.W_OK):
+            pytest.skip("running as a user that can write anywhere (root)")
+        with pytest.raises(StoreError, match="not writable"):
+            build(read_only)
+    finally:
+        read_only.chmod(0o700)
+
+
+def test_store_full_disk_is_refused_before_writing(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9 - 100, 100))
+    graph = community_graph(num_nodes=200)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    with pytest.raises(StoreError, match="GiB free"):
+        OutOfCore(graph, model, optax.sgd(0.1), policy=policies.ssd_offload(tmp_path),
+                  num_parts=2)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_only_directory_message_without_root(tmp_path, monkeypatch):
+    """Root can write anywhere, so also check the message path with os.access faked."""
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if pathlib.Path(p) == tmp_path
+                        else real_access(p, mode))
+    graph = community_graph(num_nodes=200)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    with pytest.raises(StoreError, match="not writable"):
+        OutOfCore(graph, model, optax.sgd(0.1), policy=policies.ssd_offload(tmp_path),
+                  num_parts=2)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "corrupt", "header"])
+def test_store_damaged_between_forward_and_backward(damage, tmp_path):
+    graph = community_graph(num_nodes=300)
+    model = models.gcn(graph.num_features, 8, graph.num_classes, num_layers=2)
+    ex = OutOfCore(graph, model, optax.sgd(0.1), policy=policies.ssd_offload(tmp_path),
+                   num_parts=3, host_budget=0, prefetch=False)
+    forward = ex._forward_layer
+
+    def forward_then_damage(params, layer, key):
+        forward(params, layer, key)
+        path = ex.store.tables[("activation", layer + 1)].ssd.path
+        size = path.stat().st_size
+        with open(path, "r+b") as f:
+            if damage == "truncate":
+                f.truncate(size - 64)
+            elif damage == "corrupt":
+                f.seek(size - 16)
+                f.write(b"\x7f" * 16)
+            else:
+                f.write(b"XXXXXXXX")
+    ex._forward_layer = forward_then_damage
+    with pytest.raises(StoreCorruptedError, match="store file"):
+        ex.loss_and_grad(model.init(jax.random.key(0)), None)
+    ex.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_two_runs_share_a_directory_without_colliding(tmp_path):
+    graph = community_graph(num_nodes=200)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    a = OutOfCore(graph, model, optax.sgd(0.1), policy=policies.ssd_offload(tmp_path),
+                  num_parts=2)
+    b = OutOfCore(graph, model, optax.sgd(0.1), policy=policies.ssd_offload(tmp_path),
+                  num_parts=2)
+    assert a.store.run_dir != b.store.run_dir and len(list(tmp_path.iterdir())) == 2
+    params = model.init(jax.random.key(0))
+    ga, _ = a.loss_and_grad(params, None)
+    gb, _ = b.loss_and_grad(params, None)
+    assert_same_gradients(ga, gb)
+    a.close()
+    b.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_files_removed_when_training_fails(tmp_path):
+    graph = community_graph(num_nodes=200)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    bad_lr = optax.sgd(jnp.inf)
+    with pytest.raises(FloatingPointError):
+        train(jax.random.key(0), graph, model, bad_lr, epochs=3, progress=False,
+              policy=policies.ssd_offload(tmp_path), num_parts=2)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_fast_path_when_everything_fits(tmp_path):
+    graph = community_graph(num_nodes=200)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    opt = optax.sgd(0.1)
+    assert isinstance(make_executor(graph, model, opt, device_budget=2**30), InMemory)
+    assert isinstance(make_executor(graph, model, opt, policy=policies.in_memory()), InMemory)
+    from jgrind.train import in_memory_bytes
+    ex = make_executor(graph, model, opt, device_budget=in_memory_bytes(graph, model) - 1,
+                       store=tmp_path, num_parts=2)
+    assert isinstance(ex, OutOfCore)
+    ex.close()
+    ex = make_executor(graph, model, opt, policy=policies.host_offload(), num_parts=3)
+    assert isinstance(ex, OutOfCore)
+    ex.close()
+
+
+def test_user_policy_in_a_few_lines(tmp_path):
+    def odd_partitions_on_ssd(info):
+        return Fate.SSD if info.partition % 2 else Fate.HOST
+    graph = community_graph(num_nodes=300)
+    model = models.sage(graph.num_features, 8, graph.num_classes, num_layers=3)
+    acc = _check(graph, model, odd_partitions_on_ssd, 4, tmp_path)
+    assert acc.peak_ssd > 0 and acc.peak_host > 0
+
+
+def test_recompute_of_features_is_refused():
+    graph = community_graph(num_nodes=100)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    from jgrind.plan import PolicyError
+    with pytest.raises(PolicyError, match="cannot be recomputed"):
+        OutOfCore(graph, model, optax.sgd(0.1), policy=lambda info: Fate.RECOMPUTE,
+                  num_parts=2)

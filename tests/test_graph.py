@@ -1,0 +1,94 @@
+import numpy as np
+import pytest
+
+from jgrind import transforms
+from jgrind.graph import Graph, GraphError, from_edges
+
+from helpers import community_graph, dense_adjacency
+
+
+def _tiny(**changes):
+    kwargs = dict(indptr=np.array([0, 1, 2, 2]), indices=np.array([1, 0]),
+                  features=np.ones((3, 2), np.float32), labels=np.array([0, 1, 0]),
+                  train_mask=np.array([True, False, False]),
+                  val_mask=np.array([False, True, False]),
+                  test_mask=np.array([False, False, True]), num_classes=2, name="tiny")
+    kwargs.update(changes)
+    return Graph(**kwargs)
+
+
+def test_valid_graph_is_frozen_and_int32():
+    g = _tiny()
+    assert g.num_nodes == 3 and g.num_edges == 2 and g.num_splits == 1
+    assert g.indices.dtype == np.int32 and g.train_mask.shape == (1, 3)
+    with pytest.raises(ValueError):
+        g.features[0, 0] = 5.0
+    with pytest.raises(AttributeError):
+        g.num_classes = 3
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(indices=np.array([1, 7])), "out of range"),
+    (dict(indptr=np.array([0, 1, 3, 2])), "never decrease"),
+    (dict(indptr=np.array([0])), "empty"),
+    (dict(features=np.ones((2, 2), np.float32)), "expected [3, F]"),
+    (dict(features=np.array([[1, 2], [np.nan, 0], [0, 0]], np.float32)), "NaN"),
+    (dict(features=np.array([[1, 2], [np.inf, 0], [0, 0]], np.float32)), "NaN or inf"),
+    (dict(labels=np.array([0, 2, 0])), "outside [0, 2)"),
+    (dict(labels=np.array([0, 1])), "labels have shape"),
+    (dict(val_mask=np.array([True, True, False])), "train and val masks overlap"),
+    (dict(test_mask=np.array([False, True, True])), "val and test masks overlap"),
+    (dict(labels=np.array([0, -1, 0])), "has no label"),
+    (dict(edge_weight=np.array([1.0])), "edge_weight"),
+])
+def test_validation_names_the_problem(changes, message):
+    with pytest.raises(GraphError, match=message.replace("[", r"\[").replace(")", r"\)")):
+        _tiny(**changes)
+
+
+def test_from_edges_rejects_out_of_range_ids():
+    with pytest.raises(GraphError, match="destination 5 is out of range"):
+        from_edges([0, 1], [1, 5], np.ones((3, 2)), [0, 0, 0])
+
+
+def test_self_loops_and_duplicates():
+    g = from_edges([0, 0, 1, 2, 2], [0, 1, 1, 1, 1], np.ones((3, 1)), [0, 0, 0])
+    no_loops = transforms.remove_self_loops(g)
+    assert no_loops.num_edges == 3
+    dedup = transforms.remove_duplicate_edges(no_loops)
+    assert sorted(zip(dedup.indices, dedup.edge_destinations())) == [(0, 1), (2, 1)]
+    looped = transforms.add_self_loops(dedup)
+    assert np.array_equal(np.diag(dense_adjacency(looped)), [1, 1, 1])
+
+
+def test_make_undirected_is_symmetric_and_idempotent():
+    g = community_graph(directed=True)
+    assert not transforms.is_symmetric(g)
+    u = transforms.make_undirected(g)
+    assert transforms.is_symmetric(u)
+    a = dense_adjacency(u)
+    assert np.array_equal(a, a.T) and a.max() == 1
+    assert transforms.make_undirected(u).num_edges == u.num_edges
+
+
+def test_gcn_norm_matches_dense_formula():
+    g = community_graph(num_nodes=50)
+    a = dense_adjacency(g) + np.eye(g.num_nodes)
+    d = a.sum(1)
+    expected = a / np.sqrt(d)[:, None] / np.sqrt(d)[None, :]
+    np.testing.assert_allclose(dense_adjacency(transforms.gcn_norm(g)), expected, rtol=1e-6)
+
+
+def test_mean_norm_rows_sum_to_one():
+    g = community_graph(num_nodes=50, directed=True)
+    a = dense_adjacency(transforms.mean_norm(g))
+    has_in = g.in_degree() > 0
+    np.testing.assert_allclose(a.sum(1)[has_in], 1.0, rtol=1e-6)
+
+
+def test_permute_nodes_relabels_consistently():
+    g = community_graph(num_nodes=40)
+    perm = np.random.default_rng(1).permutation(40)
+    p = transforms.permute_nodes(g, perm)
+    np.testing.assert_array_equal(p.features, g.features[perm])
+    np.testing.assert_array_equal(dense_adjacency(p), dense_adjacency(g)[np.ix_(perm, perm)])

@@ -1,0 +1,403 @@
+"""Tests of jgrind.partition: partitioners, PartitionedGraph, bucket sizes and quality."""
+
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from jgrind import transforms as T
+from jgrind.graph import Graph, GraphError, from_edges
+from jgrind.partition import (BUCKET_MIN, PARTITIONERS, bucket, contiguous, label_propagation,
+                              measure, metis, neighbour_csr, partition_graph, quality, random)
+
+
+# -- graphs ----------------------------------------------------------------------------------
+def _graph(src, dst, n, *, undirected=True, weights_seed=None, name="g") -> Graph:
+    g = from_edges(np.asarray(src, np.int64), np.asarray(dst, np.int64),
+                   np.zeros((n, 2), np.float32), np.zeros(n, np.int32), name=name)
+    if undirected:
+        g = T.remove_self_loops(T.make_undirected(g))
+    if weights_seed is not None:
+        rng = np.random.default_rng(weights_seed)
+        g = g.replace(edge_weight=rng.uniform(0.1, 2.0, g.num_edges).astype(np.float32))
+    return g
+
+
+def planted(n=3000, communities=8, d_in=8, d_out=1, seed=0, **kw):
+    """Planted communities on shuffled ids: each node links to ``d_in`` random members of its
+    own community and ``d_out`` random nodes anywhere; community of a node is random, so ids
+    carry no locality. Returns (graph, community)."""
+    rng = np.random.default_rng(seed)
+    comm = rng.integers(0, communities, n)
+    order = np.argsort(comm, kind="stable")
+    sizes = np.bincount(comm, minlength=communities)
+    start = np.concatenate([[0], np.cumsum(sizes)])[comm]
+    src = np.repeat(np.arange(n), d_in)
+    dst = order[np.repeat(start, d_in) + (rng.random(n * d_in) * np.repeat(sizes[comm], d_in))
+                .astype(np.int64)]
+    src = np.concatenate([src, np.repeat(np.arange(n), d_out)])
+    dst = np.concatenate([dst, rng.integers(0, n, n * d_out)])
+    return _graph(src, dst, n, **kw), comm
+
+
+def random_graph(n=500, m=3000, seed=1, undirected=True, weights_seed=None):
+    rng = np.random.default_rng(seed)
+    return _graph(rng.integers(0, n, m), rng.integers(0, n, m), n, undirected=undirected,
+                  weights_seed=weights_seed)
+
+
+def edge_cut(g, a):
+    src, dst = T.coo(g)
+    return float(np.mean(a[src] != a[dst]))
+
+
+@pytest.fixture(scope="module")
+def community_graph():
+    return planted()
+
+
+NAMES = ["contiguous", "random", "label_propagation"]
+
+
+# -- partitioners ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", NAMES)
+def test_partitioner_deterministic_and_valid(name):
+    g = random_graph()
+    a1 = PARTITIONERS[name](g, 7, seed=3)
+    a2 = PARTITIONERS[name](g, 7, seed=3)
+    assert a1.dtype == np.int32 and a1.shape == (g.num_nodes,)
+    np.testing.assert_array_equal(a1, a2)
+    assert a1.min() >= 0 and a1.max() < 7
+    assert np.bincount(a1, minlength=7).min() > 0
+
+
+def test_random_seeds_differ_and_balanced():
+    g = random_graph()
+    a, b = random(g, 7, seed=0), random(g, 7, seed=1)
+    assert not np.array_equal(a, b)
+    sizes = np.bincount(a, minlength=7)
+    assert sizes.max() - sizes.min() <= 1
+
+
+def test_contiguous_ranges_and_balance():
+    g = random_graph(n=1000, m=8000)
+    for balance in ("nodes", "nodes+edges"):
+        a = contiguous(g, 9, balance=balance)
+        assert np.all(np.diff(a) >= 0), "contiguous must be consecutive id ranges"
+        assert np.array_equal(np.unique(a), np.arange(9))
+    sizes = np.bincount(contiguous(g, 9, balance="nodes"))
+    assert sizes.max() - sizes.min() <= 1
+    cost = np.bincount(contiguous(g, 9), weights=g.in_degree() + 1.0)
+    assert cost.max() <= cost.mean() + (g.in_degree().max() + 1)
+    # a hub carrying most of the cost still leaves every range non-empty
+    n = 50
+    hub = _graph(np.arange(1, n), np.zeros(n - 1, int), n, undirected=False)
+    a = contiguous(hub, 10)
+    assert np.array_equal(np.unique(a), np.arange(10))
+
+
+@pytest.mark.parametrize("k", [2, 8, 33])
+def test_label_propagation_respects_capacity(k, community_graph):
+    g, _ = community_graph
+    for imbalance in (1.0, 1.05, 1.3):
+        a = label_propagation(g, k, imbalance=imbalance, iterations=5)
+        cap = max(-(-g.num_nodes // k), int(np.floor(imbalance * g.num_nodes / k)))
+        assert np.bincount(a, minlength=k).max() <= cap
+
+
+def test_label_propagation_beats_random_and_contiguous(community_graph):
+    g, comm = community_graph
+    k = 8
+    cut_lp = edge_cut(g, label_propagation(g, k, seed=0))
+    cut_rand = edge_cut(g, random(g, k, seed=0))
+    cut_cont = edge_cut(g, contiguous(g, k))
+    cut_planted = edge_cut(g, comm)
+    assert cut_lp < 0.5 * cut_rand
+    assert cut_lp < 0.5 * cut_cont
+    assert cut_lp < 1.5 * cut_planted  # close to the planted communities
+    # the plain (contiguous / random start) variants still improve clearly on their start
+    for init in ("contiguous", "random"):
+        assert edge_cut(g, label_propagation(g, k, init=init)) < 0.8 * cut_rand
+
+
+def test_label_propagation_balances_edges_with_isolated_nodes():
+    # a dense community graph plus as many isolated nodes: node-balanced ranges of a
+    # community order would put all edges in half the partitions
+    g0, _ = planted(n=2000, communities=4, d_in=10)
+    src, dst = T.coo(g0)
+    g = _graph(src, dst, 4000, undirected=False)
+    k = 8
+    a = label_propagation(g, k)
+    sizes = np.bincount(a, minlength=k)
+    edges = np.bincount(a, weights=g.in_degree(), minlength=k)
+    assert sizes.max() <= int(1.05 * 4000 / k)
+    assert edges.max() <= 1.15 * g.num_edges / k
+    assert edge_cut(g, a) < 0.6 * edge_cut(g, random(g, k))
+
+
+def test_label_propagation_directed_and_self_loops():
+    g = random_graph(n=400, m=3000, undirected=False)
+    g = T.add_self_loops(g)
+    a = label_propagation(g, 4)
+    assert np.bincount(a, minlength=4).max() <= int(1.05 * 400 / 4)
+    assert edge_cut(g, a) < edge_cut(g, random(g, 4))
+
+
+def test_label_propagation_isolated_nodes_and_no_edges():
+    g = _graph([0, 1], [1, 2], 20)  # 17 isolated nodes
+    a = label_propagation(g, 4)
+    assert np.bincount(a, minlength=4).max() <= 5
+    empty = _graph([], [], 10)
+    assert np.array_equal(np.sort(label_propagation(empty, 5)), np.repeat(np.arange(5), 2))
+
+
+def test_neighbour_csr_directed_is_in_plus_out():
+    g = random_graph(n=60, m=200, undirected=False)
+    ip, ix = neighbour_csr(g)
+    src, dst = T.coo(g)
+    keep = src != dst
+    for v in range(g.num_nodes):
+        want = np.sort(np.concatenate([src[keep & (dst == v)], dst[keep & (src == v)]]))
+        assert np.array_equal(np.sort(ix[ip[v]:ip[v + 1]]), want)
+    gu = random_graph(n=60, m=200)
+    ip, ix = neighbour_csr(gu)  # symmetric: the graph's own CSR
+    assert np.array_equal(ip, gu.indptr) and np.array_equal(ix, gu.indices)
+
+
+@pytest.mark.parametrize("name", NAMES + ["metis"])
+def test_bad_num_parts(name):
+    g = random_graph(n=20, m=40)
+    for k in (0, -1, 21):
+        with pytest.raises(GraphError, match=r"\[1, 20\]"):
+            PARTITIONERS[name](g, k)
+    with pytest.raises(GraphError):
+        PARTITIONERS[name](g, 2.5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_k_equals_n_and_one(name):
+    g = random_graph(n=40, m=100)
+    a = PARTITIONERS[name](g, 40)
+    assert np.array_equal(np.sort(a), np.arange(40))
+    assert np.all(PARTITIONERS[name](g, 1) == 0)
+
+
+def test_metis_missing_gives_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pymetis", None)  # makes `import pymetis` fail
+    with pytest.raises(ImportError, match=r"pip install 'jgrind\[metis\]'"):
+        metis(random_graph(n=20, m=40), 2)
+
+
+def test_metis_if_installed(community_graph):
+    pytest.importorskip("pymetis")
+    g, _ = community_graph
+    a = metis(g, 8, seed=0)
+    assert a.shape == (g.num_nodes,) and a.min() >= 0 and a.max() < 8
+    np.testing.assert_array_equal(a, metis(g, 8, seed=0))
+    assert edge_cut(g, a) < 0.5 * edge_cut(g, random(g, 8))
+
+
+# -- PartitionedGraph ------------------------------------------------------------------------
+def _check_partitioned(g, a, num_parts=None):
+    """Every structural property the engine relies on, checked the slow obvious way."""
+    pg = partition_graph(g, a, num_parts)
+    n = g.num_nodes
+    a = np.asarray(a)
+    P = pg.num_parts
+    assert pg.num_nodes == n and len(pg.partitions) == P
+    # every node owned exactly once, by its assigned partition, ascending
+    all_owned = np.concatenate([p.owned for p in pg.partitions])
+    assert np.array_equal(np.sort(all_owned), np.arange(n))
+    # offsets / position / order
+    assert pg.offsets[0] == 0 and pg.offsets[-1] == n
+    assert pg.offsets.dtype == np.int64 and pg.position.dtype == np.int64
+    assert np.array_equal(pg.order, all_owned)
+    assert np.array_equal(pg.position[pg.order], np.arange(n))
+    x = np.random.default_rng(0).normal(size=(n, 3))
+    assert np.array_equal(pg.from_partition_major(pg.to_partition_major(x)), x)
+    G = sp.csr_matrix((g.edge_weight if g.edge_weight is not None else np.ones(g.num_edges),
+                       g.indices, g.indptr), shape=(n, n))
+    for p in pg.partitions:
+        assert p.owned.dtype == np.int32 and p.indices.dtype == np.int32
+        assert p.halo.dtype == np.int32 and p.halo_owner.dtype == np.int32
+        assert p.halo_row.dtype == np.int32
+        assert np.all(np.diff(p.owned) > 0) and np.all(a[p.owned] == p.index)
+        assert pg.offsets[p.index + 1] - pg.offsets[p.index] == p.num_owned
+        assert np.array_equal(pg.position[p.owned],
+                              pg.offsets[p.index] + np.arange(p.num_owned))
+        # halo = exactly the in-neighbours of owned nodes owned elsewhere
+        in_nbrs = np.unique(np.concatenate(
+            [g.indices[g.indptr[v]:g.indptr[v + 1]] for v in p.owned] + [np.zeros(0, int)]))
+        want = np.setdiff1d(in_nbrs, p.owned)
+        assert np.array_equal(np.sort(p.halo), want)
+        assert np.array_equal(p.halo_owner, a[p.halo])
+        assert np.all(p.halo_owner != p.index)
+        key = p.halo_owner.astype(np.int64) * n + p.halo_row
+        assert np.all(np.diff(key) > 0), "halo sorted by (owner, row in owner)"
+        for h, o, r in zip(p.halo, p.halo_owner, p.halo_row):
+            assert pg.partitions[o].owned[r] == h
+        assert np.array_equal(pg.halo_positions(p.index), pg.position[p.halo])
+        assert np.array_equal(pg.input_positions(p.index), pg.position[p.input_ids])
+        # local CSR exactness: same entries, same order, same weights as the global rows
+        assert p.indptr.size == p.num_owned + 1 and p.indptr[-1] == p.num_edges
+        assert p.indices.size == 0 or p.indices.max() < p.num_inputs
+        for r, v in enumerate(p.owned):
+            lo, hi = g.indptr[v], g.indptr[v + 1]
+            assert np.array_equal(p.input_ids[p.indices[p.indptr[r]:p.indptr[r + 1]]],
+                                  g.indices[lo:hi])
+            if g.edge_weight is not None:
+                assert np.array_equal(p.weight[p.indptr[r]:p.indptr[r + 1]],
+                                      g.edge_weight[lo:hi])
+        if g.edge_weight is None:
+            assert p.weight is None
+        # and as a matrix: A_local with columns mapped to global ids == global rows `owned`
+        L = p.local_matrix().tocoo()
+        mapped = sp.csr_matrix((L.data, (L.row, p.input_ids[L.col])), shape=(p.num_owned, n))
+        assert (abs(mapped - G[p.owned]) > 0).nnz == 0
+    return pg
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_partitioned_graph_exact(name):
+    g = random_graph(n=300, m=1500, weights_seed=5)
+    _check_partitioned(g, PARTITIONERS[name](g, 6, seed=0))
+
+
+def test_partitioned_after_gcn_norm_matches_full_product(community_graph):
+    g = T.gcn_norm(community_graph[0])  # self loops and global normalisation
+    pg = partition_graph(g, label_propagation(g, 5))
+    x = np.random.default_rng(1).normal(size=(g.num_nodes, 4)).astype(np.float32)
+    full = sp.csr_matrix((g.edge_weight, g.indices, g.indptr),
+                         shape=(g.num_nodes, g.num_nodes)) @ x
+    for p in pg.partitions:
+        np.testing.assert_allclose(p.local_matrix() @ x[p.input_ids], full[p.owned],
+                                   rtol=1e-6, atol=1e-6)
+        # halo rows gathered from the partition-major layout are the same rows
+        x_pm = pg.to_partition_major(x)
+        np.testing.assert_array_equal(x_pm[pg.input_positions(p.index)], x[p.input_ids])
+
+
+def test_directed_halo_is_in_neighbours_only():
+    # 0 -> 1 -> 2, 3 -> 0; partitions {0, 1}, {2, 3}
+    g = _graph([0, 1, 3], [1, 2, 0], 4, undirected=False)
+    pg = _check_partitioned(g, np.array([0, 0, 1, 1]))
+    assert pg[0].halo.tolist() == [3]  # 3 -> 0 crosses into partition 0
+    assert pg[1].halo.tolist() == [1]  # 1 -> 2 crosses into partition 1; 2 has no in-edge to 0
+    _check_partitioned(random_graph(n=200, m=900, undirected=False, weights_seed=2),
+                       random(random_graph(n=200, m=900, undirected=False), 5))
+
+
+def test_single_partition_is_the_global_csr():
+    g = random_graph(n=100, m=400, weights_seed=3)
+    pg = _check_partitioned(g, np.zeros(100, np.int32))
+    p = pg[0]
+    assert p.num_halo == 0
+    assert np.array_equal(p.owned, np.arange(100))
+    assert np.array_equal(p.indptr, g.indptr) and np.array_equal(p.indices, g.indices)
+    assert np.array_equal(p.weight, g.edge_weight)
+
+
+def test_one_node_per_partition_and_empty_partitions():
+    g = random_graph(n=30, m=80, weights_seed=4)
+    pg = _check_partitioned(g, random(g, 30))
+    assert all(p.num_owned == 1 for p in pg)
+    # empty partitions in the middle and at the end (kept through num_parts)
+    a = np.where(np.arange(30) < 15, 0, 3).astype(np.int32)
+    pg = _check_partitioned(g, a, num_parts=6)
+    assert [p.num_owned for p in pg] == [15, 0, 0, 15, 0, 0]
+    e = pg[1]
+    assert e.num_halo == 0 and e.num_edges == 0 and e.indptr.tolist() == [0]
+    assert e.padded().sizes == (BUCKET_MIN, BUCKET_MIN, BUCKET_MIN)
+    assert quality(pg).empty_parts == 4
+
+
+def test_bad_assignment():
+    g = random_graph(n=20, m=40)
+    with pytest.raises(GraphError, match="shape"):
+        partition_graph(g, np.zeros(19, np.int32))
+    with pytest.raises(GraphError, match="outside"):
+        partition_graph(g, np.full(20, -1))
+    with pytest.raises(GraphError, match="outside"):
+        partition_graph(g, np.arange(20), num_parts=5)
+    with pytest.raises(GraphError, match="integer"):
+        partition_graph(g, np.zeros(20, np.float32))
+
+
+def test_partitioned_arrays_are_read_only():
+    g = random_graph(n=50, m=200)
+    pg = partition_graph(g, random(g, 3))
+    with pytest.raises(ValueError):
+        pg[0].indices[0] = 1
+    with pytest.raises(ValueError):
+        pg.position[0] = 1
+
+
+# -- padding ---------------------------------------------------------------------------------
+def test_bucket_ladder():
+    assert bucket(0) == BUCKET_MIN and bucket(1) == BUCKET_MIN and bucket(8) == 8
+    assert [bucket(n) for n in (9, 15, 16, 17, 18, 19, 31, 33, 100)] == \
+        [9, 15, 16, 18, 18, 20, 32, 36, 104]
+    ns = np.arange(0, 70_000)
+    b = np.array([bucket(int(n)) for n in ns])
+    assert np.all(b >= ns) and np.all(np.diff(b) >= 0)
+    assert np.all(b[9:] < 1.125 * ns[9:])
+    assert np.unique(b).size < 120  # a handful of shapes, not one per size
+    big = 3_000_000_017
+    assert big <= bucket(big) < 1.125 * big
+    for v in np.unique(b):  # every value is m * 2**e with m in 8..15
+        e = max(0, int(v).bit_length() - 4)
+        assert v % (1 << e) == 0 and 8 <= v >> e <= 15 or v == BUCKET_MIN
+    with pytest.raises(ValueError):
+        bucket(-1)
+
+
+@pytest.mark.parametrize("weighted", [True, False])
+def test_padded_partition_computes_the_same(weighted):
+    g = random_graph(n=300, m=1500, weights_seed=7 if weighted else None)
+    pg = partition_graph(g, random(g, 4))
+    x = np.random.default_rng(2).normal(size=(g.num_nodes, 3))
+    for p in pg:
+        pp = p.padded()
+        assert pp.sizes == p.padded_sizes() == pg.padded_sizes(p.index)
+        n_out_pad, n_in_pad, nnz_pad = pp.sizes
+        assert n_out_pad >= p.num_owned and n_in_pad >= p.num_inputs
+        assert nnz_pad >= p.num_edges
+        assert np.all(np.diff(pp.rows) >= 0) and pp.rows.max() < n_out_pad
+        assert np.array_equal(np.diff(pp.indptr), np.bincount(pp.rows, minlength=n_out_pad))
+        xin = x[pp.input_ids] * pp.input_mask[:, None]
+        y = np.zeros((n_out_pad, 3))
+        np.add.at(y, pp.rows, pp.weight[:, None] * xin[pp.indices])
+        np.testing.assert_allclose(y[:p.num_owned], p.local_matrix() @ x[p.input_ids])
+        assert np.all(y[p.num_owned:] == 0)
+        assert pp.edge_mask.sum() == p.num_edges and pp.input_mask.sum() == p.num_inputs
+    assert pg.shape_buckets() == sorted(set(pg.padded_sizes()))
+
+
+# -- quality ---------------------------------------------------------------------------------
+def test_quality_and_measure(community_graph):
+    g, _ = community_graph
+    m = measure("label_propagation", g, 8, seed=0)
+    assert m.seconds > 0 and m.peak_memory_bytes >= 0 and m.partitioner == "label_propagation"
+    assert m.peak_memory_method in ("VmHWM", "rss-sampling")
+    pg = partition_graph(g, m.assignment, num_parts=8)
+    q = quality(pg, m)
+    assert q.num_parts == 8 and q.num_nodes == g.num_nodes and q.num_edges == g.num_edges
+    assert q.edge_cut == round(edge_cut(g, m.assignment) * g.num_edges)
+    assert q.edge_cut_fraction == pytest.approx(edge_cut(g, m.assignment))
+    sizes = np.bincount(m.assignment, minlength=8)
+    assert (q.owned_min, q.owned_max) == (sizes.min(), sizes.max())
+    assert q.imbalance == pytest.approx(sizes.max() / sizes.mean())
+    assert q.total_halo == sum(p.num_halo for p in pg)
+    ratios = [p.num_halo / p.num_owned for p in pg]
+    assert q.halo_ratio_mean == pytest.approx(np.mean(ratios))
+    assert q.halo_ratio_max == pytest.approx(max(ratios))
+    text = q.format()
+    assert "edge cut" in text and "halo" in text and "label_propagation" in text
+    assert "peak memory" in text and len(text.splitlines()) >= 7
+    assert q.as_dict()["edge_cut"] == q.edge_cut
+    with pytest.raises(ValueError, match="unknown partitioner"):
+        measure("nope", g, 2)
+    m2 = measure(random, g, 4, seed=1)
+    assert m2.partitioner == "random"
+    assert np.array_equal(m2.assignment, random(g, 4, seed=1))

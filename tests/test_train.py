@@ -1,0 +1,98 @@
+import json
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from jgrind import metrics, models
+from jgrind.train import InMemory, run_trials, train
+
+from helpers import community_graph
+
+
+def _setup(**kw):
+    g = community_graph(num_nodes=300, **kw)
+    return g, models.gcn(g.num_features, 16, g.num_classes, dropout=0.3)
+
+
+def test_learns_and_selects_on_validation(tmp_path):
+    g, model = _setup()
+    r = train(jax.random.key(0), g, model, optax.adam(0.02), epochs=60, progress=False,
+              log_path=tmp_path / "log.jsonl")
+    assert r.val > 0.8 and r.test > 0.8
+    assert r.history[0]["loss"] > 2 * r.history[-1]["loss"]
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    assert len(lines) == 60 and json.loads(lines[5])["epoch"] == 5
+    best = max(h["val"] for h in r.history)
+    assert r.val == best and r.history[r.best_epoch]["test"] == r.test
+
+
+def test_same_seed_same_numbers_other_seed_differs():
+    g, model = _setup()
+    run = lambda s: train(jax.random.key(s), g, model, optax.adam(0.01), epochs=5,  # noqa
+                          progress=False)
+    a, b, c = run(1), run(1), run(2)
+    assert [h["loss"] for h in a.history] == [h["loss"] for h in b.history]
+    assert a.history[-1]["loss"] != c.history[-1]["loss"]
+
+
+def test_loss_is_mean_over_training_nodes():
+    g, model = _setup()
+    ex = InMemory(g, model, optax.sgd(0.1))
+    params = model.init(jax.random.key(0))
+    loss, _ = ex.loss_and_grad(params, None)
+    logits = ex.predict(params)
+    mask = g.train_mask[0]
+    assert float(loss) == pytest.approx(metrics.cross_entropy(logits, g.labels, mask), rel=1e-5)
+
+
+def test_resume_ends_with_same_parameters(tmp_path):
+    g, model = _setup()
+    opt = optax.adam(0.01)
+    straight = train(jax.random.key(4), g, model, opt, epochs=9, progress=False)
+    ckpt = tmp_path / "ckpt"
+    train(jax.random.key(4), g, model, opt, epochs=5, progress=False, checkpoint_dir=ckpt,
+          checkpoint_every=2)  # "interrupted" after epoch 4 (last checkpoint: 4)
+    resumed = train(jax.random.key(4), g, model, opt, epochs=9, progress=False,
+                    checkpoint_dir=ckpt, checkpoint_every=2)
+    assert len(resumed.history) == 9
+    for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(resumed.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert resumed.test == straight.test
+
+
+def test_early_stopping_stops():
+    g, model = _setup()
+    r = train(jax.random.key(0), g, model, optax.adam(0.05), epochs=300, patience=5,
+              progress=False)
+    assert len(r.history) < 300
+
+
+def test_multi_split_and_trials():
+    g, model = _setup(splits=3)
+    trials = run_trials(lambda s: train(jax.random.key(s), g, model, optax.adam(0.02),
+                                        epochs=20, split=s % 3, progress=False), [0, 1, 2])
+    assert len(trials.results) == 3 and 0 < trials.mean <= 1 and trials.std >= 0
+    assert "3 seeds" in trials.summary()
+    with pytest.raises(ValueError, match="split 3 does not exist"):
+        train(jax.random.key(0), g, model, optax.adam(0.01), epochs=1, split=3,
+              progress=False)
+
+
+def test_roc_auc_matches_pair_counting_with_ties():
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 5, 200).astype(float)
+    labels = rng.integers(0, 2, 200)
+    mask = np.ones(200, bool)
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    pairs = (pos[:, None] > neg[None]).mean() + 0.5 * (pos[:, None] == neg[None]).mean()
+    assert metrics.roc_auc(scores, labels, mask) == pytest.approx(pairs)
+    assert np.isnan(metrics.roc_auc(scores, np.ones(200, int), mask))
+
+
+def test_binary_tasks_use_roc_auc():
+    g = community_graph(num_nodes=200, num_classes=2)
+    model = models.gcn(g.num_features, 8, 2)
+    r = train(jax.random.key(0), g, model, optax.adam(0.02), epochs=10, progress=False)
+    assert r.metric == "roc_auc" and 0.5 < r.test <= 1.0
