@@ -22,6 +22,7 @@ jgrind: exact full-graph GNN training in JAX.
 Commands:
   train      train GCN / GraphSAGE / GAT on the full graph and report val/test metrics
   datasets   list the datasets jgrind knows and where it reads them from
+  partition  partition a graph and print the partition quality report
 
 Run `jgrind COMMAND --help` for a command's options."""
 
@@ -37,7 +38,10 @@ def _train_epilog() -> str:
               "  jgrind train --dataset cora --set hidden=16 --set row_normalize=true --seeds 10",
               "  jgrind train --dataset tolokers --model gcn --set residual=true "
               "--set layer_norm=true",
-              "  jgrind train --dataset ogb:/data/ogbn-arxiv --epochs 500 --out runs/arxiv"]
+              "  jgrind train --dataset ogb:/data/ogbn-arxiv --epochs 500 --out runs/arxiv",
+              "  jgrind train --dataset rmat --set num_nodes=1000000 --policy grinnder "
+              "--parts 16 \\",
+              "               --device-budget 2GiB --host-budget 4GiB --store /mnt/nvme"]
     return "\n".join(lines)
 
 
@@ -60,9 +64,28 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seeds", type=int, help="number of seeds; mean +- std is reported [1]")
     train.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override a setting (repeatable; see below)")
+    train.add_argument("--policy", help="out-of-core offload policy: in_memory, host, ssd, "
+                       "recompute, grinnder (see docs/engine.md)")
+    train.add_argument("--parts", type=int, help="number of partitions for out-of-core runs")
+    train.add_argument("--device-budget", help="device memory budget, e.g. 2GiB")
+    train.add_argument("--host-budget", help="host RAM budget for offloaded blocks, e.g. 4GiB")
+    train.add_argument("--store", help="directory for the SSD tier")
     train.add_argument("--out", default="runs/latest",
                        help="output directory for logs, plots and checkpoints [runs/latest]")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    part = sub.add_parser(
+        "partition", help="partition a graph and report its quality",
+        description="Partition a dataset and print the edge cut, balance, halo/owned ratios, "
+                    "the partitioner's time and peak memory.")
+    part.add_argument("--dataset", default="csbm", help="dataset name [csbm]")
+    part.add_argument("--parts", type=int, default=8, help="number of partitions [8]")
+    part.add_argument("--partitioner", default="label_propagation",
+                      help="label_propagation | contiguous | random | metis "
+                           "[label_propagation]")
+    part.add_argument("--seed", type=int, default=0)
+    part.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="KEY=VALUE", help="dataset settings, e.g. num_nodes=100000")
 
     ds = sub.add_parser("datasets", help="list known datasets and where they are read from",
                         description="List built-in datasets, whether their files are present, "
@@ -75,12 +98,28 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_train(args) -> int:
     from jgrind.experiment import run_config
     cfg = RunConfig()
-    flags = {k: getattr(args, k) for k in ("dataset", "model", "epochs", "seeds")
+    flags = {k: getattr(args, k) for k in ("dataset", "model", "epochs", "seeds", "policy",
+                                           "parts", "device_budget", "host_budget", "store")
              if getattr(args, k) is not None}
     cfg = dataclasses.replace(cfg, **flags).with_overrides(args.overrides)
     summary = run_config(cfg, out=pathlib.Path(args.out), progress=not args.no_progress)
     print(summary["line"])
     print(f"wrote {args.out}/ (summary.json, metrics-seed*.jsonl, training.png)")
+    return 0
+
+
+def cmd_partition(args) -> int:
+    from jgrind.config import load_graph
+    from jgrind.partition import PARTITIONERS, measure, partition_graph, quality
+    if args.partitioner not in PARTITIONERS:
+        raise ConfigError(f"unknown partitioner {args.partitioner!r}; use one of "
+                          f"{', '.join(PARTITIONERS)}")
+    cfg = dataclasses.replace(RunConfig(), dataset=args.dataset).with_overrides(args.overrides)
+    graph = load_graph(cfg)
+    m = measure(args.partitioner, graph, args.parts, seed=args.seed)
+    pg = partition_graph(graph, m.assignment, num_parts=args.parts)
+    print(graph)
+    print(quality(pg, m).format())
     return 0
 
 
@@ -104,17 +143,24 @@ def cmd_datasets(args) -> int:
     return 0
 
 
+def _engine_errors() -> tuple:
+    """User-facing engine errors (bad budgets, store directory, policy), imported lazily."""
+    from jgrind.engine import BudgetError, StoreError
+    from jgrind.plan import PolicyError
+    return (BudgetError, StoreError, PolicyError)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
-    handlers = {"train": cmd_train, "datasets": cmd_datasets}
+    handlers = {"train": cmd_train, "datasets": cmd_datasets, "partition": cmd_partition}
     try:
         return handlers[args.command](args)
-    except (ConfigError, GraphError, FileNotFoundError, NotADirectoryError,
-            PermissionError) as err:
+    except (ConfigError, GraphError, FileNotFoundError, NotADirectoryError, PermissionError,
+            *_engine_errors()) as err:
         print(f"jgrind: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

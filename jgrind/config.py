@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from typing import Optional
 import jax
 import jax.numpy as jnp
 import optax
@@ -62,6 +63,18 @@ class RunConfig:
     "row-normalise features (Kipf & Welling do this for Planetoid)"
     checkpoint_every: int = 0
     "save an orbax checkpoint every N epochs (0 = off); an existing one is resumed"
+    policy: str = ""
+    "in_memory | host | ssd | recompute | grinnder ('' = in memory; grinnder if a budget is set)"
+    parts: int = 0
+    "number of partitions for out-of-core runs (0 = 4 when out of core)"
+    partitioner: str = "label_propagation"
+    "label_propagation | contiguous | random | metis"
+    device_budget: str = ""
+    "device memory budget, e.g. 2GiB ('' = unlimited)"
+    host_budget: str = ""
+    "host RAM budget for offloaded blocks, e.g. 4GiB ('' = unlimited)"
+    store: str = ""
+    "directory for the SSD tier (a private subdirectory is made and removed)"
     num_nodes: int = 20_000
     "generated datasets: number of nodes"
     avg_degree: float = 10.0
@@ -146,6 +159,58 @@ def load_graph(cfg: RunConfig) -> Graph:
         kwargs = {"num_nodes": cfg.num_nodes, "avg_degree": cfg.avg_degree}
     graph = datasets.load(cfg.dataset, **kwargs)
     return row_normalize_features(graph) if cfg.row_normalize else graph
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
+          "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12,
+          "tib": 2**40}
+
+
+def parse_bytes(text: str) -> Optional[int]:
+    """``"2GiB"`` -> 2147483648; ``""`` -> None (unlimited)."""
+    text = text.strip()
+    if not text:
+        return None
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ")
+    unit = text[len(number):].strip().lower()
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in _UNITS or value < 0:
+        raise ConfigError(f"cannot read {text!r} as a size; write e.g. 512MiB, 2GiB or 10GB")
+    return int(value * _UNITS[unit])
+
+
+def build_policy(cfg: RunConfig):
+    """The offload policy and engine arguments the configuration asks for (all None: in memory)."""
+    from jgrind.plan import policies
+    device, host = parse_bytes(cfg.device_budget), parse_bytes(cfg.host_budget)
+    store = cfg.store or None
+    choices = {
+        "": lambda: None,
+        "in_memory": policies.in_memory,
+        "host": policies.host_offload,
+        "ssd": lambda: policies.ssd_offload(_need_store(store)),
+        "recompute": policies.recompute_activations,
+        "grinnder": lambda: policies.grinnder(device or 1 << 62, host or 1 << 62, store),
+    }
+    if cfg.policy not in choices:
+        raise ConfigError(f"unknown policy {cfg.policy!r}; use one of "
+                          f"{', '.join(k for k in choices if k)}")
+    from jgrind.partition import PARTITIONERS
+    if cfg.partitioner not in PARTITIONERS:
+        raise ConfigError(f"unknown partitioner {cfg.partitioner!r}; use one of "
+                          f"{', '.join(PARTITIONERS)}")
+    return {"policy": choices[cfg.policy](), "num_parts": cfg.parts or None, "store": store,
+            "device_budget": device, "host_budget": host,
+            "partitioner": PARTITIONERS[cfg.partitioner]}
+
+
+def _need_store(store):
+    if store is None:
+        raise ConfigError("the ssd policy needs a store directory: add --store /path/to/disk")
+    return store
 
 
 def split_for(cfg: RunConfig, graph: Graph, trial: int) -> int:

@@ -14,7 +14,8 @@ import time
 
 import jax
 
-from jgrind.config import RunConfig, build_model, build_optimizer, load_graph, split_for
+from jgrind.config import (RunConfig, build_model, build_optimizer, build_policy, load_graph,
+                           split_for)
 from jgrind.plots import plot_training
 from jgrind.train import run_trials, train
 
@@ -27,6 +28,7 @@ def run_config(cfg: RunConfig, out: pathlib.Path, progress: bool = True) -> dict
     graph = load_graph(cfg)
     model = build_model(cfg, graph)
     optimizer = build_optimizer(cfg)
+    engine_args = build_policy(cfg)
     load_seconds = time.perf_counter() - t0
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
 
@@ -37,7 +39,7 @@ def run_config(cfg: RunConfig, out: pathlib.Path, progress: bool = True) -> dict
                      split=split_for(cfg, graph, trial), eval_every=cfg.eval_every,
                      patience=cfg.patience or None, log_path=out / f"metrics-seed{seed}.jsonl",
                      checkpoint_dir=ckpt_dir, checkpoint_every=cfg.checkpoint_every or 1,
-                     progress=progress)
+                     progress=progress, **engine_args)
 
     trials = run_trials(run, seeds)
     plot_training([r.history for r in trials.results], out / "training.png",

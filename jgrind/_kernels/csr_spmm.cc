@@ -294,46 +294,87 @@ inline void PrefetchRow(const float* p, int64_t nbytes) {
 
 #if defined(__AVX512F__)
 
+#define JGRIND_INLINE inline __attribute__((always_inline))
+
+template <int NV>
+struct Acc {
+  __m512 v[NV];
+};
+
+template <int NV>
+JGRIND_INLINE void Zero(Acc<NV>& a) {
+#pragma GCC unroll 16
+  for (int v = 0; v < NV; ++v) a.v[v] = _mm512_setzero_ps();
+}
+
+// a += s * xr[0 : 16 * (NV - 1) + popcount(last)]
+template <int NV>
+JGRIND_INLINE void Fma(Acc<NV>& a, float s, const float* xr, __mmask16 last) {
+  const __m512 b = _mm512_set1_ps(s);
+#pragma GCC unroll 16
+  for (int v = 0; v < NV - 1; ++v) a.v[v] = _mm512_fmadd_ps(b, _mm512_loadu_ps(xr + 16 * v), a.v[v]);
+  a.v[NV - 1] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(last, xr + 16 * (NV - 1)), a.v[NV - 1]);
+}
+
 // Columns [c0, c0 + 16 * (NV - 1) + tail) of rows [r0, r1), tail in [1, 16] (mask `last`).
+// For NV <= 8 two nonzeros are processed per step into two accumulator sets: with few vectors
+// per row the FMA latency chain, not the load throughput, would otherwise bound in-cache speed.
 template <int NV>
 void TileAvx512(Problem& P, int64_t r0, int64_t r1, int64_t c0, __mmask16 last) {
+  constexpr bool kPairs = NV <= 8;
   const int64_t F = P.feat;
-  const int64_t C = P.cols;
+  const uint64_t C = static_cast<uint64_t>(P.cols);
   const int32_t* __restrict ind = P.indices;
   const float* __restrict val = P.data;
   const float* __restrict X = P.x + c0;
   const int64_t tile_bytes = 4 * (16 * (NV - 1) + __builtin_popcount(last));
   int64_t kend = P.indptr[r1];
   if (kend > P.nnz_cap) kend = P.nnz_cap;
+  auto prefetch = [&](int64_t k) __attribute__((always_inline)) {
+    const int64_t kp = k + kPrefetchDistance;
+    if (kp < kend) {
+      const uint32_t jp = static_cast<uint32_t>(ind[kp]);
+      if (jp < C) PrefetchRow(X + static_cast<int64_t>(jp) * F, tile_bytes);
+    }
+  };
   for (int64_t i = r0; i < r1; ++i) {
     int64_t k0, k1;
     if (!RowBounds(P, i, k0, k1)) return;
-    __m512 acc[NV];
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) acc[v] = _mm512_setzero_ps();
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t kp = k + kPrefetchDistance;
-      if (kp < kend) {
-        const uint32_t jp = static_cast<uint32_t>(ind[kp]);
-        if (jp < static_cast<uint64_t>(C)) PrefetchRow(X + jp * F, tile_bytes);
+    Acc<NV> acc0, acc1;
+    Zero(acc0);
+    if constexpr (kPairs) Zero(acc1);
+    int64_t k = k0;
+    if constexpr (kPairs) {
+      for (; k + 2 <= k1; k += 2) {
+        prefetch(k);
+        prefetch(k + 1);
+        const uint32_t j0 = static_cast<uint32_t>(ind[k]);
+        const uint32_t j1 = static_cast<uint32_t>(ind[k + 1]);
+        if (__builtin_expect((j0 >= C) | (j1 >= C), 0)) {
+          P.error.store(1, std::memory_order_relaxed);
+          return;
+        }
+        Fma(acc0, val[k], X + static_cast<int64_t>(j0) * F, last);
+        Fma(acc1, val[k + 1], X + static_cast<int64_t>(j1) * F, last);
       }
+    }
+    for (; k < k1; ++k) {
+      prefetch(k);
       const uint32_t j = static_cast<uint32_t>(ind[k]);
-      if (__builtin_expect(j >= static_cast<uint64_t>(C), 0)) {
+      if (__builtin_expect(j >= C, 0)) {
         P.error.store(1, std::memory_order_relaxed);
         return;
       }
-      const __m512 a = _mm512_set1_ps(val[k]);
-      const float* xr = X + static_cast<int64_t>(j) * F;
+      Fma(acc0, val[k], X + static_cast<int64_t>(j) * F, last);
+    }
+    if constexpr (kPairs) {
 #pragma GCC unroll 16
-      for (int v = 0; v < NV - 1; ++v)
-        acc[v] = _mm512_fmadd_ps(a, _mm512_loadu_ps(xr + 16 * v), acc[v]);
-      acc[NV - 1] = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(last, xr + 16 * (NV - 1)),
-                                    acc[NV - 1]);
+      for (int v = 0; v < NV; ++v) acc0.v[v] = _mm512_add_ps(acc0.v[v], acc1.v[v]);
     }
     float* yr = P.y + i * F + c0;
 #pragma GCC unroll 16
-    for (int v = 0; v < NV - 1; ++v) _mm512_storeu_ps(yr + 16 * v, acc[v]);
-    _mm512_mask_storeu_ps(yr + 16 * (NV - 1), last, acc[NV - 1]);
+    for (int v = 0; v < NV - 1; ++v) _mm512_storeu_ps(yr + 16 * v, acc0.v[v]);
+    _mm512_mask_storeu_ps(yr + 16 * (NV - 1), last, acc0.v[NV - 1]);
   }
 }
 

@@ -1,0 +1,258 @@
+"""Full-graph epoch time: jgrind vs PyG full-batch, same graph, same model, same run.
+
+    python tools/bench_epoch.py                    # 1M nodes, 10M directed edges, 128 features
+    python tools/bench_epoch.py --nodes 200000 --edges 2000000 --epochs 5   # quick
+
+A 3-layer GCN (hidden 256, ReLU, dropout 0.5, Adam) trained on the whole graph, one optimizer step
+per epoch. The graph is an R-MAT power-law graph (`jgrind.generators.rmat`), generated once and
+saved to a temporary .npz; jgrind and PyG each run in their own subprocess that loads it, so
+each reports its own peak resident memory (``ru_maxrss``, graph included).
+
+PyG runs ``GCNConv(cached=True)`` on a ``torch.sparse_csr`` adjacency, the sparse-matrix path
+of PyG's OGB examples (``adj_t``), with ``torch.set_num_threads`` = the machine's cores.
+
+It also prints the machine's *floor* for jgrind's epoch: the sum of the times of the dense
+matmuls and sparse products the epoch performs, each measured alone.
+Needs the ``bench`` extra (torch, torch_geometric) for the PyG side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+
+
+def load(path):
+    d = np.load(path)
+    return {k: d[k] for k in d.files}
+
+
+# -- jgrind ------------------------------------------------------------------------------------
+def run_jgrind(path: str, hidden: int, epochs: int) -> dict:
+    import jax
+    import optax
+
+    from jgrind import models
+    from jgrind.graph import Graph
+    from jgrind.train import InMemory
+
+    d = load(path)
+    n = d["indptr"].size - 1
+    graph = Graph(indptr=d["indptr"], indices=d["indices"], features=d["features"],
+                  labels=d["labels"], train_mask=d["train_mask"], val_mask=np.zeros(n, bool),
+                  test_mask=np.zeros(n, bool), num_classes=int(d["num_classes"]))
+    model = models.gcn(graph.num_features, hidden, graph.num_classes, num_layers=3,
+                       dropout=0.5)
+    optimizer = optax.adam(0.01)
+    t0 = time.perf_counter()
+    ex = InMemory(graph, model, optimizer)
+    prep = time.perf_counter() - t0
+    params = model.init(jax.random.key(0))
+    opt_state = optimizer.init(params)
+    times = []
+    for epoch in range(epochs + 1):  # epoch 0 compiles
+        t = time.perf_counter()
+        params, opt_state, loss = ex.step(params, opt_state, jax.random.key(epoch))
+        loss = float(loss)
+        times.append(time.perf_counter() - t)
+    from jgrind.sparse import default_backend
+    return {"framework": "jgrind", "epoch_times": times[1:], "compile_epoch": times[0],
+            "prepare_seconds": prep, "loss": loss, "peak_rss_gib": peak_rss_gib(),
+            "spmm_backend": default_backend()}
+
+
+# -- PyG ---------------------------------------------------------------------------------------
+def run_pyg(path: str, hidden: int, epochs: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import GCNConv
+
+    torch.set_num_threads(os.cpu_count())
+    torch.manual_seed(0)
+    d = load(path)
+    n = d["indptr"].size - 1
+    # adj_t[dst, src]: our CSR rows are destinations, which is PyG's adj_t convention
+    adj_t = torch.sparse_csr_tensor(torch.from_numpy(d["indptr"].astype(np.int64)),
+                                    torch.from_numpy(d["indices"].astype(np.int64)),
+                                    torch.ones(d["indices"].size), size=(n, n))
+    x = torch.from_numpy(d["features"])
+    y = torch.from_numpy(d["labels"].astype(np.int64))
+    train = torch.from_numpy(d["train_mask"])
+    c = int(d["num_classes"])
+
+    class GCN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = torch.nn.ModuleList([GCNConv(x.shape[1], hidden, cached=True),
+                                              GCNConv(hidden, hidden, cached=True),
+                                              GCNConv(hidden, c, cached=True)])
+
+        def forward(self, h, adj):
+            for i, conv in enumerate(self.convs):
+                h = F.dropout(h, 0.5, self.training)
+                h = conv(h, adj)
+                if i < len(self.convs) - 1:
+                    h = h.relu()
+            return h
+
+    model = GCN()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    model.train()
+    times = []
+    for _ in range(epochs + 1):  # epoch 0 builds the cached normalised adjacency
+        t = time.perf_counter()
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x, adj_t)[train], y[train])
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t)
+    return {"framework": "pyg", "epoch_times": times[1:], "first_epoch": times[0],
+            "loss": float(loss), "peak_rss_gib": peak_rss_gib(),
+            "torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+# -- floor -------------------------------------------------------------------------------------
+def run_floor(path: str, hidden: int, repeats: int) -> dict:
+    """Time each dense matmul and sparse product of jgrind's GCN epoch alone (median)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jgrind import transforms
+    from jgrind.graph import Graph
+    from jgrind.sparse import adjacency, spmm
+
+    d = load(path)
+    n = d["indptr"].size - 1
+    g = Graph(indptr=d["indptr"], indices=d["indices"], features=d["features"],
+              labels=d["labels"], train_mask=d["train_mask"], val_mask=np.zeros(n, bool),
+              test_mask=np.zeros(n, bool), num_classes=int(d["num_classes"]))
+    norm = transforms.gcn_norm(g)
+    adj = jax.device_put(adjacency(norm.indptr, norm.indices, norm.edge_weight, n))
+    f, c = g.num_features, g.num_classes
+    rng = np.random.default_rng(0)
+    mat = lambda r, k: jnp.asarray(rng.standard_normal((r, k), dtype=np.float32))  # noqa
+    prod = jax.jit(lambda a, b: a @ b)
+    prod_t = jax.jit(lambda a, b: a.T @ b)
+    sp = jax.jit(lambda a, x: spmm(a, x))
+
+    def timed(fn, *args):
+        jax.block_until_ready(fn(*args))
+        ts = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            ts.append(time.perf_counter() - t)
+        return float(np.median(ts))
+
+    h = hidden
+    # jgrind's schedule: layer 1 aggregates at width f (f <= h) then multiplies; layer 2 at h;
+    # layer 3 multiplies first (h > c) then aggregates at c. Backward: A^T products at c and h
+    # (the features need no gradient, so layer 1 needs no sparse product in backward).
+    ops = {
+        f"spmm N x {f}": (1, sp, adj, mat(n, f)),
+        f"spmm N x {h}": (2, sp, adj, mat(n, h)),
+        f"spmm N x {c}": (2, sp, adj, mat(n, c)),
+        f"matmul N x {f} @ {f} x {h}": (1, prod, mat(n, f), mat(f, h)),
+        f"matmul N x {h} @ {h} x {h}": (2, prod, mat(n, h), mat(h, h)),
+        f"matmul N x {h} @ {h} x {c}": (1, prod, mat(n, h), mat(h, c)),
+        f"matmul N x {c} @ {c} x {h}": (1, prod, mat(n, c), mat(c, h)),
+        f"weight grad ({f} x N) @ N x {h}": (1, prod_t, mat(n, f), mat(n, h)),
+        f"weight grad ({h} x N) @ N x {h}": (1, prod_t, mat(n, h), mat(n, h)),
+        f"weight grad ({h} x N) @ N x {c}": (1, prod_t, mat(n, h), mat(n, c)),
+    }
+    table = {}
+    for name, (count, fn, *args) in ops.items():
+        table[name] = {"count": count, "seconds": timed(fn, *args)}
+    floor = sum(v["count"] * v["seconds"] for v in table.values())
+    return {"framework": "floor", "ops": table, "floor_seconds": floor}
+
+
+# -- driver ------------------------------------------------------------------------------------
+def child(kind: str, path: str, args) -> dict:
+    cmd = [sys.executable, __file__, "--child", kind, "--graph", path, "--hidden",
+           str(args.hidden), "--epochs", str(args.epochs)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{kind} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nodes", type=int, default=1_000_000)
+    p.add_argument("--edges", type=int, default=10_000_000)
+    p.add_argument("--features", type=int, default=128)
+    p.add_argument("--classes", type=int, default=47)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--skip-pyg", action="store_true")
+    p.add_argument("--json", help="also write the results here")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--graph", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        fn = {"jgrind": run_jgrind, "pyg": run_pyg, "floor": run_floor}[args.child]
+        print(json.dumps(fn(args.graph, args.hidden, args.epochs)))
+        return
+
+    from jgrind.generators import rmat
+    t0 = time.perf_counter()
+    g = rmat(num_nodes=args.nodes, num_edges=args.edges, num_features=args.features,
+             num_classes=args.classes, seed=0)
+    gen = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "graph.npz")
+        np.savez(path, indptr=g.indptr, indices=g.indices, features=g.features,
+                 labels=g.labels, train_mask=g.train_mask[0], num_classes=g.num_classes)
+        del g
+        results = {"graph": {"nodes": args.nodes, "edges": args.edges,
+                             "features": args.features, "classes": args.classes,
+                             "generate_seconds": gen},
+                   "jgrind": child("jgrind", path, args),
+                   "floor": child("floor", path, args)}
+        if not args.skip_pyg:
+            results["pyg"] = child("pyg", path, args)
+    report(results, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+def report(r: dict, args) -> None:
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    g = r["graph"]
+    print(f"graph: R-MAT, {g['nodes']:,} nodes, {g['edges']:,} directed edges, "
+          f"{g['features']} features, {g['classes']} classes; model: 3-layer GCN, hidden "
+          f"{args.hidden}; median of {args.epochs} epochs after one warm-up")
+    print(f"machine: {os.cpu_count()} cores, "
+          f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM")
+    j = r["jgrind"]
+    print(f"  jgrind ({j['spmm_backend']} spmm): median epoch {med(j['epoch_times']):.3f} s, "
+          f"peak RSS {j['peak_rss_gib']:.2f} GiB")
+    if "pyg" in r:
+        q = r["pyg"]
+        print(f"  PyG {q['torch']} ({q['threads']} threads): median epoch "
+              f"{med(q['epoch_times']):.3f} s, peak RSS {q['peak_rss_gib']:.2f} GiB")
+        print(f"  ratio jgrind / PyG: {med(j['epoch_times']) / med(q['epoch_times']):.2f}")
+    fl = r["floor"]
+    print(f"  floor (jgrind's matmuls and sparse products, each alone): "
+          f"{fl['floor_seconds']:.3f} s = {fl['floor_seconds'] / med(j['epoch_times']):.0%} "
+          "of jgrind's epoch")
+    for name, v in fl["ops"].items():
+        print(f"    {v['count']} x {name:<34} {v['seconds'] * 1e3:8.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
