@@ -41,3 +41,45 @@ def test_train_on_generated_graph_writes_artefacts(tmp_path):
     assert summary["graph"]["nodes"] == 500 and 0 <= summary["test_mean"] <= 1
     assert (out / "training.png").stat().st_size > 1000
     assert len((out / "metrics-seed0.jsonl").read_text().splitlines()) == 5
+
+
+def test_partition_command_prints_quality(capsys):
+    assert main(["partition", "--set", "num_nodes=2000", "--parts", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "edge cut" in out and "halo / owned" in out and "4 partitions" in out
+
+
+def test_sizes_and_out_of_core_settings(tmp_path):
+    import pytest
+    from jgrind.config import ConfigError, build_policy, parse_bytes
+    from jgrind.plan.policies import Budgeted, Constant
+    assert parse_bytes("2GiB") == 2 * 2**30 and parse_bytes("512 MiB") == 512 * 2**20
+    assert parse_bytes("10GB") == 10**10 and parse_bytes("") is None
+    with pytest.raises(ConfigError, match="as a size"):
+        parse_bytes("2 parsecs")
+    cfg = RunConfig().with_overrides(["policy=grinnder", "device_budget=1GiB",
+                                      f"store={tmp_path}", "parts=8"])
+    args = build_policy(cfg)
+    assert isinstance(args["policy"], Budgeted) and args["num_parts"] == 8
+    assert args["policy"].device_budget == 2**30
+    with pytest.raises(ConfigError, match="needs a store directory"):
+        build_policy(RunConfig().with_overrides(["policy=ssd"]))
+    assert isinstance(build_policy(RunConfig().with_overrides(["policy=host"]))["policy"],
+                      Constant)
+    with pytest.raises(ConfigError, match="unknown policy"):
+        build_policy(RunConfig().with_overrides(["policy=cloud"]))
+
+
+def test_out_of_core_training_from_the_command_line(tmp_path):
+    out = tmp_path / "run"
+    code = main(["train", "--epochs", "3", "--set", "num_nodes=600", "--policy", "ssd",
+                 "--store", str(tmp_path), "--parts", "3", "--out", str(out), "--no-progress"])
+    assert code == 0 and (out / "summary.json").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]  # the store's run dir is gone
+
+
+def test_datasets_command_lists_generated_and_real(capsys):
+    assert main(["datasets"]) == 0
+    out = capsys.readouterr().out
+    for name in ("cora", "tolokers", "csbm", "rmat"):
+        assert name in out

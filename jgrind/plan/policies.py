@@ -69,6 +69,54 @@ def recompute_activations(gradients: Fate = Fate.HOST, features: Fate = Fate.HOS
 
 
 @dataclasses.dataclass(frozen=True)
+class IOStrategy:
+    """How the engine moves a layer's inputs, independently of where blocks live.
+
+    The default is the GriNNder scheme: no snapshot of a partition's gathered input is kept
+    (backward *regathers* it from the stored layer outputs), and SSD blocks are read whole,
+    through the host cache. A policy changes it by having an ``io`` attribute (see `naive`).
+
+    Attributes:
+      snapshots: write every partition's gathered input (owned + halo rows) to an SSD snapshot
+        in the forward sweep and read it back in backward instead of regathering.
+      row_reads: read SSD rows one node at a time (one read call per row, no whole-block
+        reads, no host cache).
+    """
+
+    snapshots: bool = False
+    row_reads: bool = False
+
+
+def io_strategy(policy: Policy) -> IOStrategy:
+    """The `IOStrategy` a policy asks for (the GriNNder default unless it has an ``io``)."""
+    io = getattr(policy, "io", None)
+    return io if isinstance(io, IOStrategy) else IOStrategy()
+
+
+@dataclasses.dataclass(frozen=True)
+class Naive:
+    """For comparison only: every block on SSD (as `ssd_offload`), plus the I/O of a naive
+    out-of-core scheme: snapshots of the gathered inputs kept from forward to backward, and
+    inputs read node by node. It computes the same gradients and moves more bytes."""
+
+    directory: str
+    snapshots: bool = True
+    row_reads: bool = True
+
+    def __call__(self, info: TensorInfo) -> Fate:
+        return Fate.SSD
+
+    @property
+    def io(self) -> IOStrategy:
+        return IOStrategy(snapshots=self.snapshots, row_reads=self.row_reads)
+
+
+def naive(directory: str | os.PathLike, snapshots: bool = True, row_reads: bool = True) -> Naive:
+    """The naive scheme GriNNder is measured against (see `Naive`); not for real training."""
+    return Naive(os.fspath(directory), snapshots, row_reads)
+
+
+@dataclasses.dataclass(frozen=True)
 class ByKind:
     """Different policies for activations and gradients."""
 
