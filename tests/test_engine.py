@@ -8,6 +8,7 @@ per-partition dropout masks, normalisation recomputed per partition) moves gradi
 relative or more, so this bound separates the two by orders of magnitude.
 """
 
+import dataclasses
 import os
 import pathlib
 
@@ -296,3 +297,45 @@ def test_recompute_of_features_is_refused():
     with pytest.raises(PolicyError, match="cannot be recomputed"):
         OutOfCore(graph, model, optax.sgd(0.1), policy=lambda info: Fate.RECOMPUTE,
                   num_parts=2)
+
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage-res-ln"])
+def test_naive_scheme_is_exact_and_moves_more_bytes(model, tmp_path):
+    """`naive` (snapshots of the gathered inputs, row-by-row SSD reads) is a comparison
+    baseline: the same loss and gradients, and strictly more SSD traffic than regathering."""
+    graph = _csbm()
+    net = _models(8, graph.num_classes)[model]
+    ssd = _check(graph, net, policies.ssd_offload(tmp_path), 3, tmp_path)
+    naive = _check(graph, net, policies.naive(tmp_path), 3, tmp_path)
+    assert naive.ssd_read + naive.ssd_written > ssd.ssd_read + ssd.ssd_written
+    assert naive.ssd_read_ops > 10 * ssd.ssd_read_ops  # one read call per row
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_naive_snapshots_cost_exactly_the_gathered_inputs(tmp_path):
+    """With the host cache off, snapshots add exactly one write of every partition's gathered
+    input of layers 0..L-2 per epoch; reading them back replaces the regather byte for byte.
+    They are freed by the end of the epoch."""
+    graph = _csbm()
+    model = _models(8, graph.num_classes)["gcn"]
+    params = model.init(jax.random.key(0))
+    moved = {}
+    for name, policy in {"ssd": policies.ssd_offload(tmp_path),
+                         "naive": policies.naive(tmp_path)}.items():
+        with OutOfCore(graph, model, optax.sgd(0.1), policy=policy, num_parts=3,
+                       store=tmp_path, host_budget=0, partitioner=contiguous) as ex:
+            ex.loss_and_grad(params, None)
+            before = dataclasses.replace(ex.store.accounts)
+            ex.loss_and_grad(params, None)
+            after = ex.store.accounts
+            moved[name] = (after.ssd_read - before.ssd_read,
+                           after.ssd_written - before.ssd_written)
+            inputs = sum(p.num_inputs for p in ex.pg.partitions)
+            snapshots = 4 * inputs * sum(ex.widths[:ex.num_layers - 1])
+            activations = sum(i.nbytes for i in ex.inventory if i.name == "activation")
+            assert after.ssd == activations
+            if name == "naive":
+                assert after.peak_ssd >= activations + snapshots
+    assert moved["naive"][0] == moved["ssd"][0]
+    assert moved["naive"][1] == moved["ssd"][1] + snapshots

@@ -446,7 +446,14 @@ void RunRows(Problem& P, int64_t r0, int64_t r1) {
 void RunChunk(void* ctx, int64_t chunk, int64_t nchunks) {
   Problem& P = *static_cast<Problem*>(ctx);
   if (P.error.load(std::memory_order_relaxed)) return;
-  RunRows(P, SplitRow(P, chunk, nchunks), SplitRow(P, chunk + 1, nchunks));
+  const int64_t r0 = SplitRow(P, chunk, nchunks), r1 = SplitRow(P, chunk + 1, nchunks);
+  // With a non-decreasing indptr the chunks tile [0, rows) exactly and RowBounds checks every
+  // row; a chunk running backwards means indptr decreases somewhere.
+  if (r0 > r1) {
+    P.error.store(2, std::memory_order_relaxed);
+    return;
+  }
+  RunRows(P, r0, r1);
 }
 
 // Returns 0 on success, 1 for a column index out of range, 2 for a malformed indptr.

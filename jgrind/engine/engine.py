@@ -31,7 +31,7 @@ import optax
 
 from jgrind.engine.steps import (LayerSteps, PaddedPartition, layer_steps, pad_partition,
                                  shape_groups)
-from jgrind.engine.store import BudgetError, Store, Table
+from jgrind.engine.store import BudgetError, Snapshot, Store, Table
 from jgrind.graph import Graph
 from jgrind.loss import node_weights
 from jgrind.models.model import GNN, layer_key
@@ -39,7 +39,7 @@ from jgrind.partition import PartitionedGraph, partition_graph
 from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate, check_fate
 from jgrind.plan.inventory import build_inventory, layer_widths
-from jgrind.plan.policies import Policy, bind, grinnder, store_directory
+from jgrind.plan.policies import Policy, bind, grinnder, io_strategy, store_directory
 
 UNLIMITED = 1 << 62
 
@@ -77,7 +77,8 @@ class OutOfCore:
     Args:
       graph, model, optimizer: as for `train`.
       policy: a fate for every block (`jgrind.plan.policies`); default: `grinnder` over the
-        budgets.
+        budgets. A policy with an ``io`` attribute (`jgrind.plan.policies.IOStrategy`, e.g.
+        `naive`) also changes how inputs move: snapshots instead of regathering, row reads.
       num_parts: number of partitions (ignored if ``partitioned`` is given).
       partitioner: ``(graph, k, seed=) -> assignment``; default label propagation.
       partitioned: a ready `PartitionedGraph` of the *normalised* graph.
@@ -120,6 +121,7 @@ class OutOfCore:
             policy = grinnder(self.device_budget, self.host_budget, store,
                               device_reserve=self._working_set())
         self.policy = bind(policy, self.inventory)
+        self.io = io_strategy(self.policy)
         self.fates = {(i.name, i.layer, i.partition): check_fate(i, self.policy(i))
                       for i in self.inventory}
         self.memory = self._memory_plan()
@@ -128,7 +130,9 @@ class OutOfCore:
             if self.host_budget < UNLIMITED else sum(i.nbytes for i in self.inventory)
         self.store = Store(pg.offsets[1:] - pg.offsets[:-1],
                            store if store is not None else store_directory(self.policy),
-                           host_cache_bytes=host_cache, ssd_bytes_needed=self.memory.ssd)
+                           host_cache_bytes=host_cache, ssd_bytes_needed=self.memory.ssd,
+                           row_reads=self.io.row_reads)
+        self._snapshots: dict[int, Snapshot] = {}
         try:
             self.activations = [self.store.table(ACTIVATION, l, self.widths[l],
                                                  self._fates(ACTIVATION, l))
@@ -179,6 +183,9 @@ class OutOfCore:
                               for l in range(1, L)] or [0]) for f in Fate}
         transient = max([tier_bytes(ACTIVATION, l, Fate.RECOMPUTE) for l in range(L)] or [0])
         ssd = acts[Fate.SSD] + sum(tier_bytes(GRADIENT, l, Fate.SSD) for l in range(1, L))
+        if self.io.snapshots:  # gathered inputs of layers 0..L-2, forward to backward
+            inputs = sum(p.num_inputs for p in self.pg.partitions)
+            ssd += 4 * inputs * sum(self.widths[:L - 1])
         return MemoryPlan(device_tables=acts[Fate.DEVICE] + grad_pairs[Fate.DEVICE],
                           device_working_set=self._working_set(),
                           host_tables=acts[Fate.HOST] + grad_pairs[Fate.HOST],
@@ -220,7 +227,7 @@ class OutOfCore:
         """``(grads, loss)`` of the full-graph loss, computed partition by partition."""
         L = self.num_layers
         for l in range(L - 1):
-            self._forward_layer(params, l, key)
+            self._forward_layer(params, l, key, snapshot=self.io.snapshots)
             if l >= 1:
                 self.activations[l].release()  # no-op unless the layer is recomputed
         grads = jax.tree.map(jnp.zeros_like, params)
@@ -233,6 +240,8 @@ class OutOfCore:
             loss, grads[l] = self._backward_layer(params, l, key, upper, lower, loss, grads[l])
             if upper is not None:
                 self.store.drop(upper)
+            if l in self._snapshots:
+                self.store.drop(self._snapshots.pop(l))
             if l >= 1 and self.activations[l].recomputed:
                 self.activations[l].release()
             upper = lower
@@ -250,12 +259,20 @@ class OutOfCore:
         self._ensure_materialized(params, layer - 1, key)
         self._forward_layer(params, layer - 1, key)
 
-    def _forward_layer(self, params, l: int, key) -> None:
+    def _forward_layer(self, params, l: int, key, snapshot: bool = False) -> None:
+        """``H_{l+1}`` from ``H_l``; with ``snapshot`` (the naive scheme) every partition's
+        gathered input is also written to an SSD snapshot that backward reads back."""
         src, dst = self.activations[l], self.activations[l + 1]
         dst.materialize()
         steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
+        snap = None
+        if snapshot:
+            snap = self._snapshots[l] = self.store.snapshot(
+                l, self.widths[l], [p.num_inputs for p in self.pg.partitions])
         pending = []
         for part, h_in in self._gathered(src):
+            if snap is not None:
+                pending.append(self._write(snap.write, part.index, h_in))
             out = steps.forward(p_l, jax.device_put(part.block), h_in, k_l)
             pending.append(self._write(dst.write, part.index, out))
         self._wait(pending)
@@ -264,7 +281,7 @@ class OutOfCore:
         steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
         top = l == self.num_layers - 1
         pending = []
-        for part, h_in in self._gathered(self.activations[l]):
+        for part, h_in in self._gathered(self.activations[l], self._snapshots.get(l)):
             block = jax.device_put(part.block)
             if top:
                 value, acc, d_h = steps.top(p_l, block, h_in, k_l, part.labels, part.weights,
@@ -283,9 +300,12 @@ class OutOfCore:
         return loss, acc
 
     # -- overlapped I/O -----------------------------------------------------------------------
-    def _gathered(self, table: Table):
-        """Yield ``(part, inputs)`` while the next partition's inputs load in the background."""
+    def _gathered(self, table: Table, snapshot: Optional[Snapshot] = None):
+        """Yield ``(part, inputs)`` while the next partition's inputs load in the background;
+        inputs are gathered from ``table``, or read back from ``snapshot`` if one is given."""
         def load(part: PaddedPartition):
+            if snapshot is not None:
+                return snapshot.read(part.index, part.num_in)
             return table.gather(part.index, part.halo_owner, part.halo_row, part.num_in)
 
         if self.pool is None:

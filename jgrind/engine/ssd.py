@@ -18,7 +18,7 @@ import os
 import pathlib
 import struct
 import zlib
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class SSDFile:
     ``offsets[b]:offsets[b+1]``."""
 
     def __init__(self, path: pathlib.Path, offsets: np.ndarray, width: int, run_id: bytes,
-                 dtype=np.float32):
+                 dtype=np.float32, on_io: Optional[Callable[..., None]] = None):
         self.path = pathlib.Path(path)
         self.offsets = np.asarray(offsets, np.int64)
         self.rows = int(self.offsets[-1])
@@ -63,6 +63,7 @@ class SSDFile:
         self.fd = fd
         self.bytes_read = 0
         self.bytes_written = 0
+        self.on_io = on_io  # called as on_io(ssd_read_ops=1) / on_io(ssd_write_ops=1)
 
     # -- integrity ----------------------------------------------------------------------------
     def _check_size(self) -> None:
@@ -104,12 +105,12 @@ class SSDFile:
         return out
 
     # -- rows (halo reads, gradient accumulation) ---------------------------------------------
-    def read_rows(self, rows: np.ndarray) -> np.ndarray:
+    def read_rows(self, rows: np.ndarray, per_row: bool = False) -> np.ndarray:
         """Rows ``rows`` (ascending) as ``[len(rows), width]``; one read per run of
-        consecutive rows."""
+        consecutive rows, or one read per row with ``per_row`` (the naive scheme)."""
         out = np.empty((rows.size, self.width), self.dtype)
         self._check_size()
-        for lo, hi, dst in _runs(rows):
+        for lo, hi, dst in (_singles(rows) if per_row else _runs(rows)):
             self._pread(out[dst:dst + hi - lo], self.data_start + lo * self.row_bytes)
         return out
 
@@ -143,6 +144,8 @@ class SSDFile:
                                           f"{offset + done}: it was truncated")
             done += n
         self.bytes_read += view.nbytes
+        if self.on_io is not None:
+            self.on_io(ssd_read_ops=1)
 
     def _pwrite(self, values: np.ndarray, offset: int) -> None:
         view = memoryview(np.ascontiguousarray(values)).cast("B")
@@ -150,6 +153,8 @@ class SSDFile:
         while done < view.nbytes:
             done += os.pwritev(self.fd, [view[done:]], offset + done)
         self.bytes_written += view.nbytes
+        if self.on_io is not None:
+            self.on_io(ssd_write_ops=1)
 
     def as_memmap(self) -> np.memmap:
         return np.memmap(self.path, self.dtype, "r", self.data_start, (self.rows, self.width))
@@ -168,3 +173,8 @@ def _runs(rows: np.ndarray):
     starts = np.concatenate([[0], breaks])
     ends = np.concatenate([breaks, [rows.size]])
     return [(int(rows[s]), int(rows[e - 1]) + 1, int(s)) for s, e in zip(starts, ends)]
+
+
+def _singles(rows: np.ndarray):
+    """Like `_runs`, but every row on its own."""
+    return [(int(r), int(r) + 1, i) for i, r in enumerate(rows)]

@@ -44,7 +44,7 @@ class BudgetError(ValueError):
 
 @dataclasses.dataclass
 class Accounts:
-    """Bytes per tier, now and at peak, and bytes moved. ``timeline`` holds
+    """Bytes per tier, now and at peak, bytes moved (and SSD calls). ``timeline`` holds
     ``(seconds, device, host, ssd)`` samples for the memory-over-time plot."""
 
     device: int = 0
@@ -57,6 +57,8 @@ class Accounts:
     ssd_written: int = 0
     host_read: int = 0
     host_written: int = 0
+    ssd_read_ops: int = 0       # read / write calls on SSD files (row-by-row I/O shows here)
+    ssd_write_ops: int = 0
     timeline: list = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -118,7 +120,7 @@ class Table:
             self.ssd_index = np.full(sizes.size, -1, np.int64)
             self.ssd_index[self.ssd_blocks] = np.arange(self.ssd_blocks.size)
             self.ssd = SSDFile(store.run_dir / f"{name}-{layer}.bin", offsets, self.width,
-                               store.run_id)
+                               store.run_id, on_io=store.count)
             store._charge(ssd=nbytes(_CODE[Fate.SSD]))
         self._device_lock = threading.Lock()
 
@@ -167,10 +169,10 @@ class Table:
         if code == _CODE[Fate.SSD]:
             self.ssd.write_block(int(self.ssd_index[block]), host_values)
             self.store.cache.invalidate((self.key, block))
-            self.store.accounts.ssd_written += host_values.nbytes
+            self.store.count(ssd_written=host_values.nbytes)
         else:
             self._host_array(code)[start:start + rows] = host_values
-            self.store.accounts.host_written += host_values.nbytes
+            self.store.count(host_written=host_values.nbytes)
 
     def read(self, block: int, padded_rows: int):
         """Block ``block`` padded with zero rows to ``padded_rows`` (device array if on device,
@@ -190,16 +192,22 @@ class Table:
         if code == _CODE[Fate.SSD]:
             return self._ssd_block(block)
         start = int(self.slot[block])
-        self.store.accounts.host_read += rows * self.width * 4
+        self.store.count(host_read=rows * self.width * 4)
         return self._host_array(code)[start:start + rows]
 
     def _ssd_block(self, block: int) -> np.ndarray:
+        if self.store.row_reads:
+            i = int(self.ssd_index[block])
+            rows = np.arange(self.ssd.offsets[i], self.ssd.offsets[i + 1])
+            data = self.ssd.read_rows(rows, per_row=True)
+            self.store.count(ssd_read=data.nbytes)
+            return data
         cache = self.store.cache
         hit = cache.get((self.key, block))
         if hit is not None:
             return hit
         data = self.ssd.read_block(int(self.ssd_index[block]))
-        self.store.accounts.ssd_read += data.nbytes
+        self.store.count(ssd_read=data.nbytes)
         if cache.fits(data.nbytes):
             cache.put((self.key, block), data)
         return data
@@ -238,7 +246,7 @@ class Table:
                     out[dst] = self._ssd_rows(owners, rows)
                 else:
                     out[dst] = self._host_array(code)[self.slot[owners] + rows]
-                    self.store.accounts.host_read += sel.size * self.width * 4
+                    self.store.count(host_read=sel.size * self.width * 4)
         finally:
             self.store.cache.unpin(keys)
         return out
@@ -264,8 +272,8 @@ class Table:
                 out[seg] = cached[rows[seg]]
             else:
                 file_rows = self.ssd.offsets[self.ssd_index[b]] + rows[seg]
-                out[seg] = self.ssd.read_rows(file_rows)
-                self.store.accounts.ssd_read += seg.size * self.width * 4
+                out[seg] = self.ssd.read_rows(file_rows, per_row=self.store.row_reads)
+                self.store.count(ssd_read=seg.size * self.width * 4)
         return out
 
     def accumulate(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,
@@ -300,12 +308,11 @@ class Table:
                 for b in np.unique(owners[sel]):
                     self.store.cache.invalidate((self.key, int(b)))
                 moved = sel.size * self.width * 4
-                self.store.accounts.ssd_read += moved
-                self.store.accounts.ssd_written += moved
+                self.store.count(ssd_read=moved, ssd_written=moved)
             else:
                 # rows within one accumulate are unique, so fancy-index += is exact
                 self._host_array(code)[self.slot[owners[sel]] + rows[sel]] += host_values[sel]
-                self.store.accounts.host_written += sel.size * self.width * 4
+                self.store.count(host_written=sel.size * self.width * 4)
 
     def zero(self) -> None:
         if self.device is not None:
@@ -350,6 +357,50 @@ def _pad_to(values: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+class Snapshot:
+    """The gathered inputs (owned + halo rows) of every partition of one layer, kept on SSD
+    from the forward sweep to backward: the naive scheme's redundant copy of data the stored
+    layer outputs already hold (GriNNder regathers instead). Block ``p`` is partition ``p``'s
+    ``input_rows[p]`` rows, written and read whole."""
+
+    def __init__(self, store: "Store", layer: int, width: int, input_rows: np.ndarray):
+        if store.run_dir is None:
+            raise StoreError("snapshots need the SSD tier; pass a store directory")
+        self.store, self.layer, self.width = store, layer, int(width)
+        self.key = ("snapshot", layer)
+        self.offsets = np.concatenate([[0], np.cumsum(input_rows)]).astype(np.int64)
+        self.nbytes = int(self.offsets[-1]) * self.width * 4
+        self.ssd: Optional[SSDFile] = SSDFile(store.run_dir / f"snapshot-{layer}.bin",
+                                              self.offsets, self.width, store.run_id,
+                                              on_io=store.count)
+        store._charge(ssd=self.nbytes)
+
+    def write(self, block: int, values) -> None:
+        """Store the first ``input_rows[block]`` rows of ``values`` (a padded gather)."""
+        rows = int(self.offsets[block + 1] - self.offsets[block])
+        host_values = np.asarray(values)[:rows]
+        self.ssd.write_block(block, host_values)
+        self.store.count(ssd_written=host_values.nbytes)
+
+    def read(self, block: int, padded_rows: int) -> np.ndarray:
+        rows = int(self.offsets[block + 1] - self.offsets[block])
+        out = np.zeros((padded_rows, self.width), np.float32)
+        self.ssd.read_block(block, out[:rows])
+        self.store.count(ssd_read=rows * self.width * 4)
+        return out
+
+    def free(self) -> None:
+        if self.ssd is not None:
+            self.ssd.close()
+            self.ssd.path.unlink(missing_ok=True)
+            self.ssd = None
+            self.store._charge(ssd=-self.nbytes)
+
+    def close(self) -> None:
+        if self.ssd is not None:
+            self.ssd.close()
+
+
 class Store:
     """All tables of a run, the host cache and the run's private SSD directory.
 
@@ -357,11 +408,14 @@ class Store:
       block_rows: ``[P]`` rows of every partition block.
       directory: where the run's subdirectory is made (needed only if a block goes to SSD).
       host_cache_bytes: capacity of the host cache in front of the SSD tier.
+      row_reads: read SSD rows one at a time, with no whole-block reads and no host cache (the
+        naive scheme, see `jgrind.plan.policies.IOStrategy`).
     """
 
     def __init__(self, block_rows: np.ndarray, directory: Optional[str | os.PathLike],
-                 host_cache_bytes: int, ssd_bytes_needed: int = 0):
+                 host_cache_bytes: int, ssd_bytes_needed: int = 0, row_reads: bool = False):
         self.block_rows = np.asarray(block_rows, np.int64)
+        self.row_reads = bool(row_reads)
         self.accounts = Accounts()
         self._t0 = time.perf_counter()
         self._lock = threading.Lock()
@@ -370,12 +424,27 @@ class Store:
         self.tables: dict[tuple, Table] = {}
         if ssd_bytes_needed:
             self.run_dir = make_run_dir(directory, ssd_bytes_needed, self.run_id)
-        self.cache = HostCache(host_cache_bytes, on_change=self._sample)
+        self.cache = HostCache(0 if row_reads else host_cache_bytes, on_change=self._sample)
 
     def table(self, name: str, layer: int, width: int, fates: list[Fate]) -> Table:
         t = Table(self, name, layer, width, fates)
         self.tables[(name, layer)] = t
         return t
+
+    def snapshot(self, layer: int, width: int, input_rows: np.ndarray) -> Snapshot:
+        """A fresh `Snapshot` of layer ``layer``'s gathered inputs (replacing a stale one)."""
+        stale = self.tables.get(("snapshot", layer))
+        if stale is not None:
+            self.drop(stale)
+        s = Snapshot(self, layer, width, input_rows)
+        self.tables[s.key] = s
+        return s
+
+    def count(self, **moved: int) -> None:
+        """Add to the moved-bytes / call counters (called from the I/O threads, so locked)."""
+        with self._lock:
+            for name, n in moved.items():
+                setattr(self.accounts, name, getattr(self.accounts, name) + int(n))
 
     def drop(self, table: Table) -> None:
         """Free a table that is no longer needed (e.g. a gradient buffer after its layer)."""

@@ -1,0 +1,556 @@
+"""Out-of-core benchmarks: what partitioning and offloading cost, and the memory wall.
+
+    python tools/bench_out_of_core.py overhead        # 1M nodes, 10M edges, 4 partitions
+    python tools/bench_out_of_core.py overhead --nodes 100000 --edges 1000000   # quick
+    python tools/bench_out_of_core.py memory-wall     # 3M nodes, 2 GiB device + 2 GiB host
+    python tools/bench_out_of_core.py memory-wall --nodes 200000 --edges 2000000 \\
+        --host-budget 64MiB --device-budget 64MiB     # quick
+
+Both train a 3-layer GCN (hidden 256, ReLU, dropout 0.5, Adam) on an R-MAT graph
+(`jgrind.generators.rmat`), generated once and saved to a temporary .npz. Every run is its own
+subprocess that loads it, so each reports its own peak resident memory (``ru_maxrss``).
+
+``overhead``: median epoch time (after one warm-up epoch) of the in-memory path and of the
+out-of-core engine under each built-in policy, all on the same partitioning (computed once), with
+the bytes each epoch reads and writes per tier (from the store's accounts), the GriNNder
+scheme's analytic minimum next to the SSD run, and the naive scheme (snapshots kept, inputs read
+node by node: `jgrind.plan.policies.naive`) against it.
+
+``memory-wall``: a graph whose stored activations and gradients are several times the host
+budget, trained with the default budgeted policy; peak RSS against budgets + graph, and PyG
+full-batch on the same graph (``--skip-pyg`` to leave it out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_epoch import load, run_pyg  # noqa: E402  (tools/ is not a package)
+
+RUNS = ("in-memory", "device", "host", "ssd", "recompute", "naive")
+POLICY_TEXT = {"in-memory": "InMemory (one jitted step)", "device": "in_memory()",
+               "host": "host_offload()", "ssd": "ssd_offload(store), host_budget=0",
+               "recompute": "recompute_activations()", "naive": "naive(store), host_budget=0"}
+MOVED = ("ssd_read", "ssd_written", "host_read", "host_written", "ssd_read_ops",
+         "ssd_write_ops")
+
+
+# -- small helpers -------------------------------------------------------------------------
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def current_rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def fmt(n) -> str:
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def machine() -> str:
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return f"{os.cpu_count()} cores, {ram / 2**30:.1f} GiB RAM"
+
+
+def filesystem(path: str) -> str:
+    """The device and filesystem type holding ``path`` (from /proc/mounts)."""
+    path = os.path.realpath(path)
+    best = ("?", "?", "")
+    try:
+        with open("/proc/mounts") as f:
+            for line in f:
+                dev, mnt, kind = line.split()[:3]
+                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) \
+                        and len(mnt) >= len(best[2]):
+                    best = (dev, kind, mnt)
+    except OSError:
+        pass
+    return f"{best[0]} ({best[1]}, mounted at {best[2] or '?'})"
+
+
+def drop_caches() -> bool:
+    """Flush dirty pages and drop the OS page cache; False if not permitted."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def load_graph(path: str):
+    from jgrind.graph import Graph
+    d = load(path)
+    n = d["indptr"].size - 1
+    return Graph(indptr=d["indptr"], indices=d["indices"], features=d["features"],
+                 labels=d["labels"], train_mask=d["train_mask"], val_mask=np.zeros(n, bool),
+                 test_mask=np.zeros(n, bool), num_classes=int(d["num_classes"]))
+
+
+def gcn(graph, hidden: int):
+    from jgrind import models
+    return models.gcn(graph.num_features, hidden, graph.num_classes, num_layers=3,
+                      dropout=0.5)
+
+
+def save_graph(args, directory: str) -> tuple[str, float]:
+    from jgrind.generators import rmat
+    t0 = time.perf_counter()
+    g = rmat(num_nodes=args.nodes, num_edges=args.edges, num_features=args.features,
+             num_classes=args.classes, seed=0)
+    seconds = time.perf_counter() - t0
+    path = os.path.join(directory, "graph.npz")
+    np.savez(path, indptr=g.indptr, indices=g.indices, features=g.features, labels=g.labels,
+             train_mask=g.train_mask[0], num_classes=g.num_classes)
+    return path, seconds
+
+
+def child(mode: str, config: dict) -> dict:
+    """Run ``mode`` in a fresh interpreter; its last stdout line is the JSON result."""
+    cmd = [sys.executable, os.path.abspath(__file__), "_child", mode, json.dumps(config)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"failed": True, "returncode": out.returncode,
+                "stderr": out.stderr[-3000:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def header(args, extra: str = "") -> list[str]:
+    return [f"machine: {machine()}",
+            f"command: {shlex.join([os.path.basename(sys.executable)] + sys.argv)}",
+            f"graph: R-MAT, {args.nodes:,} nodes, {args.edges:,} directed edges, "
+            f"{args.features} features, {args.classes} classes; model: 3-layer GCN, hidden "
+            f"{args.hidden}, dropout 0.5, Adam{extra}"]
+
+
+# -- overhead ------------------------------------------------------------------------------
+def overhead_child(cfg: dict) -> dict:
+    import jax
+    import optax
+
+    from jgrind.engine import OutOfCore
+    from jgrind.partition import partition_graph
+    from jgrind.plan import policies
+    from jgrind.train import InMemory
+
+    graph = load_graph(cfg["graph"])
+    model = gcn(graph, cfg["hidden"])
+    optimizer = optax.adam(0.01)
+    run, store = cfg["run"], cfg["store"]
+    t0 = time.perf_counter()
+    info = {}
+    if run == "in-memory":
+        ex = InMemory(graph, model, optimizer)
+    else:
+        pg = partition_graph(model.normalize(graph), np.load(cfg["assignment"]),
+                             num_parts=cfg["parts"])
+        policy = {"device": policies.in_memory(), "host": policies.host_offload(),
+                  "ssd": policies.ssd_offload(store),
+                  "recompute": policies.recompute_activations(),
+                  "naive": policies.naive(store)}[run]
+        host_budget = 0 if run in ("ssd", "naive") else None
+        ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=pg, store=store,
+                       host_budget=host_budget)
+        info = {"num_nodes": graph.num_nodes, "halo": int(sum(p.num_halo for p in pg.partitions)),
+                "widths": ex.widths, "num_layers": ex.num_layers,
+                "inputs": int(sum(p.num_inputs for p in pg.partitions))}
+    prepare = time.perf_counter() - t0
+    params = model.init(jax.random.key(0))
+    opt_state = optimizer.init(params)
+    key = jax.random.key(1)
+    times, moved, loss = [], [], None
+    for epoch in range(1 + cfg["epochs"]):  # epoch 0 compiles
+        if epoch and cfg["drop_caches"]:
+            drop_caches()
+        before = dataclasses.replace(ex.store.accounts) if run != "in-memory" else None
+        t = time.perf_counter()
+        params, opt_state, loss = ex.step(params, opt_state, jax.random.fold_in(key, epoch))
+        loss = float(loss)
+        jax.block_until_ready(params)
+        times.append(time.perf_counter() - t)
+        if before is not None:
+            after = ex.store.accounts
+            moved.append({k: getattr(after, k) - getattr(before, k) for k in MOVED})
+    result = {"run": run, "epoch_times": times[1:], "warmup_seconds": times[0],
+              "prepare_seconds": prepare, "loss": loss, "peak_rss": peak_rss(),
+              "moved": moved[1:], **info}
+    if run != "in-memory":
+        a = ex.store.accounts
+        result["peaks"] = {"device": a.peak_device, "host": a.peak_host, "ssd": a.peak_ssd}
+        ex.close()
+    return result
+
+
+def grinnder_minimum(n: int, halo: int, widths: list, num_layers: int) -> dict:
+    """Bytes per epoch the regathering scheme needs with every block on SSD (4-byte floats).
+
+    H_l (l >= 1) is written once; the forward sweep gathers H_0..H_{L-2} (own + halo rows); the
+    backward sweep regathers H_0..H_{L-1} (H_{L-1} only here: the top layer is fused with the
+    loss); G_l (l >= 1) receives every partition's own + halo rows once (scatter-add) and is
+    read once, own rows, by the layer below.
+    """
+    L, w = num_layers, widths
+    parts = {
+        "forward gathers": sum((n + halo) * w[l] for l in range(L - 1)),
+        "backward regathers": sum((n + halo) * w[l] for l in range(L)),
+        "gradient reads": sum(n * w[l] for l in range(1, L)),
+        "activation writes": sum(n * w[l] for l in range(1, L)),
+        "gradient scatter-adds": sum((n + halo) * w[l] for l in range(1, L)),
+    }
+    parts = {k: 4 * v for k, v in parts.items()}
+    return {"parts": parts,
+            "read": parts["forward gathers"] + parts["backward regathers"]
+            + parts["gradient reads"],
+            "written": parts["activation writes"] + parts["gradient scatter-adds"],
+            # the SSD tier adds to G_l by read-modify-write, so the scatter-adds are read too
+            "scatter_add_readback": parts["gradient scatter-adds"],
+            # what `naive` adds: one write of every gathered input of layers 0..L-2
+            "snapshots": 4 * sum((n + halo) * w[l] for l in range(L - 1))}
+
+
+def overhead(args) -> dict:
+    from jgrind.partition import PARTITIONERS
+
+    store = args.store
+    os.makedirs(store, exist_ok=True)
+    dropping = False
+    if args.drop_caches:
+        dropping = drop_caches()
+        if not dropping:
+            print("note: --drop-caches asked for, but /proc/sys/vm/drop_caches is not "
+                  "writable here; running without it", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path, gen_seconds = save_graph(args, tmp)
+        graph = load_graph(path)
+        normalized = gcn(graph, args.hidden).normalize(graph)
+        t0 = time.perf_counter()
+        assignment = PARTITIONERS[args.partitioner](normalized, args.parts, seed=0)
+        part_seconds = time.perf_counter() - t0
+        del graph, normalized
+        apath = os.path.join(tmp, "assignment.npy")
+        np.save(apath, assignment)
+        results = {"graph": {"nodes": args.nodes, "edges": args.edges,
+                             "features": args.features, "classes": args.classes,
+                             "generate_seconds": gen_seconds},
+                   "parts": args.parts, "partitioner": args.partitioner,
+                   "partition_seconds": part_seconds, "epochs": args.epochs,
+                   "store": store, "drop_caches": dropping, "runs": {}}
+        for run in args.runs:
+            print(f"running {run} ...", file=sys.stderr, flush=True)
+            results["runs"][run] = child("overhead", {
+                "graph": path, "assignment": apath, "run": run, "parts": args.parts,
+                "epochs": args.epochs, "hidden": args.hidden, "store": store,
+                "drop_caches": dropping})
+    report_overhead(results, args)
+    return results
+
+
+def report_overhead(r: dict, args) -> None:
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    runs = r["runs"]
+    for line in header(args, f"; {r['parts']} partitions ({r['partitioner']}, "
+                       f"{r['partition_seconds']:.1f} s, once for every run)"):
+        print(line)
+    print(f"store: {r['store']} on {filesystem(r['store'])}")
+    ooc = next((v for v in runs.values() if "halo" in v), None)
+    if ooc is not None:
+        print(f"halo rows: {ooc['halo']:,} over all partitions ({ooc['halo'] / ooc['num_nodes']:.2f}"
+              f" x N); layer input widths {ooc['widths'][:-1]}")
+    print(f"median of {r['epochs']} epochs after one warm-up epoch; bytes are per epoch "
+          "(store accounts, last timed epoch)")
+    print()
+    base = runs.get("in-memory", {}).get("epoch_times")
+    base = med(base) if base else None
+    cols = ("run", "policy", "epoch s", "x in-mem", "SSD read", "SSD written", "host read",
+            "host written", "SSD read calls", "peak RSS")
+    rows = []
+    for name, v in runs.items():
+        if v.get("failed"):
+            rows.append((name, POLICY_TEXT[name], f"failed (rc {v['returncode']})")
+                        + ("",) * 7)
+            continue
+        t = med(v["epoch_times"])
+        m = v["moved"][-1] if v.get("moved") else None
+        get = lambda k: fmt(m[k]) if m else "-"  # noqa: E731
+        rows.append((name, POLICY_TEXT[name], f"{t:.3f}",
+                     f"{t / base:.2f}" if base else "-", get("ssd_read"), get("ssd_written"),
+                     get("host_read"), get("host_written"),
+                     f"{m['ssd_read_ops']:,}" if m else "-", fmt(v["peak_rss"])))
+    widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
+    for row in (cols, *rows):
+        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
+    print("(the device tier's moves are not counted: on this machine the 'device' is host "
+          "RAM owned by JAX)")
+
+    ssd = runs.get("ssd")
+    if ssd and not ssd.get("failed"):
+        mn = grinnder_minimum(ssd["num_nodes"], ssd["halo"], ssd["widths"], ssd["num_layers"])
+        m = ssd["moved"][-1]
+        print()
+        print("GriNNder scheme, minimum per epoch with every block on SSD (the top layer is "
+              "fused with the loss, so H_{L-1} is gathered once):")
+        p = mn["parts"]
+        print(f"  read    {fmt(mn['read']):>10} = forward gathers {fmt(p['forward gathers'])} "
+              f"+ backward regathers {fmt(p['backward regathers'])} + gradient reads "
+              f"{fmt(p['gradient reads'])}")
+        print(f"  written {fmt(mn['written']):>10} = activations {fmt(p['activation writes'])} "
+              f"+ gradient scatter-adds (own + halo rows) {fmt(p['gradient scatter-adds'])}")
+        print(f"  ssd measured: read {fmt(m['ssd_read'])}, written {fmt(m['ssd_written'])}; "
+              f"measured - minimum: read {fmt(m['ssd_read'] - mn['read'])} (the scatter-adds "
+              f"read G back: read-modify-write on SSD, {fmt(mn['scatter_add_readback'])}), "
+              f"written {fmt(m['ssd_written'] - mn['written'])}")
+    naive = runs.get("naive")
+    if ssd and naive and not ssd.get("failed") and not naive.get("failed"):
+        a, b = ssd["moved"][-1], naive["moved"][-1]
+        tot_a = a["ssd_read"] + a["ssd_written"]
+        tot_b = b["ssd_read"] + b["ssd_written"]
+        print()
+        print(f"naive / ssd: bytes moved {fmt(tot_b)} / {fmt(tot_a)} = {tot_b / tot_a:.2f}x; "
+              f"SSD read calls {b['ssd_read_ops']:,} / {a['ssd_read_ops']:,} = "
+              f"{b['ssd_read_ops'] / max(a['ssd_read_ops'], 1):.1f}x; epoch time "
+              f"{med(naive['epoch_times']):.3f} / {med(ssd['epoch_times']):.3f} s = "
+              f"{med(naive['epoch_times']) / med(ssd['epoch_times']):.2f}x")
+        print(f"  naive writes every gathered input of layers 0..L-2 once more (snapshots, "
+              f"{fmt(mn['snapshots'])}); reading them back replaces the regather byte for "
+              "byte, and its gathers read SSD rows one call per row")
+    print()
+    print("notes:")
+    print("  - ssd and naive run with host_budget=0: the host cache in front of the SSD tier "
+          "is off, so every read of an SSD block goes to the file")
+    if r["drop_caches"]:
+        print("  - the OS page cache was dropped (sync; echo 3 > /proc/sys/vm/drop_caches) "
+              "before each timed epoch; data written during an epoch is still read back "
+              "from the page cache within it")
+    else:
+        print("  - the OS page cache still serves file reads (the files fit in RAM here); "
+              "--drop-caches drops it before each timed epoch")
+
+
+# -- memory wall ---------------------------------------------------------------------------
+def structure_bytes(*arrays) -> int:
+    return int(sum(np.asarray(a).nbytes for a in arrays if a is not None))
+
+
+def wall_child(cfg: dict) -> dict:
+    import jax
+    import optax
+
+    from jgrind.engine import OutOfCore
+    from jgrind.partition import PARTITIONERS, partition_graph
+
+    stages = {}
+    graph = load_graph(cfg["graph"])
+    stages["graph loaded"] = current_rss()
+    model = gcn(graph, cfg["hidden"])
+    normalized = model.normalize(graph)
+    t0 = time.perf_counter()
+    assignment = PARTITIONERS[cfg["partitioner"]](normalized, cfg["parts"], seed=0)
+    part_seconds = time.perf_counter() - t0
+    pg = partition_graph(normalized, assignment, num_parts=cfg["parts"])
+    stages["partitioned"] = current_rss()
+    optimizer = optax.adam(0.01)
+    ex = OutOfCore(graph, model, optimizer, partitioned=pg, store=cfg["store"],
+                   device_budget=cfg["device_budget"], host_budget=cfg["host_budget"])
+    stages["engine built"] = current_rss()
+    params = model.init(jax.random.key(0))
+    opt_state = optimizer.init(params)
+    times = []
+    for epoch in range(cfg["epochs"]):
+        t = time.perf_counter()
+        params, opt_state, loss = ex.step(params, opt_state, jax.random.key(epoch))
+        loss = float(loss)
+        jax.block_until_ready(params)
+        times.append(time.perf_counter() - t)
+        stages[f"after epoch {epoch}"] = current_rss()
+    a = ex.store.accounts
+    inv = ex.inventory
+    fates = {}
+    for (name, _, _), fate in ex.fates.items():
+        fates.setdefault(name, {}).setdefault(fate.value, 0)
+        fates[name][fate.value] += 1
+    partitions = sum(structure_bytes(p.owned, p.halo, p.halo_owner, p.halo_row, p.indptr,
+                                     p.indices, p.weight) for p in pg.partitions)
+    padded = sum(p.nbytes() + structure_bytes(p.labels, p.weights, p.owned, p.halo_owner,
+                                              p.halo_row) for p in ex.parts)
+    result = {
+        "epoch_times": times, "loss": loss, "peak_rss": peak_rss(), "stages": stages,
+        "partition_seconds": part_seconds,
+        "graph_bytes": {"raw graph": graph.nbytes(),
+                        "normalised structure": structure_bytes(
+                            normalized.indptr, normalized.indices, normalized.edge_weight),
+                        "partitions": partitions, "padded blocks": padded},
+        "inventory": {"activations": sum(i.nbytes for i in inv if i.name == "activation"),
+                      "gradients": sum(i.nbytes for i in inv if i.name == "gradient")},
+        "fates": fates,
+        "plan": dataclasses.asdict(ex.memory),
+        "peaks": {"device": a.peak_device, "host": a.peak_host, "ssd": a.peak_ssd},
+        "moved_total": {k: getattr(a, k) for k in MOVED},
+    }
+    ex.close()
+    return result
+
+
+def pyg_child(cfg: dict) -> dict:
+    r = run_pyg(cfg["graph"], cfg["hidden"], 0)  # one epoch (it builds the cached norm)
+    return {"epoch_seconds": r["first_epoch"], "peak_rss": r["peak_rss_gib"] * 2**30,
+            "loss": r["loss"], "torch": r["torch"], "threads": r["threads"]}
+
+
+def memory_wall(args) -> dict:
+    os.makedirs(args.store, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path, gen_seconds = save_graph(args, tmp)
+        cfg = {"graph": path, "hidden": args.hidden, "parts": args.parts,
+               "partitioner": args.partitioner, "store": args.store,
+               "device_budget": args.device_budget, "host_budget": args.host_budget,
+               "epochs": args.epochs}
+        print("running jgrind ...", file=sys.stderr, flush=True)
+        results = {"graph": {"nodes": args.nodes, "edges": args.edges,
+                             "features": args.features, "classes": args.classes,
+                             "generate_seconds": gen_seconds},
+                   "config": cfg, "jgrind": child("wall", cfg)}
+        if not args.skip_pyg:
+            print("running PyG ...", file=sys.stderr, flush=True)
+            results["pyg"] = child("pyg", {"graph": path, "hidden": args.hidden})
+    report_wall(results, args)
+    return results
+
+
+def report_wall(r: dict, args) -> None:
+    cfg, j = r["config"], r["jgrind"]
+    for line in header(args, f"; {cfg['parts']} partitions ({cfg['partitioner']})"):
+        print(line)
+    print(f"store: {cfg['store']} on {filesystem(cfg['store'])}")
+    dev, host = cfg["device_budget"], cfg["host_budget"]
+    print(f"budgets: device {fmt(dev)} (on this machine the 'device' is host RAM owned by "
+          f"JAX), host {fmt(host)}; policy: grinnder(device, host, store) (the default)")
+    if j.get("failed"):
+        print(f"jgrind failed (rc {j['returncode']}):\n{j['stderr']}")
+        return
+    inv = j["inventory"]
+    total = inv["activations"] + inv["gradients"]
+    print(f"stored tensors (inventory): activations {fmt(inv['activations'])} + gradients "
+          f"{fmt(inv['gradients'])} = {fmt(total)} = {total / host:.1f}x the host budget, "
+          f"{total / (host + dev):.1f}x both budgets")
+    print(f"fates (blocks): {j['fates']}")
+    p = j["plan"]
+    print(f"plan: device tables {fmt(p['device_tables'])} + working set "
+          f"{fmt(p['device_working_set'])}; host tables {fmt(p['host_tables'])} + transient "
+          f"{fmt(p['host_transient'])}; SSD {fmt(p['ssd'])}")
+    pk = j["peaks"]
+    print(f"store peaks: device {fmt(pk['device'])}, host {fmt(pk['host'])} (tables + host "
+          f"cache), SSD {fmt(pk['ssd'])}")
+    gb = j["graph_bytes"]
+    graph = sum(gb.values())
+    print(f"graph in RAM: {fmt(graph)} = " + " + ".join(f"{k} {fmt(v)}" for k, v in gb.items()))
+    mv = j["moved_total"]
+    print(f"moved over {len(j['epoch_times'])} epochs: SSD read {fmt(mv['ssd_read'])}, written "
+          f"{fmt(mv['ssd_written'])}; host read {fmt(mv['host_read'])}, written "
+          f"{fmt(mv['host_written'])}")
+    print()
+    times = ", ".join(f"{t:.1f}" for t in j["epoch_times"])
+    print(f"jgrind: epochs {times} s (the first compiles), final loss {j['loss']:.4f}, "
+          f"peak RSS {fmt(j['peak_rss'])}")
+    print("  RSS by stage: " + ", ".join(f"{k} {fmt(v)}" for k, v in j["stages"].items()))
+    const = j["peak_rss"] - dev - host - graph
+    used = j["peak_rss"] - pk["device"] - pk["host"] - graph
+    print(f"  constant: peak RSS - budgets - graph = {fmt(const)}; peak RSS - store peaks "
+          f"(device + host) - graph = {fmt(used)} (JAX/XLA runtime, compiled steps, one "
+          "partition's working set, I/O buffers)")
+    q = r.get("pyg")
+    if q is None:
+        print("PyG full-batch: skipped (--skip-pyg)")
+    elif q.get("failed"):
+        why = "killed: out of memory?" if q["returncode"] in (-9, 137) else "failed"
+        print(f"PyG full-batch (1 epoch): {why} (rc {q['returncode']})\n"
+              f"{q['stderr'][-800:]}")
+    else:
+        print(f"PyG {q['torch']} full-batch (1 epoch, {q['threads']} threads): "
+              f"{q['epoch_seconds']:.1f} s, peak RSS {fmt(q['peak_rss'])} "
+              f"({q['peak_rss'] / j['peak_rss']:.1f}x jgrind's)")
+    print("note: the SSD tier uses pread/pwrite, not mmap, so its files' pages in the OS page "
+          "cache are not part of the RSS")
+
+
+# -- driver --------------------------------------------------------------------------------
+def main():
+    if len(sys.argv) >= 2 and sys.argv[1] == "_child":
+        fn = {"overhead": overhead_child, "wall": wall_child, "pyg": pyg_child}[sys.argv[2]]
+        print(json.dumps(fn(json.loads(sys.argv[3]))))
+        return
+    from jgrind.config import parse_bytes
+
+    default_store = os.environ.get("JGRIND_STORE", os.path.join(tempfile.gettempdir(),
+                                                                "jgrind-bench-store"))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(s, nodes, edges, parts, partitioner, epochs):
+        s.add_argument("--nodes", type=int, default=nodes)
+        s.add_argument("--edges", type=int, default=edges)
+        s.add_argument("--features", type=int, default=128)
+        s.add_argument("--classes", type=int, default=47)
+        s.add_argument("--hidden", type=int, default=256)
+        s.add_argument("--parts", type=int, default=parts)
+        s.add_argument("--partitioner", default=partitioner,
+                       help="contiguous, random, label_propagation, metis")
+        s.add_argument("--epochs", type=int, default=epochs)
+        s.add_argument("--store", default=default_store,
+                       help="SSD tier directory (default $JGRIND_STORE or a directory in /tmp)")
+        s.add_argument("--json", help="also write the results here")
+
+    o = sub.add_parser("overhead", help="epoch time and bytes moved per policy")
+    common(o, 1_000_000, 10_000_000, 4, "label_propagation", 3)
+    o.add_argument("--runs", default=",".join(RUNS),
+                   help=f"comma-separated subset of {','.join(RUNS)}")
+    o.add_argument("--drop-caches", action="store_true",
+                   help="drop the OS page cache before each timed epoch (needs root)")
+    w = sub.add_parser("memory-wall", help="peak RSS against budgets, and PyG")
+    common(w, 3_000_000, 30_000_000, 16, "contiguous", 2)
+    w.add_argument("--device-budget", default="2GiB")
+    w.add_argument("--host-budget", default="2GiB")
+    w.add_argument("--skip-pyg", action="store_true")
+    args = p.parse_args()
+    if args.command == "overhead":
+        args.runs = [r for r in args.runs.split(",") if r]
+        unknown = set(args.runs) - set(RUNS)
+        if unknown:
+            p.error(f"unknown runs {sorted(unknown)}; choose from {RUNS}")
+        results = overhead(args)
+    else:
+        args.device_budget = parse_bytes(args.device_budget)
+        args.host_budget = parse_bytes(args.host_budget)
+        results = memory_wall(args)
+    results["command"] = shlex.join([sys.executable] + sys.argv)
+    results["machine"] = machine()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
