@@ -16,7 +16,7 @@ import jax
 
 from jgrind.config import (RunConfig, build_model, build_optimizer, build_policy, load_graph,
                            split_for)
-from jgrind.plots import plot_training
+from jgrind.plots import plot_memory, plot_training
 from jgrind.train import run_trials, train
 
 
@@ -45,6 +45,12 @@ def run_config(cfg: RunConfig, out: pathlib.Path, progress: bool = True) -> dict
     plot_training([r.history for r in trials.results], out / "training.png",
                   metric=trials.metric, labels=[f"seed {s}" for s in seeds],
                   title=f"{cfg.model} on {graph.name}")
+    memory = trials.results[0].memory
+    if memory is not None:
+        plot_memory(memory["timeline"], out / "memory.png",
+                    budgets={"device": engine_args["device_budget"],
+                             "host": engine_args["host_budget"]},
+                    title=f"memory per tier, {cfg.model} on {graph.name} (seed {cfg.seed})")
     epoch_times = sorted(rec["seconds"] for r in trials.results for rec in r.history)
     summary = {
         "dataset": graph.name, "model": cfg.model, "metric": trials.metric,
@@ -56,6 +62,8 @@ def run_config(cfg: RunConfig, out: pathlib.Path, progress: bool = True) -> dict
         "test_mean": trials.mean, "test_std": trials.std,
         "median_epoch_seconds": epoch_times[len(epoch_times) // 2] if epoch_times else None,
         "load_seconds": load_seconds,
+        "memory": None if memory is None else {k: v for k, v in memory.items()
+                                               if k != "timeline"},
         "line": f"{cfg.model} on {graph.name}: {trials.summary()}",
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -22,7 +22,8 @@ def index_dtype(n: int) -> np.dtype:
     return np.dtype(np.int32) if n < 2**31 - 1 else np.dtype(np.int64)
 
 
-def _frozen(a: np.ndarray) -> np.ndarray:
+def freeze(a: np.ndarray) -> np.ndarray:
+    """A contiguous read-only view of ``a`` (no copy if it already is one)."""
     a = np.ascontiguousarray(a)
     if a.flags.writeable:
         a = a.view()
@@ -72,18 +73,18 @@ class Graph:
                              "a graph needs at least one node")
         n = indptr.size - 1
         idx_t = index_dtype(max(n, int(indptr[-1])))
-        set_("indptr", _frozen(indptr.astype(idx_t, copy=False)))
-        set_("indices", _frozen(np.asarray(self.indices).astype(idx_t, copy=False)))
+        set_("indptr", freeze(indptr.astype(idx_t, copy=False)))
+        set_("indices", freeze(np.asarray(self.indices).astype(idx_t, copy=False)))
         feats = np.asarray(self.features)
         if feats.dtype != np.float32:
             feats = feats.astype(np.float32)
-        set_("features", _frozen(feats))
-        set_("labels", _frozen(np.asarray(self.labels).astype(np.int32, copy=False)))
+        set_("features", freeze(feats))
+        set_("labels", freeze(np.asarray(self.labels).astype(np.int32, copy=False)))
         for k in ("train_mask", "val_mask", "test_mask"):
             m = np.asarray(getattr(self, k), dtype=bool)
-            set_(k, _frozen(m[None] if m.ndim == 1 else m))
+            set_(k, freeze(m[None] if m.ndim == 1 else m))
         if self.edge_weight is not None:
-            set_("edge_weight", _frozen(np.asarray(self.edge_weight, dtype=np.float32)))
+            set_("edge_weight", freeze(np.asarray(self.edge_weight, dtype=np.float32)))
         set_("num_classes", int(self.num_classes))
         self.validate()
 

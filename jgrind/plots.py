@@ -44,3 +44,31 @@ def plot_training(histories: Sequence[list], path: str | pathlib.Path, *, metric
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_memory(timeline, path: str | pathlib.Path, *, budgets: dict | None = None,
+                title: str = "") -> pathlib.Path:
+    """Bytes held in each tier (device, host, SSD) over the run, from the store's accounts
+    timeline ``[(seconds, device, host, ssd), ...]``; budgets drawn as dashed lines."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4))
+    if timeline:
+        t, device, host, ssd = (list(c) for c in zip(*timeline))
+        gib = 2.0 ** 30
+        for values, label in ((device, "device"), (host, "host RAM"), (ssd, "SSD store")):
+            ax.step(t, [v / gib for v in values], where="post", label=label)
+    for name, value in (budgets or {}).items():
+        if value:
+            ax.axhline(value / 2.0 ** 30, linestyle="--", linewidth=1, color="gray")
+            ax.annotate(f"{name} budget", (0, value / 2.0 ** 30), fontsize=8,
+                        va="bottom", color="gray")
+    ax.set(xlabel="seconds since the store was created", ylabel="GiB held",
+           title=title or "memory per tier")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

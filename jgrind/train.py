@@ -92,6 +92,8 @@ class TrainResult:
       metric: "accuracy" or "roc_auc".
       best_epoch, val, test: model selection by validation: the test metric at the best epoch.
       seconds: wall time of the epochs (not counting preparation and compilation).
+      memory: out-of-core runs only: the store's accounts (bytes per tier now and at peak,
+        bytes moved) and its ``timeline`` of ``(seconds, device, host, ssd)``; else None.
     """
 
     params: Params
@@ -102,6 +104,7 @@ class TrainResult:
     val: float
     test: float
     seconds: float
+    memory: Optional[dict] = None
 
 
 def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTransformation, *,
@@ -218,6 +221,9 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             if stop:
                 break
     finally:
+        store = getattr(executor, "store", None)
+        memory = None if store is None else {**store.accounts.as_dict(),
+                                             "timeline": list(store.accounts.timeline)}
         if owned_executor and hasattr(executor, "close"):
             executor.close()  # removes the run's SSD files, also on error
         if log_file is not None:
@@ -228,7 +234,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
 
     return TrainResult(params=params, best_params=best["params"], history=history,
                        metric=metric, best_epoch=int(best["epoch"]), val=float(best["val"]),
-                       test=float(best["test"]), seconds=train_seconds)
+                       test=float(best["test"]), seconds=train_seconds, memory=memory)
 
 
 def in_memory_bytes(graph: Graph, model: GNN) -> int:

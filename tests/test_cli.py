@@ -76,6 +76,9 @@ def test_out_of_core_training_from_the_command_line(tmp_path):
                  "--store", str(tmp_path), "--parts", "3", "--out", str(out), "--no-progress"])
     assert code == 0 and (out / "summary.json").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["run"]  # the store's run dir is gone
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["memory"]["peak_ssd"] > 0 and summary["memory"]["ssd_written"] > 0
+    assert (out / "memory.png").stat().st_size > 1000
 
 
 def test_datasets_command_lists_generated_and_real(capsys):

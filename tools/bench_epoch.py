@@ -39,20 +39,25 @@ def load(path):
     return {k: d[k] for k in d.files}
 
 
+def load_graph(path):
+    """The benchmark graph as a jgrind `Graph` (all training labels, no val/test)."""
+    from jgrind.graph import Graph
+    d = load(path)
+    n = d["indptr"].size - 1
+    return Graph(indptr=d["indptr"], indices=d["indices"], features=d["features"],
+                 labels=d["labels"], train_mask=d["train_mask"], val_mask=np.zeros(n, bool),
+                 test_mask=np.zeros(n, bool), num_classes=int(d["num_classes"]))
+
+
 # -- jgrind ------------------------------------------------------------------------------------
 def run_jgrind(path: str, hidden: int, epochs: int) -> dict:
     import jax
     import optax
 
     from jgrind import models
-    from jgrind.graph import Graph
     from jgrind.train import InMemory
 
-    d = load(path)
-    n = d["indptr"].size - 1
-    graph = Graph(indptr=d["indptr"], indices=d["indices"], features=d["features"],
-                  labels=d["labels"], train_mask=d["train_mask"], val_mask=np.zeros(n, bool),
-                  test_mask=np.zeros(n, bool), num_classes=int(d["num_classes"]))
+    graph = load_graph(path)
     model = models.gcn(graph.num_features, hidden, graph.num_classes, num_layers=3,
                        dropout=0.5)
     optimizer = optax.adam(0.01)
@@ -130,14 +135,10 @@ def run_floor(path: str, hidden: int, repeats: int) -> dict:
     import jax.numpy as jnp
 
     from jgrind import transforms
-    from jgrind.graph import Graph
     from jgrind.sparse import adjacency, spmm
 
-    d = load(path)
-    n = d["indptr"].size - 1
-    g = Graph(indptr=d["indptr"], indices=d["indices"], features=d["features"],
-              labels=d["labels"], train_mask=d["train_mask"], val_mask=np.zeros(n, bool),
-              test_mask=np.zeros(n, bool), num_classes=int(d["num_classes"]))
+    g = load_graph(path)
+    n = g.num_nodes
     norm = transforms.gcn_norm(g)
     adj = jax.device_put(adjacency(norm.indptr, norm.indices, norm.edge_weight, n))
     f, c = g.num_features, g.num_classes

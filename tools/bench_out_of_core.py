@@ -40,9 +40,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_epoch import load, run_pyg  # noqa: E402  (tools/ is not a package)
 
 RUNS = ("in-memory", "device", "host", "ssd", "recompute", "naive")
+OPTIONAL_RUNS = ("ssd-cache",)  # ssd_offload with the host cache on (GriNNder's host caching)
 POLICY_TEXT = {"in-memory": "InMemory (one jitted step)", "device": "in_memory()",
                "host": "host_offload()", "ssd": "ssd_offload(store), host_budget=0",
-               "recompute": "recompute_activations()", "naive": "naive(store), host_budget=0"}
+               "recompute": "recompute_activations()", "naive": "naive(store), host_budget=0",
+               "ssd-cache": "ssd_offload(store), host cache on"}
 MOVED = ("ssd_read", "ssd_written", "host_read", "host_written", "ssd_read_ops",
          "ssd_write_ops")
 
@@ -52,12 +54,24 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
-def current_rss() -> int:
+def current_rss(field: str = "VmRSS") -> int:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def window_peak_rss() -> int:
+    """Peak RSS since the last call (VmHWM, then reset through /proc/self/clear_refs; Linux
+    4.0+); ru_maxrss cannot be reset, so this is how a later epoch's own peak is seen."""
+    peak = current_rss("VmHWM")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return peak
 
 
 def fmt(n) -> str:
@@ -169,7 +183,7 @@ def overhead_child(cfg: dict) -> dict:
         pg = partition_graph(model.normalize(graph), np.load(cfg["assignment"]),
                              num_parts=cfg["parts"])
         policy = {"device": policies.in_memory(), "host": policies.host_offload(),
-                  "ssd": policies.ssd_offload(store),
+                  "ssd": policies.ssd_offload(store), "ssd-cache": policies.ssd_offload(store),
                   "recompute": policies.recompute_activations(),
                   "naive": policies.naive(store)}[run]
         host_budget = 0 if run in ("ssd", "naive") else None
@@ -337,6 +351,14 @@ def report_overhead(r: dict, args) -> None:
         print(f"  naive writes every gathered input of layers 0..L-2 once more (snapshots, "
               f"{fmt(mn['snapshots'])}); reading them back replaces the regather byte for "
               "byte, and its gathers read SSD rows one call per row")
+    cached = runs.get("ssd-cache")
+    if cached and naive and not cached.get("failed") and not naive.get("failed"):
+        a, b = cached["moved"][-1], naive["moved"][-1]
+        tot_a, tot_b = a["ssd_read"] + a["ssd_written"], b["ssd_read"] + b["ssd_written"]
+        print()
+        print(f"naive / ssd-cache (regathers served by the host cache): SSD bytes moved "
+              f"{fmt(tot_b)} / {fmt(tot_a)} = {tot_b / max(tot_a, 1):.2f}x; epoch time "
+              f"{med(naive['epoch_times']) / med(cached['epoch_times']):.2f}x")
     print()
     print("notes:")
     print("  - ssd and naive run with host_budget=0: the host cache in front of the SSD tier "
@@ -364,18 +386,20 @@ def wall_child(cfg: dict) -> dict:
 
     stages = {}
     graph = load_graph(cfg["graph"])
-    stages["graph loaded"] = current_rss()
+    stages["graph loaded"] = (current_rss(), peak_rss())
     model = gcn(graph, cfg["hidden"])
     normalized = model.normalize(graph)
     t0 = time.perf_counter()
     assignment = PARTITIONERS[cfg["partitioner"]](normalized, cfg["parts"], seed=0)
     part_seconds = time.perf_counter() - t0
     pg = partition_graph(normalized, assignment, num_parts=cfg["parts"])
-    stages["partitioned"] = current_rss()
+    stages["partitioned"] = (current_rss(), peak_rss())
     optimizer = optax.adam(0.01)
     ex = OutOfCore(graph, model, optimizer, partitioned=pg, store=cfg["store"],
                    device_budget=cfg["device_budget"], host_budget=cfg["host_budget"])
-    stages["engine built"] = current_rss()
+    stages["engine built"] = (current_rss(), peak_rss())
+    window_peak_rss()
+    epoch_peaks = []
     params = model.init(jax.random.key(0))
     opt_state = optimizer.init(params)
     times = []
@@ -385,7 +409,8 @@ def wall_child(cfg: dict) -> dict:
         loss = float(loss)
         jax.block_until_ready(params)
         times.append(time.perf_counter() - t)
-        stages[f"after epoch {epoch}"] = current_rss()
+        stages[f"after epoch {epoch}"] = (current_rss(), peak_rss())
+        epoch_peaks.append(window_peak_rss())
     a = ex.store.accounts
     inv = ex.inventory
     fates = {}
@@ -398,6 +423,7 @@ def wall_child(cfg: dict) -> dict:
                                               p.halo_row) for p in ex.parts)
     result = {
         "epoch_times": times, "loss": loss, "peak_rss": peak_rss(), "stages": stages,
+        "epoch_peak_rss": epoch_peaks,
         "partition_seconds": part_seconds,
         "graph_bytes": {"raw graph": graph.nbytes(),
                         "normalised structure": structure_bytes(
@@ -450,7 +476,24 @@ def report_wall(r: dict, args) -> None:
           f"JAX), host {fmt(host)}; policy: grinnder(device, host, store) (the default)")
     if j.get("failed"):
         print(f"jgrind failed (rc {j['returncode']}):\n{j['stderr']}")
-        return
+    else:
+        report_wall_jgrind(j, dev, host)
+    q = r.get("pyg")
+    if q is None:
+        print("PyG full-batch: skipped (--skip-pyg)")
+    elif q.get("failed"):
+        why = "killed: out of memory?" if q["returncode"] in (-9, 137) else "failed"
+        print(f"PyG full-batch (1 epoch): {why} (rc {q['returncode']})\n"
+              f"{q['stderr'][-800:]}")
+    else:
+        ratio = "" if j.get("failed") else f" ({q['peak_rss'] / j['peak_rss']:.1f}x jgrind's)"
+        print(f"PyG {q['torch']} full-batch (1 epoch, {q['threads']} threads): "
+              f"{q['epoch_seconds']:.1f} s, peak RSS {fmt(q['peak_rss'])}{ratio}")
+    print("note: the SSD tier uses pread/pwrite, not mmap, so its files' pages in the OS page "
+          "cache are not part of the RSS")
+
+
+def report_wall_jgrind(j: dict, dev: int, host: int) -> None:
     inv = j["inventory"]
     total = inv["activations"] + inv["gradients"]
     print(f"stored tensors (inventory): activations {fmt(inv['activations'])} + gradients "
@@ -475,25 +518,16 @@ def report_wall(r: dict, args) -> None:
     times = ", ".join(f"{t:.1f}" for t in j["epoch_times"])
     print(f"jgrind: epochs {times} s (the first compiles), final loss {j['loss']:.4f}, "
           f"peak RSS {fmt(j['peak_rss'])}")
-    print("  RSS by stage: " + ", ".join(f"{k} {fmt(v)}" for k, v in j["stages"].items()))
-    const = j["peak_rss"] - dev - host - graph
-    used = j["peak_rss"] - pk["device"] - pk["host"] - graph
-    print(f"  constant: peak RSS - budgets - graph = {fmt(const)}; peak RSS - store peaks "
-          f"(device + host) - graph = {fmt(used)} (JAX/XLA runtime, compiled steps, one "
-          "partition's working set, I/O buffers)")
-    q = r.get("pyg")
-    if q is None:
-        print("PyG full-batch: skipped (--skip-pyg)")
-    elif q.get("failed"):
-        why = "killed: out of memory?" if q["returncode"] in (-9, 137) else "failed"
-        print(f"PyG full-batch (1 epoch): {why} (rc {q['returncode']})\n"
-              f"{q['stderr'][-800:]}")
-    else:
-        print(f"PyG {q['torch']} full-batch (1 epoch, {q['threads']} threads): "
-              f"{q['epoch_seconds']:.1f} s, peak RSS {fmt(q['peak_rss'])} "
-              f"({q['peak_rss'] / j['peak_rss']:.1f}x jgrind's)")
-    print("note: the SSD tier uses pread/pwrite, not mmap, so its files' pages in the OS page "
-          "cache are not part of the RSS")
+    print("  RSS (peak so far) by stage: " + ", ".join(
+        f"{k} {fmt(v[0])} ({fmt(v[1])})" for k, v in j["stages"].items()))
+    print("  peak RSS within each epoch: " + ", ".join(fmt(v) for v in j["epoch_peak_rss"])
+          + " (the first includes compilation)")
+    for what, rss in (("whole run", j["peak_rss"]), ("last epoch", j["epoch_peak_rss"][-1])):
+        print(f"  constant ({what}): peak RSS - budgets - graph = {fmt(rss - dev - host - graph)}"
+              f"; peak RSS - store peaks (device + host) - graph = "
+              f"{fmt(rss - pk['device'] - pk['host'] - graph)}")
+    print("  (the constant: JAX/XLA runtime and compiled steps, one partition's working set and "
+          "the next one's prefetched inputs, I/O buffers)")
 
 
 # -- driver --------------------------------------------------------------------------------
@@ -526,7 +560,8 @@ def main():
     o = sub.add_parser("overhead", help="epoch time and bytes moved per policy")
     common(o, 1_000_000, 10_000_000, 4, "label_propagation", 3)
     o.add_argument("--runs", default=",".join(RUNS),
-                   help=f"comma-separated subset of {','.join(RUNS)}")
+                   help=f"comma-separated subset of {','.join(RUNS)}; also "
+                   f"{','.join(OPTIONAL_RUNS)}")
     o.add_argument("--drop-caches", action="store_true",
                    help="drop the OS page cache before each timed epoch (needs root)")
     w = sub.add_parser("memory-wall", help="peak RSS against budgets, and PyG")
@@ -537,9 +572,9 @@ def main():
     args = p.parse_args()
     if args.command == "overhead":
         args.runs = [r for r in args.runs.split(",") if r]
-        unknown = set(args.runs) - set(RUNS)
+        unknown = set(args.runs) - set(RUNS) - set(OPTIONAL_RUNS)
         if unknown:
-            p.error(f"unknown runs {sorted(unknown)}; choose from {RUNS}")
+            p.error(f"unknown runs {sorted(unknown)}; choose from {RUNS + OPTIONAL_RUNS}")
         results = overhead(args)
     else:
         args.device_budget = parse_bytes(args.device_budget)

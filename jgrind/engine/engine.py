@@ -29,13 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jgrind.engine.steps import (LayerSteps, PaddedPartition, layer_steps, pad_partition,
-                                 shape_groups)
+from jgrind.engine.steps import LayerSteps, PaddedPartition, layer_steps, pad_partition
 from jgrind.engine.store import BudgetError, Snapshot, Store, Table
 from jgrind.graph import Graph
 from jgrind.loss import node_weights
 from jgrind.models.model import GNN, layer_key
-from jgrind.partition import PartitionedGraph, partition_graph
+from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate, check_fate
 from jgrind.plan.inventory import build_inventory, layer_widths

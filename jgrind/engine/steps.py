@@ -26,7 +26,6 @@ import numpy as np
 
 from jgrind.loss import weighted_cross_entropy
 from jgrind.models.block import Block, make_block
-from jgrind.partition import bucket
 
 
 def _tree_add(a, b):
@@ -104,24 +103,6 @@ class PaddedPartition:
 
     def nbytes(self) -> int:
         return int(sum(np.asarray(a).nbytes for a in jax.tree.leaves(self.block)))
-
-
-def shape_groups(parts, max_shapes: int = 3) -> dict:
-    """``{partition index: (num_out, num_in, nnz)}`` padded sizes, at most ``max_shapes``
-    distinct ones: partitions sorted by input rows are cut into groups and each group is padded
-    to its largest member (rounded up by `bucket`). Every distinct shape costs one compilation
-    per layer step; balanced partitions lose a few percent to padding."""
-    order = sorted((p for p in parts if p.num_owned), key=lambda p: (p.num_inputs, p.num_edges))
-    sizes = {}
-    for group in np.array_split(np.arange(len(order)), min(max_shapes, len(order)) or 1):
-        members = [order[i] for i in group]
-        if not members:
-            continue
-        shape = (bucket(max(p.num_owned for p in members) + 1),
-                 bucket(max(p.num_inputs for p in members) + 1),
-                 bucket(max(p.num_edges for p in members) + 1))
-        sizes.update({p.index: shape for p in members})
-    return sizes
 
 
 def pad_partition(part, shape: tuple, *, labels: np.ndarray, weights: np.ndarray,

@@ -7,14 +7,13 @@ report partition quality.
     print(quality(pg, m).format())
 """
 
-from jgrind.partition.partitioned import (BUCKET_MIN, PaddedPartition, Partition,
-                                          PartitionedGraph, bucket, partition_graph)
+from jgrind.partition.partitioned import (BUCKET_MIN, Partition, PartitionedGraph, bucket,
+                                          partition_graph, shape_groups)
 from jgrind.partition.partitioners import (PARTITIONERS, check_num_parts, contiguous,
                                            label_propagation, metis, neighbour_csr, random)
 from jgrind.partition.quality import Measurement, PartitionQuality, measure, quality
 
 __all__ = [
-    "BUCKET_MIN", "PaddedPartition", "Partition", "PartitionedGraph", "bucket",
-    "partition_graph", "PARTITIONERS", "check_num_parts", "contiguous", "label_propagation",
+    "BUCKET_MIN", "Partition", "PartitionedGraph", "bucket", "partition_graph", "shape_groups", "PARTITIONERS", "check_num_parts", "contiguous", "label_propagation",
     "metis", "neighbour_csr", "random", "Measurement", "PartitionQuality", "measure", "quality",
 ]

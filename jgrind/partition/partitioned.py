@@ -25,9 +25,9 @@ from typing import Optional
 
 import numpy as np
 
-from jgrind.graph import Graph, GraphError, index_dtype
+from jgrind.graph import Graph, GraphError, freeze, index_dtype
 
-__all__ = ["Partition", "PartitionedGraph", "PaddedPartition", "partition_graph", "bucket",
+__all__ = ["Partition", "PartitionedGraph", "partition_graph", "bucket", "shape_groups",
            "BUCKET_MIN"]
 
 #: Smallest bucket: padded sizes are never below this, so padded arrays are never empty and
@@ -53,39 +53,27 @@ def bucket(n: int) -> int:
     return m << e
 
 
-def _frozen(a: np.ndarray) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    if a.flags.writeable:
-        a = a.view()
-        a.flags.writeable = False
-    return a
+def shape_groups(partitions, max_shapes: int = 3) -> dict:
+    """``{partition index: (num_out, num_in, nnz)}`` padded block sizes, at most ``max_shapes``
+    distinct ones (empty partitions are left out).
 
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class PaddedPartition:
-    """A partition's arrays padded to bucketed sizes (see `Partition.padded`).
-
-    Padding never changes a result: padded output rows have no edges; padded edges sit at the
-    end of the last row, read input 0 and have weight 0 and ``edge_mask`` False (mask them in
-    aggregations that are not weighted sums, e.g. max or attention softmax); padded inputs have
-    ``input_ids`` 0 and ``input_mask`` False.
+    Every distinct shape costs one compilation per jitted layer step. Partitions sorted by input
+    rows are cut into ``max_shapes`` groups and each group is padded to its largest member,
+    rounded up by `bucket`; one more row and edge than the largest member, so that there is
+    always a padded output row for padded edges to point at. Balanced partitions lose a few
+    percent to padding.
     """
-
-    n_out: int
-    n_in: int
-    nnz: int
-    indptr: np.ndarray      # [n_out_pad + 1]
-    indices: np.ndarray     # [nnz_pad] int32 local input column
-    rows: np.ndarray        # [nnz_pad] int32 local output row of every edge (sorted)
-    weight: np.ndarray      # [nnz_pad] float32 (ones for an unweighted graph), 0 on padding
-    edge_mask: np.ndarray   # [nnz_pad] bool
-    input_ids: np.ndarray   # [n_in_pad] int32 global ids of the inputs, 0 on padding
-    input_mask: np.ndarray  # [n_in_pad] bool
-
-    @property
-    def sizes(self) -> tuple[int, int, int]:
-        """``(n_out_pad, n_in_pad, nnz_pad)``."""
-        return self.indptr.size - 1, self.input_ids.size, self.indices.size
+    order = sorted((p for p in partitions if p.num_owned),
+                   key=lambda p: (p.num_inputs, p.num_edges))
+    sizes = {}
+    for group in np.array_split(np.arange(len(order)), min(max_shapes, len(order)) or 1):
+        members = [order[i] for i in group]
+        if members:
+            shape = (bucket(max(p.num_owned for p in members) + 1),
+                     bucket(max(p.num_inputs for p in members) + 1),
+                     bucket(max(p.num_edges for p in members) + 1))
+            sizes.update({p.index: shape for p in members})
+    return sizes
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -141,33 +129,6 @@ class Partition:
     def rows(self) -> np.ndarray:
         """``[nnz]`` int32 local output row of every edge (COO form of the local CSR)."""
         return np.repeat(np.arange(self.num_owned, dtype=np.int32), np.diff(self.indptr))
-
-    def padded_sizes(self) -> tuple[int, int, int]:
-        """``(n_out_pad, n_in_pad, nnz_pad)``: `bucket` of owned rows, inputs and edges."""
-        return bucket(self.num_owned), bucket(self.num_inputs), bucket(self.num_edges)
-
-    def padded(self) -> PaddedPartition:
-        """The local CSR and input ids padded to `padded_sizes` (see `PaddedPartition`)."""
-        n_out, n_in, nnz = self.num_owned, self.num_inputs, self.num_edges
-        out_pad, in_pad, nnz_pad = self.padded_sizes()
-        idx_t = self.indptr.dtype
-        indptr = np.full(out_pad + 1, nnz, idx_t)
-        indptr[:n_out + 1] = self.indptr
-        indptr[-1] = nnz_pad
-        indices = np.zeros(nnz_pad, np.int32)
-        indices[:nnz] = self.indices
-        rows = np.full(nnz_pad, out_pad - 1, np.int32)
-        rows[:nnz] = self.rows()
-        weight = np.zeros(nnz_pad, np.float32)
-        weight[:nnz] = 1.0 if self.weight is None else self.weight
-        edge_mask = np.zeros(nnz_pad, bool)
-        edge_mask[:nnz] = True
-        input_ids = np.zeros(in_pad, np.int32)
-        input_ids[:n_in] = self.input_ids
-        input_mask = np.zeros(in_pad, bool)
-        input_mask[:n_in] = True
-        return PaddedPartition(n_out, n_in, nnz, *(_frozen(a) for a in (
-            indptr, indices, rows, weight, edge_mask, input_ids, input_mask)))
 
     def local_matrix(self):
         """The local block as a scipy CSR matrix ``[n_own, n_own + n_halo]`` (weights, or ones
@@ -247,21 +208,9 @@ class PartitionedGraph:
         own = np.arange(self.offsets[p], self.offsets[p + 1], dtype=np.int64)
         return np.concatenate([own, self.halo_positions(p)])
 
-    def padded_sizes(self, p: Optional[int] = None):
-        """``(n_out_pad, n_in_pad, nnz_pad)`` of partition ``p``, or a list for all partitions
-        when ``p`` is None."""
-        if p is None:
-            return [part.padded_sizes() for part in self.partitions]
-        return self.partitions[p].padded_sizes()
-
-    def padded(self, p: int) -> PaddedPartition:
-        """Partition ``p`` padded to its bucketed sizes (see `Partition.padded`)."""
-        return self.partitions[p].padded()
-
-    def shape_buckets(self) -> list[tuple[int, int, int]]:
-        """The distinct padded shapes, sorted: the number of programs ``jit`` compiles for a
-        per-partition kernel whose shapes are the padded sizes."""
-        return sorted(set(self.padded_sizes()))
+    def shape_groups(self, max_shapes: int = 3) -> dict:
+        """Padded block sizes per partition; see `shape_groups`."""
+        return shape_groups(self.partitions, max_shapes)
 
     def __repr__(self) -> str:
         return (f"PartitionedGraph({self.graph.name!r}, parts={self.num_parts}, "
@@ -342,10 +291,10 @@ def partition_graph(graph: Graph, assignment, num_parts: Optional[int] = None
         halo_row = (hpos - offsets[halo_owner]).astype(np.int32)
         w = None if weight is None else weight[gidx]
         parts.append(Partition(
-            index=p, owned=_frozen(owned), halo=_frozen(halo),
-            halo_owner=_frozen(halo_owner),
-            halo_row=_frozen(halo_row), indptr=_frozen(indptr.astype(ptr_t)),
-            indices=_frozen(cols),
-            weight=None if w is None else _frozen(w.astype(np.float32, copy=False))))
-    return PartitionedGraph(graph=graph, assignment=_frozen(a), partitions=tuple(parts),
-                            offsets=_frozen(offsets), position=_frozen(position))
+            index=p, owned=freeze(owned), halo=freeze(halo),
+            halo_owner=freeze(halo_owner),
+            halo_row=freeze(halo_row), indptr=freeze(indptr.astype(ptr_t)),
+            indices=freeze(cols),
+            weight=None if w is None else freeze(w.astype(np.float32, copy=False))))
+    return PartitionedGraph(graph=graph, assignment=freeze(a), partitions=tuple(parts),
+                            offsets=freeze(offsets), position=freeze(position))

@@ -230,5 +230,5 @@ def quality(pg: PartitionedGraph, measurement: Optional[Measurement] = None, *,
         halo_ratio_mean=float(ratio.mean()) if ratio.size else 0.0,
         halo_ratio_max=float(ratio.max()) if ratio.size else 0.0,
         total_halo=int(halo.sum()), halo_replication=float(halo.sum() / pg.num_nodes),
-        num_shapes=len(pg.shape_buckets()), partitioner=partitioner, seconds=seconds,
+        num_shapes=len(set(pg.shape_groups().values())), partitioner=partitioner, seconds=seconds,
         peak_memory_bytes=peak_memory_bytes, peak_memory_method=method)
