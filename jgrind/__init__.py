@@ -7,7 +7,7 @@ The data flow, one module group per stage (no module imports a later stage):
     ->  engine (store, out-of-core executor)  ->  train (trainer, trials, checkpoints)
 """
 
-from jgrind import datasets, generators, models, transforms
+from jgrind import datasets, generators, interop, models, transforms
 from jgrind.graph import Graph, GraphError
 from jgrind.plan import Fate, TensorInfo, policies
 from jgrind.train import TrainResult, Trials, run_trials, train
@@ -15,4 +15,4 @@ from jgrind.train import TrainResult, Trials, run_trials, train
 __version__ = "0.1.0"
 
 __all__ = ["Fate", "Graph", "GraphError", "TensorInfo", "TrainResult", "Trials", "datasets",
-           "generators", "models", "policies", "run_trials", "train", "transforms"]
+           "generators", "interop", "models", "policies", "run_trials", "train", "transforms"]

@@ -19,6 +19,7 @@ blocks where a value is needed.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import dataclasses
 import time
@@ -41,6 +42,7 @@ from jgrind.plan.inventory import build_inventory, layer_widths
 from jgrind.plan.policies import Policy, bind, grinnder, io_strategy, store_directory
 
 UNLIMITED = 1 << 62
+MAX_PENDING_WRITES = 1  # writes queued behind the compute (see OutOfCore._write)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,18 +270,18 @@ class OutOfCore:
         if snapshot:
             snap = self._snapshots[l] = self.store.snapshot(
                 l, self.widths[l], [p.num_inputs for p in self.pg.partitions])
-        pending = []
+        pending: collections.deque = collections.deque()
         for part, h_in in self._gathered(src):
             if snap is not None:
-                pending.append(self._write(snap.write, part.index, h_in))
+                self._write(pending, snap.write, part.index, h_in)
             out = steps.forward(p_l, jax.device_put(part.block), h_in, k_l)
-            pending.append(self._write(dst.write, part.index, out))
+            self._write(pending, dst.write, part.index, out)
         self._wait(pending)
 
     def _backward_layer(self, params, l, key, upper, lower, loss, acc):
         steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
         top = l == self.num_layers - 1
-        pending = []
+        pending: collections.deque = collections.deque()
         for part, h_in in self._gathered(self.activations[l], self._snapshots.get(l)):
             block = jax.device_put(part.block)
             if top:
@@ -293,8 +295,8 @@ class OutOfCore:
                     continue
                 acc, d_h = steps.backward(p_l, block, h_in, k_l, g_out, acc)
             if lower is not None:
-                pending.append(self._write(lower.accumulate, part.index, part.halo_owner,
-                                           part.halo_row, d_h))
+                self._write(pending, lower.accumulate, part.index, part.halo_owner,
+                            part.halo_row, d_h)
         self._wait(pending)
         return loss, acc
 
@@ -318,11 +320,16 @@ class OutOfCore:
                 future = self.pool.submit(load, self.parts[i + 1])
             yield part, h_in
 
-    def _write(self, fn, *args):
+    def _write(self, pending: collections.deque, fn, *args) -> None:
+        """Run ``fn(*args)`` on the writer thread. At most `MAX_PENDING_WRITES` writes wait in
+        its queue: each holds a partition's output, so an unbounded queue (a writer slower than
+        the compute, e.g. scatter-adds to SSD) would hold every partition's output at once."""
         if self.writer is None:
             fn(*args)
-            return None
-        return self.writer.submit(fn, *args)
+            return
+        pending.append(self.writer.submit(fn, *args))
+        while len(pending) > MAX_PENDING_WRITES:
+            pending.popleft().result()
 
     @staticmethod
     def _wait(pending) -> None:
