@@ -189,7 +189,8 @@ def overhead_child(cfg: dict) -> dict:
         host_budget = 0 if run in ("ssd", "naive") else None
         ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=pg, store=store,
                        host_budget=host_budget)
-        info = {"num_nodes": graph.num_nodes, "halo": int(sum(p.num_halo for p in pg.partitions)),
+        info = {"num_nodes": graph.num_nodes,
+                "halo": int(sum(p.num_halo for p in pg.partitions)),
                 "widths": ex.widths, "num_layers": ex.num_layers,
                 "inputs": int(sum(p.num_inputs for p in pg.partitions))}
     prepare = time.perf_counter() - t0
@@ -292,8 +293,9 @@ def report_overhead(r: dict, args) -> None:
     print(f"store: {r['store']} on {filesystem(r['store'])}")
     ooc = next((v for v in runs.values() if "halo" in v), None)
     if ooc is not None:
-        print(f"halo rows: {ooc['halo']:,} over all partitions ({ooc['halo'] / ooc['num_nodes']:.2f}"
-              f" x N); layer input widths {ooc['widths'][:-1]}")
+        ratio = ooc["halo"] / ooc["num_nodes"]
+        print(f"halo rows: {ooc['halo']:,} over all partitions ({ratio:.2f} x N); layer input "
+              f"widths {ooc['widths'][:-1]}")
     print(f"median of {r['epochs']} epochs after one warm-up epoch; bytes are per epoch "
           "(store accounts, last timed epoch)")
     print()

@@ -12,6 +12,10 @@ The GriNNder scheme in JAX (see docs/architecture.md):
   partition of layer l is done.
 * One optimizer step per epoch with the summed gradient: the same update as in-memory training.
 
+The `naive` policy (for comparison only) changes the I/O, not the numbers: it keeps an SSD
+snapshot of every gathered input from forward to backward instead of regathering, and reads SSD
+rows one at a time (`jgrind.plan.policies.IOStrategy`).
+
 I/O overlaps compute: while partition p runs, a background thread gathers partition p+1's inputs,
 and a writer thread stores p-1's outputs. JAX dispatch is asynchronous, so the main thread only
 blocks where a value is needed.
@@ -228,7 +232,10 @@ class OutOfCore:
         """``(grads, loss)`` of the full-graph loss, computed partition by partition."""
         L = self.num_layers
         for l in range(L - 1):
-            self._forward_layer(params, l, key, snapshot=self.io.snapshots)
+            if self.io.snapshots:  # the naive scheme: filled by this forward, read by backward
+                self._snapshots[l] = self.store.snapshot(
+                    l, self.widths[l], [p.num_inputs for p in self.pg.partitions])
+            self._forward_layer(params, l, key)
             if l >= 1:
                 self.activations[l].release()  # no-op unless the layer is recomputed
         grads = jax.tree.map(jnp.zeros_like, params)
@@ -260,16 +267,14 @@ class OutOfCore:
         self._ensure_materialized(params, layer - 1, key)
         self._forward_layer(params, layer - 1, key)
 
-    def _forward_layer(self, params, l: int, key, snapshot: bool = False) -> None:
-        """``H_{l+1}`` from ``H_l``; with ``snapshot`` (the naive scheme) every partition's
-        gathered input is also written to an SSD snapshot that backward reads back."""
+    def _forward_layer(self, params, l: int, key) -> None:
+        """``H_{l+1}`` from ``H_l``. If an unfilled snapshot of layer l exists (the naive
+        scheme), every partition's gathered input is also written to it."""
         src, dst = self.activations[l], self.activations[l + 1]
         dst.materialize()
         steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
-        snap = None
-        if snapshot:
-            snap = self._snapshots[l] = self.store.snapshot(
-                l, self.widths[l], [p.num_inputs for p in self.pg.partitions])
+        snap = self._snapshots.get(l)
+        snap = snap if snap is not None and not snap.filled else None
         pending: collections.deque = collections.deque()
         for part, h_in in self._gathered(src):
             if snap is not None:
@@ -277,12 +282,16 @@ class OutOfCore:
             out = steps.forward(p_l, jax.device_put(part.block), h_in, k_l)
             self._write(pending, dst.write, part.index, out)
         self._wait(pending)
+        if snap is not None:
+            snap.filled = True
 
     def _backward_layer(self, params, l, key, upper, lower, loss, acc):
         steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
         top = l == self.num_layers - 1
         pending: collections.deque = collections.deque()
-        for part, h_in in self._gathered(self.activations[l], self._snapshots.get(l)):
+        snap = self._snapshots.get(l)
+        snap = snap if snap is not None and snap.filled else None
+        for part, h_in in self._gathered(self.activations[l], snap):
             block = jax.device_put(part.block)
             if top:
                 value, acc, d_h = steps.top(p_l, block, h_in, k_l, part.labels, part.weights,

@@ -370,6 +370,7 @@ class Snapshot:
         self.key = ("snapshot", layer)
         self.offsets = np.concatenate([[0], np.cumsum(input_rows)]).astype(np.int64)
         self.nbytes = int(self.offsets[-1]) * self.width * 4
+        self.filled = False  # set once the forward sweep has written every block
         self.ssd: Optional[SSDFile] = SSDFile(store.run_dir / f"snapshot-{layer}.bin",
                                               self.offsets, self.width, store.run_id,
                                               on_io=store.count)
@@ -427,6 +428,9 @@ class Store:
         self.cache = HostCache(0 if row_reads else host_cache_bytes, on_change=self._sample)
 
     def table(self, name: str, layer: int, width: int, fates: list[Fate]) -> Table:
+        stale = self.tables.get((name, layer))  # left behind by an epoch that raised
+        if stale is not None:
+            self.drop(stale)
         t = Table(self, name, layer, width, fates)
         self.tables[(name, layer)] = t
         return t
