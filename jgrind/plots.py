@@ -17,6 +17,15 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path) -> pathlib.Path:
+    fig.tight_layout()
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_training(histories: Sequence[list], path: str | pathlib.Path, *, metric: str,
                   labels: Sequence[str] | None = None, title: str = "") -> pathlib.Path:
     """Training loss (left) and validation/test metric (right) per epoch, one line per run."""
@@ -38,12 +47,7 @@ def plot_training(histories: Sequence[list], path: str | pathlib.Path, *, metric
         ax_loss.legend(fontsize=8)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_memory(timeline, path: str | pathlib.Path, *, budgets: dict | None = None,
@@ -66,9 +70,4 @@ def plot_memory(timeline, path: str | pathlib.Path, *, budgets: dict | None = No
            title=title or "memory per tier")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
