@@ -8,7 +8,6 @@ import platform
 import time
 
 import jax
-import numpy as np
 import optax
 
 from jgrind.train import Trials
@@ -48,8 +47,3 @@ def timed(fn):
     t0 = time.perf_counter()
     value = fn()
     return value, time.perf_counter() - t0
-
-
-def mean_std(values) -> str:
-    v = np.asarray(values)
-    return f"{100 * v.mean():.2f} +- {100 * v.std():.2f}"

@@ -218,6 +218,3 @@ def split_for(cfg: RunConfig, graph: Graph, trial: int) -> int:
         return cfg.split
     return trial % graph.num_splits if graph.num_splits > 1 else 0
 
-
-def config_to_dict(cfg: RunConfig) -> dict:
-    return dataclasses.asdict(cfg)

@@ -366,3 +366,20 @@ def test_epoch_after_a_failed_epoch(policy, tmp_path):
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
     assert_same_gradients(grads, ref_grads)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_policy_combinators_route_by_kind_and_layer(tmp_path):
+    from jgrind.plan.fates import TensorInfo
+    info = lambda name, layer: TensorInfo(name, layer, 0, (1, 1), "float32", 4)  # noqa: E731
+    by_kind = policies.ByKind(activations=policies.host_offload(),
+                              gradients=policies.ssd_offload(tmp_path))
+    assert by_kind(info("activation", 1)) is Fate.HOST
+    assert by_kind(info("gradient", 1)) is Fate.SSD
+    layered = policies.by_layer(policies.in_memory(), policies.host_offload())
+    assert layered(info("activation", 0)) is Fate.DEVICE
+    assert layered(info("activation", 5)) is Fate.HOST  # past the end: the last policy
+    graph = community_graph(num_nodes=200)
+    model = models.gcn(graph.num_features, 8, graph.num_classes, num_layers=3)
+    acc = _check(graph, model, policies.ByKind(layered, policies.ssd_offload(tmp_path)), 3,
+                 tmp_path)
+    assert acc.peak_ssd > 0 and acc.peak_device > 0

@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures as cf
 import dataclasses
-import time
 from typing import Callable, Optional
 
 import jax
@@ -149,11 +148,14 @@ class OutOfCore:
         except BaseException:
             self.store.close()
             raise
-        self.labels_out = graph.labels
         self.num_nodes = graph.num_nodes
+        # The blocks' structure is the same every epoch: keep device copies when they fit next to
+        # the plan, instead of transferring every block again in each of the 2L sweeps.
+        structure = sum(part.nbytes() for part in self.parts)
+        self._blocks = ({part.index: jax.device_put(part.block) for part in self.parts}
+                        if self.memory.device + structure <= self.device_budget else {})
         self.pool = cf.ThreadPoolExecutor(max_workers=2) if prefetch else None
         self.writer = cf.ThreadPoolExecutor(max_workers=1) if prefetch else None
-        self.times: dict[str, float] = {}
         self._update = jax.jit(self._apply_update, donate_argnums=(0, 1))
 
     # -- planning helpers ---------------------------------------------------------------------
@@ -218,10 +220,8 @@ class OutOfCore:
 
     # -- the epoch ----------------------------------------------------------------------------
     def step(self, params, opt_state, key):
-        t0 = time.perf_counter()
         grads, loss = self.loss_and_grad(params, key)
         params, opt_state = self._update(params, opt_state, grads)
-        self.times["epoch"] = time.perf_counter() - t0
         return params, opt_state, loss
 
     def _apply_update(self, params, opt_state, grads):
@@ -279,7 +279,7 @@ class OutOfCore:
         for part, h_in in self._gathered(src):
             if snap is not None:
                 self._write(pending, snap.write, part.index, h_in)
-            out = steps.forward(p_l, jax.device_put(part.block), h_in, k_l)
+            out = steps.forward(p_l, self._device_block(part), h_in, k_l)
             self._write(pending, dst.write, part.index, out)
         self._wait(pending)
         if snap is not None:
@@ -292,7 +292,7 @@ class OutOfCore:
         snap = self._snapshots.get(l)
         snap = snap if snap is not None and snap.filled else None
         for part, h_in in self._gathered(self.activations[l], snap):
-            block = jax.device_put(part.block)
+            block = self._device_block(part)
             if top:
                 value, acc, d_h = steps.top(p_l, block, h_in, k_l, part.labels, part.weights,
                                             acc)
@@ -329,6 +329,10 @@ class OutOfCore:
                 future = self.pool.submit(load, self.parts[i + 1])
             yield part, h_in
 
+    def _device_block(self, part: PaddedPartition):
+        cached = self._blocks.get(part.index)
+        return cached if cached is not None else jax.device_put(part.block)
+
     def _write(self, pending: collections.deque, fn, *args) -> None:
         """Run ``fn(*args)`` on the writer thread. At most `MAX_PENDING_WRITES` writes wait in
         its queue: each holds a partition's output, so an unbounded queue (a writer slower than
@@ -355,7 +359,7 @@ class OutOfCore:
         logits = np.zeros((self.num_nodes, self.widths[-1]), np.float32)
         steps, p_top = self.steps[-1], params[-1]
         for part, h_in in self._gathered(self.activations[L - 1]):
-            out = steps.forward(p_top, jax.device_put(part.block), h_in, None)
+            out = steps.forward(p_top, self._device_block(part), h_in, None)
             logits[part.owned] = np.asarray(out)[: part.num_owned]
         for l in range(1, L):
             if self.activations[l].recomputed:

@@ -127,12 +127,6 @@ class SSDFile:
         for b in np.unique(np.searchsorted(self.offsets, rows, side="right") - 1):
             self._crc[int(b)] = None
 
-    def zero(self) -> None:
-        """Make every row zero again (punches the data out; the file stays the same size)."""
-        os.ftruncate(self.fd, self.data_start)
-        os.ftruncate(self.fd, self.size)
-        self._crc = {b: None for b in range(self.offsets.size - 1)}
-
     # -- raw I/O ------------------------------------------------------------------------------
     def _pread(self, out: np.ndarray, offset: int) -> None:
         view = memoryview(out).cast("B")

@@ -314,17 +314,6 @@ class Table:
                 self._host_array(code)[self.slot[owners[sel]] + rows[sel]] += host_values[sel]
                 self.store.count(host_written=sel.size * self.width * 4)
 
-    def zero(self) -> None:
-        if self.device is not None:
-            self.device = jnp.zeros_like(self.device)
-        if self.host is not None:
-            self.host.fill(0)
-        if self.transient is not None:
-            self.transient.fill(0)
-        if self.ssd is not None:
-            self.ssd.zero()
-            self.store.cache.drop_table(self.key)
-
     def free(self) -> None:
         """Give back every tier's storage (and delete the SSD file), uncharging the accounts."""
         charge = {}

@@ -12,7 +12,6 @@ output, the logits, is never stored. ``H_0`` are the node features.
 
 from __future__ import annotations
 
-import numpy as np
 
 from jgrind.plan.fates import ACTIVATION, GRADIENT, TensorInfo
 
@@ -62,6 +61,3 @@ def build_inventory(model, pg, itemsize: int = 4) -> list[TensorInfo]:
                     num_layers=num_layers, num_partitions=pg.num_parts))
     return infos
 
-
-def total_bytes(infos, name=None) -> int:
-    return int(np.sum([i.nbytes for i in infos if name is None or i.name == name]))
