@@ -23,6 +23,8 @@ Commands:
   train      train GCN / GraphSAGE / GAT on the full graph and report val/test metrics
   datasets   list the datasets jgrind knows and where it reads them from
   partition  partition a graph and print the partition quality report
+  profile    measure this machine's compute, memory and disk speeds for the planner
+  plan       plan an out-of-core run: a fate per tensor, predicted memory and epoch time
 
 Run `jgrind COMMAND --help` for a command's options."""
 
@@ -92,7 +94,73 @@ def build_parser() -> argparse.ArgumentParser:
                                     "and the folder they are read from ($JGRIND_DATA or "
                                     "../shared/datasets).")
     ds.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    prof = sub.add_parser(
+        "profile", help="measure this machine for the planner",
+        description="Measure dense and sparse compute rates, host memory, host <-> device and "
+                    "SSD bandwidths, and how much transfer time compute hides, and save them "
+                    "as the hardware profile the planner predicts epoch times from "
+                    "($JGRIND_PROFILE, else $JGRIND_CACHE/profile.json, else "
+                    "${XDG_CACHE_HOME:-~/.cache}/jgrind/profile.json). Takes 10-30 s.")
+    prof.add_argument("--out", help="where to save the profile [the default path above]")
+    prof.add_argument("--store", help="directory on the disk the SSD tier will use; the SSD "
+                      "figures are measured there [the system temporary directory]")
+    prof.add_argument("--quick", action="store_true",
+                      help="small sizes, about 2 s; figures are rough (for tests)")
+    prof.add_argument("--show", action="store_true",
+                      help="print the saved profile (and whether it is stale); measure nothing")
+    plan = sub.add_parser(
+        "plan", help="plan an out-of-core run and explain it",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Choose, for every stored tensor block, whether it stays on the device, goes "
+                    "to host RAM or the SSD store, or is recomputed, minimising the predicted "
+                    "epoch time within the budgets (the `auto` policy; docs/planner.md). Prints "
+                    "the plan as a table (tensor, bytes, fate, why), the predicted peak memory "
+                    "per tier and epoch time per sweep, and writes plan-schedule.png (a Gantt "
+                    "chart) and plan-memory.png (memory per tier over the epoch) to --out.",
+        epilog="example:\n  jgrind plan --dataset rmat --set num_nodes=1000000 --set hidden=256 "
+               "\\\n      --device-budget 2GiB --host-budget 4GiB --store /mnt/nvme")
+    plan.add_argument("--dataset", help="dataset name (see `jgrind datasets`) [csbm]")
+    plan.add_argument("--model", choices=["gcn", "sage", "gat"], help="architecture [gcn]")
+    plan.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="KEY=VALUE", help="a setting, as for `jgrind train`")
+    plan.add_argument("--parts", type=int, help="fix the number of partitions [the planner "
+                      "chooses]")
+    plan.add_argument("--device-budget", help="device memory budget, e.g. 2GiB [profile's free]")
+    plan.add_argument("--host-budget", help="host RAM budget, e.g. 4GiB [half the free RAM]")
+    plan.add_argument("--store", help="SSD store directory (without one nothing goes to SSD)")
+    plan.add_argument("--profile", help="hardware profile file [the default; measured if "
+                      "missing or stale]")
+    plan.add_argument("--remeasure", action="store_true", help="measure the profile again")
+    plan.add_argument("--out", default="runs/plan", help="where to write the charts "
+                      "[runs/plan]")
     return parser
+
+
+def cmd_plan(args) -> int:
+    from jgrind.config import build_model, load_graph, parse_bytes
+    from jgrind.plan import profile as hw
+    from jgrind.plan.planner import plan_run
+    from jgrind.plan.report import plot_plan, print_plan
+    flags = {k: getattr(args, k) for k in ("dataset", "model") if getattr(args, k) is not None}
+    cfg = dataclasses.replace(RunConfig(), **flags).with_overrides(args.overrides)
+    graph = load_graph(cfg)
+    model = build_model(cfg, graph)
+    profile = hw.load_or_measure(args.profile, args.store, remeasure=args.remeasure,
+                                 log=lambda msg: print(f"jgrind: {msg}"))
+    device = parse_bytes(args.device_budget) if args.device_budget else None
+    host = parse_bytes(args.host_budget) if args.host_budget else None
+    device = device if device is not None else profile.device_free
+    host = host if host is not None else profile.host_free // 2
+    print(graph)
+    the_plan = plan_run(graph, model, profile, device_budget=device, host_budget=host,
+                        directory=args.store, num_parts=args.parts,
+                        progress=lambda msg: print(f"  {msg}"))
+    print_plan(the_plan)
+    charts = plot_plan(the_plan, args.out)
+    if charts:
+        print(f"wrote {charts[0]} and {charts[1]}")
+    return 0
 
 
 def cmd_train(args) -> int:
@@ -143,11 +211,35 @@ def cmd_datasets(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    from jgrind.plan import profile
+    path = pathlib.Path(args.out) if args.out else profile.default_path()
+    if args.show:
+        if not path.exists():
+            raise FileNotFoundError(f"no hardware profile at {path}; run `jgrind profile` to "
+                                    "measure one")
+        saved = profile.load(path)
+        print(saved.format())
+        print(f"profile: {path}")
+        stale = saved.stale_reason()
+        if stale:
+            print(f"stale: {stale}; run `jgrind profile` to re-measure")
+        return 0
+    measured = profile.measure(args.store, quick=args.quick, progress=True)
+    profile.save(measured, path)
+    print(measured.format())
+    print(f"saved to {path}")
+    return 0
+
+
 def _engine_errors() -> tuple:
-    """User-facing engine errors (bad budgets, store directory, policy), imported lazily."""
+    """User-facing engine errors (bad budgets, store directory, policy, profile), imported
+    lazily."""
     from jgrind.engine import BudgetError, StoreError
     from jgrind.plan import PolicyError
-    return (BudgetError, StoreError, PolicyError)
+    from jgrind.plan.planner import PlanError
+    from jgrind.plan.profile import ProfileError
+    return (BudgetError, StoreError, PolicyError, ProfileError, PlanError)
 
 
 def main(argv=None) -> int:
@@ -156,7 +248,8 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    handlers = {"train": cmd_train, "datasets": cmd_datasets, "partition": cmd_partition}
+    handlers = {"train": cmd_train, "datasets": cmd_datasets, "partition": cmd_partition,
+                "profile": cmd_profile, "plan": cmd_plan}
     try:
         return handlers[args.command](args)
     except (ConfigError, GraphError, FileNotFoundError, NotADirectoryError, PermissionError,

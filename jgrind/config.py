@@ -64,9 +64,12 @@ class RunConfig:
     checkpoint_every: int = 0
     "save an orbax checkpoint every N epochs (0 = off); an existing one is resumed"
     policy: str = ""
-    "in_memory | host | ssd | recompute | grinnder ('' = in memory; grinnder if a budget is set)"
+    ("in_memory | host | ssd | recompute | grinnder | auto ('' = in memory, or grinnder if a "
+     "budget is set)")
     parts: int = 0
-    "number of partitions for out-of-core runs (0 = 4 when out of core)"
+    "partitions for out-of-core runs (0 = 4 when out of core; with auto the planner chooses)"
+    profile: str = ""
+    "auto policy: hardware profile file ('' = the default, measured on first use)"
     partitioner: str = "label_propagation"
     "label_propagation | contiguous | random | metis"
     device_budget: str = ""
@@ -194,6 +197,7 @@ def build_policy(cfg: RunConfig):
         "ssd": lambda: policies.ssd_offload(_need_store(store)),
         "recompute": policies.recompute_activations,
         "grinnder": lambda: policies.grinnder(device or 1 << 62, host or 1 << 62, store),
+        "auto": lambda: policies.auto(directory=store, profile=cfg.profile or None),
     }
     if cfg.policy not in choices:
         raise ConfigError(f"unknown policy {cfg.policy!r}; use one of "

@@ -238,14 +238,12 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
 
 
 def in_memory_bytes(graph: Graph, model: GNN) -> int:
-    """Bytes the in-memory path holds at its peak, estimated from shapes: the graph structure
-    (and its transpose), the features, and per layer the input activation, its gradient and
-    about one more tensor of intermediates the backward pass keeps."""
+    """Bytes the in-memory path holds at its peak (`jgrind.plan.cost.in_memory_bytes`)."""
+    from jgrind.plan.cost import in_memory_bytes as estimate
     from jgrind.plan.inventory import layer_widths
-    widths = layer_widths(model, graph.num_features)
     structure = 2 * (graph.indptr.nbytes + graph.indices.nbytes + 4 * graph.num_edges)
-    activations = 4 * graph.num_nodes * sum(widths)
-    return int(structure + graph.features.nbytes + 3 * activations)
+    return estimate(graph.num_nodes, graph.num_edges, graph.num_features,
+                    layer_widths(model, graph.num_features), structure)
 
 
 def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy=None,
@@ -253,9 +251,23 @@ def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy
                   device_budget: Optional[int] = None, host_budget: Optional[int] = None,
                   partitioner=None) -> Executor:
     """The in-memory fast path when it is asked for or when everything fits the device budget
-    (and no policy forces offloading); otherwise the out-of-core engine."""
+    (and no policy forces offloading); otherwise the out-of-core engine.
+
+    A policy with ``prepare`` (`jgrind.plan.policies.auto`) plans the whole run first: it
+    chooses the fast path, or the partitions and fates the engine then runs."""
     from jgrind.plan.policies import Constant
     from jgrind.plan.fates import Fate
+    prepare = getattr(policy, "prepare", None)
+    if callable(prepare):
+        plan = prepare(graph, model, device_budget=device_budget, host_budget=host_budget,
+                       directory=None if store is None else str(store),
+                       partitioner=partitioner, num_parts=num_parts)
+        if plan.in_memory:
+            return InMemory(graph, model, optimizer, split)
+        from jgrind.engine import OutOfCore
+        return OutOfCore(graph, model, optimizer, policy=plan.policy(),
+                         partitioned=plan.partitioned, split=split, store=store,
+                         device_budget=device_budget, host_budget=host_budget)
     wants_engine = policy is not None or num_parts not in (None, 1) \
         or device_budget is not None or host_budget is not None
     all_device = isinstance(policy, Constant) and policy.fate is Fate.DEVICE \

@@ -40,31 +40,14 @@ from jgrind.loss import node_weights
 from jgrind.models.model import GNN, layer_key
 from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.partition.partitioners import label_propagation
+from jgrind.plan.cost import Assignment, Memory, Workload, memory
 from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate, check_fate
 from jgrind.plan.inventory import build_inventory, layer_widths
-from jgrind.plan.policies import Policy, bind, grinnder, io_strategy, store_directory
+from jgrind.plan.policies import (BindContext, Policy, bind, grinnder, io_strategy,
+                                  store_directory)
 
 UNLIMITED = 1 << 62
 MAX_PENDING_WRITES = 1  # writes queued behind the compute (see OutOfCore._write)
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryPlan:
-    """Bytes the run needs per tier at its peak (checked against the budgets before any work)."""
-
-    device_tables: int
-    device_working_set: int
-    host_tables: int
-    host_transient: int
-    ssd: int
-
-    @property
-    def device(self) -> int:
-        return self.device_tables + self.device_working_set
-
-    @property
-    def host(self) -> int:
-        return self.host_tables + self.host_transient
 
 
 def _gib(n: int) -> str:
@@ -121,20 +104,28 @@ class OutOfCore:
 
         # -- plan: a fate per block, checked against the budgets before any work ---------------
         self.inventory = build_inventory(model, pg)
+        self.workload = Workload.build(pg, model, max_shapes)
         if policy is None:
             policy = grinnder(self.device_budget, self.host_budget, store,
-                              device_reserve=self._working_set())
-        self.policy = bind(policy, self.inventory)
+                              device_reserve=self.workload.working_set())
+        context = BindContext(self.workload, device_budget, host_budget,
+                              None if store is None else str(store))
+        self.policy = bind(policy, self.inventory, context)
         self.io = io_strategy(self.policy)
         self.fates = {(i.name, i.layer, i.partition): check_fate(i, self.policy(i))
                       for i in self.inventory}
+        for name in (ACTIVATION, GRADIENT):
+            for l in range(self.num_layers):
+                self._fates(name, l)  # RECOMPUTE is all blocks of a layer or none
         self.memory = self._memory_plan()
         self._check_budgets()
         host_cache = max(self.host_budget - self.memory.host, 0) \
             if self.host_budget < UNLIMITED else sum(i.nbytes for i in self.inventory)
+        if not self.io.cache:
+            host_cache = 0
         self.store = Store(pg.offsets[1:] - pg.offsets[:-1],
                            store if store is not None else store_directory(self.policy),
-                           host_cache_bytes=host_cache, ssd_bytes_needed=self.memory.ssd,
+                           host_cache_bytes=host_cache, ssd_bytes_needed=self.memory.ssd_needed,
                            row_reads=self.io.row_reads)
         self._snapshots: dict[int, Snapshot] = {}
         try:
@@ -168,35 +159,15 @@ class OutOfCore:
                              "whole previous layer)")
         return fates
 
-    def _working_set(self) -> int:
-        """Device bytes one partition step needs beyond stored blocks: inputs, outputs, the
-        block structure and the step's intermediates (estimated as 3x the output)."""
-        worst = 0
-        for part in self.parts:
-            for l in range(self.num_layers):
-                f_in, f_out = self.widths[l], self.widths[l + 1]
-                need = 4 * (part.num_in * f_in * 2 + part.num_out * f_out * 3) + part.nbytes()
-                worst = max(worst, need)
-        return worst
-
-    def _memory_plan(self) -> MemoryPlan:
-        def tier_bytes(name, layer, fate):
-            return sum(i.nbytes for i in self.inventory if i.name == name and i.layer == layer
-                       and self.fates[(name, layer, i.partition)] is fate)
-        L = self.num_layers
-        acts = {f: sum(tier_bytes(ACTIVATION, l, f) for l in range(L)) for f in Fate}
-        # gradient tables live two at a time: G_{l+1} is read while G_l is accumulated
-        grad_pairs = {f: max([tier_bytes(GRADIENT, l, f) + tier_bytes(GRADIENT, l + 1, f)
-                              for l in range(1, L)] or [0]) for f in Fate}
-        transient = max([tier_bytes(ACTIVATION, l, Fate.RECOMPUTE) for l in range(L)] or [0])
-        ssd = acts[Fate.SSD] + sum(tier_bytes(GRADIENT, l, Fate.SSD) for l in range(1, L))
+    def _memory_plan(self) -> Memory:
+        """Peak bytes per tier by the store's accounting (`jgrind.plan.cost.memory`, the same
+        function the planner predicts with)."""
+        snapshot = 0
         if self.io.snapshots:  # gathered inputs of layers 0..L-2, forward to backward
             inputs = sum(p.num_inputs for p in self.pg.partitions)
-            ssd += 4 * inputs * sum(self.widths[:L - 1])
-        return MemoryPlan(device_tables=acts[Fate.DEVICE] + grad_pairs[Fate.DEVICE],
-                          device_working_set=self._working_set(),
-                          host_tables=acts[Fate.HOST] + grad_pairs[Fate.HOST],
-                          host_transient=2 * transient, ssd=ssd)
+            snapshot = 4 * inputs * sum(self.widths[:self.num_layers - 1])
+        assignment = Assignment.from_fates(self.fates, self.num_layers, self.pg.num_parts)
+        return memory(self.workload, assignment, snapshot_bytes=snapshot)
 
     def _check_budgets(self) -> None:
         m = self.memory

@@ -22,6 +22,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from jgrind.plan.cost import COALESCE_BYTES
+
 MAGIC = b"JGRINDST"
 VERSION = 1
 _ALIGN = 4096
@@ -106,23 +108,34 @@ class SSDFile:
 
     # -- rows (halo reads, gradient accumulation) ---------------------------------------------
     def read_rows(self, rows: np.ndarray, per_row: bool = False) -> np.ndarray:
-        """Rows ``rows`` (ascending) as ``[len(rows), width]``; one read per run of
-        consecutive rows, or one read per row with ``per_row`` (the naive scheme)."""
+        """Rows ``rows`` (ascending) as ``[len(rows), width]``: one read per span of rows whose
+        gaps are under `COALESCE_BYTES` (a read call costs about as much as that many bytes),
+        or one read per row with ``per_row`` (the naive scheme)."""
         out = np.empty((rows.size, self.width), self.dtype)
         self._check_size()
-        for lo, hi, dst in (_singles(rows) if per_row else _runs(rows)):
-            self._pread(out[dst:dst + hi - lo], self.data_start + lo * self.row_bytes)
+        if per_row:
+            for lo, hi, dst in _singles(rows):
+                self._pread(out[dst:dst + hi - lo], self.data_start + lo * self.row_bytes)
+            return out
+        for lo, hi, first, last in _spans(rows, self._gap_rows()):
+            if hi - lo == last - first:  # a run of consecutive rows: read straight into out
+                self._pread(out[first:last], self.data_start + lo * self.row_bytes)
+                continue
+            buf = np.empty((hi - lo, self.width), self.dtype)
+            self._pread(buf, self.data_start + lo * self.row_bytes)
+            out[first:last] = buf[rows[first:last] - lo]
         return out
 
     def add_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """``file[rows] += values`` (rows ascending, unique): read, add, write per run.
-        Blocks touched this way lose their checksum (it would need the whole block)."""
+        """``file[rows] += values`` (rows ascending, unique): read, add, write per span (as
+        `read_rows`). Blocks touched this way lose their checksum (it would need the whole
+        block)."""
         self._check_size()
-        for lo, hi, src in _runs(rows):
+        for lo, hi, first, last in _spans(rows, self._gap_rows()):
             buf = np.empty((hi - lo, self.width), self.dtype)
             offset = self.data_start + lo * self.row_bytes
             self._pread(buf, offset)
-            buf += values[src:src + hi - lo]
+            buf[rows[first:last] - lo] += values[first:last]
             self._pwrite(buf, offset)
         for b in np.unique(np.searchsorted(self.offsets, rows, side="right") - 1):
             self._crc[int(b)] = None
@@ -159,16 +172,21 @@ class SSDFile:
             self.fd = None
 
 
-def _runs(rows: np.ndarray):
-    """``(first_row, last_row + 1, index into rows)`` for each run of consecutive rows."""
+    def _gap_rows(self) -> int:
+        return COALESCE_BYTES // self.row_bytes
+
+
+def _spans(rows: np.ndarray, gap_rows: int):
+    """``(first_row, last_row + 1, start, end)`` for each span of ``rows[start:end]`` in which
+    consecutive rows are at most ``gap_rows`` rows apart (0: runs of consecutive rows)."""
     if rows.size == 0:
         return []
-    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    breaks = np.flatnonzero(np.diff(rows) > gap_rows + 1) + 1
     starts = np.concatenate([[0], breaks])
     ends = np.concatenate([breaks, [rows.size]])
-    return [(int(rows[s]), int(rows[e - 1]) + 1, int(s)) for s, e in zip(starts, ends)]
+    return [(int(rows[s]), int(rows[e - 1]) + 1, int(s), int(e)) for s, e in zip(starts, ends)]
 
 
 def _singles(rows: np.ndarray):
-    """Like `_runs`, but every row on its own."""
+    """``(row, row + 1, index into rows)`` for every row on its own."""
     return [(int(r), int(r) + 1, i) for i, r in enumerate(rows)]

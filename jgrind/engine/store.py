@@ -258,22 +258,32 @@ class Table:
         return self._read_host_or_ssd(block)
 
     def _ssd_rows(self, owners: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Halo rows held on SSD: from cached blocks, else cache the owner block if it fits
-        (a later partition will likely read it too), else read just those rows."""
+        """Halo rows held on SSD (``owners`` grouped, ``rows`` ascending within an owner):
+        from cached blocks, else cache the owner block if it fits (a later partition will
+        likely read it too), else read the rows directly, all owners' rows in one coalesced
+        `SSDFile.read_rows` (spans across neighbouring blocks merge)."""
         out = np.empty((owners.size, self.width), np.float32)
-        boundaries = np.flatnonzero(np.diff(owners)) + 1
-        for seg in np.split(np.arange(owners.size), boundaries):
-            b = int(owners[seg[0]])
-            cached = self.store.cache.get((self.key, b))
-            nbytes = self._rows(b) * self.width * 4
-            if cached is None and self.store.cache.fits(nbytes):
-                cached = self._ssd_block(b)
-            if cached is not None:
-                out[seg] = cached[rows[seg]]
-            else:
-                file_rows = self.ssd.offsets[self.ssd_index[b]] + rows[seg]
-                out[seg] = self.ssd.read_rows(file_rows, per_row=self.store.row_reads)
-                self.store.count(ssd_read=seg.size * self.width * 4)
+        cache = self.store.cache
+        direct = np.arange(owners.size)
+        if cache.capacity > 0:
+            boundaries = np.flatnonzero(np.diff(owners)) + 1
+            missed = []
+            for seg in np.split(direct, boundaries):
+                b = int(owners[seg[0]])
+                cached = cache.get((self.key, b))
+                if cached is None and cache.fits(self._rows(b) * self.width * 4):
+                    cached = self._ssd_block(b)
+                if cached is not None:
+                    out[seg] = cached[rows[seg]]
+                else:
+                    missed.append(seg)
+            direct = np.concatenate(missed) if missed else direct[:0]
+        if direct.size:
+            file_rows = self.ssd.offsets[self.ssd_index[owners[direct]]] + rows[direct]
+            order = np.argsort(file_rows, kind="stable")  # read_rows wants ascending rows
+            out[direct[order]] = self.ssd.read_rows(file_rows[order],
+                                                    per_row=self.store.row_reads)
+            self.store.count(ssd_read=direct.size * self.width * 4)
         return out
 
     def accumulate(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,

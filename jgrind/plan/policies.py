@@ -2,7 +2,9 @@
 
 Plain policies are functions or frozen dataclasses with ``__call__`` (hashable, comparable).
 A policy that needs to see every tensor before deciding (budget-aware ones) also has
-``bind(inventory) -> policy``; the engine calls it once with the full tensor inventory.
+``bind(inventory, context) -> policy``; the engine calls it once with the full tensor
+inventory and a `BindContext` (the partitioned workload's shapes and the run's budgets).
+`auto` is such a policy: the planner (`jgrind.plan.planner`) chooses the fates.
 
 Write your own in a few lines::
 
@@ -85,6 +87,7 @@ class IOStrategy:
 
     snapshots: bool = False
     row_reads: bool = False
+    cache: bool = True  # a host cache in front of the SSD tier, within the host budget
 
 
 def io_strategy(policy: Policy) -> IOStrategy:
@@ -126,6 +129,10 @@ class ByKind:
     def __call__(self, info: TensorInfo) -> Fate:
         return (self.activations if info.name == ACTIVATION else self.gradients)(info)
 
+    def bind(self, inventory, context=None) -> "ByKind":
+        return ByKind(bind(self.activations, inventory, context),
+                      bind(self.gradients, inventory, context))
+
 
 @dataclasses.dataclass(frozen=True)
 class ByLayer:
@@ -135,6 +142,9 @@ class ByLayer:
 
     def __call__(self, info: TensorInfo) -> Fate:
         return self.policies[min(info.layer, len(self.policies) - 1)](info)
+
+    def bind(self, inventory, context=None) -> "ByLayer":
+        return ByLayer(tuple(bind(p, inventory, context) for p in self.policies))
 
 
 def by_layer(*policies: Policy) -> ByLayer:
@@ -157,7 +167,7 @@ class Budgeted:
     device_reserve: int = 0
     assignment: Optional[tuple] = None  # ((name, layer, partition), fate) pairs once bound
 
-    def bind(self, inventory: Sequence[TensorInfo]) -> "Budgeted":
+    def bind(self, inventory: Sequence[TensorInfo], context=None) -> "Budgeted":
         left = {Fate.DEVICE: self.device_budget - self.device_reserve,
                 Fate.HOST: self.host_budget}
         order = sorted(inventory, key=lambda t: (t.first_backward_use, t.name, t.partition))
@@ -189,12 +199,134 @@ def grinnder(device_budget: int, host_budget: int, directory: Optional[str] = No
                     None if directory is None else os.fspath(directory), int(device_reserve))
 
 
-def bind(policy: Policy, inventory: Sequence[TensorInfo]) -> Policy:
+@dataclasses.dataclass(frozen=True)
+class BindContext:
+    """What the engine tells a binding policy besides the inventory.
+
+    Attributes:
+      workload: the partitioned shapes (`jgrind.plan.cost.Workload`).
+      device_budget, host_budget: the run's budgets in bytes (None: unlimited).
+      directory: the run's SSD store directory, if any.
+    """
+
+    workload: object
+    device_budget: Optional[int] = None
+    host_budget: Optional[int] = None
+    directory: Optional[str] = None
+
+
+def bind(policy: Policy, inventory: Sequence[TensorInfo],
+         context: Optional[BindContext] = None) -> Policy:
     """Give a budget-aware policy the whole inventory; plain policies come back unchanged."""
     binder = getattr(policy, "bind", None)
-    return binder(inventory) if callable(binder) else policy
+    return binder(inventory, context) if callable(binder) else policy
 
 
 def store_directory(policy: Policy) -> Optional[str]:
     """The SSD directory a policy names, if any (``ssd_offload(dir)``, ``grinnder(..., dir)``)."""
     return getattr(policy, "directory", None)
+
+
+# -- the planner as a policy -------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """A plan's fates as an ordinary policy: a table lookup (see `jgrind.plan.planner.Plan`).
+
+    ``io`` carries the plan's host cache mode; ``in_memory`` marks the fast-path plan."""
+
+    assignment: tuple            # ((name, layer, partition), fate) pairs
+    directory: Optional[str] = None
+    io: IOStrategy = IOStrategy()
+    in_memory: bool = False
+
+    def __call__(self, info: TensorInfo) -> Fate:
+        fate = self._lookup.get((info.name, info.layer, info.partition))
+        if fate is None:
+            if self.in_memory:
+                return Fate.DEVICE
+            raise KeyError(f"the plan has no fate for {info.name} of layer {info.layer}, "
+                           f"partition {info.partition}: it was made for another partitioning")
+        return fate
+
+    @functools.cached_property
+    def _lookup(self) -> dict:
+        return dict(self.assignment)
+
+
+@dataclasses.dataclass(frozen=True)
+class Auto:
+    """The planner as a policy: fates chosen to minimise the predicted epoch time under the
+    budgets (`jgrind.plan.planner`), from a measured hardware profile.
+
+    Used as ``train(..., policy=auto())``: the trainer calls `prepare` before partitioning, so
+    the planner also chooses the number of partitions, the host cache mode and the in-memory
+    fast path when everything fits. Inside a combinator (``by_layer(auto(), ...)``) it is bound
+    like any budget-aware policy, for the partitioning the engine already made.
+
+    Attributes:
+      device_budget, host_budget: bytes; None: the run's budgets, else what the profile
+        measured as free (device) and half the free host RAM.
+      directory: the SSD store; None: the run's ``store``.
+      profile: a `jgrind.plan.profile.Profile`, a path to a saved one, or None for the default
+        file (measured on first use, re-measured when stale).
+      recompute: allow the planner to recompute activation layers.
+    """
+
+    device_budget: Optional[int] = None
+    host_budget: Optional[int] = None
+    directory: Optional[str] = None
+    profile: object = dataclasses.field(default=None, compare=False, hash=False)
+    recompute: bool = True
+
+    def load_profile(self):
+        from jgrind.plan import profile as hw
+        if isinstance(self.profile, hw.Profile):
+            return self.profile
+        return hw.load_or_measure(self.profile, self.directory,
+                                  log=lambda msg: print(f"jgrind: {msg}"))
+
+    def budgets(self, device_budget=None, host_budget=None, profile=None):
+        """The budgets to plan for: this policy's, else the run's, else the profile's."""
+        dev = self.device_budget if self.device_budget is not None else device_budget
+        host = self.host_budget if self.host_budget is not None else host_budget
+        if dev is None and profile is not None:
+            dev = int(profile.device_free)
+        if host is None and profile is not None:
+            host = int(profile.host_free) // 2
+        return dev, host
+
+    def prepare(self, graph, model, *, device_budget=None, host_budget=None, directory=None,
+                partitioner=None, num_parts=None, seed: int = 0, progress=None):
+        """Plan a whole run (`jgrind.plan.planner.plan_run`); returns the `Plan`."""
+        from jgrind.plan.planner import plan_run
+        profile = self.load_profile()
+        dev, host = self.budgets(device_budget, host_budget, profile)
+        return plan_run(graph, model, profile, device_budget=dev, host_budget=host,
+                        directory=self.directory or directory, partitioner=partitioner,
+                        num_parts=num_parts, seed=seed, recompute=self.recompute,
+                        progress=progress or (lambda msg: None))
+
+    def bind(self, inventory, context: Optional[BindContext] = None) -> Planned:
+        from jgrind.plan.planner import plan
+        if context is None:
+            raise ValueError("auto() needs the engine's BindContext (the partitioned shapes) "
+                             "to plan; pass it to train(policy=auto()) or bind(policy, "
+                             "inventory, context)")
+        profile = self.load_profile()
+        dev, host = self.budgets(context.device_budget, context.host_budget, profile)
+        return plan(context.workload, profile, device_budget=dev, host_budget=host,
+                    directory=self.directory or context.directory,
+                    recompute=self.recompute).policy()
+
+    def __call__(self, info: TensorInfo) -> Fate:
+        raise RuntimeError("auto() used before planning; the engine binds it (train(policy="
+                           "auto()) or bind(policy, inventory, context))")
+
+
+def auto(device_budget: Optional[int] = None, host_budget: Optional[int] = None,
+         directory: Optional[str | os.PathLike] = None, profile=None,
+         recompute: bool = True) -> Auto:
+    """Let the planner choose every fate, the partitions and the cache mode (see `Auto`)."""
+    return Auto(None if device_budget is None else int(device_budget),
+                None if host_budget is None else int(host_budget),
+                None if directory is None else os.fspath(directory), profile, recompute)

@@ -1,0 +1,644 @@
+"""The cost model: predicted epoch time and memory per tier of a fate assignment.
+
+It mirrors what `jgrind.engine.OutOfCore` does in an epoch, sweep by sweep (see
+`jgrind.plan.inventory` for the sweep order), and prices every data movement and kernel with
+the rates of a measured `jgrind.plan.profile.Profile`:
+
+* **compute** of a partition step: sparse products (``nnz * width / spmm_rate``), dense
+  transforms (``2 m k n / matmul_flops``) and a fixed dispatch latency; a backward step reruns
+  the forward inside ``jax.vjp`` and adds the transposed products (3x the forward, 2x for the
+  first layer, which needs no input gradient);
+* **I/O** of a sweep: the gathers of ``H_l`` (own rows and halo rows, from the tier of each
+  row's owner block), the writes of ``H_{l+1}``, the reads of ``G_{l+1}`` and the scatter-adds
+  into ``G_l``, each at the bandwidth of the tiers involved (device <-> host, host copies and
+  gathers, SSD reads and writes plus a latency per read call);
+* **overlap**: the engine gathers the next partition and writes the last one on background
+  threads, so a sweep takes ``c + io - overlap * min(c, io)``: ``max(c, io)`` with perfect
+  hiding (overlap = 1), ``c + io`` with none (overlap = 0). The overlap factor is measured.
+
+Every I/O term is linear in the tier indicators of the blocks (except the all-on-device fast
+paths, which the planner handles with one binary per tensor), which is what lets the planner
+solve for fates exactly (`jgrind.plan.planner`).
+
+Memory follows the store's accounts: activation tables live the whole epoch, gradient tables
+two at a time (``G_{l+1}`` is read while ``G_l`` is accumulated), recomputed layers in a host
+transient, and the host cache holds SSD blocks within what is left of the host budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+
+from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate
+
+D, H, S, R = 0, 1, 2, 3           # tier codes, in `Fate` order
+CODES = {Fate.DEVICE: D, Fate.HOST: H, Fate.SSD: S, Fate.RECOMPUTE: R}
+FATES = {v: k for k, v in CODES.items()}
+ITEMSIZE = 4                      # float32 activations and gradients
+
+BACKWARD_PASSES = 3.0             # forward recompute + the two transposed products
+PARAMS_ONLY_PASSES = 2.0          # layer 0: no input gradient
+ELEMENTWISE_PASSES = 6.0          # bias, activation, dropout, residual, norm: bytes touched
+# SSD row reads and scatter-adds merge rows less than this many bytes apart into one read call
+# (`jgrind.engine.ssd`): a call costs about as much as reading this much more (a few us from
+# the page cache, ~100 us from an NVMe disk), so reading a short gap beats a second call.
+COALESCE_BYTES = 32 << 10
+
+
+# -- the workload: shapes of every partition, nothing allocated -----------------------------------
+@dataclasses.dataclass(frozen=True, eq=False)
+class Workload:
+    """Per-partition sizes of a partitioned graph and the model's layer widths.
+
+    Attributes:
+      widths: ``w_0 .. w_L``: the width of ``H_l`` (the input of layer l) and of the output.
+      layers: the model's layers (their kind decides the kernels a step runs).
+      owned, inputs, edges: ``[P]`` rows owned, rows gathered (owned + halo), in-edges.
+      pad_out, pad_in, pad_edges: ``[P]`` the padded shapes the jitted steps run on.
+      halo: ``[P, P]`` halo rows of partition p owned by partition q.
+      ssd_calls, ssd_rows: ``{width: [P, P]}`` read calls and rows read (gaps included) when
+        partition p's halo rows in q's block come from SSD at that width (see `COALESCE_BYTES`).
+      needs_edges, needs_adjacency: which block pieces the layers read.
+    """
+
+    widths: tuple
+    layers: tuple
+    owned: np.ndarray
+    inputs: np.ndarray
+    edges: np.ndarray
+    pad_out: np.ndarray
+    pad_in: np.ndarray
+    pad_edges: np.ndarray
+    halo: np.ndarray
+    ssd_calls: dict
+    ssd_rows: dict
+    needs_edges: bool
+    needs_adjacency: bool
+    num_nodes: int
+    num_edges: int
+
+    @property
+    def num_parts(self) -> int:
+        return int(self.owned.size)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @classmethod
+    def build(cls, pg, model, max_shapes: int = 3) -> "Workload":
+        """From a `PartitionedGraph` (of the normalised graph) and a `GNN`."""
+        from jgrind.partition import shape_groups
+        from jgrind.plan.inventory import layer_widths
+        parts = pg.partitions
+        P = len(parts)
+        shapes = shape_groups(parts, max_shapes)
+        widths = layer_widths(model, pg.graph.num_features)
+        gaps = sorted({COALESCE_BYTES // (w * ITEMSIZE) for w in widths[:-1]})
+        halo = np.zeros((P, P), np.int64)
+        calls = {g: np.zeros((P, P), np.int32) for g in gaps}
+        span_rows = {g: np.zeros((P, P), np.int64) for g in gaps}
+        for part in parts:
+            owner = np.asarray(part.halo_owner, np.int64)
+            if owner.size == 0:
+                continue
+            row = np.asarray(part.halo_row, np.int64)
+            halo[part.index] = np.bincount(owner, minlength=P)
+            order = np.lexsort((row, owner))
+            o, r = owner[order], row[order]
+            for g in gaps:  # the spans `jgrind.engine.ssd` reads: gaps up to g rows merged
+                starts = np.ones(o.size, bool)
+                starts[1:] = (o[1:] != o[:-1]) | (r[1:] - r[:-1] > g + 1)
+                first = np.flatnonzero(starts)
+                last = np.append(first[1:], o.size) - 1
+                calls[g][part.index] = np.bincount(o[first], minlength=P)
+                span_rows[g][part.index] = np.bincount(o[first], r[last] - r[first] + 1,
+                                                       minlength=P).astype(np.int64)
+        shape = lambda p, i: shapes.get(p.index, (0, 0, 0))[i]  # noqa: E731
+        by_width = lambda table: {w: table[COALESCE_BYTES // (w * ITEMSIZE)]  # noqa: E731
+                                  for w in widths[:-1]}
+        return cls(
+            widths=tuple(widths),
+            layers=tuple(model.layers),
+            owned=np.array([p.num_owned for p in parts], np.int64),
+            inputs=np.array([p.num_inputs for p in parts], np.int64),
+            edges=np.array([p.num_edges for p in parts], np.int64),
+            pad_out=np.array([shape(p, 0) for p in parts], np.int64),
+            pad_in=np.array([shape(p, 1) for p in parts], np.int64),
+            pad_edges=np.array([shape(p, 2) for p in parts], np.int64),
+            halo=halo, ssd_calls=by_width(calls), ssd_rows=by_width(span_rows),
+            needs_edges=model.needs_edges,
+            needs_adjacency=model.needs_adjacency, num_nodes=pg.graph.num_nodes,
+            num_edges=pg.graph.num_edges)
+
+    # -- sizes ------------------------------------------------------------------------------
+    def block_bytes(self, layer: int) -> np.ndarray:
+        """``[P]`` bytes of every partition's block of ``H_layer`` / ``G_layer``."""
+        return self.owned * self.widths[layer] * ITEMSIZE
+
+    def structure_bytes(self) -> np.ndarray:
+        """``[P]`` device bytes of every padded block structure (CSR and its transpose, the
+        edge lists GAT reads, the input ids)."""
+        nbytes = ITEMSIZE * self.pad_in
+        if self.needs_adjacency:
+            nbytes = nbytes + 2 * ITEMSIZE * (self.pad_out + self.pad_in + 2 + 2 * self.pad_edges)
+        if self.needs_edges:
+            nbytes = nbytes + 2 * ITEMSIZE * self.pad_edges
+        return nbytes
+
+    def working_set(self) -> int:
+        """Device bytes one partition step needs beyond stored blocks: padded inputs (and their
+        gradient), outputs with about two more tensors of intermediates, the block structure."""
+        worst = 0
+        structure = self.structure_bytes()
+        for l in range(self.num_layers):
+            f_in, f_out = self.widths[l], self.widths[l + 1]
+            need = ITEMSIZE * (self.pad_in * f_in * 2 + self.pad_out * f_out * 3) + structure
+            worst = max(worst, int(need.max(initial=0)))
+        return worst
+
+
+# -- compute ---------------------------------------------------------------------------------------
+def layer_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> np.ndarray:
+    """Forward seconds of one layer step (arrays over partitions), excluding dispatch latency."""
+    mm = lambda rows, a, b: 2.0 * rows * a * b / profile.matmul_flops  # noqa: E731
+    sp = lambda width: nnz * float(width) / profile.spmm_rate           # noqa: E731
+    kind = type(layer).__name__
+    narrow = min(w_in, w_out)
+    if kind == "GCNConv":
+        t = (sp(w_in) + mm(n_out, w_in, w_out) if w_in <= w_out
+             else mm(n_in, w_in, w_out) + sp(w_out))
+    elif kind == "SAGEConv":
+        t = (sp(w_in) + mm(n_out, w_in, w_out) if w_in <= w_out
+             else mm(n_in, w_in, w_out) + sp(w_out)) + mm(n_out, w_in, w_out)
+    elif kind == "GATConv":
+        # z = x W on every input row, then per edge: scores, softmax and a weighted gather-sum;
+        # the edge work runs as XLA gathers/segment sums, priced as memory traffic
+        edge_bytes = nnz * (3.0 * w_out + 8.0 * getattr(layer, "heads", 1)) * ITEMSIZE
+        t = mm(n_in, w_in, w_out) + edge_bytes / profile.gather_bw
+    elif getattr(layer, "aggregates", True):
+        t = sp(narrow) + mm(n_out, w_in, w_out)
+    else:
+        t = mm(n_out, w_in, w_out)
+    return t + ELEMENTWISE_PASSES * n_out * w_out * ITEMSIZE / profile.copy_bw
+
+
+def step_seconds(w: Workload, profile, layer: int, kind: str) -> float:
+    """Compute seconds of one sweep of ``layer`` over every partition: kind is "forward",
+    "backward" (with input gradient), "params" (weight gradient only) or "top" (the fused
+    top layer: forward, loss and backward)."""
+    t = layer_seconds(w.layers[layer], w.widths[layer], w.widths[layer + 1], w.pad_out,
+                      w.pad_in, w.pad_edges, profile)
+    passes = {"forward": 1.0, "backward": BACKWARD_PASSES, "params": PARAMS_ONLY_PASSES,
+              "top": BACKWARD_PASSES}[kind]
+    active = w.owned > 0
+    return float(np.sum(np.where(active, passes * t + profile.step_latency, 0.0)))
+
+
+# -- I/O -------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class CacheModel:
+    """How SSD reads behave: ``capacity`` bytes of host cache in front of the SSD tier.
+
+    The engine caches whole blocks while they fit. When every SSD block read between two writes
+    fits, a block costs one SSD read per write and later reads are host copies; when it does
+    not, the access pattern (a cyclic sweep) defeats LRU and every read of a block misses, and
+    halo rows load their owner's whole block; with no room for one block rows are read directly.
+    """
+
+    capacity: int = 0
+    holds_everything: bool = False
+
+
+def _ssd_read(nbytes, calls, profile):
+    return nbytes / profile.ssd_read_bw + calls * profile.ssd_latency
+
+
+def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
+                   cache: CacheModel = CacheModel(), reread: bool = False,
+                   fast: bool = True) -> float:
+    """Seconds to gather ``H_layer`` (own + halo rows, padded) for every partition.
+
+    ``codes[p]`` is the tier of block p. ``reread``: the blocks were already read once since
+    they were written (a cache that holds everything then serves them from host RAM).
+    ``fast=False`` prices device rows as in a mixed layer even when all are on the device.
+    """
+    row = w.widths[layer] * ITEMSIZE
+    active = w.owned > 0
+    if fast and np.all(codes == D):  # one device-side take per partition
+        return float(np.sum(np.where(active, w.pad_in * row / profile.gather_bw, 0.0)))
+    own = w.owned * row
+    seconds = np.where(active, w.pad_in * row / profile.to_device_bw   # the assembled buffer
+                       + w.pad_in * row / profile.copy_bw, 0.0)        # zero-filled first
+    ssd_hits = cache.holds_everything and reread
+    ssd_blocks = cache.capacity > 0 and not cache.holds_everything
+    for code in (D, H, S, R):
+        mine = active & (codes == code)
+        halo_rows = w.halo @ (codes == code).astype(np.int64)         # [P] rows from tier
+        halo_bytes = halo_rows * row
+        if code == D:
+            seconds += np.where(mine, own / profile.to_host_bw, 0.0)
+            seconds += halo_bytes * (1.0 / profile.gather_bw + 1.0 / profile.to_host_bw)
+        elif code in (H, R):
+            seconds += np.where(mine, own / profile.copy_bw, 0.0)
+            seconds += halo_bytes / profile.gather_bw
+        elif ssd_hits:
+            seconds += np.where(mine, own / profile.copy_bw, 0.0)
+            seconds += halo_bytes / profile.gather_bw
+        else:
+            seconds += np.where(mine, _ssd_read(own, 1, profile) + own / profile.copy_bw, 0.0)
+            if ssd_blocks:  # every halo owner's whole block is read (and missed again later)
+                in_ssd = (codes == S)
+                whole = (w.halo > 0) @ (in_ssd * w.owned * row)
+                calls = (w.halo > 0) @ in_ssd.astype(np.int64)
+                seconds += _ssd_read(whole, calls, profile) + halo_bytes / profile.gather_bw
+            else:
+                in_ssd = (codes == S).astype(np.int64)
+                calls = w.ssd_calls[w.widths[layer]] @ in_ssd
+                span = w.ssd_rows[w.widths[layer]] @ in_ssd * row
+                seconds += _ssd_read(span, calls, profile) + halo_bytes / profile.gather_bw
+    return float(seconds.sum())
+
+
+def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray) -> float:
+    """Seconds to store every partition's output rows as its block of ``H_layer``."""
+    nbytes = np.where(w.owned > 0, w.owned * w.widths[layer] * ITEMSIZE, 0)
+    per_tier = {D: nbytes / profile.gather_bw,
+                H: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
+                R: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
+                S: nbytes / profile.to_host_bw + nbytes / profile.ssd_write_bw
+                + profile.ssd_latency}
+    return float(sum(np.sum(np.where(codes == c, t, 0.0)) for c, t in per_tier.items()))
+
+
+def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
+                       cache: CacheModel = CacheModel()) -> float:
+    """Seconds to read every partition's own block of ``G_layer`` (padded, onto the device)."""
+    row = w.widths[layer] * ITEMSIZE
+    own = np.where(w.owned > 0, w.owned * row, 0)
+    pad = np.where(w.owned > 0, w.pad_out * row, 0)
+    onto_device = pad / profile.to_device_bw + pad / profile.copy_bw
+    ssd = (own / profile.copy_bw if cache.holds_everything
+           else _ssd_read(own, 1, profile) + own / profile.copy_bw)
+    per_tier = {D: pad / profile.gather_bw, H: own / profile.copy_bw + onto_device,
+                S: ssd + onto_device}
+    return float(sum(np.sum(np.where(codes == c, t, 0.0)) for c, t in per_tier.items()))
+
+
+def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
+                       fast: bool = True) -> float:
+    """Seconds to scatter-add every partition's input gradient (own + halo rows) into
+    ``G_layer``: a read-modify-write of rows in the tier of each row's owner block."""
+    row = w.widths[layer] * ITEMSIZE
+    active = w.owned > 0
+    if fast and np.all(codes == D):
+        return float(np.sum(np.where(active, 2 * w.pad_in * row / profile.gather_bw, 0.0)))
+    seconds = np.where(active, w.inputs * row / profile.to_host_bw, 0.0)
+    for code in (D, H, S):
+        mine = (codes == code).astype(np.int64)
+        rows = w.halo @ mine + np.where(active, w.owned * mine, 0)
+        nbytes = rows * row
+        if code == D:
+            seconds += nbytes / profile.to_device_bw + 2 * nbytes / profile.gather_bw
+        elif code == H:
+            seconds += 2 * nbytes / profile.gather_bw
+        else:
+            calls = w.ssd_calls[w.widths[layer]] @ mine + mine
+            span = (w.ssd_rows[w.widths[layer]] @ mine + np.where(active, w.owned * mine, 0)) \
+                * row
+            seconds += (span / profile.ssd_read_bw + span / profile.ssd_write_bw
+                        + 2 * calls * profile.ssd_latency + 2 * nbytes / profile.gather_bw)
+    return float(seconds.sum())
+
+
+# -- an epoch, sweep by sweep ----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+    """One pass over all partitions: its compute and I/O seconds and what it moves."""
+
+    label: str              # "forward 0", "recompute 1", "backward 2", ...
+    layer: int
+    kind: str               # forward | recompute | backward
+    compute: float
+    io: float
+    io_by_tier: tuple       # ((tier name, seconds), ...) for the schedule chart
+    moves: tuple            # human-readable: ("reload H_1 from ssd", "offload H_2 to host")
+
+    def seconds(self, overlap: float) -> float:
+        return self.compute + self.io - overlap * min(self.compute, self.io)
+
+
+def sweep_order(num_layers: int, recomputed: frozenset) -> list[tuple[str, int]]:
+    """The engine's sweeps as ``(kind, layer)``: forward sweeps, then backward from the top,
+    with the recompute sweeps `OutOfCore._ensure_materialized` inserts before a backward layer
+    whose input was dropped (a recomputed layer is kept from its recompute to its backward)."""
+    L = num_layers
+    order = [("forward", l) for l in range(L - 1)]
+    materialized = set()   # recomputed layers whose transient exists now
+    if L - 1 in recomputed:
+        materialized.add(L - 1)  # written by the last forward sweep, released after backward
+    for l in reversed(range(L)):
+        need = []
+        j = l
+        while j >= 1 and j in recomputed and j not in materialized:
+            need.append(j)
+            j -= 1
+        for j in reversed(need):
+            order.append(("recompute", j - 1))
+            materialized.add(j)
+        order.append(("backward", l))
+        materialized.discard(l)
+    return order
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    """Tier codes for every block: ``activations[l]`` and ``gradients[l]`` are ``[P]`` arrays
+    (``gradients[0]`` is unused: there is no gradient of the input features)."""
+
+    activations: tuple
+    gradients: tuple
+
+    @classmethod
+    def from_fates(cls, fates: dict, num_layers: int, num_parts: int) -> "Assignment":
+        def codes(name, l):
+            return np.array([CODES[fates.get((name, l, p), Fate.HOST)]
+                             for p in range(num_parts)], np.int8)
+        return cls(tuple(codes(ACTIVATION, l) for l in range(num_layers)),
+                   tuple(codes(GRADIENT, l) if l else np.full(num_parts, D, np.int8)
+                         for l in range(num_layers)))
+
+    def fates(self) -> dict:
+        out = {}
+        for l, codes in enumerate(self.activations):
+            out.update({(ACTIVATION, l, p): FATES[int(c)] for p, c in enumerate(codes)})
+        for l, codes in enumerate(self.gradients[1:], start=1):
+            out.update({(GRADIENT, l, p): FATES[int(c)] for p, c in enumerate(codes)})
+        return out
+
+    @property
+    def recomputed(self) -> frozenset:
+        return frozenset(l for l, c in enumerate(self.activations) if np.any(c == R))
+
+
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """Predicted peak bytes per tier, as the store accounts them (device: stored blocks only;
+    the working set is reported beside it), and the engine's budget check."""
+
+    device_tables: int
+    device_working_set: int
+    host_tables: int
+    host_transient: int
+    host_cache: int
+    ssd: int
+    ssd_needed: int   # SSD bytes the store reserves up front (free-space check)
+    stored_peaks: tuple = (0, 0, 0)  # predicted peak stored bytes (device, host, SSD) over time
+
+    @property
+    def device(self) -> int:
+        return self.device_tables + self.device_working_set
+
+    @property
+    def host(self) -> int:
+        """Host bytes the plan needs (without the cache, which takes what is left)."""
+        return self.host_tables + self.host_transient
+
+    @property
+    def peak_device(self) -> int:
+        """Predicted peak of the store's device account (stored blocks)."""
+        return self.stored_peaks[0]
+
+    @property
+    def peak_host(self) -> int:
+        """Predicted peak of the store's host account: blocks, live transients, cache."""
+        return self.stored_peaks[1] + self.host_cache
+
+    @property
+    def peak_ssd(self) -> int:
+        return self.stored_peaks[2]
+
+
+def _stored_peaks(w: Workload, a: Assignment) -> tuple[int, int, int]:
+    """Peak stored bytes per tier (device, host, SSD) over the epoch, following the engine's
+    sweep order: activation blocks all epoch; ``G_l`` from backward l to backward l-1; a
+    recomputed layer from its (re)computation to its last use (forward, or its backward)."""
+    L = w.num_layers
+    by = lambda codes, l, c: int(np.sum(np.where(codes == c, w.block_bytes(l), 0)))  # noqa
+    base = [sum(by(a.activations[l], l, c) for l in range(L)) for c in (D, H, S)]
+    rset = a.recomputed
+    live_transient: set = set()
+    live_grads: set = set()
+    peaks = list(base)
+    for kind, l in sweep_order(L, rset):
+        if kind in ("forward", "recompute") and l + 1 in rset:
+            live_transient.add(l + 1)
+        if kind == "backward" and l >= 1:
+            live_grads.add(l)
+        now = [base[i] + sum(by(a.gradients[g], g, c) for g in live_grads)
+               for i, c in enumerate((D, H, S))]
+        now[1] += sum(by(a.activations[j], j, R) for j in live_transient)
+        peaks = [max(p, n) for p, n in zip(peaks, now)]
+        if (kind == "forward" and l >= 1) or kind == "backward":
+            live_transient.discard(l)
+        if kind == "backward":
+            live_grads.discard(l + 1)
+    return tuple(peaks)
+
+
+def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
+           snapshot_bytes: int = 0) -> Memory:
+    """Bytes per tier of assignment ``a`` at its peak, by the engine's own accounting."""
+    L = w.num_layers
+
+    def tier_bytes(codes, layer, code):
+        return int(np.sum(np.where(codes == code, w.block_bytes(layer), 0)))
+
+    acts = {c: sum(tier_bytes(a.activations[l], l, c) for l in range(L)) for c in (D, H, S, R)}
+    pairs = {c: max([tier_bytes(a.gradients[l], l, c) + (tier_bytes(a.gradients[l + 1], l + 1, c)
+                                                         if l + 1 < L else 0)
+                     for l in range(1, L)] or [0]) for c in (D, H, S)}
+    transient = max([tier_bytes(a.activations[l], l, R) for l in range(L)] or [0])
+    ssd_grads = sum(tier_bytes(a.gradients[l], l, S) for l in range(1, L))
+    # the cache holds SSD activation blocks and the gradient layer being read (a gradient layer
+    # is read once, in the backward sweep below it, and dropped with its blocks right after)
+    cached = acts[S] + max([tier_bytes(a.gradients[l], l, S) for l in range(1, L)] or [0])
+    return Memory(device_tables=acts[D] + pairs[D], device_working_set=w.working_set(),
+                  host_tables=acts[H] + pairs[H], host_transient=2 * transient,
+                  host_cache=min(cache_capacity, cached), ssd=acts[S] + pairs[S],
+                  ssd_needed=acts[S] + ssd_grads + snapshot_bytes,
+                  stored_peaks=_stored_peaks(w, a))
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """The cost model's answer for one assignment."""
+
+    sweeps: tuple
+    overlap: float
+    memory: Memory
+    update_seconds: float
+
+    @property
+    def epoch_seconds(self) -> float:
+        return sum(s.seconds(self.overlap) for s in self.sweeps) + self.update_seconds
+
+    def schedule(self) -> list[dict]:
+        """Start and end of every sweep's compute and I/O lanes, in seconds from the epoch's
+        start: I/O runs beside the compute it overlaps; the part it cannot hide runs after."""
+        rows, t = [], 0.0
+        for s in self.sweeps:
+            span = s.seconds(self.overlap)
+            rows.append({"sweep": s.label, "lane": "compute", "start": t, "end": t + s.compute,
+                         "what": s.kind})
+            lane_t = t
+            for tier, sec in s.io_by_tier:
+                if sec > 0:
+                    rows.append({"sweep": s.label, "lane": f"{tier} I/O", "start": lane_t,
+                                 "end": lane_t + sec, "what": "; ".join(s.moves)})
+            rows.append({"sweep": s.label, "lane": "epoch", "start": t, "end": t + span,
+                         "what": s.label})
+            t += span
+        return rows
+
+    def timeline(self, w: Workload, a: Assignment) -> list[tuple]:
+        """``(seconds, device, host, ssd)`` bytes at every sweep boundary (stored blocks)."""
+        L = w.num_layers
+        by = lambda codes, l, c: int(np.sum(np.where(codes == c, w.block_bytes(l), 0)))  # noqa
+        acts = [sum(by(a.activations[l], l, c) for l in range(L)) for c in (D, H, S)]
+        out, t = [(0.0, acts[0], acts[1], acts[2])], 0.0
+        live_transient: set = set()
+        grads: dict = {}
+        for s in self.sweeps:
+            if s.kind in ("forward", "recompute") and s.layer + 1 in a.recomputed:
+                live_transient.add(s.layer + 1)
+            if s.kind == "backward" and s.layer >= 1:
+                grads[s.layer] = [by(a.gradients[s.layer], s.layer, c) for c in (D, H, S)]
+            t += s.seconds(self.overlap)
+            trans = sum(by(a.activations[l], l, R) for l in live_transient)
+            g = [sum(v[i] for v in grads.values()) for i in range(3)]
+            out.append((t, acts[0] + g[0], acts[1] + g[1] + trans, acts[2] + g[2]))
+            if s.kind == "forward" and s.layer >= 1:
+                live_transient.discard(s.layer)
+            if s.kind == "backward":
+                live_transient.discard(s.layer)
+                grads.pop(s.layer + 1, None)
+        return out
+
+
+def page_cached(profile, m: Memory) -> bool:
+    """Whether the OS page cache will hold the SSD tier's files: they fit in the RAM the run
+    leaves free (the engine reads and writes through the page cache, so then the SSD tier runs
+    at memory speed; past it, at the disk's)."""
+    used = m.device_tables + m.device_working_set + m.peak_host
+    return m.ssd_needed <= getattr(profile, "host_free", 0) - used
+
+
+def with_page_cache(profile, cached: bool):
+    """``profile`` with its SSD figures replaced by the page cache's when ``cached``."""
+    if not cached:
+        return profile
+    figures = {"ssd_read_bw": profile.cached_read_bw, "ssd_write_bw": profile.cached_write_bw,
+               "ssd_latency": profile.cached_latency}
+    if dataclasses.is_dataclass(profile):
+        return dataclasses.replace(profile, **figures)
+    import types
+    return types.SimpleNamespace(**{**vars(profile), **figures})
+
+
+def cache_model(w: Workload, a: Assignment, capacity: int) -> CacheModel:
+    """Whether a host cache of ``capacity`` bytes holds every SSD block read between writes."""
+    need = memory(w, a).ssd
+    block = max((int(w.block_bytes(l).max(initial=0)) for l in range(w.num_layers)), default=0)
+    if capacity < block:
+        return CacheModel(0, False)
+    return CacheModel(capacity, need <= capacity)
+
+
+def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
+            num_params: int = 0) -> Prediction:
+    """Predicted epoch of assignment ``a`` on workload ``w`` with a host cache of
+    ``cache_capacity`` bytes in front of the SSD tier."""
+    L = w.num_layers
+    cache = cache_model(w, a, cache_capacity)
+    mem = memory(w, a, cache.capacity if cache.capacity else 0)
+    profile = with_page_cache(profile, page_cached(profile, mem))
+    sweeps = []
+    tier_name = {D: "device", H: "host", S: "ssd", R: "host"}
+
+    def where(codes):
+        names = sorted({tier_name[int(c)] if c != R else "recompute" for c in codes})
+        return "+".join(names)
+
+    read_once: set = set()  # activation layers read since written (cache hits afterwards)
+    for kind, l in sweep_order(L, a.recomputed):
+        acts_in = a.activations[l]
+        reread = l in read_once
+        gather = gather_seconds(w, profile, l, acts_in, cache, reread)
+        read_once.add(l)
+        io = {"host": 0.0, "ssd": 0.0}
+        moves = [f"gather H_{l} from {where(acts_in)}"]
+
+        def charge(seconds, codes):
+            share_ssd = float(np.mean(codes == S)) if len(codes) else 0.0
+            io["ssd"] += seconds * share_ssd
+            io["host"] += seconds * (1.0 - share_ssd)
+
+        charge(gather, acts_in)
+        if kind in ("forward", "recompute"):
+            out = a.activations[l + 1]
+            charge(write_seconds(w, profile, l + 1, out), out)
+            read_once.discard(l + 1)
+            moves.append(f"{'recompute' if kind == 'recompute' else 'offload'} H_{l + 1} "
+                         f"to {where(out)}")
+            compute = step_seconds(w, profile, l, "forward")
+        else:
+            if l < L - 1:
+                g_up = a.gradients[l + 1]
+                charge(read_block_seconds(w, profile, l + 1, g_up, cache), g_up)
+                moves.append(f"reload G_{l + 1} from {where(g_up)}")
+            if l >= 1:
+                g = a.gradients[l]
+                charge(accumulate_seconds(w, profile, l, g), g)
+                moves.append(f"accumulate G_{l} in {where(g)}")
+            compute = step_seconds(w, profile, l, "top" if l == L - 1 else
+                                   "backward" if l >= 1 else "params")
+        sweeps.append(Sweep(label=f"{kind} {l}", layer=l, kind=kind, compute=compute,
+                            io=io["host"] + io["ssd"],
+                            io_by_tier=tuple(sorted(io.items())), moves=tuple(moves)))
+    update = 3.0 * num_params * ITEMSIZE * 4 / profile.copy_bw
+    return Prediction(tuple(sweeps), float(profile.overlap), mem, update)
+
+
+def in_memory_seconds(w: Workload, profile) -> float:
+    """The fast path: the whole graph in one jitted step (forward and backward of every
+    layer, no regathers, no recomputation beyond what autodiff saves)."""
+    total = 0.0
+    n, e = float(w.num_nodes), float(w.num_edges)
+    for l, layer in enumerate(w.layers):
+        t = layer_seconds(layer, w.widths[l], w.widths[l + 1], np.array([n]), np.array([n]),
+                          np.array([e]), profile)
+        total += float(t[0]) * (BACKWARD_PASSES if l else PARAMS_ONLY_PASSES)
+    return total + profile.step_latency
+
+
+def uniform(num_parts: int, num_layers: int, activation: Sequence[int],
+            gradient: Sequence[int]) -> Assignment:
+    """Every block of layer l gets ``activation[l]`` / ``gradient[l]`` (tier codes)."""
+    return Assignment(
+        tuple(np.full(num_parts, activation[l], np.int8) for l in range(num_layers)),
+        tuple(np.full(num_parts, gradient[l] if l else D, np.int8) for l in range(num_layers)))
+
+
+def in_memory_bytes(num_nodes: int, num_edges: int, num_features: int, widths: Sequence[int],
+                    structure_bytes: Optional[int] = None) -> int:
+    """Bytes the in-memory fast path holds at its peak, estimated from shapes: the graph
+    structure (and its transpose), the features, and per layer the input activation, its
+    gradient and about one more tensor of intermediates the backward pass keeps."""
+    structure = structure_bytes if structure_bytes is not None else \
+        2 * (ITEMSIZE * (num_nodes + 1) + 2 * ITEMSIZE * num_edges)
+    activations = ITEMSIZE * num_nodes * sum(widths)
+    return int(structure + ITEMSIZE * num_nodes * num_features + 3 * activations)

@@ -1,0 +1,467 @@
+"""The planner: a fate for every block that minimises the predicted epoch time under the budgets.
+
+The problem (see docs/planner.md for the derivation):
+
+* **Decisions.** For every stored tensor group (``H_l``: one layer's activations, ``G_l``: one
+  layer's gradients) how many of its P partition blocks live on the device, in host RAM and on
+  SSD, and for each hidden activation layer whether it is recomputed instead (all blocks or
+  none: recomputing a block needs the whole previous layer).
+* **Cost.** `jgrind.plan.cost`: a sweep's I/O is linear in those counts, its compute is fixed
+  once the recomputed layers are known, and its time ``c + io - overlap * min(c, io)`` is the
+  maximum of two linear functions. The epoch is the sum over sweeps.
+* **Memory.** The store's own accounting: activation blocks for the whole epoch, gradient
+  blocks two layers at a time, recomputed layers in a host transient, plus one partition's
+  working set on the device. Linear in the counts.
+
+For a fixed set of recomputed layers this is a small mixed-integer linear program (block
+counts are integers, one binary per tensor for the all-on-device fast path, one epigraph
+variable per sweep), solved exactly by HiGHS through `scipy.optimize.milp`. The recomputed
+layers are enumerated (``2^(L-1)`` sets: 16 for a 5-layer model), and so is the host cache
+mode. The size of the program depends on the number of layers, not on the number of
+partitions, so planning stays fast for thousands of partitions.
+
+`plan_run` also chooses the number of partitions (when the user does not fix it) and picks the
+in-memory fast path when everything fits on the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from jgrind.plan.cost import (CODES, D, FATES, H, R, S, Assignment, Prediction, Workload,
+                              accumulate_seconds, gather_seconds, in_memory_bytes,
+                              in_memory_seconds, predict, read_block_seconds, step_seconds,
+                              sweep_order, with_page_cache, write_seconds)
+from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate
+
+UNLIMITED = 1 << 62
+MAX_PARTS = 4096
+
+
+class PlanError(ValueError):
+    """No plan meets the budgets. The message gives the smallest budgets that would work."""
+
+
+def _gib(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} bytes"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Plan:
+    """A fate for every block, the predicted epoch and peak memory, and why.
+
+    Attributes:
+      in_memory: the in-memory fast path (everything fits on the device); then there is no
+        assignment and ``num_parts`` is 1.
+      num_parts: partitions the plan is for.
+      assignment: tier codes per block (`jgrind.plan.cost.Assignment`).
+      prediction: the cost model's epoch (sweeps, memory); None on the fast path.
+      epoch_seconds: predicted seconds per epoch.
+      cache_bytes: host cache in front of the SSD tier (0: off).
+      reasons: ``{(name, layer): why}`` for every tensor group.
+      device_budget, host_budget, directory: what it was planned for.
+      workload, partitioned: the shapes planned over and the `PartitionedGraph` (reused by
+        the engine so the graph is not partitioned twice).
+      planning_seconds: time spent solving (partitioning excluded).
+      alternatives: ``[(description, predicted seconds)]`` of the candidates considered.
+    """
+
+    in_memory: bool
+    num_parts: int
+    assignment: Optional[Assignment]
+    prediction: Optional[Prediction]
+    epoch_seconds: float
+    cache_bytes: int
+    reasons: dict
+    device_budget: int
+    host_budget: int
+    directory: Optional[str]
+    workload: Optional[Workload] = None
+    partitioned: object = None
+    planning_seconds: float = 0.0
+    alternatives: tuple = ()
+    in_memory_bytes: int = 0
+
+    def fates(self) -> dict:
+        return {} if self.assignment is None else self.assignment.fates()
+
+    def policy(self):
+        """The plan as an ordinary policy (`jgrind.plan.policies.Planned`)."""
+        from jgrind.plan.policies import IOStrategy, Planned
+        return Planned(assignment=tuple(sorted(self.fates().items(), key=lambda kv: kv[0])),
+                       directory=self.directory, io=IOStrategy(cache=self.cache_bytes > 0),
+                       in_memory=self.in_memory)
+
+    def groups(self) -> list[dict]:
+        """One row per tensor group: name, layer, bytes, blocks per fate, why."""
+        if self.assignment is None:
+            return []
+        w, a, rows = self.workload, self.assignment, []
+        for name, codes_by_layer in ((ACTIVATION, a.activations), (GRADIENT, a.gradients)):
+            for l, codes in enumerate(codes_by_layer):
+                if name == GRADIENT and l == 0:
+                    continue
+                counts = {FATES[c].value: int(np.sum(codes == c)) for c in (D, H, S, R)}
+                rows.append({"tensor": f"{'H' if name == ACTIVATION else 'G'}_{l}",
+                             "name": name, "layer": l,
+                             "bytes": int(w.block_bytes(l).sum()), "blocks": counts,
+                             "fate": _fate_summary(counts),
+                             "why": self.reasons.get((name, l), "")})
+        return rows
+
+
+def _fate_summary(counts: dict) -> str:
+    parts = [(k, v) for k, v in counts.items() if v]
+    if len(parts) == 1:
+        return parts[0][0]
+    return " + ".join(f"{k} {v}" for k, v in parts)
+
+
+# -- the program for one set of recomputed layers ------------------------------------------------
+class _Coefficients:
+    """Per-tier I/O seconds of every (operation, tensor) with all blocks in one tier, memoised
+    across the recompute sets (they do not depend on it)."""
+
+    def __init__(self, w: Workload, profile):
+        self.w, self.profile, self._memo = w, profile, {}
+
+    def __call__(self, op: str, layer: int, code: int, fast: bool = False) -> float:
+        key = (op, layer, code, fast)
+        if key not in self._memo:
+            codes = np.full(self.w.num_parts, code, np.int8)
+            fn = {"gather": gather_seconds, "write": write_seconds, "read": read_block_seconds,
+                  "accumulate": accumulate_seconds}[op]
+            kwargs = {"fast": fast} if op in ("gather", "accumulate") else {}
+            self._memo[key] = fn(self.w, self.profile, layer, codes, **kwargs)
+        return self._memo[key]
+
+
+def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
+           device_room: int, host_room: int, ssd: bool, ssd_room: int) -> Optional[Assignment]:
+    """The exact fate counts for one recompute set, or None if infeasible."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    L, P = w.num_layers, w.num_parts
+    groups = [(ACTIVATION, l) for l in range(L) if l not in recomputed] + \
+             [(GRADIENT, l) for l in range(1, L)]
+    gi = {g: i for i, g in enumerate(groups)}
+    order = sweep_order(L, recomputed)
+    n_x = 4 * len(groups)
+    t0 = n_x
+    m_dev, m_host = t0 + len(order), t0 + len(order) + 1
+    n = m_host + 1
+    eta = float(profile.overlap)
+
+    def x(g, code):
+        return 4 * gi[g] + code
+
+    def z(g):
+        return 4 * gi[g] + 3
+
+    rows, lo, hi = [], [], []
+
+    def add(entries: dict, lower: float, upper: float) -> None:
+        row = np.zeros(n)
+        for k, v in entries.items():
+            row[k] += v
+        rows.append(row)
+        lo.append(lower)
+        hi.append(upper)
+
+    # every block has exactly one tier; the fast path needs every block on the device
+    for g in groups:
+        add({x(g, D): 1, x(g, H): 1, x(g, S): 1}, P, P)
+        add({z(g): P, x(g, D): -1}, -np.inf, 0)
+
+    # sweep epigraphs: T_s >= c + (1-eta) io and T_s >= io + (1-eta) c
+    for s, (kind, l) in enumerate(order):
+        io, const = {}, 0.0
+
+        def term(op, group, layer, fast=False):
+            nonlocal const
+            if group not in gi:  # a recomputed activation layer: a host transient
+                const += coef(op, layer, R)
+                return
+            for code in (D, H, S):
+                io[x(group, code)] = io.get(x(group, code), 0.0) + coef(op, layer, code) / P
+            if fast:
+                io[z(group)] = io.get(z(group), 0.0) + coef(op, layer, D, True) \
+                    - coef(op, layer, D)
+
+        term("gather", (ACTIVATION, l), l, fast=True)
+        if kind in ("forward", "recompute"):
+            term("write", (ACTIVATION, l + 1), l + 1)
+            c = step_seconds(w, profile, l, "forward")
+        else:
+            if l < L - 1:
+                term("read", (GRADIENT, l + 1), l + 1)
+            if l >= 1:
+                term("accumulate", (GRADIENT, l), l, fast=True)
+            c = step_seconds(w, profile, l, "top" if l == L - 1 else
+                             "backward" if l >= 1 else "params")
+        add({t0 + s: 1, **{k: -(1 - eta) * v for k, v in io.items()}},
+            c + (1 - eta) * const, np.inf)
+        add({t0 + s: 1, **{k: -v for k, v in io.items()}}, (1 - eta) * c + const, np.inf)
+
+    # memory: activations all epoch, gradients two layers at a time, per tier
+    bmax = [float(w.block_bytes(l).max(initial=0)) for l in range(L)]
+    for code, m, room in ((D, m_dev, device_room), (H, m_host, host_room)):
+        add({**{x((ACTIVATION, l), code): bmax[l] for l in range(L)
+                if (ACTIVATION, l) in gi}, m: 1}, -np.inf, room)
+        for l in range(1, L):
+            entries = {m: 1, x((GRADIENT, l), code): -bmax[l]}
+            if l + 1 < L:
+                entries[x((GRADIENT, l + 1), code)] = -bmax[l + 1]
+            add(entries, 0, np.inf)
+    if ssd:
+        add({**{x(g, S): bmax[g[1]] for g in groups}}, -np.inf, ssd_room)
+
+    c_obj = np.zeros(n)
+    c_obj[t0:t0 + len(order)] = 1.0
+    upper = np.full(n, np.inf)
+    for g in groups:
+        upper[x(g, D)] = upper[x(g, H)] = P
+        upper[x(g, S)] = P if ssd else 0
+        upper[z(g)] = 1
+    integrality = np.zeros(n)
+    integrality[:n_x] = 1
+    res = milp(c_obj, constraints=LinearConstraint(np.array(rows), lo, hi),
+               integrality=integrality, bounds=Bounds(np.zeros(n), upper),
+               options={"time_limit": 10.0})
+    if res.x is None:
+        return None
+    counts = np.rint(res.x[:n_x]).astype(np.int64)
+    # The program counts blocks per tier as if halo reads were spread evenly over the blocks;
+    # the layout then gives the fastest tier the blocks other partitions read most.
+    most_read_first = np.argsort(-(w.halo.sum(axis=0) + w.owned), kind="stable")
+
+    def codes_for(g) -> np.ndarray:
+        if g not in gi:
+            return np.full(P, R if g[0] == ACTIVATION else D, np.int8)
+        k = counts[4 * gi[g]: 4 * gi[g] + 3]
+        codes = np.empty(P, np.int8)
+        codes[most_read_first] = np.repeat(np.array([D, H, S], np.int8), k)[:P]
+        return codes
+
+    return Assignment(tuple(codes_for((ACTIVATION, l)) for l in range(L)),
+                      tuple(codes_for((GRADIENT, l)) if l else np.full(P, D, np.int8)
+                            for l in range(L)))
+
+
+def _recompute_sets(num_layers: int, allow: bool):
+    hidden = range(1, num_layers)
+    if not allow:
+        return [frozenset()]
+    return [frozenset(c) for k in range(len(hidden) + 1)
+            for c in itertools.combinations(hidden, k)]
+
+
+def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
+         host_budget: Optional[int] = None, directory: Optional[str] = None,
+         ssd_free: Optional[int] = None, recompute: bool = True, num_params: int = 0,
+         partitioned=None) -> Plan:
+    """The fastest predicted plan for workload ``w`` (a fixed partitioning) under the budgets.
+
+    Args:
+      w: `Workload.build(partitioned_graph, model)`.
+      profile: a measured `jgrind.plan.profile.Profile`.
+      device_budget, host_budget: bytes (None: unlimited).
+      directory: the SSD store; without one no block goes to SSD.
+      ssd_free: bytes free in ``directory`` (default: unlimited).
+      recompute: allow recomputing activation layers.
+
+    Raises:
+      PlanError: no assignment fits, with the smallest budgets that would.
+    """
+    start = time.perf_counter()
+    dev = UNLIMITED if device_budget is None else int(device_budget)
+    host = UNLIMITED if host_budget is None else int(host_budget)
+    ssd = directory is not None
+    ssd_room = UNLIMITED if ssd_free is None else int(ssd_free)
+    working_set = w.working_set()
+    if working_set > dev:
+        raise PlanError(_too_small(w, dev, host, ssd, working_set))
+    # SSD rates depend on whether the OS page cache will hold the SSD files, which depends on
+    # the plan: solve with both and let the exact prediction decide.
+    coefs = [_Coefficients(w, with_page_cache(profile, cached))
+             for cached in ((False, True) if ssd else (False,))]
+    L = w.num_layers
+    best, candidates, seen = None, [], set()
+    for rset, coef in itertools.product(_recompute_sets(L, recompute), coefs):
+        transient = 2 * max([int(w.block_bytes(l).sum()) for l in rset] or [0])
+        a = _solve(w, coef.profile, coef, rset, device_room=dev - working_set,
+                   host_room=host - transient, ssd=ssd, ssd_room=ssd_room)
+        if a is None:
+            continue
+        key = tuple(c.tobytes() for c in a.activations + a.gradients)
+        if key in seen:
+            continue
+        seen.add(key)
+        base = predict(w, a, profile, 0, num_params)
+        leftover = max(host - base.memory.host, 0) if host < UNLIMITED else \
+            base.memory.ssd
+        for cache in sorted({0, leftover if base.memory.ssd else 0}):
+            p = predict(w, a, profile, cache, num_params)
+            label = (f"recompute {sorted(rset)}" if rset else "store all") + \
+                (f", host cache {_gib(cache)}" if cache else "")
+            candidates.append((label, p.epoch_seconds))
+            if best is None or p.epoch_seconds < best[1].epoch_seconds - 1e-12:
+                best = (a, p, cache, rset)
+    if best is None:
+        raise PlanError(_too_small(w, dev, host, ssd, working_set))
+    a, p, cache, rset = best
+    reasons = _reasons(w, a, p, dev, host, working_set, candidates)
+    return Plan(in_memory=False, num_parts=w.num_parts, assignment=a, prediction=p,
+                epoch_seconds=p.epoch_seconds, cache_bytes=int(cache), reasons=reasons,
+                device_budget=dev, host_budget=host, directory=directory, workload=w,
+                partitioned=partitioned, planning_seconds=time.perf_counter() - start,
+                alternatives=tuple(sorted(candidates, key=lambda c: c[1])))
+
+
+def _too_small(w: Workload, dev: int, host: int, ssd: bool, working_set: int) -> str:
+    """Why no plan fits, and the smallest budgets that would (for this partitioning)."""
+    L = w.num_layers
+    acts = [int(w.block_bytes(l).sum()) for l in range(L)]
+    pairs = max([acts[l] + (acts[l + 1] if l + 1 < L else 0) for l in range(1, L)] or [0])
+    if working_set > dev:
+        return (f"the device budget {_gib(dev)} is below one partition's working set "
+                f"({_gib(working_set)} with {w.num_parts} partitions); use more partitions or "
+                f"a device budget of at least {_gib(working_set)}")
+    # without SSD every block not on the device is in host RAM: recompute all hidden layers
+    smallest_host = acts[0] + pairs + 2 * max(acts[1:] or [0])
+    need_host = max(smallest_host - max(dev - working_set, 0), 0)
+    hint = "" if ssd else " or give an SSD store directory (--store) so blocks can go to disk"
+    return (f"no plan fits a device budget of {_gib(dev)} and a host budget of {_gib(host)}: "
+            f"with {w.num_parts} partitions the smallest budgets that work are device "
+            f"{_gib(working_set)} and host {_gib(0 if ssd else need_host)}; raise the host "
+            f"budget to at least {_gib(need_host)}{hint}")
+
+
+def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates) -> dict:
+    """A short why for every tensor group's fate."""
+    m = p.memory
+    dev_full = dev < UNLIMITED and m.device_tables + working_set > 0.9 * dev
+    host_full = host < UNLIMITED and m.host > 0.9 * host
+    out = {}
+    L = w.num_layers
+    for name, by_layer in ((ACTIVATION, a.activations), (GRADIENT, a.gradients)):
+        for l, codes in enumerate(by_layer):
+            if name == GRADIENT and l == 0:
+                continue
+            present = {int(c) for c in codes}
+            if present == {R}:
+                store_best = min((s for label, s in candidates if label.startswith("store")),
+                                 default=None)
+                out[(name, l)] = ("recomputing it in backward is cheaper than storing and "
+                                  "reloading it" + (f" (best plan storing every layer: "
+                                                    f"{store_best:.3g} s)" if store_best else
+                                                    "; storing every layer does not fit"))
+            elif present == {D}:
+                out[(name, l)] = "fits on the device: no transfers"
+            elif S in present:
+                out[(name, l)] = ("device and host budgets are full" if (dev_full and host_full)
+                                  else "host budget is full" if host_full else
+                                  "SSD is as fast here (I/O hidden behind compute)")
+            elif H in present:
+                out[(name, l)] = ("device budget is full (one partition's working set "
+                                  f"takes {_gib(working_set)})" if dev_full else
+                                  "host is as fast here (transfers hidden behind compute)")
+            else:
+                out[(name, l)] = "mixed"
+    return out
+
+
+# -- whole runs: partitions and the fast path --------------------------------------------------
+def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
+             host_budget: Optional[int] = None, directory: Optional[str] = None,
+             partitioner: Optional[Callable] = None, num_parts: Optional[int] = None,
+             seed: int = 0, recompute: bool = True, progress: Callable = lambda msg: None
+             ) -> Plan:
+    """Plan a whole run of ``model`` on ``graph`` (raw; the model's normalisation is applied):
+    the in-memory fast path if everything fits the device budget, otherwise the number of
+    partitions (unless ``num_parts`` is given) and the fates with the fastest predicted epoch.
+
+    Candidate partition counts: powers of two from the smallest whose working set fits the
+    device budget, and twice that (more partitions shrink the working set and leave more room
+    for blocks, but add halo rows and per-step latency)."""
+    from jgrind.partition import partition_graph
+    from jgrind.partition.partitioners import label_propagation
+    from jgrind.plan.inventory import layer_widths
+    partitioner = partitioner or label_propagation
+    dev = UNLIMITED if device_budget is None else int(device_budget)
+    widths = layer_widths(model, graph.num_features)
+    structure = 2 * (graph.indptr.nbytes + graph.indices.nbytes + 4 * graph.num_edges)
+    fast_bytes = in_memory_bytes(graph.num_nodes, graph.num_edges, graph.num_features, widths,
+                                 structure)
+    num_params = _num_params(widths)
+    if num_parts in (None, 1) and fast_bytes <= dev:
+        w = _single_partition_workload(graph, model)
+        return Plan(in_memory=True, num_parts=1, assignment=None, prediction=None,
+                    epoch_seconds=in_memory_seconds(w, profile), cache_bytes=0,
+                    reasons={}, device_budget=dev,
+                    host_budget=UNLIMITED if host_budget is None else int(host_budget),
+                    directory=directory, workload=w, in_memory_bytes=fast_bytes,
+                    alternatives=(("in-memory fast path", in_memory_seconds(w, profile)),))
+    normalized = model.normalize(graph)
+    ssd_free = None
+    if directory is not None:
+        import shutil
+        try:
+            ssd_free = shutil.disk_usage(directory).free
+        except OSError:
+            ssd_free = None  # the store reports a missing directory with the right message
+    counts = [int(num_parts)] if num_parts else None
+    plans, errors, k = [], [], 2
+    while True:
+        if counts is not None:
+            if not counts:
+                break
+            k = counts.pop(0)
+        if k > min(MAX_PARTS, max(graph.num_nodes, 1)):
+            break
+        progress(f"partitioning into {k} parts")
+        pg = partition_graph(normalized, partitioner(normalized, k, seed=seed), num_parts=k)
+        w = Workload.build(pg, model)
+        try:
+            plans.append(plan(w, profile, device_budget=device_budget, host_budget=host_budget,
+                              directory=directory, ssd_free=ssd_free, recompute=recompute,
+                              num_params=num_params, partitioned=pg))
+            progress(f"{k} parts: predicted {plans[-1].epoch_seconds:.3g} s per epoch")
+        except PlanError as err:
+            errors.append(err)
+            if w.working_set() <= dev:
+                break  # the working set fits: more partitions cannot make the tables fit
+        if counts is None:
+            if len(plans) >= 2:
+                break
+            k *= 2
+    if not plans:
+        raise errors[-1] if errors else PlanError("no partition count fits the budgets")
+    best = min(plans, key=lambda p: p.epoch_seconds)
+    alternatives = tuple((f"{p.num_parts} parts", p.epoch_seconds) for p in plans)
+    return dataclasses.replace(best, alternatives=alternatives + best.alternatives,
+                               in_memory_bytes=fast_bytes)
+
+
+def _num_params(widths) -> int:
+    return int(sum(a * b + b for a, b in zip(widths[:-1], widths[1:])))
+
+
+def _single_partition_workload(graph, model) -> Workload:
+    """The whole graph as one partition with no halo: the fast path's shapes."""
+    from jgrind.plan.inventory import layer_widths
+    one = lambda n: np.array([n], np.int64)  # noqa: E731
+    n, e = graph.num_nodes, graph.num_edges
+    return Workload(widths=tuple(layer_widths(model, graph.num_features)),
+                    layers=tuple(model.layers), owned=one(n), inputs=one(n), edges=one(e),
+                    pad_out=one(n), pad_in=one(n), pad_edges=one(e),
+                    halo=np.zeros((1, 1), np.int64), ssd_calls={}, ssd_rows={},
+                    needs_edges=model.needs_edges, needs_adjacency=model.needs_adjacency,
+                    num_nodes=n, num_edges=e)

@@ -1,0 +1,782 @@
+"""A measured hardware profile: the figures the planner predicts epoch time from.
+
+The planner chooses where each tensor lives by comparing what moving it costs (bytes over a
+measured bandwidth) with what keeping or recomputing it costs (flops over a measured rate).
+Datasheet numbers are no use for that: a VM disk, a container's CPU quota or a page cache that
+answers instead of the SSD change the answer. So `measure` times the operations the engine
+actually performs, on this machine, and `save` keeps the result as JSON (by default in
+``~/.cache/jgrind/profile.json``, see `default_path`) so that it is measured once, not every run.
+
+A profile describes one machine and one software setup; `Profile.stale_reason` says when it no
+longer does (another CPU, another accelerator, another JAX, an older profile format), and
+`load_or_measure` re-measures then. ``jgrind profile`` does the same from the command line.
+
+Every figure is the median of a few repeats after a warm-up (jitted functions compiled first).
+SSD figures keep the page cache out of the way (``O_DIRECT`` where the filesystem allows it,
+``posix_fadvise(DONTNEED)`` otherwise): a file just written is still in RAM, and reading it
+back would measure memory, not the disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import errno
+import json
+import math
+import mmap
+import os
+import pathlib
+import platform
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+import psutil
+
+PROFILE_VERSION = 2  # 2: page-cache figures
+
+_MIB = 2**20
+_PAGE = 4096
+_ADVICE = "run `jgrind profile` to re-measure"
+
+
+class ProfileError(ValueError):
+    """A profile file is unreadable or malformed, or the directory to measure cannot be used."""
+
+
+# ------------------------------------------------------------------------------------------------
+# The profile
+# ------------------------------------------------------------------------------------------------
+
+_FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "copy_bw",
+                 "to_device_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw", "ssd_latency",
+                 "cached_read_bw", "cached_write_bw", "cached_latency", "overlap")
+_INT_FIELDS = ("device_free", "host_free", "ssd_free")
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What this machine does per second, as the planner's cost model needs it.
+
+    Rates are per second, latencies in seconds, sizes in bytes. ``overlap`` is the share of a
+    transfer's time that a concurrent compute step hides (1: transfers are free while compute
+    runs; 0: they add up), measured by running an SSD read and a jitted matmul together.
+    The ``*_free`` figures are a snapshot at measurement time, for defaults only: the planner
+    should check current free space itself before it commits to a plan.
+    """
+
+    version: int
+    machine: dict          # `machine_fingerprint()` of the machine it was measured on
+    created: str           # ISO-8601 UTC timestamp
+    matmul_flops: float    # dense float32 matmul on the default device, flop/s (2*m*k*n each)
+    spmm_rate: float       # jitted `jgrind.sparse.spmm`, nonzeros * width per second
+    step_latency: float    # seconds per dispatch + sync of a tiny jitted call
+    gather_bw: float       # host `x[idx]` of random rows, output bytes/s
+    copy_bw: float         # host `np.copyto` of a large array, bytes/s
+    to_device_bw: float    # `jax.device_put` + `block_until_ready`, bytes/s
+    to_host_bw: float      # `np.asarray(device array)`, bytes/s (a view on the CPU backend)
+    ssd_read_bw: float     # sequential read, page cache out of the way, bytes/s
+    ssd_write_bw: float    # sequential write + fsync, bytes/s
+    ssd_latency: float     # seconds per random 4 KiB read, page cache out of the way
+    cached_read_bw: float  # sequential read of a file held in the OS page cache, bytes/s
+    cached_write_bw: float  # buffered write (no fsync: into the page cache), bytes/s
+    cached_latency: float  # seconds per 4 KiB read served by the page cache (a system call)
+    overlap: float         # latency-hiding factor in [0, 1]
+    device_free: int       # bytes free on the default device (host RAM on the CPU backend)
+    host_free: int         # available host RAM, bytes
+    ssd_free: int          # free bytes on the disk of `directory`
+    directory: str         # where the SSD figures were measured (absolute)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Any) -> "Profile":
+        """The profile in ``d`` (as written by `to_json`); ProfileError names the first
+        missing or bad field. Unknown fields are ignored."""
+        if not isinstance(d, dict):
+            raise ProfileError(f"expected a JSON object, found {type(d).__name__}")
+        values = {}
+        for field in dataclasses.fields(cls):
+            if field.name not in d:
+                raise ProfileError(f"field {field.name!r} is missing")
+            values[field.name] = _check_field(field.name, d[field.name])
+        return cls(**values)
+
+    def stale_reason(self) -> Optional[str]:
+        """None if this profile is current for this machine and this jgrind, else why not, in
+        one line ("it was measured on another machine (...)")."""
+        why = _stale(self)
+        return None if why is None else f"it {why}"
+
+    def format(self) -> str:
+        """A readable table of the figures, with units."""
+        m = self.machine
+        gib = 2**30
+        rows = [
+            ("machine", f"{m.get('cpu')!s}, {m.get('cores')} cores, "
+                        f"{_num(m.get('ram_bytes')) / gib:.1f} GiB RAM"),
+            ("jax", f"{m.get('jax')} on {m.get('backend')} ({m.get('device_kind')})"),
+            ("dense matmul", f"{self.matmul_flops / 1e9:.1f} GFLOP/s"),
+            ("sparse spmm", f"{self.spmm_rate / 1e9:.2f} G nonzeros*width/s"),
+            ("step latency", f"{self.step_latency * 1e3:.3f} ms"),
+            ("host gather", f"{self.gather_bw / 1e9:.2f} GB/s"),
+            ("host copy", f"{self.copy_bw / 1e9:.2f} GB/s"),
+            ("host -> device", f"{self.to_device_bw / 1e9:.2f} GB/s"),
+            ("device -> host", f"{self.to_host_bw / 1e9:.2f} GB/s"),
+            ("SSD read", f"{self.ssd_read_bw / 1e9:.2f} GB/s"),
+            ("SSD write", f"{self.ssd_write_bw / 1e9:.2f} GB/s"),
+            ("SSD 4 KiB read", f"{self.ssd_latency * 1e3:.3f} ms"),
+            ("cached read", f"{self.cached_read_bw / 1e9:.2f} GB/s (file in the page cache)"),
+            ("cached write", f"{self.cached_write_bw / 1e9:.2f} GB/s (no fsync)"),
+            ("cached 4 KiB", f"{self.cached_latency * 1e3:.4f} ms"),
+            ("overlap", f"{self.overlap:.2f} (share of transfer time hidden by compute)"),
+            ("device free", f"{self.device_free / gib:.1f} GiB"),
+            ("host free", f"{self.host_free / gib:.1f} GiB"),
+            ("SSD free", f"{self.ssd_free / gib:.1f} GiB in {self.directory}"),
+        ]
+        head = f"hardware profile (version {self.version}, measured {self.created})"
+        return "\n".join([head] + [f"  {name:<15} {value}" for name, value in rows])
+
+
+def _num(x: Any) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+
+
+def _check_field(name: str, value: Any) -> Any:
+    """``value`` if it is a valid ``name``, else ProfileError saying what is wrong."""
+    def bad(expected: str) -> ProfileError:
+        return ProfileError(f"field {name!r} is {value!r}, expected {expected}")
+
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if name == "version":
+        if not is_int:
+            raise bad("an integer")
+    elif name == "machine":
+        if not isinstance(value, dict):
+            raise bad("an object (the machine fingerprint)")
+        value = dict(value)
+    elif name in ("created", "directory"):
+        if not isinstance(value, str) or not value:
+            raise bad("a non-empty string")
+    elif name in _FLOAT_FIELDS:
+        if not (is_int or isinstance(value, float)) or not math.isfinite(value) or value < 0:
+            raise bad("a finite non-negative number")
+        if name == "overlap" and value > 1:
+            raise bad("a number in [0, 1]")
+        value = float(value)
+    elif name in _INT_FIELDS:
+        if not is_int or value < 0:
+            raise bad("a non-negative integer (bytes)")
+    return value
+
+
+def _stale(profile: Profile) -> Optional[str]:
+    """Why ``profile`` does not describe this machine, as a predicate ("was measured on ..."),
+    or None. Hostnames are not compared: containers get a new one every start."""
+    if profile.version != PROFILE_VERSION:
+        return f"is version {profile.version}; this jgrind writes version {PROFILE_VERSION}"
+    then, now = profile.machine, machine_fingerprint()
+    hardware = [key for key in ("cpu", "cores") if then.get(key) != now[key]]
+    if not abs(_num(then.get("ram_bytes")) - now["ram_bytes"]) <= 0.05 * now["ram_bytes"]:
+        hardware.append("ram_bytes")
+    software = [key for key in ("jax", "backend", "device_kind") if then.get(key) != now[key]]
+    reasons = []
+    if hardware:
+        was, ours = _describe(then), _describe(now)
+        reasons.append(f"was measured on another machine ({', '.join(was[k] for k in hardware)}"
+                       f"; this one has {', '.join(ours[k] for k in hardware)})")
+    if software:
+        names = {"jax": "jax", "backend": "backend", "device_kind": "device"}
+        reasons.append("was measured with " + ", ".join(
+            f"{names[k]} {then.get(k)!r} (now {now[k]!r})" for k in software))
+    return " and ".join(reasons) or None
+
+
+def _describe(fingerprint: dict) -> dict:
+    return {"cpu": f"cpu {fingerprint.get('cpu')!r}", "cores": f"{fingerprint.get('cores')} cores",
+            "ram_bytes": f"{_num(fingerprint.get('ram_bytes')) / 2**30:.1f} GiB RAM"}
+
+
+def machine_fingerprint() -> dict:
+    """What identifies the hardware and software a profile was measured with."""
+    import jax
+
+    return {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "ram_bytes": int(psutil.virtual_memory().total),
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind,
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# ------------------------------------------------------------------------------------------------
+# The file
+# ------------------------------------------------------------------------------------------------
+
+def default_path() -> pathlib.Path:
+    """``$JGRIND_PROFILE``, else ``$JGRIND_CACHE/profile.json``, else
+    ``${XDG_CACHE_HOME:-~/.cache}/jgrind/profile.json`` (beside the compiled kernels)."""
+    explicit = os.environ.get("JGRIND_PROFILE")
+    if explicit:
+        return pathlib.Path(explicit).expanduser()
+    root = os.environ.get("JGRIND_CACHE")
+    if root:
+        return pathlib.Path(root).expanduser() / "profile.json"
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(xdg) / "jgrind" / "profile.json"
+
+
+def save(profile: Profile, path: str | os.PathLike | None = None) -> pathlib.Path:
+    """Write ``profile`` to ``path`` (default `default_path`) atomically: a reader sees the old
+    file or the new one, never half of one. Creates the parent directories."""
+    path = pathlib.Path(path) if path is not None else default_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(profile.to_json(), f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load(path: str | os.PathLike | None = None) -> Profile:
+    """The profile saved at ``path`` (default `default_path`). ProfileError if the file is not
+    a valid profile; FileNotFoundError if there is none."""
+    path = pathlib.Path(path) if path is not None else default_path()
+    try:
+        return _read(path)
+    except ProfileError as err:
+        raise ProfileError(f"{err}; {_ADVICE}") from None
+
+
+def _read(path: pathlib.Path) -> Profile:
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProfileError(f"profile {path} is not valid JSON ({err})") from None
+    try:
+        return Profile.from_json(data)
+    except ProfileError as err:
+        raise ProfileError(f"profile {path} is malformed: {err}") from None
+
+
+def load_or_measure(path: str | os.PathLike | None = None,
+                    directory: str | os.PathLike | None = None, *, remeasure: bool = False,
+                    log: Optional[Callable[[str], None]] = None) -> Profile:
+    """The saved profile if it is current, else a fresh measurement (saved for next time).
+
+    Re-measures when asked (``remeasure``), when there is no readable profile at ``path``, when
+    it is stale (`Profile.stale_reason`), or when ``directory`` is given and is not where the
+    saved SSD figures were measured (another disk may be much slower). ``log`` gets one line
+    saying why. A fresh profile that cannot be saved (read-only cache) is still returned.
+    """
+    path = pathlib.Path(path) if path is not None else default_path()
+    why = None
+    if remeasure:
+        why = f"re-measuring the hardware profile as asked (saving to {path})"
+    else:
+        try:
+            profile = _read(path)
+        except FileNotFoundError:
+            why = f"no hardware profile at {path}; measuring one"
+        except ProfileError as err:
+            why = f"{err}; re-measuring"
+        else:
+            stale = _stale(profile)
+            if stale is not None:
+                why = f"profile {path} {stale}; re-measuring"
+            elif directory is not None and _where(directory) != profile.directory:
+                why = (f"profile {path} measured the SSD in {profile.directory}, not in "
+                       f"{_where(directory)}; re-measuring")
+            else:
+                return profile
+    if log is not None:
+        log(why)
+    profile = measure(directory)
+    try:
+        save(profile, path)
+    except OSError as err:
+        if log is not None:
+            log(f"could not save the hardware profile to {path} ({err}); using it for this "
+                "run only")
+    return profile
+
+
+def _where(directory: str | os.PathLike) -> str:
+    return str(pathlib.Path(directory).expanduser().resolve())
+
+
+# ------------------------------------------------------------------------------------------------
+# Measurement
+# ------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _Sizes:
+    matmul: tuple[int, int]          # (m, k): chained (m x k) @ (k x k) products
+    matmul_chain: int                # products per jitted call
+    spmm: tuple[int, int, int]       # rows (= columns), nonzeros, width
+    latency_calls: int               # synchronous calls per latency batch
+    gather: tuple[int, int, int]     # table rows, width, rows gathered
+    copy_bytes: int
+    transfer_bytes: int              # host <-> device
+    ssd_bytes: int                   # size of the SSD test file
+    chunk: int                       # bytes per sequential write / read call
+    random_reads: int                # 4 KiB reads per latency batch
+    target: float                    # seconds per timed batch of compute
+    overlap_seconds: float           # duration of each side of the overlap test
+    repeats: int
+
+
+_FULL = _Sizes(matmul=(4096, 256), matmul_chain=8, spmm=(200_000, 2_000_000, 64),
+               latency_calls=200, gather=(1_000_000, 64, 250_000), copy_bytes=256 * _MIB,
+               transfer_bytes=64 * _MIB, ssd_bytes=256 * _MIB, chunk=8 * _MIB,
+               random_reads=256, target=0.2, overlap_seconds=0.3, repeats=5)
+_QUICK = _Sizes(matmul=(1024, 128), matmul_chain=4, spmm=(20_000, 100_000, 32),
+                latency_calls=30, gather=(50_000, 32, 12_500), copy_bytes=8 * _MIB,
+                transfer_bytes=4 * _MIB, ssd_bytes=16 * _MIB, chunk=4 * _MIB,
+                random_reads=32, target=0.02, overlap_seconds=0.04, repeats=3)
+
+
+def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
+            progress: bool = False) -> Profile:
+    """Measure this machine; the SSD figures on the disk that holds ``directory`` (default: the
+    system temporary directory; pass the store directory the SSD tier will use).
+
+    Takes roughly 10-30 s (``quick``: about 2 s, with sizes too small for stable figures; for
+    tests). ``progress`` prints one line per figure to stderr. Its temporary file is removed
+    whatever happens. Measure on an otherwise idle machine: a concurrent job lowers the compute
+    figures, and the profile is reused by later runs.
+    """
+    import jax
+
+    root = _check_directory(directory)
+    sizes = _QUICK if quick else _FULL
+    free = shutil.disk_usage(root).free
+    if free < 2 * sizes.ssd_bytes:
+        raise ProfileError(f"{root} has {free / _MIB:.0f} MiB free; measuring its disk needs "
+                           f"{2 * sizes.ssd_bytes / _MIB:.0f} MiB: free space or pass another "
+                           "directory (--store)")
+
+    def report(line: str) -> None:
+        if progress:
+            print(f"profile: {line}", file=sys.stderr, flush=True)
+
+    rng = np.random.default_rng(0)
+    matmul_step, matmul_x, matmul_work = _matmul_step(sizes, rng)
+    matmul_flops = _chain_rate(matmul_step, matmul_x, matmul_work, sizes)
+    m, k = sizes.matmul
+    report(f"dense matmul {matmul_flops / 1e9:.1f} GFLOP/s ({m}x{k} @ {k}x{k})")
+    spmm_rate = _spmm_rate(sizes, rng)
+    report(f"sparse spmm {spmm_rate / 1e9:.2f} G nonzeros*width/s "
+           f"({sizes.spmm[1]} nonzeros, width {sizes.spmm[2]})")
+    step_latency = _step_latency(sizes)
+    report(f"step latency {step_latency * 1e3:.3f} ms")
+    gather_bw = _gather_bw(sizes, rng)
+    report(f"host gather {gather_bw / 1e9:.2f} GB/s")
+    copy_bw = _copy_bw(sizes)
+    report(f"host copy {copy_bw / 1e9:.2f} GB/s")
+    to_device_bw, to_host_bw = _transfer_bw(sizes)
+    report(f"host -> device {to_device_bw / 1e9:.2f} GB/s, "
+           f"device -> host {to_host_bw / 1e9:.2f} GB/s")
+
+    fd, name = _make_file(root)
+    try:
+        ssd_write_bw = _ssd_write(fd, sizes, rng)
+        report(f"SSD write {ssd_write_bw / 1e9:.2f} GB/s (+ fsync, in {root})")
+        with _UncachedReader(name, sizes.chunk) as reader:
+            ssd_read_bw = statistics.median(
+                sizes.ssd_bytes / reader.read(sizes.ssd_bytes) for _ in range(sizes.repeats))
+            how = "O_DIRECT" if reader.direct else "buffered, after fadvise(DONTNEED)"
+            report(f"SSD read {ssd_read_bw / 1e9:.2f} GB/s ({how})")
+            ssd_latency = reader.random_latency(sizes.random_reads, sizes.repeats, rng)
+            report(f"SSD 4 KiB random read {ssd_latency * 1e3:.3f} ms")
+            overlap = _overlap(reader, ssd_read_bw, matmul_step, matmul_x,
+                               matmul_work / matmul_flops, sizes)
+            report(f"overlap {overlap:.2f}")
+        cached_write_bw, cached_read_bw, cached_latency = _page_cache(fd, name, sizes, rng)
+        report(f"page cache: read {cached_read_bw / 1e9:.2f} GB/s, write "
+               f"{cached_write_bw / 1e9:.2f} GB/s, 4 KiB read {cached_latency * 1e3:.4f} ms")
+    finally:
+        os.close(fd)
+        pathlib.Path(name).unlink(missing_ok=True)
+
+    return Profile(
+        version=PROFILE_VERSION, machine=machine_fingerprint(),
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        matmul_flops=matmul_flops, spmm_rate=spmm_rate, step_latency=step_latency,
+        gather_bw=gather_bw, copy_bw=copy_bw, to_device_bw=to_device_bw, to_host_bw=to_host_bw,
+        ssd_read_bw=ssd_read_bw, ssd_write_bw=ssd_write_bw, ssd_latency=ssd_latency,
+        cached_read_bw=cached_read_bw, cached_write_bw=cached_write_bw,
+        cached_latency=cached_latency, overlap=overlap, device_free=_device_free(jax.devices()[0]),
+        host_free=int(psutil.virtual_memory().available),
+        ssd_free=int(shutil.disk_usage(root).free),
+        directory=str(root))
+
+
+def _check_directory(directory: str | os.PathLike | None) -> pathlib.Path:
+    root = pathlib.Path(directory if directory is not None else tempfile.gettempdir())
+    root = root.expanduser()
+    if not root.exists():
+        raise ProfileError(f"directory {root} does not exist; create it, or pass the directory "
+                           "the SSD tier will use (--store)")
+    if not root.is_dir():
+        raise ProfileError(f"{root} is not a directory; pass the directory the SSD tier will "
+                           "use (--store)")
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise ProfileError(f"directory {root} is not writable; pass a directory you can write "
+                           "to on the disk the SSD tier will use (--store)")
+    return root.resolve()
+
+
+def _device_free(device) -> int:
+    """Free bytes on ``device``: its allocator's limit minus use where it reports them (GPU,
+    TPU); on the CPU backend "device" memory is host RAM."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - backends that do not implement it raise various errors
+        stats = None
+    if stats and "bytes_limit" in stats and "bytes_in_use" in stats:
+        return max(0, int(stats["bytes_limit"]) - int(stats["bytes_in_use"]))
+    return int(psutil.virtual_memory().available)
+
+
+# -- compute -------------------------------------------------------------------------------------
+
+def _chain_rate(step: Callable, x, work: float, sizes: _Sizes) -> float:
+    """Work per second of ``x = step(x)``, with enough calls per timed batch to fill
+    ``sizes.target`` seconds (so dispatch and sync do not count), median over repeats."""
+    _time_chain(step, x, 1)  # compiles
+    once = _time_chain(step, x, 1)
+    calls = max(1, min(100_000, round(sizes.target / max(once, 1e-9))))
+    times = [_time_chain(step, x, calls) for _ in range(sizes.repeats)]
+    return work * calls / statistics.median(times)
+
+
+def _time_chain(step: Callable, x, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        x = step(x)
+    x.block_until_ready()
+    return time.perf_counter() - start
+
+
+def _matmul_step(sizes: _Sizes, rng: np.random.Generator):
+    """A jitted chain of ``x @ w`` products (several per call, so that dispatch does not count
+    even on a fast accelerator); ``w`` is orthogonal, so values neither blow up nor decay into
+    denormals however many calls follow each other. Returns the step, its input and flops."""
+    import jax
+
+    m, k = sizes.matmul
+    chain = sizes.matmul_chain
+    w, _ = np.linalg.qr(rng.standard_normal((k, k)))
+    w = jax.device_put(w.astype(np.float32))
+    x = jax.device_put(rng.standard_normal((m, k), dtype=np.float32))
+
+    @jax.jit
+    def products(x, w, n):
+        # n is traced: a real loop, so the compiler cannot reassociate the chain into
+        # x @ (w @ w @ ...), which would do less work than is counted.
+        return jax.lax.fori_loop(0, n, lambda _, y: y @ w, x)
+
+    return (lambda x: products(x, w, chain)), x, 2.0 * m * k * k * chain
+
+
+def _spmm_rate(sizes: _Sizes, rng: np.random.Generator) -> float:
+    """``A @ x`` through `jgrind.sparse.spmm` (the default backend, jitted) for a random square
+    ``A`` with uniform degrees and mean weights, chained so that each product feeds the next."""
+    import jax
+
+    from jgrind.sparse import adjacency, spmm
+
+    rows, nnz, width = sizes.spmm
+    degree = max(1, nnz // rows)
+    indptr = np.arange(rows + 1, dtype=np.int64) * degree
+    indices = np.sort(rng.integers(0, rows, (rows, degree), dtype=np.int32), axis=1).ravel()
+    adj = jax.device_put(adjacency(indptr, indices, np.full(indices.size, 1 / degree,
+                                                           np.float32), rows))
+    x = jax.device_put(rng.standard_normal((rows, width), dtype=np.float32))
+    product = jax.jit(spmm)
+    return _chain_rate(lambda x: product(adj, x), x, float(indices.size) * width, sizes)
+
+
+def _step_latency(sizes: _Sizes) -> float:
+    """Seconds per call of a trivial jitted function, each call waited for."""
+    import jax
+
+    tiny = jax.jit(lambda x: x + 1)
+    x = jax.device_put(np.zeros(8, np.float32))
+    tiny(x).block_until_ready()
+    batches = []
+    for _ in range(sizes.repeats):
+        start = time.perf_counter()
+        for _ in range(sizes.latency_calls):
+            tiny(x).block_until_ready()
+        batches.append((time.perf_counter() - start) / sizes.latency_calls)
+    return statistics.median(batches)
+
+
+# -- host memory and transfers ---------------------------------------------------------------
+
+def _median_rate(nbytes: int, run: Callable[[], None], repeats: int) -> float:
+    """``nbytes`` over the median time of ``run()``, after one untimed warm-up run."""
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return nbytes / statistics.median(times)
+
+
+def _gather_bw(sizes: _Sizes, rng: np.random.Generator) -> float:
+    """``x[idx]`` for random rows, in ascending order as the engine gathers halo rows."""
+    rows, width, picked = sizes.gather
+    table = np.ones((rows, width), np.float32)
+    idx = np.sort(rng.choice(rows, picked, replace=False))
+    return _median_rate(picked * width * 4, lambda: table[idx], sizes.repeats)
+
+
+def _copy_bw(sizes: _Sizes) -> float:
+    src = np.ones(sizes.copy_bytes // 4, np.float32)
+    dst = np.empty_like(src)
+    return _median_rate(src.nbytes, lambda: np.copyto(dst, src), sizes.repeats)
+
+
+def _transfer_bw(sizes: _Sizes) -> tuple[float, float]:
+    """Host -> device (``device_put``) and device -> host (``np.asarray``) bytes/s. Each
+    device -> host read gets a fresh device array: a JAX array caches its host copy."""
+    import jax
+
+    host = np.ones(sizes.transfer_bytes // 4, np.float32)
+    to_device = _median_rate(host.nbytes, lambda: jax.device_put(host).block_until_ready(),
+                             sizes.repeats)
+    times = []
+    for i in range(sizes.repeats + 1):
+        on_device = jax.device_put(host)
+        on_device.block_until_ready()
+        start = time.perf_counter()
+        np.asarray(on_device)
+        if i:  # the first is a warm-up
+            times.append(time.perf_counter() - start)
+        del on_device
+    return to_device, host.nbytes / statistics.median(times)
+
+
+# -- SSD -------------------------------------------------------------------------------------
+
+def _make_file(root: pathlib.Path) -> tuple[int, str]:
+    try:
+        return tempfile.mkstemp(dir=root, prefix=".jgrind-profile-", suffix=".tmp")
+    except OSError as err:
+        raise ProfileError(f"cannot create a file in {root} ({err.strerror}); pass a directory "
+                           "you can write to (--store)") from None
+
+
+def _ssd_write(fd: int, sizes: _Sizes, rng: np.random.Generator) -> float:
+    """Sequential ``os.write`` of the whole file in chunks, then fsync: the time until the data
+    is on the disk. Random bytes, so that a compressing or deduplicating layer cannot cheat.
+    The file is rewritten from empty each repeat; the last one stays for the reads."""
+    chunk = rng.bytes(sizes.chunk)
+    times = []
+    for _ in range(min(3, sizes.repeats)):
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.fsync(fd)
+        start = time.perf_counter()
+        for _ in range(sizes.ssd_bytes // sizes.chunk):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
+        os.fsync(fd)
+        times.append(time.perf_counter() - start)
+    return sizes.ssd_bytes / statistics.median(times)
+
+
+def _page_cache(fd: int, name: str, sizes: _Sizes,
+                rng: np.random.Generator) -> tuple[float, float, float]:
+    """Buffered write (no fsync), sequential read and 4 KiB reads of a file the OS page cache
+    holds: what the SSD tier costs while its files fit in the RAM the budgets leave free
+    (the engine reads and writes through the page cache)."""
+    chunk = np.frombuffer(rng.bytes(sizes.chunk), np.uint8)
+    count = sizes.ssd_bytes // sizes.chunk
+
+    def write() -> None:
+        for i in range(count):
+            os.pwrite(fd, chunk, i * sizes.chunk)
+
+    write_bw = _median_rate(count * sizes.chunk, write, sizes.repeats)
+    reader = os.open(name, os.O_RDONLY)
+    span = 64 << 10  # the engine reads row spans of tens of KiB into fresh buffers
+    spans = count * sizes.chunk // span
+    try:
+        def read() -> None:
+            for i in range(spans):
+                os.preadv(reader, [np.empty(span, np.uint8)], i * span)
+
+        read_bw = _median_rate(spans * span, read, sizes.repeats)
+        pages = count * sizes.chunk // _PAGE
+        offsets = rng.choice(pages, min(pages, sizes.random_reads), replace=False) * _PAGE
+        page = np.empty(_PAGE, np.uint8)
+        start = time.perf_counter()
+        for offset in offsets:
+            os.preadv(reader, [page], int(offset))
+        latency = (time.perf_counter() - start) / max(1, offsets.size)
+    finally:
+        os.close(reader)
+    return write_bw, read_bw, latency
+
+
+class _UncachedReader:
+    """Reads a file with the page cache out of the way: ``O_DIRECT`` (into a page-aligned
+    buffer) when the filesystem accepts it, else buffered reads after evicting the file with
+    ``posix_fadvise(DONTNEED)`` before every pass."""
+
+    def __init__(self, name: str, chunk: int):
+        self.name = name
+        self.chunk = chunk
+        self.buffer = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT requires
+        self.fd, self.direct = self._open()
+
+    def _open(self) -> tuple[int, bool]:
+        flag = getattr(os, "O_DIRECT", 0)
+        if flag:
+            try:
+                fd = os.open(self.name, os.O_RDONLY | flag)
+            except OSError as err:
+                if err.errno != errno.EINVAL:
+                    raise
+            else:
+                try:
+                    with memoryview(self.buffer) as view:
+                        os.preadv(fd, [view[:_PAGE]], 0)  # some filesystems refuse only here
+                    return fd, True
+                except OSError as err:
+                    os.close(fd)
+                    if err.errno != errno.EINVAL:
+                        raise
+        return os.open(self.name, os.O_RDONLY), False
+
+    def evict(self) -> None:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def read(self, nbytes: int) -> float:
+        """Seconds to read the first ``nbytes`` (a multiple of the chunk) sequentially."""
+        self.evict()
+        with memoryview(self.buffer) as view:
+            start = time.perf_counter()
+            offset = 0
+            while offset < nbytes:
+                got = os.preadv(self.fd, [view], offset)
+                if got <= 0:
+                    raise ProfileError(f"{self.name} ended early at byte {offset}")
+                offset += got
+            return time.perf_counter() - start
+
+    def random_latency(self, reads: int, repeats: int, rng: np.random.Generator) -> float:
+        """Median over repeats of the mean seconds per 4 KiB read at distinct random aligned
+        offsets (readahead off, so that one read does not bring in the next)."""
+        pages = os.fstat(self.fd).st_size // _PAGE
+        offsets = rng.choice(pages, min(pages, reads * repeats), replace=False) * _PAGE
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+        batches = []
+        with memoryview(self.buffer) as view:
+            page = view[:_PAGE]
+            for batch in np.array_split(offsets, repeats):
+                self.evict()
+                start = time.perf_counter()
+                for offset in batch:
+                    os.preadv(self.fd, [page], int(offset))
+                batches.append((time.perf_counter() - start) / max(1, batch.size))
+            page.release()
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        return statistics.median(batches)
+
+    def __enter__(self) -> "_UncachedReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+        self.buffer.close()
+
+
+def _overlap(reader: _UncachedReader, read_bw: float, step: Callable, x, step_seconds: float,
+             sizes: _Sizes) -> float:
+    """The share of an SSD read's time that a concurrent compute step hides.
+
+    Times a jitted matmul chain alone (``t_c``), a read of an evicted file alone on a thread
+    (``t_io``, about as long), and both at once (``t_both``, compute on this thread):
+    ``clamp((t_c + t_io - t_both) / min(t_c, t_io), 0, 1)``, median over repeats. 1 means
+    the read costs nothing while compute runs; 0 that the two take turns (one CPU core doing
+    both, or a read that burns CPU copying out of the page cache).
+    """
+    chunks = max(1, min(sizes.ssd_bytes, int(read_bw * sizes.overlap_seconds)) // sizes.chunk)
+    nbytes = chunks * sizes.chunk
+    shares = []
+    for _ in range(sizes.repeats):
+        start = time.perf_counter()
+        _start_read(reader, nbytes)()
+        t_io = time.perf_counter() - start
+        calls = max(1, round(t_io / step_seconds))
+        t_c = _time_chain(step, x, calls)
+        start = time.perf_counter()
+        join = _start_read(reader, nbytes)
+        _time_chain(step, x, calls)
+        join()
+        t_both = time.perf_counter() - start
+        shares.append((t_c + t_io - t_both) / max(min(t_c, t_io), 1e-9))
+    return min(1.0, max(0.0, statistics.median(shares)))
+
+
+def _start_read(reader: _UncachedReader, nbytes: int) -> Callable[[], None]:
+    """Start ``reader.read(nbytes)`` on a thread; returns a function that waits for it and
+    re-raises its error, if any."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            reader.read(nbytes)
+        except BaseException as err:  # noqa: BLE001 - re-raised by join()
+            failure.append(err)
+
+    thread = threading.Thread(target=run, name="jgrind-profile-read", daemon=True)
+    thread.start()
+
+    def join() -> None:
+        thread.join()
+        if failure:
+            raise failure[0]
+
+    return join

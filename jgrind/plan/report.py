@@ -1,0 +1,129 @@
+"""A plan for people: a table of fates with reasons, predicted peaks and time, and two charts
+(the schedule as a Gantt chart, memory per tier over the epoch)."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Optional
+
+from jgrind.plan.planner import Plan
+
+
+def _size(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _budget(n: int) -> str:
+    return "unlimited" if n >= 1 << 61 else _size(n)
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as text: what is decided, per tensor group, why, and what it is predicted to
+    cost."""
+    lines = []
+    budgets = (f"device budget {_budget(plan.device_budget)}, host budget "
+               f"{_budget(plan.host_budget)}, SSD store "
+               f"{plan.directory if plan.directory else 'none'}")
+    if plan.in_memory:
+        lines += [f"plan: in-memory fast path ({budgets})",
+                  f"  everything fits on the device ({_size(plan.in_memory_bytes)} estimated "
+                  "peak): one jitted step for the whole model, no partitions, no offloading",
+                  f"  predicted epoch time: {plan.epoch_seconds:.3f} s"]
+        return "\n".join(lines)
+    p = plan.prediction
+    lines.append(f"plan: {plan.num_parts} partitions, host cache "
+                 f"{_size(plan.cache_bytes) if plan.cache_bytes else 'off'} ({budgets})")
+    header = f"  {'tensor':<7} {'bytes':>11}  {'fate':<26} why"
+    lines += ["", header, "  " + "-" * (len(header) + 30)]
+    for row in plan.groups():
+        lines.append(f"  {row['tensor']:<7} {_size(row['bytes']):>11}  {row['fate']:<26} "
+                     f"{row['why']}")
+    m = p.memory
+    lines += ["", "predicted peak memory per tier:",
+              f"  device  {_size(m.peak_device + m.device_working_set):>11}  (blocks "
+              f"{_size(m.peak_device)} + one partition's working set "
+              f"{_size(m.device_working_set)})",
+              f"  host    {_size(m.peak_host):>11}  (blocks and recomputed layers "
+              f"{_size(m.peak_host - m.host_cache)} + cache {_size(m.host_cache)})",
+              f"  ssd     {_size(m.peak_ssd):>11}",
+              "", f"predicted epoch time: {plan.epoch_seconds:.3f} s "
+              f"(overlap factor {p.overlap:.2f})"]
+    lines.append(f"  {'sweep':<13} {'compute s':>10} {'I/O s':>9} {'time s':>9}  moves")
+    for s in p.sweeps:
+        lines.append(f"  {s.label:<13} {s.compute:>10.4f} {s.io:>9.4f} "
+                     f"{s.seconds(p.overlap):>9.4f}  {'; '.join(s.moves)}")
+    if plan.alternatives:
+        lines += ["", "candidates considered (predicted s per epoch):"]
+        for label, seconds in plan.alternatives[:12]:
+            lines.append(f"  {seconds:>10.4f}  {label}")
+    lines.append(f"\nplanning took {plan.planning_seconds:.3f} s")
+    return "\n".join(lines)
+
+
+def print_plan(plan: Plan) -> None:
+    """Print `format_plan`."""
+    print(format_plan(plan))
+
+
+def plot_plan(plan: Plan, directory: str | pathlib.Path) -> Optional[tuple]:
+    """Write ``plan-schedule.png`` (a Gantt chart of the epoch: compute and I/O per sweep) and
+    ``plan-memory.png`` (predicted bytes per tier over the epoch) to ``directory``. Returns the
+    two paths, or None for the in-memory fast path (nothing to schedule)."""
+    if plan.in_memory or plan.prediction is None:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    p = plan.prediction
+    rows = p.schedule()
+    lanes = ["compute", "host I/O", "ssd I/O"]
+    colors = {"forward": "tab:blue", "backward": "tab:orange", "recompute": "tab:red",
+              "host I/O": "tab:green", "ssd I/O": "tab:purple"}
+    fig, ax = plt.subplots(figsize=(11, 3.2))
+    for r in rows:
+        if r["lane"] not in lanes:
+            continue
+        y = lanes.index(r["lane"])
+        color = colors.get(r["what"], colors.get(r["lane"], "grey"))
+        ax.barh(y, r["end"] - r["start"], left=r["start"], color=color, edgecolor="black",
+                linewidth=0.4)
+    for r in rows:
+        if r["lane"] == "epoch":
+            ax.axvline(r["start"], color="grey", lw=0.4, ls=":")
+            ax.text((r["start"] + r["end"]) / 2, len(lanes) - 0.4, r["sweep"], ha="center",
+                    va="bottom", fontsize=7, rotation=30)
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.set_ylim(-0.6, len(lanes) + 0.6)
+    ax.set_xlabel("seconds into the epoch (predicted)")
+    ax.set_title(f"plan schedule: {plan.num_parts} partitions, predicted "
+                 f"{plan.epoch_seconds:.3f} s per epoch")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    ax.legend(handles, list(colors), fontsize=7, loc="lower right", ncol=5)
+    fig.tight_layout()
+    schedule = directory / "plan-schedule.png"
+    fig.savefig(schedule, dpi=120)
+    plt.close(fig)
+
+    timeline = p.timeline(plan.workload, plan.assignment)
+    t = [x[0] for x in timeline]
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for i, (name, budget) in enumerate((("device", plan.device_budget),
+                                        ("host", plan.host_budget), ("ssd", None)), start=1):
+        line, = ax.step(t, [x[i] / 2**20 for x in timeline], where="post", label=name)
+        if budget is not None and budget < 1 << 61:
+            ax.axhline(budget / 2**20, color=line.get_color(), ls="--", lw=0.8)
+    ax.set_xlabel("seconds into the epoch (predicted)")
+    ax.set_ylabel("MiB stored (dashed: budget)")
+    ax.set_title("predicted memory per tier (stored blocks)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    memory = directory / "plan-memory.png"
+    fig.savefig(memory, dpi=120)
+    plt.close(fig)
+    return schedule, memory

@@ -1,0 +1,244 @@
+import dataclasses
+import errno
+import json
+import math
+import os
+
+import pytest
+
+from jgrind.cli import main
+from jgrind.plan import profile
+from jgrind.plan.profile import PROFILE_VERSION, Profile, ProfileError
+
+RATES = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "copy_bw", "to_device_bw",
+         "to_host_bw", "ssd_read_bw", "ssd_write_bw", "ssd_latency")
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """One quick measurement shared by the tests (about half a second), and where it ran."""
+    where = tmp_path_factory.mktemp("store")
+    return profile.measure(where, quick=True), where
+
+
+@pytest.fixture
+def quick_measure(monkeypatch):
+    """`load_or_measure` measures at full size; make it quick, and count its calls."""
+    calls = []
+    real = profile.measure
+
+    def fake(directory=None, **kwargs):
+        calls.append(directory)
+        return real(directory, quick=True)
+
+    monkeypatch.setattr(profile, "measure", fake)
+    return calls
+
+
+def test_measure_gives_positive_figures_and_removes_its_files(measured):
+    got, where = measured
+    for name in RATES:
+        value = getattr(got, name)
+        assert math.isfinite(value) and value > 0, (name, value)
+    assert 0 <= got.overlap <= 1
+    assert got.device_free > 0 and got.host_free > 0 and got.ssd_free > 0
+    assert got.version == PROFILE_VERSION and got.directory == str(where.resolve())
+    assert got.machine["cores"] == os.cpu_count() and got.machine["backend"]
+    assert list(where.iterdir()) == []
+
+
+def test_measure_removes_its_file_when_a_measurement_fails(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(profile, "_overlap", broken)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        profile.measure(tmp_path, quick=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_measure_rejects_bad_directories(tmp_path):
+    with pytest.raises(ProfileError, match="does not exist"):
+        profile.measure(tmp_path / "nope", quick=True)
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    with pytest.raises(ProfileError, match="not a directory"):
+        profile.measure(afile, quick=True)
+    if os.geteuid() != 0:  # root may write anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(ProfileError, match="not writable"):
+            profile.measure(locked, quick=True)
+
+
+def test_ssd_reads_keep_the_page_cache_out_of_the_way(tmp_path, monkeypatch):
+    """O_DIRECT where the filesystem takes it, else fadvise(DONTNEED) before every pass."""
+    name = tmp_path / "data"
+    name.write_bytes(os.urandom(1 << 20))
+    advice = []
+    real_fadvise, real_open = os.posix_fadvise, os.open
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, o, n, a: (advice.append(a),
+                                                                  real_fadvise(fd, o, n, a)))
+
+    def no_direct(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    with profile._UncachedReader(str(name), 1 << 18) as reader:
+        assert not reader.direct
+        assert reader.read(1 << 20) > 0 and advice == [os.POSIX_FADV_DONTNEED]
+        reader.read(1 << 20)
+        assert advice.count(os.POSIX_FADV_DONTNEED) == 2
+
+
+def test_save_load_round_trip_and_default_path(measured, tmp_path, monkeypatch):
+    got, _ = measured
+    path = profile.save(got, tmp_path / "new" / "profile.json")
+    assert profile.load(path) == got
+    assert [p.name for p in path.parent.iterdir()] == ["profile.json"]  # no temporary left
+
+    def crash(*args):
+        raise OSError("power cut")
+
+    monkeypatch.setattr(os, "replace", crash)  # atomic: a failed save leaves the old file
+    with pytest.raises(OSError, match="power cut"):
+        profile.save(dataclasses.replace(got, created="never"), path)
+    monkeypatch.undo()
+    assert profile.load(path) == got and [p.name for p in path.parent.iterdir()] == [path.name]
+    monkeypatch.delenv("JGRIND_PROFILE", raising=False)
+    monkeypatch.setenv("JGRIND_CACHE", str(tmp_path / "cache"))
+    assert profile.default_path() == tmp_path / "cache" / "profile.json"
+    monkeypatch.setenv("JGRIND_PROFILE", str(tmp_path / "mine.json"))
+    assert profile.save(got) == tmp_path / "mine.json" and profile.load() == got
+
+
+def test_load_of_malformed_files_names_the_file(measured, tmp_path):
+    got, _ = measured
+    path = tmp_path / "profile.json"
+    path.write_text("{not json")
+    with pytest.raises(ProfileError, match="not valid JSON") as err:
+        profile.load(path)
+    assert str(path) in str(err.value) and "jgrind profile" in str(err.value)
+    data = got.to_json()
+    del data["ssd_read_bw"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match="'ssd_read_bw' is missing") as err:
+        profile.load(path)
+    assert str(path) in str(err.value)
+    path.write_text(json.dumps({**got.to_json(), "overlap": 2.5}))
+    with pytest.raises(ProfileError, match="'overlap'"):
+        profile.load(path)
+    with pytest.raises(FileNotFoundError):
+        profile.load(tmp_path / "absent.json")
+
+
+def test_stale_reason(measured):
+    got, _ = measured
+    assert got.stale_reason() is None
+    moved = dataclasses.replace(got, machine={**got.machine, "hostname": "elsewhere"})
+    assert moved.stale_reason() is None  # containers get new hostnames
+
+    other = dataclasses.replace(got, machine={**got.machine, "cpu": "Imaginary CPU 9000",
+                                              "cores": os.cpu_count() + 14})
+    why = other.stale_reason()
+    assert "another machine" in why and "Imaginary CPU 9000" in why
+    assert f"{os.cpu_count() + 14} cores" in why
+
+    ram = got.machine["ram_bytes"]
+    assert dataclasses.replace(got, machine={**got.machine, "ram_bytes": int(ram * 1.02)}
+                               ).stale_reason() is None
+    assert "RAM" in dataclasses.replace(got, machine={**got.machine, "ram_bytes": ram * 2}
+                                        ).stale_reason()
+    assert "jax '0.0.1'" in dataclasses.replace(got, machine={**got.machine, "jax": "0.0.1"}
+                                                ).stale_reason()
+    assert "version 0" in dataclasses.replace(got, version=0).stale_reason()
+
+
+def test_load_or_measure_remeasures_a_stale_file(measured, tmp_path, quick_measure):
+    got, where = measured
+    path = tmp_path / "profile.json"
+    profile.save(dataclasses.replace(got, machine={**got.machine, "cpu": "Imaginary CPU"}), path)
+    logs = []
+    fresh = profile.load_or_measure(path, where, log=logs.append)
+    assert quick_measure == [where]
+    assert len(logs) == 1 and str(path) in logs[0]
+    assert "another machine" in logs[0] and "re-measuring" in logs[0]
+    saved = profile.load(path)
+    assert saved == fresh and saved.stale_reason() is None
+
+
+def test_load_or_measure_reuses_a_current_file(measured, tmp_path, monkeypatch):
+    got, where = measured
+    path = profile.save(got, tmp_path / "profile.json")
+
+    def fail(*args, **kwargs):
+        raise AssertionError("measured although the saved profile is current")
+
+    monkeypatch.setattr(profile, "measure", fail)
+    logs = []
+    assert profile.load_or_measure(path, log=logs.append) == got
+    assert profile.load_or_measure(path, where, log=logs.append) == got
+    assert logs == []
+
+
+def test_load_or_measure_remeasures_when_asked_missing_broken_or_elsewhere(measured, tmp_path,
+                                                                          monkeypatch):
+    got, where = measured
+    calls = []
+
+    def fake(directory=None, **kwargs):
+        calls.append(directory)
+        return dataclasses.replace(got, created=f"measurement {len(calls)}")
+
+    monkeypatch.setattr(profile, "measure", fake)
+    path = profile.save(got, tmp_path / "profile.json")
+    logs = []
+    assert profile.load_or_measure(path, remeasure=True, log=logs.append).created \
+        == "measurement 1"
+    assert profile.load(path).created == "measurement 1" and "as asked" in logs[-1]
+
+    other = tmp_path / "other-disk"
+    other.mkdir()
+    profile.load_or_measure(path, other, log=logs.append)
+    assert calls[-1] == other and "measured the SSD in" in logs[-1]
+
+    path.write_text("{broken")
+    profile.load_or_measure(path, log=logs.append)
+    assert "not valid JSON" in logs[-1] and profile.load(path).created == "measurement 3"
+
+    profile.load_or_measure(tmp_path / "absent.json", log=logs.append)
+    assert "no hardware profile" in logs[-1] and (tmp_path / "absent.json").exists()
+    assert len(calls) == len(logs) == 4
+
+
+def test_profile_command(tmp_path, capsys):
+    path = tmp_path / "out" / "profile.json"
+    store = tmp_path / "store"
+    store.mkdir()
+    assert main(["profile", "--quick", "--out", str(path), "--store", str(store)]) == 0
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "profile: SSD read" in captured.err  # progress, one line per figure
+    for unit in ("GFLOP/s", "GB/s", " ms", "GiB", "overlap"):
+        assert unit in out
+    assert str(path) in out and list(store.iterdir()) == []
+    assert profile.load(path).directory == str(store.resolve())
+
+    assert main(["profile", "--show", "--out", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "GFLOP/s" in out and str(path) in out and "stale" not in out
+    profile.save(dataclasses.replace(profile.load(path), version=0), path)
+    assert main(["profile", "--show", "--out", str(path)]) == 0
+    assert "stale: it is version 0" in capsys.readouterr().out
+
+
+def test_profile_command_user_errors(tmp_path, capsys):
+    assert main(["profile", "--quick", "--out", str(tmp_path / "p.json"),
+                 "--store", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jgrind: error:") and "missing" in err and "Traceback" not in err
+    assert not (tmp_path / "p.json").exists()
+    assert main(["profile", "--show", "--out", str(tmp_path / "p.json")]) == 2
+    assert "no hardware profile" in capsys.readouterr().err

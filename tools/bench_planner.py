@@ -1,0 +1,287 @@
+"""Planner benchmarks (issue 4): is the cost model honest, is the plan worth having, is planning
+fast.
+
+    python tools/bench_planner.py accuracy            # 6 configurations x 5 policies, ~15 min
+    python tools/bench_planner.py accuracy --only 1,2 --epochs 2     # a quick subset
+    python tools/bench_planner.py planning-time       # 5-layer model, 1024 partitions
+
+``accuracy``: for every configuration (graph size, model, hidden size, budgets chosen to force
+each tier) the planner makes a plan (`jgrind.plan.policies.auto`), then the run is measured
+under ``auto`` and under every fixed policy: ``in_memory`` (the fast path, where it fits the
+device budget), ``host_offload``, ``ssd_offload``, ``recompute_activations``. Fixed policies run
+on the partitioning the planner chose, so they differ from ``auto`` only in the fates. A fixed
+policy whose blocks exceed a budget is reported as "does not fit" (the engine's budget check).
+For every run that fits, the cost model's prediction for *that run's* fates is printed beside
+the measured median epoch time and the store's peak accounts per tier.
+
+``planning-time``: `Workload.build` and `plan` for a 5-layer GCN on 1024 partitions.
+
+The hardware profile is `jgrind.plan.profile.load_or_measure()` (measured on first use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+GiB, MiB = 1 << 30, 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    name: str
+    nodes: int
+    avg_degree: float
+    features: int
+    hidden: int
+    layers: int
+    model: str
+    device_budget: int
+    host_budget: int
+    store: bool  # an SSD store directory is available
+    purpose: str
+
+
+# Budgets are chosen from the stored bytes of each configuration to force each tier; the
+# "purpose" column says which. Sizes keep every run to a few seconds per epoch on 2 cores.
+CONFIGS = (
+    Config("fits", 60_000, 10, 64, 128, 3, "gcn", 2 * GiB, 2 * GiB, True,
+           "everything fits on the device: the fast path"),
+    Config("device-tight", 150_000, 10, 64, 128, 3, "gcn", 40 * MiB, 2 * GiB, True,
+           "the device holds part of the blocks; host RAM the rest"),
+    Config("host-tight", 150_000, 10, 64, 128, 3, "gcn", 24 * MiB, 160 * MiB, True,
+           "device and host full: part of the blocks on SSD"),
+    Config("ssd", 200_000, 10, 64, 256, 3, "gcn", 48 * MiB, 32 * MiB, True,
+           "almost everything on SSD"),
+    Config("no-ssd", 150_000, 10, 64, 256, 3, "gcn", 48 * MiB, 420 * MiB, False,
+           "no SSD store and too little host RAM to store every layer: recompute"),
+    Config("deep-sage", 100_000, 12, 64, 128, 4, "sage", 32 * MiB, 200 * MiB, True,
+           "4-layer GraphSAGE, device and host partly full"),
+    Config("wide", 120_000, 8, 128, 512, 3, "gcn", 96 * MiB, 1 * GiB, True,
+           "wide hidden layers: host offload with a large working set"),
+)
+FIXED = ("in_memory", "host_offload", "ssd_offload", "recompute")
+
+
+def build(cfg: Config):
+    from jgrind.generators import csbm
+    from jgrind.models.model import gcn, sage
+    graph = csbm(num_nodes=cfg.nodes, num_features=cfg.features, avg_degree=cfg.avg_degree,
+                 num_classes=8, seed=0)
+    make = gcn if cfg.model == "gcn" else sage
+    model = make(graph.num_features, cfg.hidden, graph.num_classes, num_layers=cfg.layers,
+                 dropout=0.5)
+    return graph, model
+
+
+def time_epochs(executor, model, epochs: int) -> list[float]:
+    import jax
+    import optax
+    params = model.init(jax.random.key(0))
+    opt_state = optax.adam(1e-3).init(params)
+    key = jax.random.key(1)
+    times = []
+    for e in range(epochs + 1):  # the first epoch compiles
+        t = time.perf_counter()
+        params, opt_state, loss = executor.step(params, opt_state, jax.random.fold_in(key, e))
+        jax.block_until_ready(loss)
+        times.append(time.perf_counter() - t)
+    return times[1:]
+
+
+def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
+    import optax
+    from jgrind.engine import BudgetError, OutOfCore
+    from jgrind.plan import policies
+    from jgrind.plan.cost import Assignment, Workload, in_memory_seconds, predict
+    from jgrind.plan.planner import plan_run
+    from jgrind.train import InMemory, in_memory_bytes
+
+    graph, model = build(cfg)
+    store = store_root if cfg.store else None
+    t = time.perf_counter()
+    the_plan = plan_run(graph, model, profile, device_budget=cfg.device_budget,
+                        host_budget=cfg.host_budget, directory=store)
+    plan_seconds = time.perf_counter() - t
+    out = {"config": dataclasses.asdict(cfg), "plan": {
+        "in_memory": the_plan.in_memory, "num_parts": the_plan.num_parts,
+        "cache_bytes": the_plan.cache_bytes, "predicted": the_plan.epoch_seconds,
+        "fates": [(r["tensor"], r["fate"]) for r in the_plan.groups()],
+        "seconds_with_partitioning": plan_seconds}, "runs": {}}
+    pg = the_plan.partitioned
+    candidates = {"auto": the_plan.policy()}
+    candidates.update({"host_offload": policies.host_offload(),
+                       "ssd_offload": policies.ssd_offload(store) if store else None,
+                       "recompute": policies.recompute_activations()})
+    fits_in_memory = in_memory_bytes(graph, model) <= cfg.device_budget
+    optimizer = optax.adam(1e-3)
+    for name in ("auto",) + FIXED:
+        record: dict = {}
+        try:
+            if (name == "auto" and the_plan.in_memory) or name == "in_memory":
+                if not fits_in_memory:
+                    raise BudgetError("the in-memory path needs "
+                                      f"{in_memory_bytes(graph, model) / MiB:.0f} MiB")
+                ex = InMemory(graph, model, optimizer)
+                w = the_plan.workload if the_plan.in_memory else None
+                if w is None:
+                    from jgrind.plan.planner import _single_partition_workload
+                    w = _single_partition_workload(graph, model)
+                record["predicted"] = in_memory_seconds(w, profile)
+                record["predicted_memory"] = None
+                times = time_epochs(ex, model, epochs)
+                record["accounts"] = None
+            else:
+                policy = candidates[name]
+                if policy is None:
+                    raise BudgetError("no SSD store in this configuration")
+                if pg is None:  # auto took the fast path; fixed policies need a partitioning
+                    raise BudgetError("auto chose the fast path; no partitioning to compare on")
+                ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=pg,
+                               store=store, device_budget=cfg.device_budget,
+                               host_budget=cfg.host_budget)
+                try:
+                    w = ex.workload
+                    a = Assignment.from_fates(ex.fates, w.num_layers, w.num_parts)
+                    pred = predict(w, a, profile, ex.store.cache.capacity)
+                    record["predicted"] = pred.epoch_seconds
+                    record["predicted_memory"] = {"device": pred.memory.peak_device,
+                                                  "host": pred.memory.peak_host,
+                                                  "ssd": pred.memory.peak_ssd}
+                    times = time_epochs(ex, model, epochs)
+                    acc = ex.store.accounts
+                    record["accounts"] = {"device": acc.peak_device, "host": acc.peak_host,
+                                          "ssd": acc.peak_ssd}
+                finally:
+                    ex.close()
+            record["measured"] = statistics.median(times)
+            record["times"] = times
+        except BudgetError as err:
+            record = {"does_not_fit": str(err).split(";")[0]}
+        out["runs"][name] = record
+        print(f"  {name:<13} " + (f"measured {record['measured']:.3f} s, predicted "
+                                  f"{record['predicted']:.3f} s" if "measured" in record
+                                  else f"does not fit: {record['does_not_fit']}"), flush=True)
+    return out
+
+
+def report(results: list[dict]) -> None:
+    print("\n## Cost model: predicted vs measured (every run that fits)\n")
+    print("| config | policy | parts | measured s | predicted s | error | device pred/meas MiB "
+          "| host pred/meas MiB | ssd pred/meas MiB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        for name, rec in r["runs"].items():
+            if "measured" not in rec:
+                continue
+            err = rec["predicted"] / rec["measured"] - 1
+            mem = []
+            for tier in ("device", "host", "ssd"):
+                if rec.get("accounts") is None:
+                    mem.append("-")
+                else:
+                    mem.append(f"{rec['predicted_memory'][tier] / MiB:.1f} / "
+                               f"{rec['accounts'][tier] / MiB:.1f}")
+            parts = 1 if (name == "in_memory" or (name == "auto" and r["plan"]["in_memory"])) \
+                else r["plan"]["num_parts"]
+            print(f"| {r['config']['name']} | {name} | {parts} | {rec['measured']:.3f} | "
+                  f"{rec['predicted']:.3f} | {100 * err:+.0f} % | " + " | ".join(mem) + " |")
+    print("\n## auto against the fixed policies (measured median epoch, s)\n")
+    print("| config | purpose | auto plan | auto | " + " | ".join(FIXED) +
+          " | best fixed | auto / best |")
+    print("|---|---|---|---|" + "---|" * len(FIXED) + "---|---|")
+    for r in results:
+        runs = r["runs"]
+        cell = lambda n: f"{runs[n]['measured']:.3f}" if "measured" in runs[n] else "no fit"  # noqa
+        fixed = {n: runs[n]["measured"] for n in FIXED if "measured" in runs[n]}
+        best = min(fixed, key=fixed.get) if fixed else None
+        ratio = runs["auto"]["measured"] / fixed[best] if best and "measured" in runs["auto"] \
+            else float("nan")
+        plan = ("in-memory" if r["plan"]["in_memory"] else
+                f"{r['plan']['num_parts']} parts: " + ", ".join(f"{t} {f}"
+                                                                for t, f in r["plan"]["fates"]))
+        print(f"| {r['config']['name']} | {r['config']['purpose']} | {plan} | {cell('auto')} | "
+              + " | ".join(cell(n) for n in FIXED) + f" | {best} | {ratio:.2f} |")
+
+
+def accuracy(args) -> list[dict]:
+    from jgrind.plan.profile import load_or_measure
+    profile = load_or_measure(args.profile, args.store, log=print)
+    configs = [c for i, c in enumerate(CONFIGS, start=1)
+               if not args.only or str(i) in args.only.split(",") or c.name in args.only]
+    results = []
+    with tempfile.TemporaryDirectory(dir=args.store) as store_root:
+        for cfg in configs:
+            print(f"\n# {cfg.name}: {cfg.purpose}", flush=True)
+            results.append(run_config(cfg, profile, args.epochs, store_root))
+    report(results)
+    return results
+
+
+def planning_time(args) -> dict:
+    from jgrind.generators import csbm
+    from jgrind.models.model import gcn
+    from jgrind.partition import partition_graph
+    from jgrind.partition.partitioners import label_propagation
+    from jgrind.plan.cost import Workload
+    from jgrind.plan.planner import plan
+    from jgrind.plan.profile import load_or_measure
+    profile = load_or_measure(args.profile, args.store, log=print)
+    graph = csbm(num_nodes=args.nodes, num_features=64, avg_degree=10, num_classes=8, seed=0)
+    model = gcn(graph.num_features, 128, graph.num_classes, num_layers=5)
+    normalized = model.normalize(graph)
+    t = time.perf_counter()
+    assignment = label_propagation(normalized, args.parts, seed=0)
+    pg = partition_graph(normalized, assignment, num_parts=args.parts)
+    t_part = time.perf_counter() - t
+    builds, plans = [], []
+    for _ in range(3):
+        t = time.perf_counter()
+        w = Workload.build(pg, model)
+        builds.append(time.perf_counter() - t)
+        stored = sum(int(w.block_bytes(l).sum()) for l in range(w.num_layers))
+        t = time.perf_counter()
+        p = plan(w, profile, device_budget=w.working_set() + stored // 8,
+                 host_budget=stored // 3, directory=args.store)
+        plans.append(time.perf_counter() - t)
+    print(f"graph: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges; 5-layer GCN, hidden "
+          f"128; {args.parts} partitions (label propagation: {t_part:.1f} s, not counted)")
+    print(f"Workload.build (shapes, halo counts): median {statistics.median(builds):.3f} s")
+    print(f"plan (32 recompute sets x MILP + cache modes): median "
+          f"{statistics.median(plans):.3f} s")
+    print(f"total planning: {statistics.median(builds) + statistics.median(plans):.3f} s "
+          f"(target < 2 s); predicted epoch {p.epoch_seconds:.2f} s")
+    return {"build": builds, "plan": plans, "partition_seconds": t_part}
+
+
+def main():
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="mode", required=True)
+    a = sub.add_parser("accuracy", help="cost model vs measurement; auto vs fixed policies")
+    a.add_argument("--epochs", type=int, default=3, help="timed epochs after one warm-up")
+    a.add_argument("--only", default="", help="comma-separated config numbers or names")
+    t = sub.add_parser("planning-time", help="planning time, 5 layers x 1024 partitions")
+    t.add_argument("--nodes", type=int, default=200_000)
+    t.add_argument("--parts", type=int, default=1024)
+    for s in (a, t):
+        s.add_argument("--profile", default=None, help="profile file (default: jgrind's)")
+        s.add_argument("--store", default=tempfile.gettempdir(), help="SSD store directory")
+        s.add_argument("--json", help="also write the results here")
+    args = p.parse_args()
+    result = accuracy(args) if args.mode == "accuracy" else planning_time(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()
