@@ -38,6 +38,7 @@ def fixed_profile(**overrides) -> Profile:
         matmul_flops=5e10, spmm_rate=2e9, step_latency=5e-5, gather_bw=2e9, copy_bw=8e9,
         to_device_bw=2e9, to_host_bw=1e11, ssd_read_bw=4e8, ssd_write_bw=3e8,
         ssd_latency=1e-4, cached_read_bw=5e9, cached_write_bw=5e9, cached_latency=3e-6,
+        read_call_overhead=2e-6, update_call_overhead=1e-5,
         overlap=0.5, device_free=1 << 34, host_free=0, ssd_free=1 << 40, directory="/tmp")
     figures.update(overrides)
     return Profile(**figures)
@@ -103,8 +104,9 @@ def test_plan_is_optimal_against_brute_force(case):
     assert np.isfinite(best)
     # The program is exact for block counts of equal size with halo reads spread evenly over
     # the blocks (docs/planner.md); here the sizes are equal and the halo nearly even, so the
-    # plan must match the enumeration to 1e-4 (a fixed all-host plan misses by 0.1-6 %).
-    assert the_plan.epoch_seconds <= best * (1 + 1e-4), (the_plan.epoch_seconds, best)
+    # plan must match the enumeration to 5e-4 (an all-host plan misses by 3 % where the
+    # budgets allow better, and does not fit the "ssd" budgets at all).
+    assert the_plan.epoch_seconds <= best * (1 + 5e-4), (the_plan.epoch_seconds, best)
     m = the_plan.prediction.memory
     assert m.device <= dev and m.host <= host
     if not ssd:
@@ -244,7 +246,7 @@ def test_print_plan_and_charts(tmp_path):
 def test_cli_plan(tmp_path, capsys):
     from jgrind.cli import main
     profile_path = tmp_path / "profile.json"
-    save(fixed_profile(), profile_path)
+    save(fixed_profile(directory=str(tmp_path.resolve())), profile_path)
     code = main(["plan", "--set", "num_nodes=3000", "--device-budget", "600KiB",
                  "--host-budget", "1MiB", "--store", str(tmp_path), "--profile",
                  str(profile_path), "--out", str(tmp_path / "out")])

@@ -204,17 +204,21 @@ class CacheModel:
     """How SSD reads behave: ``capacity`` bytes of host cache in front of the SSD tier.
 
     The engine caches whole blocks while they fit. When every SSD block read between two writes
-    fits, a block costs one SSD read per write and later reads are host copies; when it does
-    not, the access pattern (a cyclic sweep) defeats LRU and every read of a block misses, and
-    halo rows load their owner's whole block; with no room for one block rows are read directly.
+    fits, a block costs one SSD read per write and later reads are host copies. When it does
+    not, halo rows load their owner's whole block, and a share ``hit_rate`` of those loads is
+    served by the cache (capacity over the SSD bytes it would need to hold everything: what a
+    cache of that size keeps of a sweep over them). With no room for one block, rows are read
+    directly.
     """
 
     capacity: int = 0
     holds_everything: bool = False
+    hit_rate: float = 0.0
 
 
 def _ssd_read(nbytes, calls, profile):
-    return nbytes / profile.ssd_read_bw + calls * profile.ssd_latency
+    return nbytes / profile.ssd_read_bw + calls * (profile.ssd_latency
+                                                   + profile.read_call_overhead)
 
 
 def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
@@ -239,9 +243,12 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
         mine = active & (codes == code)
         halo_rows = w.halo @ (codes == code).astype(np.int64)         # [P] rows from tier
         halo_bytes = halo_rows * row
-        if code == D:
-            seconds += np.where(mine, own / profile.to_host_bw, 0.0)
-            seconds += halo_bytes * (1.0 / profile.gather_bw + 1.0 / profile.to_host_bw)
+        if code == D:  # jitted takes on the device (index lists padded to a power of two,
+            # 1.5x on average), copied to the host buffer
+            seconds += np.where(mine, own * (1.0 / profile.gather_bw + 1.0 / profile.to_host_bw)
+                                + profile.step_latency, 0.0)
+            seconds += halo_bytes * (1.5 / profile.gather_bw + 1.0 / profile.to_host_bw) \
+                + np.where(halo_rows > 0, profile.step_latency, 0.0)
         elif code in (H, R):
             seconds += np.where(mine, own / profile.copy_bw, 0.0)
             seconds += halo_bytes / profile.gather_bw
@@ -250,11 +257,13 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
             seconds += halo_bytes / profile.gather_bw
         else:
             seconds += np.where(mine, _ssd_read(own, 1, profile) + own / profile.copy_bw, 0.0)
-            if ssd_blocks:  # every halo owner's whole block is read (and missed again later)
+            if ssd_blocks:  # halo owners' whole blocks are loaded; some are still cached
                 in_ssd = (codes == S)
+                miss = 1.0 - cache.hit_rate
                 whole = (w.halo > 0) @ (in_ssd * w.owned * row)
                 calls = (w.halo > 0) @ in_ssd.astype(np.int64)
-                seconds += _ssd_read(whole, calls, profile) + halo_bytes / profile.gather_bw
+                seconds += miss * _ssd_read(whole, calls, profile) \
+                    + halo_bytes / profile.gather_bw
             else:
                 in_ssd = (codes == S).astype(np.int64)
                 calls = w.ssd_calls[w.widths[layer]] @ in_ssd
@@ -266,7 +275,7 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
 def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray) -> float:
     """Seconds to store every partition's output rows as its block of ``H_layer``."""
     nbytes = np.where(w.owned > 0, w.owned * w.widths[layer] * ITEMSIZE, 0)
-    per_tier = {D: nbytes / profile.gather_bw,
+    per_tier = {D: nbytes / profile.gather_bw + profile.step_latency,
                 H: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
                 R: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
                 S: nbytes / profile.to_host_bw + nbytes / profile.ssd_write_bw
@@ -283,7 +292,8 @@ def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
     onto_device = pad / profile.to_device_bw + pad / profile.copy_bw
     ssd = (own / profile.copy_bw if cache.holds_everything
            else _ssd_read(own, 1, profile) + own / profile.copy_bw)
-    per_tier = {D: pad / profile.gather_bw, H: own / profile.copy_bw + onto_device,
+    per_tier = {D: pad / profile.gather_bw + profile.step_latency,
+                H: own / profile.copy_bw + onto_device,
                 S: ssd + onto_device}
     return float(sum(np.sum(np.where(codes == c, t, 0.0)) for c, t in per_tier.items()))
 
@@ -302,7 +312,8 @@ def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
         rows = w.halo @ mine + np.where(active, w.owned * mine, 0)
         nbytes = rows * row
         if code == D:
-            seconds += nbytes / profile.to_device_bw + 2 * nbytes / profile.gather_bw
+            seconds += nbytes / profile.to_device_bw + 3 * nbytes / profile.gather_bw \
+                + np.where(rows > 0, profile.step_latency, 0.0)
         elif code == H:
             seconds += 2 * nbytes / profile.gather_bw
         else:
@@ -310,7 +321,8 @@ def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
             span = (w.ssd_rows[w.widths[layer]] @ mine + np.where(active, w.owned * mine, 0)) \
                 * row
             seconds += (span / profile.ssd_read_bw + span / profile.ssd_write_bw
-                        + 2 * calls * profile.ssd_latency + 2 * nbytes / profile.gather_bw)
+                        + calls * (2 * profile.ssd_latency + profile.update_call_overhead)
+                        + 2 * nbytes / profile.gather_bw)
     return float(seconds.sum())
 
 
@@ -551,11 +563,13 @@ def with_page_cache(profile, cached: bool):
 
 def cache_model(w: Workload, a: Assignment, capacity: int) -> CacheModel:
     """Whether a host cache of ``capacity`` bytes holds every SSD block read between writes."""
-    need = memory(w, a).ssd
+    m = memory(w, a, capacity)
+    need = m.host_cache if capacity >= m.ssd else (
+        memory(w, a, 1 << 62).host_cache)  # what holding every SSD block read would take
     block = max((int(w.block_bytes(l).max(initial=0)) for l in range(w.num_layers)), default=0)
     if capacity < block:
         return CacheModel(0, False)
-    return CacheModel(capacity, need <= capacity)
+    return CacheModel(capacity, need <= capacity, min(1.0, capacity / max(need, 1)))
 
 
 def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,

@@ -234,7 +234,7 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
     integrality[:n_x] = 1
     res = milp(c_obj, constraints=LinearConstraint(np.array(rows), lo, hi),
                integrality=integrality, bounds=Bounds(np.zeros(n), upper),
-               options={"time_limit": 10.0})
+               options={"time_limit": 10.0, "presolve": False})  # presolve prints to stdout
     if res.x is None:
         return None
     counts = np.rint(res.x[:n_x]).astype(np.int64)

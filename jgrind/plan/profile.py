@@ -40,7 +40,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import psutil
 
-PROFILE_VERSION = 2  # 2: page-cache figures
+PROFILE_VERSION = 3  # 2: page-cache figures; 3: per-call overheads of row I/O
 
 _MIB = 2**20
 _PAGE = 4096
@@ -57,7 +57,8 @@ class ProfileError(ValueError):
 
 _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "copy_bw",
                  "to_device_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw", "ssd_latency",
-                 "cached_read_bw", "cached_write_bw", "cached_latency", "overlap")
+                 "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
+                 "update_call_overhead", "overlap")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free")
 
 
@@ -88,6 +89,8 @@ class Profile:
     cached_read_bw: float  # sequential read of a file held in the OS page cache, bytes/s
     cached_write_bw: float  # buffered write (no fsync: into the page cache), bytes/s
     cached_latency: float  # seconds per 4 KiB read served by the page cache (a system call)
+    read_call_overhead: float    # seconds of Python/NumPy work per row-span read, beyond I/O
+    update_call_overhead: float  # the same per read-add-write of a row span (scatter-adds)
     overlap: float         # latency-hiding factor in [0, 1]
     device_free: int       # bytes free on the default device (host RAM on the CPU backend)
     host_free: int         # available host RAM, bytes
@@ -137,6 +140,9 @@ class Profile:
             ("cached read", f"{self.cached_read_bw / 1e9:.2f} GB/s (file in the page cache)"),
             ("cached write", f"{self.cached_write_bw / 1e9:.2f} GB/s (no fsync)"),
             ("cached 4 KiB", f"{self.cached_latency * 1e3:.4f} ms"),
+            ("row-span call", f"{self.read_call_overhead * 1e6:.1f} us read, "
+                              f"{self.update_call_overhead * 1e6:.1f} us read-add-write "
+                              "(beyond the I/O)"),
             ("overlap", f"{self.overlap:.2f} (share of transfer time hidden by compute)"),
             ("device free", f"{self.device_free / gib:.1f} GiB"),
             ("host free", f"{self.host_free / gib:.1f} GiB"),
@@ -426,6 +432,9 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         cached_write_bw, cached_read_bw, cached_latency = _page_cache(fd, name, sizes, rng)
         report(f"page cache: read {cached_read_bw / 1e9:.2f} GB/s, write "
                f"{cached_write_bw / 1e9:.2f} GB/s, 4 KiB read {cached_latency * 1e3:.4f} ms")
+        read_call, update_call = _row_call_overheads(fd, sizes, cached_latency)
+        report(f"row-span calls: {read_call * 1e6:.1f} us per read, {update_call * 1e6:.1f} us "
+               "per read-add-write, beyond the I/O")
     finally:
         os.close(fd)
         pathlib.Path(name).unlink(missing_ok=True)
@@ -437,7 +446,8 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         gather_bw=gather_bw, copy_bw=copy_bw, to_device_bw=to_device_bw, to_host_bw=to_host_bw,
         ssd_read_bw=ssd_read_bw, ssd_write_bw=ssd_write_bw, ssd_latency=ssd_latency,
         cached_read_bw=cached_read_bw, cached_write_bw=cached_write_bw,
-        cached_latency=cached_latency, overlap=overlap, device_free=_device_free(jax.devices()[0]),
+        cached_latency=cached_latency, read_call_overhead=read_call,
+        update_call_overhead=update_call, overlap=overlap, device_free=_device_free(jax.devices()[0]),
         host_free=int(psutil.virtual_memory().available),
         ssd_free=int(shutil.disk_usage(root).free),
         directory=str(root))
@@ -654,6 +664,38 @@ def _page_cache(fd: int, name: str, sizes: _Sizes,
     finally:
         os.close(reader)
     return write_bw, read_bw, latency
+
+
+def _row_call_overheads(fd: int, sizes: _Sizes, cached_latency: float) -> tuple[float, float]:
+    """Seconds per call, beyond the system calls, of the work the SSD tier does for each span
+    of rows (`jgrind.engine.ssd`): a fresh buffer, the read, and a gather of the wanted rows
+    into the output; or a fresh buffer, the read, a scatter-add and the write back. Measured on
+    a page-cached file with one-row spans of a 256-wide float32 table, so the I/O is minimal."""
+    row = 256 * 4
+    rows = min(4000, sizes.ssd_bytes // row // 4)
+    offsets = np.arange(rows, dtype=np.int64) * 4 * row
+    values = np.ones((rows, 256), np.float32)
+    out = np.empty((rows, 256), np.float32)
+    pick = np.zeros(1, np.int64)
+
+    def read() -> None:
+        for i in range(rows):
+            buf = np.empty((1, 256), np.float32)
+            os.preadv(fd, [buf], int(offsets[i]))
+            out[i:i + 1] = buf[pick]
+
+    def update() -> None:
+        with np.errstate(all="ignore"):  # the file holds random bytes, not numbers
+            for i in range(rows):
+                buf = np.empty((1, 256), np.float32)
+                os.preadv(fd, [buf], int(offsets[i]))
+                buf[pick] += values[i:i + 1]
+                os.pwritev(fd, [buf], int(offsets[i]))
+
+    read_seconds = rows * row / _median_rate(rows * row, read, sizes.repeats)
+    update_seconds = rows * row / _median_rate(rows * row, update, sizes.repeats)
+    return (max(read_seconds / rows - cached_latency, 0.0),
+            max(update_seconds / rows - 2 * cached_latency, 0.0))
 
 
 class _UncachedReader:
