@@ -11,7 +11,8 @@ A profile describes one machine and one software setup; `Profile.stale_reason` s
 longer does (another CPU, another accelerator, another JAX, an older profile format), and
 `load_or_measure` re-measures then. ``jgrind profile`` does the same from the command line.
 
-Every figure is the median of a few repeats after a warm-up (jitted functions compiled first).
+Rates are the fastest of a few repeats after a warm-up (jitted functions compiled first): other
+work on the machine only slows a run down. Latencies and the overlap factor are medians.
 SSD figures keep the page cache out of the way (``O_DIRECT`` where the filesystem allows it,
 ``posix_fadvise(DONTNEED)`` otherwise): a file just written is still in RAM, and reading it
 back would measure memory, not the disk.
@@ -420,7 +421,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         ssd_write_bw = _ssd_write(fd, sizes, rng)
         report(f"SSD write {ssd_write_bw / 1e9:.2f} GB/s (+ fsync, in {root})")
         with _UncachedReader(name, sizes.chunk) as reader:
-            ssd_read_bw = statistics.median(
+            ssd_read_bw = max(
                 sizes.ssd_bytes / reader.read(sizes.ssd_bytes) for _ in range(sizes.repeats))
             how = "O_DIRECT" if reader.direct else "buffered, after fadvise(DONTNEED)"
             report(f"SSD read {ssd_read_bw / 1e9:.2f} GB/s ({how})")
@@ -484,12 +485,12 @@ def _device_free(device) -> int:
 
 def _chain_rate(step: Callable, x, work: float, sizes: _Sizes) -> float:
     """Work per second of ``x = step(x)``, with enough calls per timed batch to fill
-    ``sizes.target`` seconds (so dispatch and sync do not count), median over repeats."""
+    ``sizes.target`` seconds (so dispatch and sync do not count), fastest of the repeats."""
     _time_chain(step, x, 1)  # compiles
     once = _time_chain(step, x, 1)
     calls = max(1, min(100_000, round(sizes.target / max(once, 1e-9))))
     times = [_time_chain(step, x, calls) for _ in range(sizes.repeats)]
-    return work * calls / statistics.median(times)
+    return work * calls / min(times)
 
 
 def _time_chain(step: Callable, x, calls: int) -> float:
@@ -557,15 +558,16 @@ def _step_latency(sizes: _Sizes) -> float:
 
 # -- host memory and transfers ---------------------------------------------------------------
 
-def _median_rate(nbytes: int, run: Callable[[], None], repeats: int) -> float:
-    """``nbytes`` over the median time of ``run()``, after one untimed warm-up run."""
+def _best_rate(nbytes: int, run: Callable[[], None], repeats: int) -> float:
+    """``nbytes`` over the fastest of ``repeats`` runs of ``run()``, after an untimed warm-up
+    (other work on the machine only ever slows a run down, so the fastest is the cleanest)."""
     run()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return nbytes / statistics.median(times)
+    return nbytes / min(times)
 
 
 def _gather_bw(sizes: _Sizes, rng: np.random.Generator) -> float:
@@ -573,13 +575,13 @@ def _gather_bw(sizes: _Sizes, rng: np.random.Generator) -> float:
     rows, width, picked = sizes.gather
     table = np.ones((rows, width), np.float32)
     idx = np.sort(rng.choice(rows, picked, replace=False))
-    return _median_rate(picked * width * 4, lambda: table[idx], sizes.repeats)
+    return _best_rate(picked * width * 4, lambda: table[idx], sizes.repeats)
 
 
 def _copy_bw(sizes: _Sizes) -> float:
     src = np.ones(sizes.copy_bytes // 4, np.float32)
     dst = np.empty_like(src)
-    return _median_rate(src.nbytes, lambda: np.copyto(dst, src), sizes.repeats)
+    return _best_rate(src.nbytes, lambda: np.copyto(dst, src), sizes.repeats)
 
 
 def _transfer_bw(sizes: _Sizes) -> tuple[float, float]:
@@ -588,7 +590,7 @@ def _transfer_bw(sizes: _Sizes) -> tuple[float, float]:
     import jax
 
     host = np.ones(sizes.transfer_bytes // 4, np.float32)
-    to_device = _median_rate(host.nbytes, lambda: jax.device_put(host).block_until_ready(),
+    to_device = _best_rate(host.nbytes, lambda: jax.device_put(host).block_until_ready(),
                              sizes.repeats)
     times = []
     for i in range(sizes.repeats + 1):
@@ -599,7 +601,7 @@ def _transfer_bw(sizes: _Sizes) -> tuple[float, float]:
         if i:  # the first is a warm-up
             times.append(time.perf_counter() - start)
         del on_device
-    return to_device, host.nbytes / statistics.median(times)
+    return to_device, host.nbytes / min(times)
 
 
 # -- SSD -------------------------------------------------------------------------------------
@@ -629,7 +631,7 @@ def _ssd_write(fd: int, sizes: _Sizes, rng: np.random.Generator) -> float:
                 view = view[os.write(fd, view):]
         os.fsync(fd)
         times.append(time.perf_counter() - start)
-    return sizes.ssd_bytes / statistics.median(times)
+    return sizes.ssd_bytes / min(times)
 
 
 def _page_cache(fd: int, name: str, sizes: _Sizes,
@@ -644,7 +646,7 @@ def _page_cache(fd: int, name: str, sizes: _Sizes,
         for i in range(count):
             os.pwrite(fd, chunk, i * sizes.chunk)
 
-    write_bw = _median_rate(count * sizes.chunk, write, sizes.repeats)
+    write_bw = _best_rate(count * sizes.chunk, write, sizes.repeats)
     reader = os.open(name, os.O_RDONLY)
     span = 64 << 10  # the engine reads row spans of tens of KiB into fresh buffers
     spans = count * sizes.chunk // span
@@ -653,7 +655,7 @@ def _page_cache(fd: int, name: str, sizes: _Sizes,
             for i in range(spans):
                 os.preadv(reader, [np.empty(span, np.uint8)], i * span)
 
-        read_bw = _median_rate(spans * span, read, sizes.repeats)
+        read_bw = _best_rate(spans * span, read, sizes.repeats)
         pages = count * sizes.chunk // _PAGE
         offsets = rng.choice(pages, min(pages, sizes.random_reads), replace=False) * _PAGE
         page = np.empty(_PAGE, np.uint8)
@@ -692,8 +694,8 @@ def _row_call_overheads(fd: int, sizes: _Sizes, cached_latency: float) -> tuple[
                 buf[pick] += values[i:i + 1]
                 os.pwritev(fd, [buf], int(offsets[i]))
 
-    read_seconds = rows * row / _median_rate(rows * row, read, sizes.repeats)
-    update_seconds = rows * row / _median_rate(rows * row, update, sizes.repeats)
+    read_seconds = rows * row / _best_rate(rows * row, read, sizes.repeats)
+    update_seconds = rows * row / _best_rate(rows * row, update, sizes.repeats)
     return (max(read_seconds / rows - cached_latency, 0.0),
             max(update_seconds / rows - 2 * cached_latency, 0.0))
 
