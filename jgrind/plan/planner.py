@@ -26,8 +26,11 @@ in-memory fast path when everything fits on the device.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
+import os
+import sys
 import time
 from typing import Callable, Optional
 
@@ -232,9 +235,10 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
         upper[z(g)] = 1
     integrality = np.zeros(n)
     integrality[:n_x] = 1
-    res = milp(c_obj, constraints=LinearConstraint(np.array(rows), lo, hi),
-               integrality=integrality, bounds=Bounds(np.zeros(n), upper),
-               options={"time_limit": 10.0, "presolve": False})  # presolve prints to stdout
+    with _quiet_stdout():  # HiGHS' MIP presolve prints a debug line straight to fd 1
+        res = milp(c_obj, constraints=LinearConstraint(np.array(rows), lo, hi),
+                   integrality=integrality, bounds=Bounds(np.zeros(n), upper),
+                   options={"time_limit": 10.0})
     if res.x is None:
         return None
     counts = np.rint(res.x[:n_x]).astype(np.int64)
@@ -253,6 +257,25 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
     return Assignment(tuple(codes_for((ACTIVATION, l)) for l in range(L)),
                       tuple(codes_for((GRADIENT, l)) if l else np.full(P, D, np.int8)
                             for l in range(L)))
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """Silence file descriptor 1 (C-level prints) for the duration; Python's own stdout is
+    flushed first so nothing of ours is lost."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):  # no real fd 1 (e.g. captured differently)
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _recompute_sets(num_layers: int, allow: bool):
@@ -314,6 +337,20 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
             candidates.append((label, p.epoch_seconds))
             if best is None or p.epoch_seconds < best[1].epoch_seconds - 1e-12:
                 best = (a, p, cache, rset)
+    # The fixed policies are candidates too, priced exactly: the program's counts assume
+    # evenly spread halo reads, so a uniform plan can come out a little faster, and the plan
+    # should never be predicted slower than a fixed policy that fits.
+    for label, a in _uniform_candidates(w, ssd, recompute):
+        m = predict(w, a, profile, 0, num_params).memory
+        if m.device > dev or m.host > host or m.ssd_needed > ssd_room:
+            continue
+        leftover = max(host - m.host, 0) if host < UNLIMITED else m.ssd
+        for cache in sorted({0, leftover if m.ssd else 0}):
+            p = predict(w, a, profile, cache, num_params)
+            candidates.append((label + (f", host cache {_gib(cache)}" if cache else ""),
+                               p.epoch_seconds))
+            if best is None or p.epoch_seconds < best[1].epoch_seconds - 1e-12:
+                best = (a, p, cache, a.recomputed)
     if best is None:
         raise PlanError(_too_small(w, dev, host, ssd, working_set))
     a, p, cache, rset = best
@@ -323,6 +360,18 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
                 device_budget=dev, host_budget=host, directory=directory, workload=w,
                 partitioned=partitioned, planning_seconds=time.perf_counter() - start,
                 alternatives=tuple(sorted(candidates, key=lambda c: c[1])))
+
+
+def _uniform_candidates(w: Workload, ssd: bool, recompute: bool):
+    """The fixed policies' assignments: everything on one tier, or hidden activations
+    recomputed with the rest in host RAM."""
+    from jgrind.plan.cost import uniform
+    L, P = w.num_layers, w.num_parts
+    tiers = [("all device", D), ("all host", H)] + ([("all ssd", S)] if ssd else [])
+    for label, code in tiers:
+        yield label, uniform(P, L, [code] * L, [code] * L)
+    if L > 1 and recompute:
+        yield "recompute all, rest host", uniform(P, L, [H] + [R] * (L - 1), [H] * L)
 
 
 def _too_small(w: Workload, dev: int, host: int, ssd: bool, working_set: int) -> str:
