@@ -31,8 +31,6 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 GiB, MiB = 1 << 30, 1 << 20
 
 
@@ -102,7 +100,7 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
     import optax
     from jgrind.engine import BudgetError, OutOfCore
     from jgrind.plan import policies
-    from jgrind.plan.cost import Assignment, Workload, in_memory_seconds, predict
+    from jgrind.plan.cost import Assignment, in_memory_seconds, predict
     from jgrind.plan.planner import plan_run
     from jgrind.train import InMemory, in_memory_bytes
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
-import dataclasses
 from typing import Callable, Optional
 
 import jax
@@ -40,7 +39,7 @@ from jgrind.loss import node_weights
 from jgrind.models.model import GNN, layer_key
 from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.partition.partitioners import label_propagation
-from jgrind.plan.cost import Assignment, Memory, Workload, memory
+from jgrind.plan.cost import Assignment, Memory, Workload, format_bytes, memory
 from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate, check_fate
 from jgrind.plan.inventory import build_inventory, layer_widths
 from jgrind.plan.policies import (BindContext, Policy, bind, grinnder, io_strategy,
@@ -48,14 +47,6 @@ from jgrind.plan.policies import (BindContext, Policy, bind, grinnder, io_strate
 
 UNLIMITED = 1 << 62
 MAX_PENDING_WRITES = 1  # writes queued behind the compute (see OutOfCore._write)
-
-
-def _gib(n: int) -> str:
-    """Bytes in the largest unit that keeps three significant digits readable."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} bytes"
 
 
 class OutOfCore:
@@ -173,21 +164,22 @@ class OutOfCore:
         m = self.memory
         if m.device_working_set > self.device_budget:
             raise BudgetError(
-                f"the device budget {_gib(self.device_budget)} is below one partition's "
-                f"working set ({_gib(m.device_working_set)} at least); use more partitions "
+                f"the device budget {format_bytes(self.device_budget)} is below one partition's "
+                f"working set ({format_bytes(m.device_working_set)} at least); use more partitions "
                 f"(now {self.pg.num_parts}) or a device budget of at least "
-                f"{_gib(m.device_working_set)}")
+                f"{format_bytes(m.device_working_set)}")
         if m.device > self.device_budget:
             raise BudgetError(
-                f"the plan keeps {_gib(m.device)} on the device (blocks "
-                f"{_gib(m.device_tables)} + working set {_gib(m.device_working_set)}) but the "
-                f"device budget is {_gib(self.device_budget)}; raise it to at least "
-                f"{_gib(m.device)} or choose a policy that offloads more")
+                f"the plan keeps {format_bytes(m.device)} on the device (blocks "
+                f"{format_bytes(m.device_tables)} + working set "
+                f"{format_bytes(m.device_working_set)}) but the device budget is "
+                f"{format_bytes(self.device_budget)}; raise it to at least "
+                f"{format_bytes(m.device)} or choose a policy that offloads more")
         if m.host > self.host_budget:
             raise BudgetError(
-                f"the plan keeps {_gib(m.host)} in host RAM but the host budget is "
-                f"{_gib(self.host_budget)}; raise it to at least {_gib(m.host)} or send more "
-                "blocks to the SSD tier (e.g. jgrind.plan.policies.ssd_offload)")
+                f"the plan keeps {format_bytes(m.host)} in host RAM but the host budget is "
+                f"{format_bytes(self.host_budget)}; raise it to at least {format_bytes(m.host)} "
+                "or send more blocks to the SSD tier (e.g. jgrind.plan.policies.ssd_offload)")
 
     # -- the epoch ----------------------------------------------------------------------------
     def step(self, params, opt_state, key):

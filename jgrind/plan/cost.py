@@ -48,6 +48,14 @@ ELEMENTWISE_PASSES = 6.0          # bias, activation, dropout, residual, norm: b
 COALESCE_BYTES = 32 << 10
 
 
+def format_bytes(n: float) -> str:
+    """Bytes in the largest unit that keeps three significant digits readable."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} bytes"
+
+
 # -- the workload: shapes of every partition, nothing allocated -----------------------------------
 @dataclasses.dataclass(frozen=True, eq=False)
 class Workload:

@@ -36,11 +36,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from jgrind.plan.cost import (CODES, D, FATES, H, R, S, Assignment, Prediction, Workload,
-                              accumulate_seconds, gather_seconds, in_memory_bytes,
+from jgrind.plan.cost import (D, FATES, H, R, S, Assignment, Prediction, Workload,
+                              accumulate_seconds, format_bytes, gather_seconds, in_memory_bytes,
                               in_memory_seconds, predict, read_block_seconds, step_seconds,
                               sweep_order, with_page_cache, write_seconds)
-from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate
+from jgrind.plan.fates import ACTIVATION, GRADIENT
 
 UNLIMITED = 1 << 62
 MAX_PARTS = 4096
@@ -48,13 +48,6 @@ MAX_PARTS = 4096
 
 class PlanError(ValueError):
     """No plan meets the budgets. The message gives the smallest budgets that would work."""
-
-
-def _gib(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} bytes"
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -333,7 +326,7 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
         for cache in sorted({0, leftover if base.memory.ssd else 0}):
             p = predict(w, a, profile, cache, num_params)
             label = (f"recompute {sorted(rset)}" if rset else "store all") + \
-                (f", host cache {_gib(cache)}" if cache else "")
+                (f", host cache {format_bytes(cache)}" if cache else "")
             candidates.append((label, p.epoch_seconds))
             if best is None or p.epoch_seconds < best[1].epoch_seconds - 1e-12:
                 best = (a, p, cache, rset)
@@ -347,7 +340,7 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
         leftover = max(host - m.host, 0) if host < UNLIMITED else m.ssd
         for cache in sorted({0, leftover if m.ssd else 0}):
             p = predict(w, a, profile, cache, num_params)
-            candidates.append((label + (f", host cache {_gib(cache)}" if cache else ""),
+            candidates.append((label + (f", host cache {format_bytes(cache)}" if cache else ""),
                                p.epoch_seconds))
             if best is None or p.epoch_seconds < best[1].epoch_seconds - 1e-12:
                 best = (a, p, cache, a.recomputed)
@@ -376,21 +369,25 @@ def _uniform_candidates(w: Workload, ssd: bool, recompute: bool):
 
 def _too_small(w: Workload, dev: int, host: int, ssd: bool, working_set: int) -> str:
     """Why no plan fits, and the smallest budgets that would (for this partitioning)."""
+    fb = format_bytes
     L = w.num_layers
     acts = [int(w.block_bytes(l).sum()) for l in range(L)]
     pairs = max([acts[l] + (acts[l + 1] if l + 1 < L else 0) for l in range(1, L)] or [0])
     if working_set > dev:
-        return (f"the device budget {_gib(dev)} is below one partition's working set "
-                f"({_gib(working_set)} with {w.num_parts} partitions); use more partitions or "
-                f"a device budget of at least {_gib(working_set)}")
+        return (f"the device budget {fb(dev)} is below one partition's working set "
+                f"({fb(working_set)} with {w.num_parts} partitions); use more partitions or a "
+                f"device budget of at least {fb(working_set)}")
+    if ssd:
+        return (f"no plan fits a device budget of {fb(dev)} and a host budget of {fb(host)}: "
+                "the SSD store has too little free space for the blocks that do not fit in "
+                "RAM; free space on it, choose another --store, or raise the host budget")
     # without SSD every block not on the device is in host RAM: recompute all hidden layers
     smallest_host = acts[0] + pairs + 2 * max(acts[1:] or [0])
     need_host = max(smallest_host - max(dev - working_set, 0), 0)
-    hint = "" if ssd else " or give an SSD store directory (--store) so blocks can go to disk"
-    return (f"no plan fits a device budget of {_gib(dev)} and a host budget of {_gib(host)}: "
-            f"with {w.num_parts} partitions the smallest budgets that work are device "
-            f"{_gib(working_set)} and host {_gib(0 if ssd else need_host)}; raise the host "
-            f"budget to at least {_gib(need_host)}{hint}")
+    return (f"no plan fits a device budget of {fb(dev)} and a host budget of {fb(host)} "
+            f"without an SSD store: with {w.num_parts} partitions and a device budget of "
+            f"{fb(dev)}, raise the host budget to at least {fb(need_host)}, or give an SSD "
+            "store directory (--store) so blocks can go to disk")
 
 
 def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates) -> dict:
@@ -399,7 +396,6 @@ def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates
     dev_full = dev < UNLIMITED and m.device_tables + working_set > 0.9 * dev
     host_full = host < UNLIMITED and m.host > 0.9 * host
     out = {}
-    L = w.num_layers
     for name, by_layer in ((ACTIVATION, a.activations), (GRADIENT, a.gradients)):
         for l, codes in enumerate(by_layer):
             if name == GRADIENT and l == 0:
@@ -420,7 +416,7 @@ def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates
                                   "SSD is as fast here (I/O hidden behind compute)")
             elif H in present:
                 out[(name, l)] = ("device budget is full (one partition's working set "
-                                  f"takes {_gib(working_set)})" if dev_full else
+                                  f"takes {format_bytes(working_set)})" if dev_full else
                                   "host is as fast here (transfers hidden behind compute)")
             else:
                 out[(name, l)] = "mixed"

@@ -6,18 +6,12 @@ from __future__ import annotations
 import pathlib
 from typing import Optional
 
+from jgrind.plan.cost import format_bytes
 from jgrind.plan.planner import Plan
 
 
-def _size(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
-
-
 def _budget(n: int) -> str:
-    return "unlimited" if n >= 1 << 61 else _size(n)
+    return "unlimited" if n >= 1 << 61 else format_bytes(n)
 
 
 def format_plan(plan: Plan) -> str:
@@ -29,26 +23,27 @@ def format_plan(plan: Plan) -> str:
                f"{plan.directory if plan.directory else 'none'}")
     if plan.in_memory:
         lines += [f"plan: in-memory fast path ({budgets})",
-                  f"  everything fits on the device ({_size(plan.in_memory_bytes)} estimated "
-                  "peak): one jitted step for the whole model, no partitions, no offloading",
+                  f"  everything fits on the device ({format_bytes(plan.in_memory_bytes)} "
+                  "estimated peak): one jitted step for the whole model, no partitions, no "
+                  "offloading",
                   f"  predicted epoch time: {plan.epoch_seconds:.3f} s"]
         return "\n".join(lines)
     p = plan.prediction
     lines.append(f"plan: {plan.num_parts} partitions, host cache "
-                 f"{_size(plan.cache_bytes) if plan.cache_bytes else 'off'} ({budgets})")
+                 f"{format_bytes(plan.cache_bytes) if plan.cache_bytes else 'off'} ({budgets})")
     header = f"  {'tensor':<7} {'bytes':>11}  {'fate':<26} why"
     lines += ["", header, "  " + "-" * (len(header) + 30)]
     for row in plan.groups():
-        lines.append(f"  {row['tensor']:<7} {_size(row['bytes']):>11}  {row['fate']:<26} "
+        lines.append(f"  {row['tensor']:<7} {format_bytes(row['bytes']):>11}  {row['fate']:<26} "
                      f"{row['why']}")
     m = p.memory
     lines += ["", "predicted peak memory per tier:",
-              f"  device  {_size(m.peak_device + m.device_working_set):>11}  (blocks "
-              f"{_size(m.peak_device)} + one partition's working set "
-              f"{_size(m.device_working_set)})",
-              f"  host    {_size(m.peak_host):>11}  (blocks and recomputed layers "
-              f"{_size(m.peak_host - m.host_cache)} + cache {_size(m.host_cache)})",
-              f"  ssd     {_size(m.peak_ssd):>11}",
+              f"  device  {format_bytes(m.peak_device + m.device_working_set):>11}  (blocks "
+              f"{format_bytes(m.peak_device)} + one partition's working set "
+              f"{format_bytes(m.device_working_set)})",
+              f"  host    {format_bytes(m.peak_host):>11}  (blocks and recomputed layers "
+              f"{format_bytes(m.peak_host - m.host_cache)} + cache {format_bytes(m.host_cache)})",
+              f"  ssd     {format_bytes(m.peak_ssd):>11}",
               "", f"predicted epoch time: {plan.epoch_seconds:.3f} s "
               f"(overlap factor {p.overlap:.2f})"]
     lines.append(f"  {'sweep':<13} {'compute s':>10} {'I/O s':>9} {'time s':>9}  moves")
