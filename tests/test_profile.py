@@ -207,6 +207,9 @@ def test_load_or_measure_remeasures_when_asked_missing_broken_or_elsewhere(measu
     path.write_text("{broken")
     profile.load_or_measure(path, log=logs.append)
     assert "not valid JSON" in logs[-1] and profile.load(path).created == "measurement 3"
+    # the unreadable file is set aside, not overwritten: nothing the user had is lost
+    kept = path.with_name(path.name + ".unreadable")
+    assert kept.read_text() == "{broken" and str(kept) in logs[-1]
 
     profile.load_or_measure(tmp_path / "absent.json", log=logs.append)
     assert "no hardware profile" in logs[-1] and (tmp_path / "absent.json").exists()

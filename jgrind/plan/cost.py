@@ -442,9 +442,9 @@ class Memory:
         return self.stored_peaks[2]
 
 
-def _stored_peaks(w: Workload, a: Assignment) -> tuple[int, int, int]:
-    """Peak stored bytes per tier (device, host, SSD) over the epoch, following the engine's
-    sweep order: activation blocks all epoch; ``G_l`` from backward l to backward l-1; a
+def _stored_bytes(w: Workload, a: Assignment) -> list[tuple[int, int, int]]:
+    """Stored bytes per tier (device, host, SSD) at the start of the epoch and during each sweep
+    of `sweep_order`: activation blocks all epoch; ``G_l`` from backward l to backward l-1; a
     recomputed layer from its (re)computation to its last use (forward, or its backward)."""
     L = w.num_layers
     by = lambda codes, l, c: int(np.sum(np.where(codes == c, w.block_bytes(l), 0)))  # noqa
@@ -452,7 +452,7 @@ def _stored_peaks(w: Workload, a: Assignment) -> tuple[int, int, int]:
     rset = a.recomputed
     live_transient: set = set()
     live_grads: set = set()
-    peaks = list(base)
+    out = [tuple(base)]
     for kind, l in sweep_order(L, rset):
         if kind in ("forward", "recompute") and l + 1 in rset:
             live_transient.add(l + 1)
@@ -461,12 +461,12 @@ def _stored_peaks(w: Workload, a: Assignment) -> tuple[int, int, int]:
         now = [base[i] + sum(by(a.gradients[g], g, c) for g in live_grads)
                for i, c in enumerate((D, H, S))]
         now[1] += sum(by(a.activations[j], j, R) for j in live_transient)
-        peaks = [max(p, n) for p, n in zip(peaks, now)]
+        out.append(tuple(now))
         if (kind == "forward" and l >= 1) or kind == "backward":
             live_transient.discard(l)
         if kind == "backward":
             live_grads.discard(l + 1)
-    return tuple(peaks)
+    return out
 
 
 def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
@@ -490,7 +490,7 @@ def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
                   host_tables=acts[H] + pairs[H], host_transient=2 * transient,
                   host_cache=min(cache_capacity, cached), ssd=acts[S] + pairs[S],
                   ssd_needed=acts[S] + ssd_grads + snapshot_bytes,
-                  stored_peaks=_stored_peaks(w, a))
+                  stored_peaks=tuple(max(col) for col in zip(*_stored_bytes(w, a))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -525,28 +525,11 @@ class Prediction:
         return rows
 
     def timeline(self, w: Workload, a: Assignment) -> list[tuple]:
-        """``(seconds, device, host, ssd)`` bytes at every sweep boundary (stored blocks)."""
-        L = w.num_layers
-        by = lambda codes, l, c: int(np.sum(np.where(codes == c, w.block_bytes(l), 0)))  # noqa
-        acts = [sum(by(a.activations[l], l, c) for l in range(L)) for c in (D, H, S)]
-        out, t = [(0.0, acts[0], acts[1], acts[2])], 0.0
-        live_transient: set = set()
-        grads: dict = {}
-        for s in self.sweeps:
-            if s.kind in ("forward", "recompute") and s.layer + 1 in a.recomputed:
-                live_transient.add(s.layer + 1)
-            if s.kind == "backward" and s.layer >= 1:
-                grads[s.layer] = [by(a.gradients[s.layer], s.layer, c) for c in (D, H, S)]
-            t += s.seconds(self.overlap)
-            trans = sum(by(a.activations[l], l, R) for l in live_transient)
-            g = [sum(v[i] for v in grads.values()) for i in range(3)]
-            out.append((t, acts[0] + g[0], acts[1] + g[1] + trans, acts[2] + g[2]))
-            if s.kind == "forward" and s.layer >= 1:
-                live_transient.discard(s.layer)
-            if s.kind == "backward":
-                live_transient.discard(s.layer)
-                grads.pop(s.layer + 1, None)
-        return out
+        """``(seconds, device, host, ssd)`` stored bytes at the start and during every sweep,
+        stamped at the sweep's end."""
+        stored = _stored_bytes(w, a)
+        ends = np.cumsum([0.0] + [s.seconds(self.overlap) for s in self.sweeps])
+        return [(float(t), *bytes_) for t, bytes_ in zip(ends, stored)]
 
 
 def page_cached(profile, m: Memory) -> bool:

@@ -305,7 +305,9 @@ def load_or_measure(path: str | os.PathLike | None = None,
     Re-measures when asked (``remeasure``), when there is no readable profile at ``path``, when
     it is stale (`Profile.stale_reason`), or when ``directory`` is given and is not where the
     saved SSD figures were measured (another disk may be much slower). ``log`` gets one line
-    saying why. A fresh profile that cannot be saved (read-only cache) is still returned.
+    saying why. A file at ``path`` that is not a readable profile is renamed to
+    ``NAME.unreadable``, not overwritten. A fresh profile that cannot be saved (read-only
+    cache) is still returned.
     """
     path = pathlib.Path(path) if path is not None else default_path()
     why = None
@@ -317,7 +319,10 @@ def load_or_measure(path: str | os.PathLike | None = None,
         except FileNotFoundError:
             why = f"no hardware profile at {path}; measuring one"
         except ProfileError as err:
-            why = f"{err}; re-measuring"
+            # not a profile we can read: keep the file (it may be something else entirely,
+            # passed by mistake) next to the new one instead of writing over it
+            kept = _set_aside(path)
+            why = f"{err}; re-measuring (the old file is kept as {kept})"
         else:
             stale = _stale(profile)
             if stale is not None:
@@ -337,6 +342,20 @@ def load_or_measure(path: str | os.PathLike | None = None,
             log(f"could not save the hardware profile to {path} ({err}); using it for this "
                 "run only")
     return profile
+
+
+def _set_aside(path: pathlib.Path) -> pathlib.Path:
+    """Rename an unreadable profile file to ``NAME.unreadable[.N]`` so nothing is lost."""
+    for n in range(1000):
+        kept = path.with_name(path.name + ".unreadable" + (f".{n}" if n else ""))
+        if not kept.exists():
+            try:
+                path.rename(kept)
+            except OSError as err:
+                raise ProfileError(f"{path} is not a readable profile and cannot be moved "
+                                   f"aside ({err.strerror}); pass another profile path")
+            return kept
+    raise ProfileError(f"{path} is not a readable profile; remove it or pass another path")
 
 
 def _where(directory: str | os.PathLike) -> str:
