@@ -143,14 +143,42 @@ def save_graph(args, directory: str) -> tuple[str, float]:
     return path, seconds
 
 
-def child(mode: str, config: dict) -> dict:
-    """Run ``mode`` in a fresh interpreter; its last stdout line is the JSON result."""
+def child(mode: str, config: dict, rss_cap: int | None = None) -> dict:
+    """Run ``mode`` in a fresh interpreter; its last stdout line is the JSON result.
+
+    With ``rss_cap``, the child is killed as soon as its resident memory passes the cap: a peer
+    that would need more RAM than the machine has must fail cleanly, not wake the OOM killer
+    (which may pick another process)."""
     cmd = [sys.executable, os.path.abspath(__file__), "_child", mode, json.dumps(config)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        return {"failed": True, "returncode": out.returncode,
-                "stderr": out.stderr[-3000:]}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        start, highest, capped = time.perf_counter(), 0, False
+        while proc.poll() is None:
+            try:
+                with open(f"/proc/{proc.pid}/status") as f:
+                    rss = next(int(line.split()[1]) * 1024 for line in f
+                               if line.startswith("VmRSS:"))
+            except (OSError, StopIteration):
+                rss = 0
+            highest = max(highest, rss)
+            if rss_cap is not None and rss > rss_cap:
+                proc.kill()
+                proc.wait()
+                capped = True
+                break
+            time.sleep(0.1)
+        seconds = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if capped:
+        return {"failed": True, "returncode": proc.returncode, "capped": rss_cap,
+                "seconds_to_cap": seconds, "highest_rss_seen": highest,
+                "stderr": stderr[-3000:]}
+    if proc.returncode != 0:
+        return {"failed": True, "returncode": proc.returncode, "stderr": stderr[-3000:],
+                "highest_rss_seen": highest}
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def header(args, extra: str = "") -> list[str]:
@@ -465,7 +493,8 @@ def memory_wall(args) -> dict:
                    "config": cfg, "jgrind": child("wall", cfg)}
         if not args.skip_pyg:
             print("running PyG ...", file=sys.stderr, flush=True)
-            results["pyg"] = child("pyg", {"graph": path, "hidden": args.hidden})
+            results["pyg"] = child("pyg", {"graph": path, "hidden": args.hidden},
+                                   rss_cap=args.pyg_rss_cap)
     report_wall(results, args)
     return results
 
@@ -485,6 +514,11 @@ def report_wall(r: dict, args) -> None:
     q = r.get("pyg")
     if q is None:
         print("PyG full-batch: skipped (--skip-pyg)")
+    elif q.get("capped"):
+        print(f"PyG full-batch (1 epoch): resident memory passed the {fmt(q['capped'])} cap "
+              f"after {q['seconds_to_cap']:.1f} s and was stopped, before finishing one epoch "
+              f"(highest RSS seen {fmt(q['highest_rss_seen'])}; machine RAM "
+              f"{fmt(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))})")
     elif q.get("failed"):
         why = "killed: out of memory?" if q["returncode"] in (-9, 137) else "failed"
         print(f"PyG full-batch (1 epoch): {why} (rc {q['returncode']})\n"
@@ -572,6 +606,9 @@ def main():
     w.add_argument("--device-budget", default="2GiB")
     w.add_argument("--host-budget", default="2GiB")
     w.add_argument("--skip-pyg", action="store_true")
+    w.add_argument("--pyg-rss-cap", default="20GiB",
+                   help="stop PyG when its resident memory passes this (default 20GiB), so a "
+                   "peer that needs more RAM than the machine has fails cleanly")
     args = p.parse_args()
     if args.command == "overhead":
         args.runs = [r for r in args.runs.split(",") if r]
@@ -582,6 +619,7 @@ def main():
     else:
         args.device_budget = parse_bytes(args.device_budget)
         args.host_budget = parse_bytes(args.host_budget)
+        args.pyg_rss_cap = parse_bytes(args.pyg_rss_cap)
         results = memory_wall(args)
     results["command"] = shlex.join([sys.executable] + sys.argv)
     results["machine"] = machine()
