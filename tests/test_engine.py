@@ -20,6 +20,7 @@ import pytest
 
 from jgrind import datasets, generators, models
 from jgrind.engine import BudgetError, OutOfCore, StoreCorruptedError, StoreError
+from jgrind.models.conv import derivative_from_output
 from jgrind.partition import contiguous, random as random_partition
 from jgrind.plan import Fate, policies
 from jgrind.train import InMemory, make_executor, train
@@ -383,3 +384,71 @@ def test_policy_combinators_route_by_kind_and_layer(tmp_path):
     acc = _check(graph, model, policies.ByKind(layered, policies.ssd_offload(tmp_path)), 3,
                  tmp_path)
     assert acc.peak_ssd > 0 and acc.peak_device > 0
+
+
+def _count_calls(ex, monkeypatch):
+    """Count the engine's backward steps by kind (wraps the jitted functions it holds)."""
+    calls = {"recompute": 0, "masked": 0}
+    for l, steps in enumerate(ex.steps):
+        wrapped = {}
+        for name, kind in (("backward", "recompute"), ("backward_params", "recompute"),
+                           ("masked_backward", "masked"), ("masked_backward_params", "masked")):
+            fn = getattr(steps, name)
+            if fn is None:
+                continue
+
+            def counted(*a, _fn=fn, _kind=kind):
+                calls[_kind] += 1
+                return _fn(*a)
+            wrapped[name] = counted
+        ex.steps[l] = dataclasses.replace(steps, **wrapped)
+    return calls
+
+
+def test_relu_layers_backward_from_output_masks_without_recompute(tmp_path, monkeypatch):
+    """A ReLU GCN's backward reads each layer's output mask (made by the layer above) instead
+    of recomputing the output, and the gradients stay exact; a residual model cannot (its
+    output hides act(z)) and recomputes."""
+    graph = _csbm()
+    params_key, key = jax.random.key(0), jax.random.key(42)
+    for name, expect_masked in (("gcn", True), ("gcn-res-ln", False)):
+        model = _models(graph.num_features, graph.num_classes)[name]
+        params = model.init(params_key)
+        ref_loss, ref_grads = InMemory(graph, model, optax.sgd(0.1)).loss_and_grad(params, key)
+        with OutOfCore(graph, model, optax.sgd(0.1), policy=policies.host_offload(),
+                       num_parts=3, partitioner=contiguous) as ex:
+            calls = _count_calls(ex, monkeypatch)
+            grads, loss = ex.loss_and_grad(params, key)
+            assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+            assert_same_gradients(grads, ref_grads)
+        below_top = model.layers[:-1]  # the top layer is fused with the loss: never masked
+        relu = [derivative_from_output(layer) is not None for layer in below_top]
+        assert relu[-1] == expect_masked  # (a residual model's input projection is plain ReLU)
+        assert calls == {"recompute": 3 * relu.count(False), "masked": 3 * relu.count(True)}
+
+
+def test_masks_give_way_when_the_device_budget_is_tight(tmp_path):
+    """Masks count towards the device working set; with a budget that holds the working set
+    only without them, the engine recomputes instead and is still exact."""
+    from jgrind.plan.cost import Workload
+    from jgrind.partition import partition_graph
+
+    graph = _csbm()
+    model = _models(graph.num_features, graph.num_classes)["gcn"]
+    pg = partition_graph(model.normalize(graph), contiguous(model.normalize(graph), 4),
+                         num_parts=4)
+    w = Workload.build(pg, model)
+    assert w.mask_bytes() > 0
+    budget = w.without_masks().working_set() + w.mask_bytes() // 2
+    assert w.working_set() > budget
+    params, key = model.init(jax.random.key(0)), jax.random.key(42)
+    ref_loss, ref_grads = InMemory(graph, model, optax.sgd(0.1)).loss_and_grad(params, key)
+    with OutOfCore(graph, model, optax.sgd(0.1), policy=policies.host_offload(),
+                   partitioned=pg, device_budget=budget) as ex:
+        assert not ex.workload.masks
+        assert not any(s.emits_mask for s in ex.steps)
+        grads, loss = ex.loss_and_grad(params, key)
+        assert_same_gradients(grads, ref_grads)
+    with OutOfCore(graph, model, optax.sgd(0.1), policy=policies.host_offload(),
+                   partitioned=pg, device_budget=w.working_set()) as ex:
+        assert ex.workload.masks and ex.steps[1].emits_mask

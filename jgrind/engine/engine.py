@@ -11,6 +11,13 @@ The GriNNder scheme in JAX (see docs/architecture.md):
   are partial gradients of nodes owned elsewhere, so ``G_l`` is complete only after every
   partition of layer l is done.
 * One optimizer step per epoch with the summed gradient: the same update as in-memory training.
+* **Output masks**: a ReLU layer without a residual needs only its output's sign pattern for its
+  backward, not the output itself (`jgrind.models.conv.derivative_from_output`). Layer l+1's
+  backward regathers the rows of ``H_{l+1}`` a partition owns anyway, so its step also returns
+  their sign bits (packed, 1/32 of the rows' bytes) and layer l's backward uses them: the vjp
+  then runs on the pre-activation and XLA drops the recomputed output's last product. The masks
+  count towards the device working set and are left out when the device budget cannot hold
+  them (`jgrind.plan.cost.fit_masks`).
 
 The `naive` policy (for comparison only) changes the I/O, not the numbers: it keeps an SSD
 snapshot of every gathered input from forward to backward instead of regathering, and reads SSD
@@ -39,7 +46,8 @@ from jgrind.loss import node_weights
 from jgrind.models.model import GNN, layer_key
 from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.partition.partitioners import label_propagation
-from jgrind.plan.cost import Assignment, Memory, Workload, format_bytes, memory
+from jgrind.models.conv import derivative_from_output
+from jgrind.plan.cost import Assignment, Memory, Workload, fit_masks, format_bytes, memory
 from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate, check_fate
 from jgrind.plan.inventory import build_inventory, layer_widths
 from jgrind.plan.policies import (BindContext, Policy, bind, grinnder, io_strategy,
@@ -90,12 +98,10 @@ class OutOfCore:
                                     needs_edges=model.needs_edges,
                                     needs_adjacency=model.needs_adjacency)
                       for p in pg.partitions if p.num_owned > 0]
-        self.steps: list[LayerSteps] = [layer_steps(layer, remat_policy)
-                                        for layer in model.layers]
-
         # -- plan: a fate per block, checked against the budgets before any work ---------------
         self.inventory = build_inventory(model, pg)
-        self.workload = Workload.build(pg, model, max_shapes)
+        # output masks (ReLU layers' backward without recomputing the output) when they fit
+        self.workload = fit_masks(Workload.build(pg, model, max_shapes), device_budget)
         if policy is None:
             policy = grinnder(self.device_budget, self.host_budget, store,
                               device_reserve=self.workload.working_set())
@@ -110,6 +116,12 @@ class OutOfCore:
                 self._fates(name, l)  # RECOMPUTE is all blocks of a layer or none
         self.memory = self._memory_plan()
         self._check_budgets()
+        # layer l+1's backward steps hand layer l's backward the mask of l's output
+        rules = [derivative_from_output(layer) if self.workload.masked(l) else None
+                 for l, layer in enumerate(model.layers)]
+        self.steps: list[LayerSteps] = [
+            layer_steps(layer, remat_policy, rules[l - 1] if l >= 1 else None)
+            for l, layer in enumerate(model.layers)]
         host_cache = max(self.host_budget - self.memory.host, 0) \
             if self.host_budget < UNLIMITED else sum(i.nbytes for i in self.inventory)
         if not self.io.cache:
@@ -205,10 +217,12 @@ class OutOfCore:
         grads = list(grads)
         loss = jnp.zeros((), jnp.float32)
         upper: Optional[Table] = None
+        masks: Optional[dict] = None  # output masks of layer l, made by layer l+1's backward
         for l in reversed(range(L)):
             self._ensure_materialized(params, l, key)
             lower = self._gradient_table(l) if l > 0 else None
-            loss, grads[l] = self._backward_layer(params, l, key, upper, lower, loss, grads[l])
+            loss, grads[l], masks = self._backward_layer(params, l, key, upper, lower, loss,
+                                                         grads[l], masks)
             if upper is not None:
                 self.store.drop(upper)
             if l in self._snapshots:
@@ -248,29 +262,40 @@ class OutOfCore:
         if snap is not None:
             snap.filled = True
 
-    def _backward_layer(self, params, l, key, upper, lower, loss, acc):
+    def _backward_layer(self, params, l, key, upper, lower, loss, acc, masks):
+        """Layer l's backward sweep. ``masks``: its output masks per partition (from layer
+        l+1's sweep), or None to recompute the output. Returns the masks of layer l-1's output
+        when this layer's steps make them, else None."""
         steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
         top = l == self.num_layers - 1
+        made = {} if steps.emits_mask else None
         pending: collections.deque = collections.deque()
         snap = self._snapshots.get(l)
         snap = snap if snap is not None and snap.filled else None
         for part, h_in in self._gathered(self.activations[l], snap):
             block = self._device_block(part)
             if top:
-                value, acc, d_h = steps.top(p_l, block, h_in, k_l, part.labels, part.weights,
-                                            acc)
-                loss = loss + value
+                out = steps.top(p_l, block, h_in, k_l, part.labels, part.weights, acc)
+                loss = loss + out[0]
+                out = out[1:]
             else:
                 g_out = upper.read(part.index, part.num_out)
+                mask = masks.pop(part.index) if masks is not None else None
                 if lower is None:
-                    acc = steps.backward_params(p_l, block, h_in, k_l, g_out, acc)
+                    acc = (steps.backward_params(p_l, block, h_in, k_l, g_out, acc)
+                           if mask is None else
+                           steps.masked_backward_params(p_l, block, h_in, k_l, mask, g_out, acc))
                     continue
-                acc, d_h = steps.backward(p_l, block, h_in, k_l, g_out, acc)
+                out = (steps.backward(p_l, block, h_in, k_l, g_out, acc) if mask is None else
+                       steps.masked_backward(p_l, block, h_in, k_l, mask, g_out, acc))
+            acc, d_h = out[0], out[1]
+            if made is not None:
+                made[part.index] = out[2]
             if lower is not None:
                 self._write(pending, lower.accumulate, part.index, part.halo_owner,
                             part.halo_row, d_h)
         self._wait(pending)
-        return loss, acc
+        return loss, acc, made
 
     # -- overlapped I/O -----------------------------------------------------------------------
     def _gathered(self, table: Table, snapshot: Optional[Snapshot] = None):

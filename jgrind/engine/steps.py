@@ -1,6 +1,6 @@
 """The jitted per-partition steps of one layer, and the padded blocks they run on.
 
-Per layer there are three functions, each compiled once per bucketed block shape:
+Per layer there are these functions, each compiled once per bucketed block shape:
 
 * ``forward(params, block, h_in, key) -> h_out``
 * ``backward(params, block, h_in, key, g_out, acc) -> (acc + dparams, dh_in)``: *regather and
@@ -9,6 +9,18 @@ Per layer there are three functions, each compiled once per bucketed block shape
   first layer (the features need no gradient).
 * ``top(params, block, h_in, key, labels, weights, acc) -> (loss, acc + dparams, dh_in)``: the
   last layer fused with the loss, so the logits are never stored.
+* ``masked_backward(params, block, h_in, key, mask, g_out, acc)`` (and
+  ``masked_backward_params``), for layers whose activation derivative is a function of their
+  output (ReLU without a residual, `jgrind.models.conv.derivative_from_output`): ``mask`` is
+  ``act'(z)`` of the partition's output rows, bit-packed. The vjp then runs on the
+  pre-activation with cotangent ``mask * g_out``; the recomputed output is unused, so XLA drops
+  the forward's last product (for ``(A X) W`` the matmul, for ``A (X W)`` all of it). Same
+  gradients, less recomputation.
+
+Where the mask comes from: the rows of ``H_{l+1}`` a partition owns are the first rows of the
+input layer l+1's backward step regathers for it. With ``input_mask`` (the rule of the layer
+below), ``top`` and ``backward`` of layer l+1 also return that pattern, bit-packed
+(``[num_out, ceil(width / 8)]`` uint8: 1/32 of the rows' bytes), for layer l's backward.
 
 ``remat_policy`` (a ``jax.checkpoint_policies`` policy) decides which intermediates *inside* a
 layer step (aggregations, attention coefficients, pre-activations) are saved for that step's own
@@ -22,10 +34,12 @@ import functools
 from typing import Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jgrind.loss import weighted_cross_entropy
 from jgrind.models.block import Block, make_block
+from jgrind.models.conv import derivative_from_output, without_activation
 
 
 def _tree_add(a, b):
@@ -38,22 +52,45 @@ class LayerSteps:
     backward: Callable
     backward_params: Callable
     top: Callable
+    masked_backward: Optional[Callable] = None         # None: the layer cannot use a mask
+    masked_backward_params: Optional[Callable] = None
+    emits_mask: bool = False                           # top/backward also return a mask
+
+
+def pack_mask(keep: jax.Array) -> jax.Array:
+    """``[R, W]`` bool -> ``[R, ceil(W / 8)]`` uint8."""
+    return jnp.packbits(keep, axis=1)
+
+
+def masked_cotangent(mask: jax.Array, g_out: jax.Array) -> jax.Array:
+    keep = jnp.unpackbits(mask, axis=1, count=g_out.shape[1]).astype(bool)
+    return jnp.where(keep, g_out, jnp.zeros((), g_out.dtype))
 
 
 @functools.lru_cache(maxsize=256)
-def layer_steps(layer, remat_policy: Optional[Callable] = None) -> LayerSteps:
+def layer_steps(layer, remat_policy: Optional[Callable] = None,
+                input_mask: Optional[Callable] = None) -> LayerSteps:
     """The jitted steps of ``layer``. Layers are frozen dataclasses, so equal layers share one
-    set of jitted functions and their compiled shapes across engines (cached)."""
-    def apply(params, block, h, key):
-        return layer(params, block, h, key)
+    set of jitted functions and their compiled shapes across engines (cached).
 
-    if remat_policy is not None:
-        apply = jax.checkpoint(apply, policy=remat_policy)
+    ``input_mask``: the layer below's `derivative_from_output` rule; when given, ``top`` and
+    ``backward`` also return it applied to the owned rows of their input, bit-packed."""
+    def checkpointed(fn):
+        def apply(params, block, h, key):
+            return fn(params, block, h, key)
+        return jax.checkpoint(apply, policy=remat_policy) if remat_policy is not None else apply
+
+    apply = checkpointed(layer)
+
+    def emit(block, h, *outs):
+        if input_mask is None:
+            return outs
+        return (*outs, pack_mask(input_mask(h[: block.num_out])))
 
     def backward(params, block, h, key, g_out, acc):
         _, vjp = jax.vjp(lambda p, x: apply(p, block, x, key), params, h)
         d_params, d_h = vjp(g_out)
-        return _tree_add(acc, d_params), d_h
+        return emit(block, h, _tree_add(acc, d_params), d_h)
 
     def backward_params(params, block, h, key, g_out, acc):
         _, vjp = jax.vjp(lambda p: apply(p, block, h, key), params)
@@ -64,13 +101,32 @@ def layer_steps(layer, remat_policy: Optional[Callable] = None) -> LayerSteps:
         def loss(p, x):
             return weighted_cross_entropy(apply(p, block, x, key), labels, weights)
         value, (d_params, d_h) = jax.value_and_grad(loss, argnums=(0, 1))(params, h)
-        return value, _tree_add(acc, d_params), d_h
+        return emit(block, h, value, _tree_add(acc, d_params), d_h)
+
+    masked = masked_params = None
+    if derivative_from_output(layer) is not None:
+        pre = checkpointed(without_activation(layer))
+
+        def masked_backward(params, block, h, key, mask, g_out, acc):
+            _, vjp = jax.vjp(lambda p, x: pre(p, block, x, key), params, h)
+            d_params, d_h = vjp(masked_cotangent(mask, g_out))
+            return emit(block, h, _tree_add(acc, d_params), d_h)
+
+        def masked_backward_params(params, block, h, key, mask, g_out, acc):
+            _, vjp = jax.vjp(lambda p: pre(p, block, h, key), params)
+            (d_params,) = vjp(masked_cotangent(mask, g_out))
+            return _tree_add(acc, d_params)
+
+        masked = jax.jit(masked_backward, donate_argnums=6)
+        masked_params = jax.jit(masked_backward_params, donate_argnums=6)
 
     # the gradient accumulator is donated: it is replaced by the returned sum
     return LayerSteps(forward=jax.jit(apply),
                       backward=jax.jit(backward, donate_argnums=5),
                       backward_params=jax.jit(backward_params, donate_argnums=5),
-                      top=jax.jit(top, donate_argnums=6))
+                      top=jax.jit(top, donate_argnums=6),
+                      masked_backward=masked, masked_backward_params=masked_params,
+                      emits_mask=input_mask is not None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -80,6 +80,13 @@ _device_add = jax.jit(lambda table, rows, values: table.at[rows].add(values, mod
                       donate_argnums=0)
 
 
+def _as_slice(positions: np.ndarray) -> Optional[slice]:
+    """``positions`` (ascending) as a slice when they are one contiguous run, else None."""
+    if positions.size and int(positions[-1]) - int(positions[0]) + 1 == positions.size:
+        return slice(int(positions[0]), int(positions[-1]) + 1)
+    return None
+
+
 def _padded_rows(rows: np.ndarray, length: int, fill: int) -> np.ndarray:
     out = np.full(length, fill, np.int32)
     out[: rows.size] = rows
@@ -245,7 +252,13 @@ class Table:
                 elif code == _CODE[Fate.SSD]:
                     out[dst] = self._ssd_rows(owners, rows)
                 else:
-                    out[dst] = self._host_array(code)[self.slot[owners] + rows]
+                    src = self._host_array(code)
+                    idx = self.slot[owners] + rows
+                    span = _as_slice(dst)
+                    if span is not None:  # one pass: take straight into the output rows
+                        np.take(src, idx, axis=0, out=out[span], mode="clip")  # no buffer
+                    else:
+                        out[dst] = src[idx]
                     self.store.count(host_read=sel.size * self.width * 4)
         finally:
             self.store.cache.unpin(keys)
@@ -320,8 +333,18 @@ class Table:
                 moved = sel.size * self.width * 4
                 self.store.count(ssd_read=moved, ssd_written=moved)
             else:
+                target = self._host_array(code)
+                span = _as_slice(sel)
+                part = host_values[span] if span is not None else host_values[sel]
+                own = int(np.sum(owners[sel] == block)) if self.tier[block] == code else 0
+                if own:  # the block's own rows come first and are contiguous: a slice add
+                    start = int(self.slot[block])
+                    mine = target[start:start + own]
+                    np.add(mine, part[:own], out=mine)
                 # rows within one accumulate are unique, so fancy-index += is exact
-                self._host_array(code)[self.slot[owners[sel]] + rows[sel]] += host_values[sel]
+                halo = sel[own:]
+                if halo.size:
+                    target[self.slot[owners[halo]] + rows[halo]] += part[own:]
                 self.store.count(host_written=sel.size * self.width * 4)
 
     def free(self) -> None:

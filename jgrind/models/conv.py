@@ -15,7 +15,6 @@ import dataclasses
 from typing import Callable, Optional
 
 import jax
-import jax.numpy as jnp
 
 from jgrind.models.block import Block
 from jgrind.models.dropout import dropout as hashed_dropout
@@ -40,6 +39,29 @@ class LayerOptions:
     activation: Activation = None
     layer_norm: bool = False
     residual: bool = False
+
+
+# Activations whose derivative can be read off their output: relu'(z) = 1[z > 0] = 1[relu(z) > 0]
+# (JAX's own relu derivative is 0 at 0, the same). For such a layer without a residual, the
+# backward pass needs only the output's sign pattern, not the pre-activation, so an engine that
+# keeps that pattern can skip recomputing the layer's output (see `jgrind.engine.steps`).
+OUTPUT_DERIVATIVES: dict = {jax.nn.relu: lambda y: y > 0}
+
+
+def derivative_from_output(layer) -> Optional[Callable[[jax.Array], jax.Array]]:
+    """``y -> act'(z)`` as a boolean mask for ``layer`` when its output ``y = act(z)`` determines
+    it, else None (no activation, an activation not in `OUTPUT_DERIVATIVES`, or a residual,
+    which adds the input to the output and hides ``act(z)``)."""
+    opts = getattr(layer, "options", None)
+    if not isinstance(opts, LayerOptions) or opts.residual or opts.activation is None:
+        return None
+    return OUTPUT_DERIVATIVES.get(opts.activation)
+
+
+def without_activation(layer):
+    """The same layer computing the pre-activation ``z`` (same parameters)."""
+    return dataclasses.replace(layer, options=dataclasses.replace(layer.options,
+                                                                  activation=None))
 
 
 def init_wrapper(key: jax.Array, in_channels: int, out_channels: int,

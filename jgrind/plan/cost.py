@@ -32,6 +32,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from jgrind.models.conv import derivative_from_output
 from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate
 
 D, H, S, R = 0, 1, 2, 3           # tier codes, in `Fate` order
@@ -70,6 +71,8 @@ class Workload:
       ssd_calls, ssd_rows: ``{width: [P, P]}`` read calls and rows read (gaps included) when
         partition p's halo rows in q's block come from SSD at that width (see `COALESCE_BYTES`).
       needs_edges, needs_adjacency: which block pieces the layers read.
+      masks: backward steps of ReLU layers read a bit mask of their output instead of
+        recomputing it (`jgrind.engine.steps`); the masks count towards the working set.
     """
 
     widths: tuple
@@ -87,6 +90,7 @@ class Workload:
     needs_adjacency: bool
     num_nodes: int
     num_edges: int
+    masks: bool = True
 
     @property
     def num_parts(self) -> int:
@@ -157,9 +161,31 @@ class Workload:
             nbytes = nbytes + 2 * ITEMSIZE * self.pad_edges
         return nbytes
 
+    def masked(self, layer: int) -> bool:
+        """Whether layer ``layer``'s backward steps run from its output mask (no recompute of
+        the output): masks on, a ReLU-like layer without residual, and not the top layer."""
+        return (self.masks and layer < self.num_layers - 1
+                and derivative_from_output(self.layers[layer]) is not None)
+
+    def mask_bytes(self) -> int:
+        """Peak bytes of output masks held at once: during layer l's backward sweep the masks
+        of ``H_{l+1}`` (read) and of ``H_l`` (made for the sweep below), one bit per value of
+        every padded output row."""
+        rows = int(np.sum(np.where(self.owned > 0, self.pad_out, 0)))
+        per = [rows * ((self.widths[l] + 7) // 8) if l >= 1 and self.masked(l - 1) else 0
+               for l in range(self.num_layers + 1)]
+        return max(per[l + 1] + per[l] for l in range(self.num_layers))
+
+    def without_masks(self) -> "Workload":
+        return dataclasses.replace(self, masks=False)
+
     def working_set(self) -> int:
         """Device bytes one partition step needs beyond stored blocks: padded inputs (and their
-        gradient), outputs with about two more tensors of intermediates, the block structure."""
+        gradient), outputs with about two more tensors of intermediates, the block structure;
+        plus the output masks (`mask_bytes`)."""
+        return self._step_bytes() + self.mask_bytes()
+
+    def _step_bytes(self) -> int:
         worst = 0
         structure = self.structure_bytes()
         for l in range(self.num_layers):
@@ -194,16 +220,44 @@ def layer_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> np
     return t + ELEMENTWISE_PASSES * n_out * w_out * ITEMSIZE / profile.copy_bw
 
 
+def masked_saving(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> np.ndarray:
+    """Seconds a backward step from the output mask skips: the forward's products after the
+    last one the weight gradient needs (XLA drops them as dead code)."""
+    mm = lambda rows, a, b: 2.0 * rows * a * b / profile.matmul_flops  # noqa: E731
+    sp = lambda width: nnz * float(width) / profile.spmm_rate           # noqa: E731
+    kind = type(layer).__name__
+    if kind == "GCNConv":
+        return mm(n_out, w_in, w_out) if w_in <= w_out else mm(n_in, w_in, w_out) + sp(w_out)
+    if kind == "SAGEConv":
+        return (2 * mm(n_out, w_in, w_out) if w_in <= w_out
+                else mm(n_in, w_in, w_out) + sp(w_out) + mm(n_out, w_in, w_out))
+    if kind == "GATConv":
+        return 0.0 * n_out  # the attention backward needs the projected features again
+    return mm(n_out, w_in, w_out)
+
+
 def step_seconds(w: Workload, profile, layer: int, kind: str) -> float:
     """Compute seconds of one sweep of ``layer`` over every partition: kind is "forward",
     "backward" (with input gradient), "params" (weight gradient only) or "top" (the fused
-    top layer: forward, loss and backward)."""
-    t = layer_seconds(w.layers[layer], w.widths[layer], w.widths[layer + 1], w.pad_out,
-                      w.pad_in, w.pad_edges, profile)
+    top layer: forward, loss and backward). Backward steps from an output mask
+    (`Workload.masked`) skip `masked_saving`."""
+    shape = (w.widths[layer], w.widths[layer + 1], w.pad_out, w.pad_in, w.pad_edges, profile)
+    t = layer_seconds(w.layers[layer], *shape)
     passes = {"forward": 1.0, "backward": BACKWARD_PASSES, "params": PARAMS_ONLY_PASSES,
               "top": BACKWARD_PASSES}[kind]
+    t = passes * t
+    if kind in ("backward", "params") and w.masked(layer):
+        t = t - masked_saving(w.layers[layer], *shape)
     active = w.owned > 0
-    return float(np.sum(np.where(active, passes * t + profile.step_latency, 0.0)))
+    return float(np.sum(np.where(active, t + profile.step_latency, 0.0)))
+
+
+def fit_masks(w: Workload, device_budget: Optional[int]) -> Workload:
+    """``w`` without output masks when the working set with them exceeds the device budget:
+    the engine then recomputes instead (`jgrind.engine.OutOfCore` decides the same way)."""
+    if w.masks and device_budget is not None and w.working_set() > device_budget:
+        return w.without_masks()  # (and if even that does not fit, its minimum is the one to report)
+    return w
 
 
 # -- I/O -------------------------------------------------------------------------------------------

@@ -37,9 +37,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from jgrind.plan.cost import (D, FATES, H, R, S, Assignment, Prediction, Workload,
-                              accumulate_seconds, format_bytes, gather_seconds, in_memory_bytes,
-                              in_memory_seconds, predict, read_block_seconds, step_seconds,
-                              sweep_order, with_page_cache, write_seconds)
+                              accumulate_seconds, fit_masks, format_bytes, gather_seconds,
+                              in_memory_bytes, in_memory_seconds, predict, read_block_seconds,
+                              step_seconds, sweep_order, with_page_cache, write_seconds)
 from jgrind.plan.fates import ACTIVATION, GRADIENT
 
 UNLIMITED = 1 << 62
@@ -301,6 +301,7 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
     host = UNLIMITED if host_budget is None else int(host_budget)
     ssd = directory is not None
     ssd_room = UNLIMITED if ssd_free is None else int(ssd_free)
+    w = fit_masks(w, device_budget)
     working_set = w.working_set()
     if working_set > dev:
         raise PlanError(_too_small(w, dev, host, ssd, working_set))
@@ -481,7 +482,7 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
             progress(f"{k} parts: predicted {plans[-1].epoch_seconds:.3g} s per epoch")
         except PlanError as err:
             errors.append(err)
-            if w.working_set() <= dev:
+            if fit_masks(w, device_budget).working_set() <= dev:
                 break  # the working set fits: more partitions cannot make the tables fit
         if counts is None:
             if len(plans) >= 2:
