@@ -8,10 +8,10 @@ import pytest
 
 from jgrind.cli import main
 from jgrind.plan import profile
-from jgrind.plan.profile import PROFILE_VERSION, Profile, ProfileError
+from jgrind.plan.profile import PROFILE_VERSION, ProfileError
 
-RATES = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "copy_bw", "to_device_bw",
-         "to_host_bw", "ssd_read_bw", "ssd_write_bw", "ssd_latency")
+RATES = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scatter_add_bw", "copy_bw",
+         "to_device_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw", "ssd_latency")
 
 
 @pytest.fixture(scope="module")

@@ -87,6 +87,14 @@ def _as_slice(positions: np.ndarray) -> Optional[slice]:
     return None
 
 
+def _padded_buffer(used_rows: int, padded_rows: int, width: int) -> np.ndarray:
+    """A float32 ``[padded_rows, width]`` buffer whose first ``used_rows`` rows the caller fills:
+    only the padding is zeroed (zero-filling it all would be one more pass over the rows)."""
+    out = np.empty((padded_rows, width), np.float32)
+    out[used_rows:] = 0.0
+    return out
+
+
 def _padded_rows(rows: np.ndarray, length: int, fill: int) -> np.ndarray:
     out = np.full(length, fill, np.int32)
     out[: rows.size] = rows
@@ -190,7 +198,7 @@ class Table:
             idx = np.arange(start, start + rows, dtype=np.int32)
             return _device_take(self.device, _padded_rows(idx, padded_rows,
                                                           self.device.shape[0]))
-        out = np.zeros((padded_rows, self.width), np.float32)
+        out = _padded_buffer(rows, padded_rows, self.width)
         out[:rows] = self._read_host_or_ssd(block)
         return out
 
@@ -233,7 +241,7 @@ class Table:
                                   self.slot[halo_owner] + halo_row]).astype(np.int32)
             return _device_take(self.device, _padded_rows(idx, padded_rows,
                                                           self.device.shape[0]))
-        out = np.zeros((padded_rows, self.width), np.float32)
+        out = _padded_buffer(own_rows + halo_row.size, padded_rows, self.width)
         needed = np.unique(np.concatenate([[block], halo_owner])).astype(np.int64)
         ssd_needed = [int(b) for b in needed if self.tier[b] == _CODE[Fate.SSD]]
         keys = [(self.key, b) for b in ssd_needed]
@@ -407,7 +415,7 @@ class Snapshot:
 
     def read(self, block: int, padded_rows: int) -> np.ndarray:
         rows = int(self.offsets[block + 1] - self.offsets[block])
-        out = np.zeros((padded_rows, self.width), np.float32)
+        out = _padded_buffer(rows, padded_rows, self.width)
         self.ssd.read_block(block, out[:rows])
         self.store.count(ssd_read=rows * self.width * 4)
         return out

@@ -376,8 +376,9 @@ def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
         if code == D:
             seconds += nbytes / profile.to_device_bw + 3 * nbytes / profile.gather_bw \
                 + np.where(rows > 0, profile.step_latency, 0.0)
-        elif code == H:
-            seconds += 2 * nbytes / profile.gather_bw
+        elif code == H:  # own rows: one slice add (3 streams); halo rows: x[idx] += v
+            own = np.where(active, w.owned * mine, 0) * row
+            seconds += 1.5 * own / profile.copy_bw + (nbytes - own) / profile.scatter_add_bw
         else:
             calls = w.ssd_calls[w.widths[layer]] @ mine + mine
             span = (w.ssd_rows[w.widths[layer]] @ mine + np.where(active, w.owned * mine, 0)) \

@@ -41,7 +41,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import psutil
 
-PROFILE_VERSION = 3  # 2: page-cache figures; 3: per-call overheads of row I/O
+PROFILE_VERSION = 4  # 2: page-cache figures; 3: per-call overheads of row I/O;
+#                      4: gathers into the output buffer, scatter-add rate
 
 _MIB = 2**20
 _PAGE = 4096
@@ -56,8 +57,9 @@ class ProfileError(ValueError):
 # The profile
 # ------------------------------------------------------------------------------------------------
 
-_FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "copy_bw",
-                 "to_device_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw", "ssd_latency",
+_FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scatter_add_bw",
+                 "copy_bw", "to_device_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw",
+                 "ssd_latency",
                  "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
                  "update_call_overhead", "overlap")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free")
@@ -80,7 +82,8 @@ class Profile:
     matmul_flops: float    # dense float32 matmul on the default device, flop/s (2*m*k*n each)
     spmm_rate: float       # jitted `jgrind.sparse.spmm`, nonzeros * width per second
     step_latency: float    # seconds per dispatch + sync of a tiny jitted call
-    gather_bw: float       # host `x[idx]` of random rows, output bytes/s
+    gather_bw: float       # host `np.take(x, idx, out=)` of sorted random rows, output bytes/s
+    scatter_add_bw: float  # host `x[idx] += v` of sorted random unique rows, bytes of v / s
     copy_bw: float         # host `np.copyto` of a large array, bytes/s
     to_device_bw: float    # `jax.device_put` + `block_until_ready`, bytes/s
     to_host_bw: float      # `np.asarray(device array)`, bytes/s (a view on the CPU backend)
@@ -132,6 +135,7 @@ class Profile:
             ("sparse spmm", f"{self.spmm_rate / 1e9:.2f} G nonzeros*width/s"),
             ("step latency", f"{self.step_latency * 1e3:.3f} ms"),
             ("host gather", f"{self.gather_bw / 1e9:.2f} GB/s"),
+            ("host scatter-add", f"{self.scatter_add_bw / 1e9:.2f} GB/s"),
             ("host copy", f"{self.copy_bw / 1e9:.2f} GB/s"),
             ("host -> device", f"{self.to_device_bw / 1e9:.2f} GB/s"),
             ("device -> host", f"{self.to_host_bw / 1e9:.2f} GB/s"),
@@ -427,8 +431,8 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
            f"({sizes.spmm[1]} nonzeros, width {sizes.spmm[2]})")
     step_latency = _step_latency(sizes)
     report(f"step latency {step_latency * 1e3:.3f} ms")
-    gather_bw = _gather_bw(sizes, rng)
-    report(f"host gather {gather_bw / 1e9:.2f} GB/s")
+    gather_bw, scatter_add_bw = _gather_bw(sizes, rng)
+    report(f"host gather {gather_bw / 1e9:.2f} GB/s, scatter-add {scatter_add_bw / 1e9:.2f} GB/s")
     copy_bw = _copy_bw(sizes)
     report(f"host copy {copy_bw / 1e9:.2f} GB/s")
     to_device_bw, to_host_bw = _transfer_bw(sizes)
@@ -463,7 +467,8 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         version=PROFILE_VERSION, machine=machine_fingerprint(),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         matmul_flops=matmul_flops, spmm_rate=spmm_rate, step_latency=step_latency,
-        gather_bw=gather_bw, copy_bw=copy_bw, to_device_bw=to_device_bw, to_host_bw=to_host_bw,
+        gather_bw=gather_bw, scatter_add_bw=scatter_add_bw, copy_bw=copy_bw,
+        to_device_bw=to_device_bw, to_host_bw=to_host_bw,
         ssd_read_bw=ssd_read_bw, ssd_write_bw=ssd_write_bw, ssd_latency=ssd_latency,
         cached_read_bw=cached_read_bw, cached_write_bw=cached_write_bw,
         cached_latency=cached_latency, read_call_overhead=read_call,
@@ -590,12 +595,20 @@ def _best_rate(nbytes: int, run: Callable[[], None], repeats: int) -> float:
     return nbytes / min(times)
 
 
-def _gather_bw(sizes: _Sizes, rng: np.random.Generator) -> float:
-    """``x[idx]`` for random rows, in ascending order as the engine gathers halo rows."""
+def _gather_bw(sizes: _Sizes, rng: np.random.Generator) -> tuple[float, float]:
+    """Host row gather and scatter-add as the store does them for halo rows (random rows in
+    ascending order): ``np.take`` straight into the output buffer, and ``x[idx] += v``."""
     rows, width, picked = sizes.gather
     table = np.ones((rows, width), np.float32)
     idx = np.sort(rng.choice(rows, picked, replace=False))
-    return _best_rate(picked * width * 4, lambda: table[idx], sizes.repeats)
+    out = np.empty((picked, width), np.float32)
+    nbytes = picked * width * 4
+    gather = _best_rate(nbytes, lambda: np.take(table, idx, axis=0, out=out, mode="clip"),
+                        sizes.repeats)
+
+    def scatter_add():
+        table[idx] += out
+    return gather, _best_rate(nbytes, scatter_add, sizes.repeats)
 
 
 def _copy_bw(sizes: _Sizes) -> float:
