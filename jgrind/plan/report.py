@@ -37,10 +37,14 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  {row['tensor']:<7} {format_bytes(row['bytes']):>11}  {row['fate']:<26} "
                      f"{row['why']}")
     m = p.memory
+    w = plan.workload
+    masks = w.mask_bytes() if w is not None else 0
+    mask_text = (f", of which output masks {format_bytes(masks)}: ReLU layers' backward skips "
+                 "recomputing their output" if masks else "")
     lines += ["", "predicted peak memory per tier:",
               f"  device  {format_bytes(m.peak_device + m.device_working_set):>11}  (blocks "
               f"{format_bytes(m.peak_device)} + one partition's working set "
-              f"{format_bytes(m.device_working_set)})",
+              f"{format_bytes(m.device_working_set)}{mask_text})",
               f"  host    {format_bytes(m.peak_host):>11}  (blocks and recomputed layers "
               f"{format_bytes(m.peak_host - m.host_cache)} + cache {format_bytes(m.host_cache)})",
               f"  ssd     {format_bytes(m.peak_ssd):>11}",
