@@ -37,7 +37,8 @@ def fixed_profile(**overrides) -> Profile:
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         matmul_flops=5e10, spmm_rate=2e9, step_latency=5e-6, gather_bw=2e9, scatter_add_bw=1e9,
         copy_bw=8e9,
-        to_device_bw=2e9, to_host_bw=1e11, ssd_read_bw=4e8, ssd_write_bw=3e8,
+        to_device_bw=2e9, to_device_small_bw=2e9, to_device_bytes=64 * MiB,
+        to_device_small_bytes=4 * MiB, to_host_bw=1e11, ssd_read_bw=4e8, ssd_write_bw=3e8,
         ssd_latency=1e-4, cached_read_bw=5e9, cached_write_bw=5e9, cached_latency=3e-6,
         read_call_overhead=2e-6, update_call_overhead=1e-5,
         overlap=0.5, device_free=1 << 34, host_free=0, ssd_free=1 << 40, directory="/tmp")

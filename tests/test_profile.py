@@ -245,3 +245,23 @@ def test_profile_command_user_errors(tmp_path, capsys):
     assert not (tmp_path / "p.json").exists()
     assert main(["profile", "--show", "--out", str(tmp_path / "p.json")]) == 2
     assert "no hardware profile" in capsys.readouterr().err
+
+
+def test_profile_of_an_older_format_is_replaced_not_set_aside(tmp_path):
+    """A profile written by an older jgrind (a field this version measures is missing) is
+    re-measured with a line naming the versions, and replaced: it is not damage to keep."""
+    import json
+
+    path = tmp_path / "profile.json"
+    fresh = profile.measure(tmp_path, quick=True)
+    old = fresh.to_json()
+    old["version"] = PROFILE_VERSION - 1
+    del old["scatter_add_bw"]
+    path.write_text(json.dumps(old))
+    lines = []
+    with pytest.raises(profile.OlderProfileError, match=f"version {PROFILE_VERSION - 1}"):
+        profile.load(path)
+    got = profile.load_or_measure(path, tmp_path, log=lines.append)
+    assert got.version == PROFILE_VERSION and profile.load(path).version == PROFILE_VERSION
+    assert "is version" in lines[0] and "re-measuring" in lines[0]
+    assert not list(tmp_path.glob("*.unreadable*"))

@@ -43,6 +43,12 @@ ITEMSIZE = 4                      # float32 activations and gradients
 BACKWARD_PASSES = 3.0             # forward recompute + the two transposed products
 PARAMS_ONLY_PASSES = 2.0          # layer 0: no input gradient
 ELEMENTWISE_PASSES = 6.0          # bias, activation, dropout, residual, norm: bytes touched
+# Passes over the *input* rows (halo included) per forward step: dropout or norm reads and writes
+# them, and the consumer reads them again (in backward: the input gradient is written, masked
+# and zero-padded the same way). With many small partitions the halo is several times the owned
+# rows, and this term dominates narrow layers (measured: a 256 -> 8 top step on 10k input rows
+# spends ~5 ms here against ~0.3 ms in its products).
+INPUT_PASSES = 2.0
 # SSD row reads and scatter-adds merge rows less than this many bytes apart into one read call
 # (`jgrind.engine.ssd`): a call costs about as much as reading this much more (a few us from
 # the page cache, ~100 us from an NVMe disk), so reading a short gap beats a second call.
@@ -196,8 +202,11 @@ class Workload:
 
 
 # -- compute ---------------------------------------------------------------------------------------
-def layer_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> np.ndarray:
-    """Forward seconds of one layer step (arrays over partitions), excluding dispatch latency."""
+def layer_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile,
+                  input_passes: float = INPUT_PASSES) -> np.ndarray:
+    """Forward seconds of one layer step (arrays over partitions), excluding dispatch latency.
+    ``input_passes``: passes over the input rows (0 for the fast path, whose single jitted
+    program fuses them into the products)."""
     mm = lambda rows, a, b: 2.0 * rows * a * b / profile.matmul_flops  # noqa: E731
     sp = lambda width: nnz * float(width) / profile.spmm_rate           # noqa: E731
     kind = type(layer).__name__
@@ -217,7 +226,8 @@ def layer_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> np
         t = sp(narrow) + mm(n_out, w_in, w_out)
     else:
         t = mm(n_out, w_in, w_out)
-    return t + ELEMENTWISE_PASSES * n_out * w_out * ITEMSIZE / profile.copy_bw
+    return (t + ELEMENTWISE_PASSES * n_out * w_out * ITEMSIZE / profile.copy_bw
+            + input_passes * n_in * w_in * ITEMSIZE / profile.copy_bw)
 
 
 def masked_saving(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> np.ndarray:
@@ -278,6 +288,20 @@ class CacheModel:
     hit_rate: float = 0.0
 
 
+def to_device_seconds(nbytes, profile):
+    """Seconds to move buffers of ``nbytes`` each to the device. The profile has the rate at
+    two sizes (it depends on size: on the CPU backend a large buffer lands in freshly mapped
+    pages); between them the rate is interpolated in log-log, outside them it is held."""
+    big, small = profile.to_device_bw, getattr(profile, "to_device_small_bw", None)
+    if small is None:
+        return nbytes / big
+    lo, hi = float(profile.to_device_small_bytes), float(profile.to_device_bytes)
+    n = np.maximum(np.asarray(nbytes, np.float64), 1.0)
+    share = np.clip((np.log(n) - np.log(lo)) / max(np.log(hi) - np.log(lo), 1e-9), 0.0, 1.0)
+    rate = np.exp(np.log(small) + share * (np.log(big) - np.log(small)))
+    return nbytes / rate
+
+
 def _ssd_read(nbytes, calls, profile):
     return nbytes / profile.ssd_read_bw + calls * (profile.ssd_latency
                                                    + profile.read_call_overhead)
@@ -297,8 +321,8 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
     if fast and np.all(codes == D):  # one device-side take per partition
         return float(np.sum(np.where(active, w.pad_in * row / profile.gather_bw, 0.0)))
     own = w.owned * row
-    seconds = np.where(active, w.pad_in * row / profile.to_device_bw   # the assembled buffer
-                       + w.pad_in * row / profile.copy_bw, 0.0)        # zero-filled first
+    seconds = np.where(active, to_device_seconds(w.pad_in * row, profile)  # the buffer
+                       + (w.pad_in - w.inputs) * row / profile.copy_bw, 0.0)  # padding zeroed
     ssd_hits = cache.holds_everything and reread
     ssd_blocks = cache.capacity > 0 and not cache.holds_everything
     for code in (D, H, S, R):
@@ -351,7 +375,7 @@ def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
     row = w.widths[layer] * ITEMSIZE
     own = np.where(w.owned > 0, w.owned * row, 0)
     pad = np.where(w.owned > 0, w.pad_out * row, 0)
-    onto_device = pad / profile.to_device_bw + pad / profile.copy_bw
+    onto_device = to_device_seconds(pad, profile) + (pad - own) / profile.copy_bw
     ssd = (own / profile.copy_bw if cache.holds_everything
            else _ssd_read(own, 1, profile) + own / profile.copy_bw)
     per_tier = {D: pad / profile.gather_bw + profile.step_latency,
@@ -374,7 +398,7 @@ def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
         rows = w.halo @ mine + np.where(active, w.owned * mine, 0)
         nbytes = rows * row
         if code == D:
-            seconds += nbytes / profile.to_device_bw + 3 * nbytes / profile.gather_bw \
+            seconds += to_device_seconds(nbytes, profile) + 3 * nbytes / profile.gather_bw \
                 + np.where(rows > 0, profile.step_latency, 0.0)
         elif code == H:  # own rows: one slice add (3 streams); halo rows: x[idx] += v
             own = np.where(active, w.owned * mine, 0) * row
@@ -680,7 +704,7 @@ def in_memory_seconds(w: Workload, profile) -> float:
     n, e = float(w.num_nodes), float(w.num_edges)
     for l, layer in enumerate(w.layers):
         t = layer_seconds(layer, w.widths[l], w.widths[l + 1], np.array([n]), np.array([n]),
-                          np.array([e]), profile)
+                          np.array([e]), profile, input_passes=0.0)
         total += float(t[0]) * (BACKWARD_PASSES if l else PARAMS_ONLY_PASSES)
     return total + profile.step_latency
 

@@ -41,8 +41,9 @@ from typing import Any, Callable, Optional
 import numpy as np
 import psutil
 
-PROFILE_VERSION = 4  # 2: page-cache figures; 3: per-call overheads of row I/O;
-#                      4: gathers into the output buffer, scatter-add rate
+PROFILE_VERSION = 5  # 2: page-cache figures; 3: per-call overheads of row I/O;
+#                      4: gathers into the output buffer, scatter-add rate;
+#                      5: host -> device rate at two transfer sizes
 
 _MIB = 2**20
 _PAGE = 4096
@@ -53,16 +54,21 @@ class ProfileError(ValueError):
     """A profile file is unreadable or malformed, or the directory to measure cannot be used."""
 
 
+class OlderProfileError(ProfileError):
+    """A profile file written by another version of the format (its fields differ)."""
+
+
 # ------------------------------------------------------------------------------------------------
 # The profile
 # ------------------------------------------------------------------------------------------------
 
 _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scatter_add_bw",
-                 "copy_bw", "to_device_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw",
+                 "copy_bw", "to_device_bw", "to_device_small_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw",
                  "ssd_latency",
                  "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
                  "update_call_overhead", "overlap")
-_INT_FIELDS = ("device_free", "host_free", "ssd_free")
+_INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
+               "to_device_small_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +91,11 @@ class Profile:
     gather_bw: float       # host `np.take(x, idx, out=)` of sorted random rows, output bytes/s
     scatter_add_bw: float  # host `x[idx] += v` of sorted random unique rows, bytes of v / s
     copy_bw: float         # host `np.copyto` of a large array, bytes/s
-    to_device_bw: float    # `jax.device_put` + `block_until_ready`, bytes/s
+    to_device_bw: float    # `jax.device_put` + `block_until_ready`, bytes/s, of a large array
+    to_device_small_bw: float  # the same for a partition-sized array (the rate depends on size:
+    #                            on the CPU backend large buffers are freshly mapped pages)
+    to_device_bytes: int       # the sizes the two rates were measured at
+    to_device_small_bytes: int
     to_host_bw: float      # `np.asarray(device array)`, bytes/s (a view on the CPU backend)
     ssd_read_bw: float     # sequential read, page cache out of the way, bytes/s
     ssd_write_bw: float    # sequential write + fsync, bytes/s
@@ -137,7 +147,10 @@ class Profile:
             ("host gather", f"{self.gather_bw / 1e9:.2f} GB/s"),
             ("host scatter-add", f"{self.scatter_add_bw / 1e9:.2f} GB/s"),
             ("host copy", f"{self.copy_bw / 1e9:.2f} GB/s"),
-            ("host -> device", f"{self.to_device_bw / 1e9:.2f} GB/s"),
+            ("host -> device", f"{self.to_device_bw / 1e9:.2f} GB/s at "
+                               f"{self.to_device_bytes / _MIB:.0f} MiB, "
+                               f"{self.to_device_small_bw / 1e9:.2f} GB/s at "
+                               f"{self.to_device_small_bytes / _MIB:.0f} MiB"),
             ("device -> host", f"{self.to_host_bw / 1e9:.2f} GB/s"),
             ("SSD read", f"{self.ssd_read_bw / 1e9:.2f} GB/s"),
             ("SSD write", f"{self.ssd_write_bw / 1e9:.2f} GB/s"),
@@ -286,7 +299,7 @@ def load(path: str | os.PathLike | None = None) -> Profile:
     try:
         return _read(path)
     except ProfileError as err:
-        raise ProfileError(f"{err}; {_ADVICE}") from None
+        raise type(err)(f"{err}; {_ADVICE}") from None
 
 
 def _read(path: pathlib.Path) -> Profile:
@@ -298,6 +311,11 @@ def _read(path: pathlib.Path) -> Profile:
     try:
         return Profile.from_json(data)
     except ProfileError as err:
+        version = data.get("version") if isinstance(data, dict) else None
+        if isinstance(version, int) and version != PROFILE_VERSION:
+            # another version of the format has other fields: that is age, not damage
+            raise OlderProfileError(f"profile {path} is version {version}; this jgrind writes "
+                                    f"version {PROFILE_VERSION} ({err})") from None
         raise ProfileError(f"profile {path} is malformed: {err}") from None
 
 
@@ -322,6 +340,8 @@ def load_or_measure(path: str | os.PathLike | None = None,
             profile = _read(path)
         except FileNotFoundError:
             why = f"no hardware profile at {path}; measuring one"
+        except OlderProfileError as err:
+            why = f"{err}; re-measuring"  # a profile, just an old one: replaced
         except ProfileError as err:
             # not a profile we can read: keep the file (it may be something else entirely,
             # passed by mistake) next to the new one instead of writing over it
@@ -379,6 +399,7 @@ class _Sizes:
     gather: tuple[int, int, int]     # table rows, width, rows gathered
     copy_bytes: int
     transfer_bytes: int              # host <-> device
+    small_transfer_bytes: int        # host -> device, a partition-sized buffer
     ssd_bytes: int                   # size of the SSD test file
     chunk: int                       # bytes per sequential write / read call
     random_reads: int                # 4 KiB reads per latency batch
@@ -389,11 +410,11 @@ class _Sizes:
 
 _FULL = _Sizes(matmul=(4096, 256), matmul_chain=8, spmm=(200_000, 2_000_000, 64),
                latency_calls=200, gather=(1_000_000, 64, 250_000), copy_bytes=256 * _MIB,
-               transfer_bytes=64 * _MIB, ssd_bytes=256 * _MIB, chunk=8 * _MIB,
+               transfer_bytes=64 * _MIB, small_transfer_bytes=4 * _MIB, ssd_bytes=256 * _MIB, chunk=8 * _MIB,
                random_reads=256, target=0.2, overlap_seconds=0.3, repeats=5)
 _QUICK = _Sizes(matmul=(1024, 128), matmul_chain=4, spmm=(20_000, 100_000, 32),
                 latency_calls=30, gather=(50_000, 32, 12_500), copy_bytes=8 * _MIB,
-                transfer_bytes=4 * _MIB, ssd_bytes=16 * _MIB, chunk=4 * _MIB,
+                transfer_bytes=4 * _MIB, small_transfer_bytes=1 * _MIB, ssd_bytes=16 * _MIB, chunk=4 * _MIB,
                 random_reads=32, target=0.02, overlap_seconds=0.04, repeats=3)
 
 
@@ -435,8 +456,9 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     report(f"host gather {gather_bw / 1e9:.2f} GB/s, scatter-add {scatter_add_bw / 1e9:.2f} GB/s")
     copy_bw = _copy_bw(sizes)
     report(f"host copy {copy_bw / 1e9:.2f} GB/s")
-    to_device_bw, to_host_bw = _transfer_bw(sizes)
-    report(f"host -> device {to_device_bw / 1e9:.2f} GB/s, "
+    to_device_bw, to_device_small_bw, to_host_bw = _transfer_bw(sizes)
+    report(f"host -> device {to_device_bw / 1e9:.2f} GB/s "
+           f"({to_device_small_bw / 1e9:.2f} GB/s at {sizes.small_transfer_bytes / _MIB:.0f} MiB), "
            f"device -> host {to_host_bw / 1e9:.2f} GB/s")
 
     fd, name = _make_file(root)
@@ -468,7 +490,9 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         matmul_flops=matmul_flops, spmm_rate=spmm_rate, step_latency=step_latency,
         gather_bw=gather_bw, scatter_add_bw=scatter_add_bw, copy_bw=copy_bw,
-        to_device_bw=to_device_bw, to_host_bw=to_host_bw,
+        to_device_bw=to_device_bw, to_device_small_bw=to_device_small_bw,
+        to_device_bytes=sizes.transfer_bytes, to_device_small_bytes=sizes.small_transfer_bytes,
+        to_host_bw=to_host_bw,
         ssd_read_bw=ssd_read_bw, ssd_write_bw=ssd_write_bw, ssd_latency=ssd_latency,
         cached_read_bw=cached_read_bw, cached_write_bw=cached_write_bw,
         cached_latency=cached_latency, read_call_overhead=read_call,
@@ -617,11 +641,16 @@ def _copy_bw(sizes: _Sizes) -> float:
     return _best_rate(src.nbytes, lambda: np.copyto(dst, src), sizes.repeats)
 
 
-def _transfer_bw(sizes: _Sizes) -> tuple[float, float]:
-    """Host -> device (``device_put``) and device -> host (``np.asarray``) bytes/s. Each
-    device -> host read gets a fresh device array: a JAX array caches its host copy."""
+def _transfer_bw(sizes: _Sizes) -> tuple[float, float, float]:
+    """Host -> device (``device_put``) bytes/s of a large and of a small (partition-sized)
+    array, and device -> host (``np.asarray``) bytes/s. Each device -> host read gets a fresh
+    device array: a JAX array caches its host copy."""
     import jax
 
+    small = np.ones(sizes.small_transfer_bytes // 4, np.float32)
+    to_device_small = _best_rate(small.nbytes,
+                                 lambda: jax.device_put(small).block_until_ready(),
+                                 sizes.repeats)
     host = np.ones(sizes.transfer_bytes // 4, np.float32)
     to_device = _best_rate(host.nbytes, lambda: jax.device_put(host).block_until_ready(),
                              sizes.repeats)
@@ -634,7 +663,7 @@ def _transfer_bw(sizes: _Sizes) -> tuple[float, float]:
         if i:  # the first is a warm-up
             times.append(time.perf_counter() - start)
         del on_device
-    return to_device, host.nbytes / min(times)
+    return to_device, to_device_small, host.nbytes / min(times)
 
 
 # -- SSD -------------------------------------------------------------------------------------
