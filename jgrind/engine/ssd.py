@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import pathlib
 import struct
+import threading
 import zlib
 from typing import Callable, Optional
 
@@ -27,6 +28,9 @@ from jgrind.plan.cost import COALESCE_BYTES
 MAGIC = b"JGRINDST"
 VERSION = 1
 _ALIGN = 4096
+
+
+SCRATCH_BYTES = 4 << 20  # span reads and read-add-writes go through pieces of at most this
 
 
 class StoreCorruptedError(RuntimeError):
@@ -66,6 +70,10 @@ class SSDFile:
         self.bytes_read = 0
         self.bytes_written = 0
         self.on_io = on_io  # called as on_io(ssd_read_ops=1) / on_io(ssd_write_ops=1)
+        # Span reads go through a scratch buffer per thread (the prefetcher reads while the
+        # writer scatter-adds), reused across calls: a fresh buffer per span would first-touch
+        # new pages, which costs more than the read itself when the page cache serves it.
+        self._scratch = threading.local()
 
     # -- integrity ----------------------------------------------------------------------------
     def _check_size(self) -> None:
@@ -121,10 +129,33 @@ class SSDFile:
             if hi - lo == last - first:  # a run of consecutive rows: read straight into out
                 self._pread(out[first:last], self.data_start + lo * self.row_bytes)
                 continue
-            buf = np.empty((hi - lo, self.width), self.dtype)
-            self._pread(buf, self.data_start + lo * self.row_bytes)
-            out[first:last] = buf[rows[first:last] - lo]
+            for c_lo, c_hi, i, j in self._pieces(rows, lo, hi, first, last):
+                buf = self._span_buffer(c_hi - c_lo)
+                self._pread(buf, self.data_start + c_lo * self.row_bytes)
+                np.take(buf, rows[i:j] - c_lo, axis=0, out=out[i:j], mode="clip")
         return out
+
+    def _pieces(self, rows: np.ndarray, lo: int, hi: int, first: int, last: int):
+        """The span ``[lo, hi)`` (holding ``rows[first:last]``) in pieces of at most
+        `SCRATCH_BYTES`: ``(piece_lo, piece_hi, i, j)`` with ``rows[i:j]`` inside the piece."""
+        step = max(1, SCRATCH_BYTES // self.row_bytes)
+        if hi - lo <= step:
+            return [(lo, hi, first, last)]
+        cuts = np.arange(lo, hi, step)
+        bounds = np.searchsorted(rows[first:last], np.append(cuts[1:], hi)) + first
+        starts = np.concatenate([[first], bounds[:-1]])
+        return [(int(c), int(min(c + step, hi)), int(i), int(j))
+                for c, i, j in zip(cuts, starts, bounds) if j > i]
+
+    def _span_buffer(self, rows: int) -> np.ndarray:
+        """``[rows, width]`` scratch rows owned by the calling thread, valid until its next
+        call (rows <= `SCRATCH_BYTES` worth, see `_pieces`)."""
+        buf = getattr(self._scratch, "buf", None)
+        if buf is None or buf.shape[0] < rows:
+            buf = np.empty((max(rows, max(1, SCRATCH_BYTES // self.row_bytes)), self.width),
+                           self.dtype)
+            self._scratch.buf = buf
+        return buf[:rows]
 
     def add_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
         """``file[rows] += values`` (rows ascending, unique): read, add, write per span (as
@@ -132,11 +163,12 @@ class SSDFile:
         block)."""
         self._check_size()
         for lo, hi, first, last in _spans(rows, self._gap_rows()):
-            buf = np.empty((hi - lo, self.width), self.dtype)
-            offset = self.data_start + lo * self.row_bytes
-            self._pread(buf, offset)
-            buf[rows[first:last] - lo] += values[first:last]
-            self._pwrite(buf, offset)
+            for c_lo, c_hi, i, j in self._pieces(rows, lo, hi, first, last):
+                buf = self._span_buffer(c_hi - c_lo)
+                offset = self.data_start + c_lo * self.row_bytes
+                self._pread(buf, offset)
+                buf[rows[i:j] - c_lo] += values[i:j]
+                self._pwrite(buf, offset)
         for b in np.unique(np.searchsorted(self.offsets, rows, side="right") - 1):
             self._crc[int(b)] = None
 
