@@ -386,7 +386,7 @@ def test_policy_combinators_route_by_kind_and_layer(tmp_path):
     assert acc.peak_ssd > 0 and acc.peak_device > 0
 
 
-def _count_calls(ex, monkeypatch):
+def _count_calls(ex):
     """Count the engine's backward steps by kind (wraps the jitted functions it holds)."""
     calls = {"recompute": 0, "masked": 0}
     for l, steps in enumerate(ex.steps):
@@ -405,7 +405,7 @@ def _count_calls(ex, monkeypatch):
     return calls
 
 
-def test_relu_layers_backward_from_output_masks_without_recompute(tmp_path, monkeypatch):
+def test_relu_layers_backward_from_output_masks_without_recompute(tmp_path):
     """A ReLU GCN's backward reads each layer's output mask (made by the layer above) instead
     of recomputing the output, and the gradients stay exact; a residual model cannot (its
     output hides act(z)) and recomputes."""
@@ -417,7 +417,7 @@ def test_relu_layers_backward_from_output_masks_without_recompute(tmp_path, monk
         ref_loss, ref_grads = InMemory(graph, model, optax.sgd(0.1)).loss_and_grad(params, key)
         with OutOfCore(graph, model, optax.sgd(0.1), policy=policies.host_offload(),
                        num_parts=3, partitioner=contiguous) as ex:
-            calls = _count_calls(ex, monkeypatch)
+            calls = _count_calls(ex)
             grads, loss = ex.loss_and_grad(params, key)
             assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
             assert_same_gradients(grads, ref_grads)

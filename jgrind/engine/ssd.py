@@ -31,6 +31,10 @@ _ALIGN = 4096
 
 
 SCRATCH_BYTES = 4 << 20  # span reads and read-add-writes go through pieces of at most this
+# One scratch buffer per thread (the prefetcher reads while the writer scatter-adds), shared by
+# all files and reused across calls: a fresh buffer per span would first-touch new pages, which
+# costs more than the read itself when the page cache serves it.
+_scratch = threading.local()
 
 
 class StoreCorruptedError(RuntimeError):
@@ -70,10 +74,6 @@ class SSDFile:
         self.bytes_read = 0
         self.bytes_written = 0
         self.on_io = on_io  # called as on_io(ssd_read_ops=1) / on_io(ssd_write_ops=1)
-        # Span reads go through a scratch buffer per thread (the prefetcher reads while the
-        # writer scatter-adds), reused across calls: a fresh buffer per span would first-touch
-        # new pages, which costs more than the read itself when the page cache serves it.
-        self._scratch = threading.local()
 
     # -- integrity ----------------------------------------------------------------------------
     def _check_size(self) -> None:
@@ -150,12 +150,11 @@ class SSDFile:
     def _span_buffer(self, rows: int) -> np.ndarray:
         """``[rows, width]`` scratch rows owned by the calling thread, valid until its next
         call (rows <= `SCRATCH_BYTES` worth, see `_pieces`)."""
-        buf = getattr(self._scratch, "buf", None)
-        if buf is None or buf.shape[0] < rows:
-            buf = np.empty((max(rows, max(1, SCRATCH_BYTES // self.row_bytes)), self.width),
-                           self.dtype)
-            self._scratch.buf = buf
-        return buf[:rows]
+        nbytes = rows * self.row_bytes
+        raw = getattr(_scratch, "raw", None)
+        if raw is None or raw.size < nbytes:
+            raw = _scratch.raw = np.empty(max(nbytes, SCRATCH_BYTES), np.uint8)
+        return raw[:nbytes].view(self.dtype).reshape(rows, self.width)
 
     def add_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
         """``file[rows] += values`` (rows ascending, unique): read, add, write per span (as
