@@ -43,10 +43,10 @@ from jgrind.engine.steps import LayerSteps, PaddedPartition, layer_steps, pad_pa
 from jgrind.engine.store import BudgetError, Snapshot, Store, Table
 from jgrind.graph import Graph
 from jgrind.loss import node_weights
+from jgrind.models.conv import derivative_from_output
 from jgrind.models.model import GNN, layer_key
 from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.partition.partitioners import label_propagation
-from jgrind.models.conv import derivative_from_output
 from jgrind.plan.cost import Assignment, Memory, Workload, fit_masks, format_bytes, memory
 from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate, check_fate
 from jgrind.plan.inventory import build_inventory, layer_widths
