@@ -460,8 +460,11 @@ def test_ssd_row_spans_through_a_small_scratch_buffer(scratch_rows, tmp_path, mo
     whatever the piece size, they equal the same operations on an in-memory array."""
     from jgrind.engine import ssd
 
+    import threading
+
     width = 5
     monkeypatch.setattr(ssd, "SCRATCH_BYTES", scratch_rows * width * 4)
+    monkeypatch.setattr(ssd, "_scratch", threading.local())
     offsets = np.array([0, 40, 90, 130])
     f = ssd.SSDFile(tmp_path / "t.bin", offsets, width, b"r" * 16)
     rng = np.random.default_rng(0)
@@ -475,4 +478,6 @@ def test_ssd_row_spans_through_a_small_scratch_buffer(scratch_rows, tmp_path, mo
     f.add_rows(rows, add)
     data[rows] += add
     np.testing.assert_array_equal(f.read_rows(np.arange(130)), data)
+    # the reads went through this thread's one scratch buffer, bounded by SCRATCH_BYTES
+    assert ssd._scratch.raw.size == ssd.SCRATCH_BYTES
     f.close()

@@ -46,8 +46,8 @@ ELEMENTWISE_PASSES = 6.0          # bias, activation, dropout, residual, norm: b
 # Passes over the *input* rows (halo included) per forward step: dropout or norm reads and writes
 # them, and the consumer reads them again (in backward: the input gradient is written, masked
 # and zero-padded the same way). With many small partitions the halo is several times the owned
-# rows, and this term dominates narrow layers (measured: a 256 -> 8 top step on 10k input rows
-# spends ~5 ms here against ~0.3 ms in its products).
+# rows, and this term dominates narrow layers (`tools/profile_ops.py` shows it: a 256 -> 8 top
+# step over 128 small partitions takes several times what its products alone cost).
 INPUT_PASSES = 2.0
 # SSD row reads and scatter-adds merge rows less than this many bytes apart into one read call
 # (`jgrind.engine.ssd`): a call costs about as much as reading this much more (a few us from

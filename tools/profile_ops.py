@@ -1,0 +1,153 @@
+"""Where an out-of-core epoch goes, operation by operation, beside the cost model's terms.
+
+    python tools/profile_ops.py --config ssd --policy ssd --parts 128 --host-budget 0
+    python tools/profile_ops.py --rmat 300000 3000000 --policy device --parts 8
+
+Runs `jgrind.engine.OutOfCore` *serially* (prefetch off) and blocks on every store operation
+(gather, write, read, accumulate) and every jitted step, so each is timed alone; the sums are
+for the last of three epochs. Serial timing adds up what the engine normally overlaps, so the
+epoch here is longer than a normal one. Then it prints the cost model's figure for each term
+(`jgrind.plan.cost`, with the page-cache regime the model picks), to see which term is off.
+
+``--config`` takes a configuration of `tools/bench_planner.py` (graph, model, device budget);
+``--rmat`` an R-MAT graph with a 3-layer GCN (hidden 256, dropout 0.5) and no budgets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import functools
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="a tools/bench_planner.py configuration name")
+    src.add_argument("--rmat", nargs=2, type=int, metavar=("NODES", "EDGES"))
+    p.add_argument("--policy", choices=("device", "host", "ssd", "recompute"), required=True)
+    p.add_argument("--parts", type=int, required=True)
+    p.add_argument("--host-budget", type=int, default=None, help="bytes (0: host cache off)")
+    p.add_argument("--store", default=tempfile.gettempdir())
+    args = p.parse_args()
+
+    import jax
+    import optax
+
+    import jgrind.engine.engine as engine_module
+    from jgrind import models
+    from jgrind.engine import OutOfCore
+    from jgrind.engine import store as store_module
+    from jgrind.partition import partition_graph
+    from jgrind.partition.partitioners import label_propagation
+    from jgrind.plan import cost, policies
+    from jgrind.plan import profile as hardware
+
+    device_budget = None
+    if args.config:
+        import bench_planner
+        cfg = next((c for c in bench_planner.CONFIGS if c.name == args.config), None)
+        if cfg is None:
+            p.error(f"unknown configuration {args.config!r}; choose from "
+                    f"{[c.name for c in bench_planner.CONFIGS]}")
+        graph, model = bench_planner.build(cfg)
+        device_budget = None if args.policy == "device" else cfg.device_budget
+    else:
+        from jgrind.generators import rmat
+        graph = rmat(num_nodes=args.rmat[0], num_edges=args.rmat[1], num_features=128,
+                     num_classes=47, seed=0)
+        model = models.gcn(128, 256, 47, num_layers=3, dropout=0.5)
+    policy = {"device": policies.in_memory(), "host": policies.host_offload(),
+              "ssd": policies.ssd_offload(args.store),
+              "recompute": policies.recompute_activations()}[args.policy]
+
+    seconds: dict = collections.defaultdict(float)
+
+    def timed(name, fn):
+        @functools.wraps(fn)
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            out = fn(*a, **k)
+            jax.block_until_ready(out)
+            if a and isinstance(a[0], store_module.Table) and a[0].device is not None:
+                jax.block_until_ready(a[0].device)
+            key = name(a) if callable(name) else name
+            seconds[key] += time.perf_counter() - start
+            return out
+        return wrapper
+
+    for op in ("gather", "write", "accumulate", "read"):
+        setattr(store_module.Table, op,
+                timed(lambda a, op=op: f"{op} {a[0].name} {a[0].layer}",
+                      getattr(store_module.Table, op)))
+    plain_steps = engine_module.layer_steps
+
+    def counted_steps(layer, remat=None, input_mask=None):
+        steps = plain_steps(layer, remat, input_mask)
+        label = f"{type(layer).__name__} {layer.in_channels}->{getattr(layer, 'out_channels', '')}"
+        fields = ("forward", "backward", "backward_params", "top", "masked_backward",
+                  "masked_backward_params")
+        return dataclasses.replace(steps, **{f: timed(f"step {f} ({label})", getattr(steps, f))
+                                             for f in fields if getattr(steps, f) is not None})
+    engine_module.layer_steps = counted_steps
+
+    normalized = model.normalize(graph)
+    pg = partition_graph(normalized, label_propagation(normalized, args.parts, seed=0),
+                         num_parts=args.parts)
+    ex = OutOfCore(graph, model, optax.adam(1e-3), policy=policy, partitioned=pg,
+                   store=args.store, device_budget=device_budget, host_budget=args.host_budget,
+                   prefetch=False)
+    try:
+        params = model.init(jax.random.key(0))
+        opt_state = optax.adam(1e-3).init(params)
+        for epoch in range(3):
+            seconds.clear()
+            start = time.perf_counter()
+            params, opt_state, loss = ex.step(params, opt_state, jax.random.key(epoch))
+            jax.block_until_ready(loss)
+            total = time.perf_counter() - start
+        w = ex.workload
+        a = cost.Assignment.from_fates(ex.fates, w.num_layers, w.num_parts)
+        prof = hardware.load_or_measure(log=print)
+        pred = cost.predict(w, a, prof, ex.store.cache.capacity)
+        cached = cost.page_cached(prof, pred.memory)
+        prof = cost.with_page_cache(prof, cached)
+    finally:
+        ex.close()
+
+    print(f"serial epoch {total:.3f} s ({args.policy}, {args.parts} parts, output masks "
+          f"{'on' if w.masks else 'off'}); the model's normal (overlapped) epoch "
+          f"{pred.epoch_seconds:.3f} s, SSD priced {'from the page cache' if cached else 'from disk'}")
+    print("measured, last epoch (s):")
+    for key in sorted(seconds):
+        print(f"  {key:<48} {seconds[key]:8.3f}")
+    L = w.num_layers
+    print("the cost model's terms (s per sweep):")
+    for l in range(L):
+        print(f"  gather activation {l:<30} {cost.gather_seconds(w, prof, l, a.activations[l]):8.3f}")
+    for l in range(1, L):
+        print(f"  write activation {l:<31} {cost.write_seconds(w, prof, l, a.activations[l]):8.3f}")
+        print(f"  accumulate gradient {l:<28} "
+              f"{cost.accumulate_seconds(w, prof, l, a.gradients[l]):8.3f}")
+        print(f"  read gradient {l:<34} "
+              f"{cost.read_block_seconds(w, prof, l, a.gradients[l]):8.3f}")
+    for l in range(L):
+        kinds = (["forward"] if l < L - 1 else []) + \
+            ["top" if l == L - 1 else ("params" if l == 0 else "backward")]
+        for kind in kinds:
+            print(f"  step {kind} layer {l:<33} {cost.step_seconds(w, prof, l, kind):8.3f}")
+    for width in sorted(w.ssd_calls):
+        print(f"  SSD halo spans at width {width}: {int(w.ssd_calls[width].sum()):,} read calls "
+              f"and {int(w.ssd_rows[width].sum()):,} rows per sweep for "
+              f"{int(w.halo.sum()):,} halo rows")
+
+
+if __name__ == "__main__":
+    main()
