@@ -153,6 +153,9 @@ def test_stale_reason(measured):
                                         ).stale_reason()
     assert "jax '0.0.1'" in dataclasses.replace(got, machine={**got.machine, "jax": "0.0.1"}
                                                 ).stale_reason()
+    flipped = not got.machine["huge_pages"]
+    assert "glibc huge pages" in dataclasses.replace(
+        got, machine={**got.machine, "huge_pages": flipped}).stale_reason()
     assert "version 0" in dataclasses.replace(got, version=0).stale_reason()
 
 

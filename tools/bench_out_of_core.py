@@ -86,7 +86,9 @@ def fmt(n) -> str:
 
 def machine() -> str:
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return f"{os.cpu_count()} cores, {ram / 2**30:.1f} GiB RAM"
+    from jgrind import hugepages
+    return (f"{os.cpu_count()} cores, {ram / 2**30:.1f} GiB RAM, glibc huge pages "
+            f"{'on' if hugepages.active() else 'off'} (every run alike)")
 
 
 def filesystem(path: str) -> str:
@@ -569,6 +571,8 @@ def report_wall_jgrind(j: dict, dev: int, host: int) -> None:
 
 # -- driver --------------------------------------------------------------------------------
 def main():
+    from jgrind.hugepages import relaunch_with_huge_pages
+    relaunch_with_huge_pages()  # like the jgrind command (JGRIND_HUGE_PAGES=0: without)
     if len(sys.argv) >= 2 and sys.argv[1] == "_child":
         fn = {"overhead": overhead_child, "wall": wall_child, "pyg": pyg_child}[sys.argv[2]]
         print(json.dumps(fn(json.loads(sys.argv[3]))))

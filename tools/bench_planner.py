@@ -289,6 +289,8 @@ def planning_time(args) -> dict:
 
 
 def main():
+    from jgrind.hugepages import relaunch_with_huge_pages
+    relaunch_with_huge_pages()  # like the jgrind command (JGRIND_HUGE_PAGES=0: without)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="mode", required=True)

@@ -41,6 +41,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import psutil
 
+from jgrind import hugepages
+
 PROFILE_VERSION = 5  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes
@@ -141,6 +143,7 @@ class Profile:
             ("machine", f"{m.get('cpu')!s}, {m.get('cores')} cores, "
                         f"{_num(m.get('ram_bytes')) / gib:.1f} GiB RAM"),
             ("jax", f"{m.get('jax')} on {m.get('backend')} ({m.get('device_kind')})"),
+            ("glibc huge pages", "on" if m.get("huge_pages") else "off"),
             ("dense matmul", f"{self.matmul_flops / 1e9:.1f} GFLOP/s"),
             ("sparse spmm", f"{self.spmm_rate / 1e9:.2f} G nonzeros*width/s"),
             ("step latency", f"{self.step_latency * 1e3:.3f} ms"),
@@ -211,14 +214,16 @@ def _stale(profile: Profile) -> Optional[str]:
     hardware = [key for key in ("cpu", "cores") if then.get(key) != now[key]]
     if not abs(_num(then.get("ram_bytes")) - now["ram_bytes"]) <= 0.05 * now["ram_bytes"]:
         hardware.append("ram_bytes")
-    software = [key for key in ("jax", "backend", "device_kind") if then.get(key) != now[key]]
+    software = [key for key in ("jax", "backend", "device_kind", "huge_pages")
+                if then.get(key) != now[key]]
     reasons = []
     if hardware:
         was, ours = _describe(then), _describe(now)
         reasons.append(f"was measured on another machine ({', '.join(was[k] for k in hardware)}"
                        f"; this one has {', '.join(ours[k] for k in hardware)})")
     if software:
-        names = {"jax": "jax", "backend": "backend", "device_kind": "device"}
+        names = {"jax": "jax", "backend": "backend", "device_kind": "device",
+                 "huge_pages": "glibc huge pages"}
         reasons.append("was measured with " + ", ".join(
             f"{names[k]} {then.get(k)!r} (now {now[k]!r})" for k in software))
     return " and ".join(reasons) or None
@@ -242,6 +247,9 @@ def machine_fingerprint() -> dict:
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
+        # fresh buffers fault in 2 MiB pages instead of 4 KiB ones: every transfer and step
+        # rate changes (jgrind.hugepages)
+        "huge_pages": hugepages.active(),
     }
 
 
