@@ -24,6 +24,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from jgrind.plan.cost import COALESCE_BYTES
+from jgrind.rows import add_rows
 
 MAGIC = b"JGRINDST"
 VERSION = 1
@@ -166,7 +167,7 @@ class SSDFile:
                 buf = self._span_buffer(c_hi - c_lo)
                 offset = self.data_start + c_lo * self.row_bytes
                 self._pread(buf, offset)
-                buf[rows[i:j] - c_lo] += values[i:j]
+                add_rows(buf, rows[i:j] - c_lo, values[i:j])
                 self._pwrite(buf, offset)
         for b in np.unique(np.searchsorted(self.offsets, rows, side="right") - 1):
             self._crc[int(b)] = None

@@ -29,6 +29,7 @@ import numpy as np
 from jgrind.engine.cache import HostCache
 from jgrind.engine.ssd import SSDFile
 from jgrind.plan.fates import Fate
+from jgrind.rows import add_rows, take_rows
 
 _TIERS = (Fate.DEVICE, Fate.HOST, Fate.SSD, Fate.RECOMPUTE)
 _CODE = {f: i for i, f in enumerate(_TIERS)}
@@ -264,9 +265,9 @@ class Table:
                     idx = self.slot[owners] + rows
                     span = _as_slice(dst)
                     if span is not None:  # one pass: take straight into the output rows
-                        np.take(src, idx, axis=0, out=out[span], mode="clip")  # no buffer
+                        take_rows(src, idx, out=out[span])  # no buffer
                     else:
-                        out[dst] = src[idx]
+                        out[dst] = take_rows(src, idx)
                     self.store.count(host_read=sel.size * self.width * 4)
         finally:
             self.store.cache.unpin(keys)
@@ -349,10 +350,9 @@ class Table:
                     start = int(self.slot[block])
                     mine = target[start:start + own]
                     np.add(mine, part[:own], out=mine)
-                # rows within one accumulate are unique, so fancy-index += is exact
+                # rows within one accumulate are unique: one addition per row
                 halo = sel[own:]
-                if halo.size:
-                    target[self.slot[owners[halo]] + rows[halo]] += part[own:]
+                add_rows(target, self.slot[owners[halo]] + rows[halo], part[own:])
                 self.store.count(host_written=sel.size * self.width * 4)
 
     def free(self) -> None:

@@ -42,10 +42,12 @@ import numpy as np
 import psutil
 
 from jgrind import hugepages
+from jgrind.rows import add_rows, take_rows
 
-PROFILE_VERSION = 5  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 6  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
-#                      5: host -> device rate at two transfer sizes
+#                      5: host -> device rate at two transfer sizes;
+#                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
 
 _MIB = 2**20
 _PAGE = 4096
@@ -91,7 +93,7 @@ class Profile:
     spmm_rate: float       # jitted `jgrind.sparse.spmm`, nonzeros * width per second
     step_latency: float    # seconds per dispatch + sync of a tiny jitted call
     gather_bw: float       # host `np.take(x, idx, out=)` of sorted random rows, output bytes/s
-    scatter_add_bw: float  # host `x[idx] += v` of sorted random unique rows, bytes of v / s
+    scatter_add_bw: float  # host `jgrind.rows.add_rows` of sorted random unique rows, bytes/s
     copy_bw: float         # host `np.copyto` of a large array, bytes/s
     to_device_bw: float    # `jax.device_put` + `block_until_ready`, bytes/s, of a large array
     to_device_small_bw: float  # the same for a partition-sized array (the rate depends on size:
@@ -629,18 +631,15 @@ def _best_rate(nbytes: int, run: Callable[[], None], repeats: int) -> float:
 
 def _gather_bw(sizes: _Sizes, rng: np.random.Generator) -> tuple[float, float]:
     """Host row gather and scatter-add as the store does them for halo rows (random rows in
-    ascending order): ``np.take`` straight into the output buffer, and ``x[idx] += v``."""
+    ascending order): the store's own `jgrind.rows` functions, the gather straight into the
+    output buffer."""
     rows, width, picked = sizes.gather
     table = np.ones((rows, width), np.float32)
     idx = np.sort(rng.choice(rows, picked, replace=False))
     out = np.empty((picked, width), np.float32)
     nbytes = picked * width * 4
-    gather = _best_rate(nbytes, lambda: np.take(table, idx, axis=0, out=out, mode="clip"),
-                        sizes.repeats)
-
-    def scatter_add():
-        table[idx] += out
-    return gather, _best_rate(nbytes, scatter_add, sizes.repeats)
+    gather = _best_rate(nbytes, lambda: take_rows(table, idx, out=out), sizes.repeats)
+    return gather, _best_rate(nbytes, lambda: add_rows(table, idx, out), sizes.repeats)
 
 
 def _copy_bw(sizes: _Sizes) -> float:
@@ -761,7 +760,7 @@ def _row_call_overheads(fd: int, sizes: _Sizes, cached_latency: float) -> tuple[
             for i in range(rows):
                 buf = np.empty((1, 256), np.float32)
                 os.preadv(fd, [buf], int(offsets[i]))
-                buf[pick] += values[i:i + 1]
+                add_rows(buf, pick, values[i:i + 1])
                 os.pwritev(fd, [buf], int(offsets[i]))
 
     read_seconds = rows * row / _best_rate(rows * row, read, sizes.repeats)
