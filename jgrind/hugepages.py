@@ -12,16 +12,25 @@ Where the kernel's transparent huge pages are in ``madvise`` mode (the default o
 Ubuntu, among others), glibc 2.35 and later advise huge pages for the memory it maps when the
 environment variable ``GLIBC_TUNABLES`` holds ``glibc.malloc.hugetlb=1``: one fault per 2 MiB
 instead of per 4 KiB. glibc reads tunables once, when the process starts, so the setting has to
-be in the environment before the interpreter runs:
+be in the environment before the interpreter runs.
 
-* the ``jgrind`` command re-executes itself with it (`relaunch_with_huge_pages`), unless
-  ``JGRIND_HUGE_PAGES=0``;
-* a script can call `relaunch_with_huge_pages()` as its first statement, or be started with
+It is **opt-in**, because it pays only where buffers are large. Measured on the 2-core test
+machine (docs/results.md, section 4): a 1M-node graph in 8 partitions trains 1.3-1.6x faster
+with it, in memory and out of core; the planner benchmark's graphs, cut into 32-128 small
+partitions, run the same either way. And the planner's cost model is calibrated without it: a
+profile measured with huge pages has faster compute and transfer rates than small partitions
+get, so its predictions for them come out too short. To turn it on:
+
+* ``JGRIND_HUGE_PAGES=1 jgrind ...``: the command re-executes itself with the setting
+  (`relaunch_if_wanted`); so do the benchmarks in ``tools/``;
+* a script calls `relaunch_with_huge_pages()` as its first statement, or is started with
   ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python script.py``.
 
-The cost: memory is mapped in 2 MiB steps, so a process's resident size can grow by up to 2 MiB
-per live large buffer. Nothing changes where the kernel's mode is ``always`` (huge pages
-already) or ``never`` (the administrator's choice), on other C libraries, or off Linux.
+Hardware profiles record whether it was on (`jgrind.plan.profile`); one measured the other way
+is measured again. The cost: memory is mapped in 2 MiB steps, so resident memory grows a little
+(0.16 GiB in the 3M-node memory-wall run). Nothing changes where the kernel's mode is ``always``
+(huge pages already) or ``never`` (the administrator's choice), on other C libraries, or off
+Linux.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ import sys
 from typing import Mapping, MutableMapping, Optional, Sequence
 
 TUNABLE = "glibc.malloc.hugetlb=1"
-OPT_OUT = "JGRIND_HUGE_PAGES"          # "0": never relaunch
+OPT_IN = "JGRIND_HUGE_PAGES"           # "1": the jgrind command and the tools relaunch
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 _MIN_GLIBC = (2, 35)
 
@@ -85,13 +94,25 @@ def active() -> bool:
     return can_help() and requested()
 
 
+def wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the user asked for huge pages (``JGRIND_HUGE_PAGES=1``)."""
+    return environ.get(OPT_IN, "").strip() == "1"
+
+
+def relaunch_if_wanted() -> None:
+    """`relaunch_with_huge_pages` if the user asked for it: what the ``jgrind`` command and the
+    benchmarks in ``tools/`` call before any work."""
+    if wanted():
+        relaunch_with_huge_pages()
+
+
 def relaunch_with_huge_pages(argv: Optional[Sequence[str]] = None) -> None:
     """Re-execute this interpreter with huge pages requested, when they would help and are not
     already on. Call it first thing, before any work: the process is replaced (same pid, same
-    command line, ``argv`` or else `sys.orig_argv`), so nothing done before the call survives. Does nothing when ``JGRIND_HUGE_PAGES``
-    is ``0``, when the setting is already there, or when it would not help; if the exec fails,
-    the process goes on as it is."""
-    if os.environ.get(OPT_OUT) == "0" or requested() or not can_help():
+    command line, ``argv`` or else `sys.orig_argv`), so nothing done before the call survives.
+    Does nothing when the setting is already there or would not help; if the exec fails, the
+    process goes on as it is."""
+    if requested() or not can_help():
         return
     args = list(sys.orig_argv if argv is None else argv)
     if not args:

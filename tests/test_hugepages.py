@@ -15,7 +15,7 @@ needs_thp = pytest.mark.skipif(not hugepages.can_help(), reason=(
 
 def _child(code: str, **env_changes) -> str:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("GLIBC_TUNABLES", hugepages.OPT_OUT)}
+           if k not in ("GLIBC_TUNABLES", hugepages.OPT_IN)}
     env.update(env_changes)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=env, timeout=120)
@@ -51,8 +51,10 @@ def test_relaunch_restarts_the_interpreter_with_huge_pages():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [hugepages.TUNABLE, "True", "['a',", "'b']"]
-    # the opt-out leaves the process as it is
-    assert _child(code, JGRIND_HUGE_PAGES="0").split()[:2] == ["None", "False"]
+    # the command line's hook relaunches only when asked
+    hook = code.replace("relaunch_with_huge_pages()", "relaunch_if_wanted()")
+    assert _child(hook).split()[:2] == ["None", "False"]
+    assert _child(hook, JGRIND_HUGE_PAGES="1").split()[:2] == [hugepages.TUNABLE, "True"]
 
 
 @needs_thp
@@ -73,11 +75,16 @@ def test_huge_pages_cut_the_page_faults_of_fresh_buffers():
     assert huge_pages < small_pages / 8, (huge_pages, small_pages)
 
 
-def test_the_command_line_relaunches_but_calls_from_python_do_not(monkeypatch, capsys):
+def test_the_command_line_relaunches_when_asked_but_calls_from_python_do_not(monkeypatch,
+                                                                              capsys):
     calls = []
     monkeypatch.setattr(hugepages, "relaunch_with_huge_pages", lambda: calls.append(1))
     monkeypatch.setattr(sys, "argv", ["jgrind", "datasets"])
+    monkeypatch.delenv(hugepages.OPT_IN, raising=False)
+    assert cli.main() == 0
+    assert calls == []                      # opt-in: not asked
+    monkeypatch.setenv(hugepages.OPT_IN, "1")
     assert cli.main() == 0
     assert calls == [1]
-    assert cli.main(["datasets"]) == 0
+    assert cli.main(["datasets"]) == 0      # a call from Python never restarts the process
     assert calls == [1]

@@ -571,8 +571,8 @@ def report_wall_jgrind(j: dict, dev: int, host: int) -> None:
 
 # -- driver --------------------------------------------------------------------------------
 def main():
-    from jgrind.hugepages import relaunch_with_huge_pages
-    relaunch_with_huge_pages()  # like the jgrind command (JGRIND_HUGE_PAGES=0: without)
+    from jgrind.hugepages import relaunch_if_wanted
+    relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     if len(sys.argv) >= 2 and sys.argv[1] == "_child":
         fn = {"overhead": overhead_child, "wall": wall_child, "pyg": pyg_child}[sys.argv[2]]
         print(json.dumps(fn(json.loads(sys.argv[3]))))

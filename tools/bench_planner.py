@@ -289,8 +289,8 @@ def planning_time(args) -> dict:
 
 
 def main():
-    from jgrind.hugepages import relaunch_with_huge_pages
-    relaunch_with_huge_pages()  # like the jgrind command (JGRIND_HUGE_PAGES=0: without)
+    from jgrind.hugepages import relaunch_if_wanted
+    relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="mode", required=True)
