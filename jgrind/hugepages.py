@@ -1,12 +1,12 @@
 """Transparent huge pages for the process heap: why jgrind asks glibc for them, and how.
 
-XLA's CPU runtime and NumPy allocate every large buffer with ``malloc``. glibc serves a request
-above its mmap threshold (at most 32 MiB) with a fresh ``mmap`` and gives it back with
-``munmap`` on ``free``, so every new buffer is faulted in again, one 4 KiB page at a time, the
-first time it is written. Every jitted step allocates its outputs and temporaries afresh, so a
-run pays the faults on every step: a serial 1M-node partitioned epoch spent about as much time
-in the kernel as in user code, and huge pages cut the in-memory epoch by a third and a
-partitioned one by more (docs/results.md, section 4).
+XLA's CPU runtime allocates its buffers with ``malloc`` (NumPy already advises huge pages for
+its own large arrays). glibc serves a request above its mmap threshold (at most 32 MiB) with a
+fresh ``mmap`` and gives it back with ``munmap`` on ``free``, so every new buffer is faulted in
+again, one 4 KiB page at a time, the first time it is written. Every jitted step allocates its
+outputs and temporaries afresh, so a run pays the faults on every step: a serial 1M-node
+partitioned epoch spent about as much time in the kernel as in user code (docs/results.md,
+section 4).
 
 Where the kernel's transparent huge pages are in ``madvise`` mode (the default of Debian and
 Ubuntu, among others), glibc 2.35 and later advise huge pages for the memory it maps when the
@@ -15,11 +15,11 @@ instead of per 4 KiB. glibc reads tunables once, when the process starts, so the
 be in the environment before the interpreter runs.
 
 It is **opt-in**, because it pays only where buffers are large. Measured on the 2-core test
-machine (docs/results.md, section 4): a 1M-node graph in 8 partitions trains 1.3-1.6x faster
-with it, in memory and out of core; the planner benchmark's graphs, cut into 32-128 small
-partitions, run the same either way. And the planner's cost model is calibrated without it: a
-profile measured with huge pages has faster compute and transfer rates than small partitions
-get, so its predictions for them come out too short. To turn it on:
+machine (docs/results.md, section 4): a 1M-node graph trains 1.37x faster with it in memory and
+1.42x faster with host offload in 8 partitions; the planner benchmark's graphs, cut into
+64-128 small partitions, run the same either way. And the planner's cost model is calibrated
+without it: a profile measured with huge pages has faster compute and transfer rates than small
+partitions get, so its predictions for them come out too short. To turn it on:
 
 * ``JGRIND_HUGE_PAGES=1 jgrind ...``: the command re-executes itself with the setting
   (`relaunch_if_wanted`); so do the benchmarks in ``tools/``;

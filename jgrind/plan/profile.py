@@ -226,8 +226,10 @@ def _stale(profile: Profile) -> Optional[str]:
     if software:
         names = {"jax": "jax", "backend": "backend", "device_kind": "device",
                  "huge_pages": "glibc huge pages"}
+        shown = lambda k, v: ({True: "on", False: "off"}.get(v, "not recorded")  # noqa: E731
+                              if k == "huge_pages" else repr(v))
         reasons.append("was measured with " + ", ".join(
-            f"{names[k]} {then.get(k)!r} (now {now[k]!r})" for k in software))
+            f"{names[k]} {shown(k, then.get(k))} (now {shown(k, now[k])})" for k in software))
     return " and ".join(reasons) or None
 
 
