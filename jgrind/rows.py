@@ -3,8 +3,8 @@
 The store moves halo rows with these two operations, and the hardware profile measures them,
 so the planner prices the very code the engine runs. Fancy indexing (``table[idx]``,
 ``table[idx] += v``) goes through NumPy's general advanced-indexing iterator; ``np.take`` copies
-whole rows. For 80k rows of 1 KiB on the 2-core test machine: ``table[idx] += v`` takes 187 ms;
-take, add and an indexed store take 43 ms together.
+whole rows. The hardware profile's scatter-add rate on the 2-core test machine: 1.03-1.09 GB/s
+with ``table[idx] += v`` (profile version 5), 1.65 GB/s with `add_rows` (version 6).
 """
 
 from __future__ import annotations
