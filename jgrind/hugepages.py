@@ -95,8 +95,9 @@ def active() -> bool:
 
 
 def wanted(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether the user asked for huge pages (``JGRIND_HUGE_PAGES=1``)."""
-    return environ.get(OPT_IN, "").strip() == "1"
+    """Whether the user asked for huge pages (``JGRIND_HUGE_PAGES=1``; ``true``, ``yes`` and
+    ``on`` work too, in any case)."""
+    return environ.get(OPT_IN, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def relaunch_if_wanted() -> None:

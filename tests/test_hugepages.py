@@ -13,11 +13,11 @@ needs_thp = pytest.mark.skipif(not hugepages.can_help(), reason=(
     f"and glibc >= 2.35 (mode {hugepages.kernel_mode()!r}, glibc {hugepages.glibc_version()})"))
 
 
-def _child(code: str, **env_changes) -> str:
+def _child(code: str, *args: str, **env_changes) -> str:
     env = {k: v for k, v in os.environ.items()
            if k not in ("GLIBC_TUNABLES", hugepages.OPT_IN)}
     env.update(env_changes)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
                           env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
@@ -46,15 +46,19 @@ def test_kernel_mode_reads_the_bracketed_choice(tmp_path):
 def test_relaunch_restarts_the_interpreter_with_huge_pages():
     code = ("import os, sys, jgrind.hugepages as h; h.relaunch_with_huge_pages(); "
             "print(os.environ.get('GLIBC_TUNABLES'), h.active(), sys.argv[1:])")
-    out = subprocess.run([sys.executable, "-c", code, "a", "b"], capture_output=True, text=True,
-                         env={k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"},
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == [hugepages.TUNABLE, "True", "['a',", "'b']"]
+    assert _child(code, "a", "b").split() == [hugepages.TUNABLE, "True", "['a',", "'b']"]
     # the command line's hook relaunches only when asked
     hook = code.replace("relaunch_with_huge_pages()", "relaunch_if_wanted()")
     assert _child(hook).split()[:2] == ["None", "False"]
     assert _child(hook, JGRIND_HUGE_PAGES="1").split()[:2] == [hugepages.TUNABLE, "True"]
+
+
+def test_wanted_reads_the_usual_spellings_of_yes():
+    for value in ("1", "true", "YES", " on "):
+        assert hugepages.wanted({hugepages.OPT_IN: value})
+    for value in ("", "0", "false", "off", "no"):
+        assert not hugepages.wanted({hugepages.OPT_IN: value})
+    assert not hugepages.wanted({})
 
 
 @needs_thp

@@ -92,6 +92,15 @@ def main() -> None:
     p.add_argument("--store", default="/tmp")
     args = p.parse_args()
 
+    if args.config:
+        import bench_planner
+        names = [c.name for c in bench_planner.CONFIGS]
+        if args.config not in names:
+            p.error(f"unknown configuration {args.config!r}; choose from {names}")
+    unknown = set(args.runs.split(",")) - set(RUNS)
+    if unknown:
+        p.error(f"unknown runs {sorted(unknown)}; choose from {list(RUNS)}")
+
     from jgrind import hugepages
     if not hugepages.can_help():
         p.error(f"huge pages cannot help here (THP mode {hugepages.kernel_mode()!r}, glibc "
