@@ -68,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar="KEY=VALUE", help="override a setting (repeatable; see below)")
     train.add_argument("--policy", help="out-of-core offload policy: in_memory, host, ssd, "
                        "recompute, grinnder (see docs/engine.md)")
+    train.add_argument("--keep-aggregations", metavar="TIER",
+                       help="with --policy in_memory/host/ssd: keep every layer's aggregated "
+                       "input in this tier (device, host, ssd) instead of regathering in "
+                       "backward: more bytes stored, less work [regather]")
     train.add_argument("--parts", type=int, help="number of partitions for out-of-core runs")
     train.add_argument("--device-budget", help="device memory budget, e.g. 2GiB")
     train.add_argument("--host-budget", help="host RAM budget for offloaded blocks, e.g. 4GiB")
@@ -167,7 +171,8 @@ def cmd_train(args) -> int:
     from jgrind.experiment import run_config
     cfg = RunConfig()
     flags = {k: getattr(args, k) for k in ("dataset", "model", "epochs", "seeds", "policy",
-                                           "parts", "device_budget", "host_budget", "store")
+                                           "keep_aggregations", "parts", "device_budget",
+                                           "host_budget", "store")
              if getattr(args, k) is not None}
     cfg = dataclasses.replace(cfg, **flags).with_overrides(args.overrides)
     summary = run_config(cfg, out=pathlib.Path(args.out), progress=not args.no_progress)

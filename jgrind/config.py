@@ -66,6 +66,9 @@ class RunConfig:
     policy: str = ""
     ("in_memory | host | ssd | recompute | grinnder | auto ('' = in memory, or grinnder if a "
      "budget is set)")
+    keep_aggregations: str = ""
+    ("in_memory | host | ssd policies: keep each layer's aggregation in this tier (device | "
+     "host | ssd) instead of regathering its input in backward ('' = regather, as GriNNder)")
     parts: int = 0
     "partitions for out-of-core runs (0 = 4 when out of core; with auto the planner chooses)"
     profile: str = ""
@@ -190,11 +193,12 @@ def build_policy(cfg: RunConfig):
     from jgrind.plan import policies
     device, host = parse_bytes(cfg.device_budget), parse_bytes(cfg.host_budget)
     store = cfg.store or None
+    keep = _aggregation_fate(cfg)
     choices = {
         "": lambda: None,
-        "in_memory": policies.in_memory,
-        "host": policies.host_offload,
-        "ssd": lambda: policies.ssd_offload(_need_store(store)),
+        "in_memory": lambda: policies.in_memory(keep),
+        "host": lambda: policies.host_offload(keep),
+        "ssd": lambda: policies.ssd_offload(_need_store(store), aggregations=keep),
         "recompute": policies.recompute_activations,
         "grinnder": lambda: policies.grinnder(device or 1 << 62, host or 1 << 62, store),
         "auto": lambda: policies.auto(directory=store, profile=cfg.profile or None),
@@ -209,6 +213,18 @@ def build_policy(cfg: RunConfig):
     return {"policy": choices[cfg.policy](), "num_parts": cfg.parts or None, "store": store,
             "device_budget": device, "host_budget": host,
             "partitioner": PARTITIONERS[cfg.partitioner]}
+
+
+def _aggregation_fate(cfg: RunConfig):
+    from jgrind.plan import Fate
+    tiers = {"": Fate.RECOMPUTE, "device": Fate.DEVICE, "host": Fate.HOST, "ssd": Fate.SSD}
+    if cfg.keep_aggregations not in tiers:
+        raise ConfigError(f"unknown tier {cfg.keep_aggregations!r} for keep_aggregations; use "
+                          "device, host or ssd (or leave it out to regather)")
+    if cfg.keep_aggregations and cfg.policy not in ("in_memory", "host", "ssd"):
+        raise ConfigError(f"keep_aggregations applies to the in_memory, host and ssd policies, "
+                          f"not to {cfg.policy or 'the in-memory path'!r}")
+    return tiers[cfg.keep_aggregations]
 
 
 def _need_store(store):

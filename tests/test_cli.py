@@ -68,6 +68,16 @@ def test_sizes_and_out_of_core_settings(tmp_path):
                       Constant)
     with pytest.raises(ConfigError, match="unknown policy"):
         build_policy(RunConfig().with_overrides(["policy=cloud"]))
+    from jgrind.plan import Fate
+    kept = build_policy(RunConfig().with_overrides(["policy=ssd", f"store={tmp_path}",
+                                                    "keep_aggregations=host"]))["policy"]
+    assert kept.aggregation_fate is Fate.HOST and kept.fate is Fate.SSD
+    assert build_policy(RunConfig().with_overrides(["policy=host"]))[
+        "policy"].aggregation_fate is Fate.RECOMPUTE
+    with pytest.raises(ConfigError, match="applies to the in_memory, host and ssd"):
+        build_policy(RunConfig().with_overrides(["policy=grinnder", "keep_aggregations=host"]))
+    with pytest.raises(ConfigError, match="unknown tier 'gpu'"):
+        build_policy(RunConfig().with_overrides(["policy=host", "keep_aggregations=gpu"]))
 
 
 def test_out_of_core_training_from_the_command_line(tmp_path):

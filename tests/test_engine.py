@@ -8,6 +8,7 @@ per-partition dropout masks, normalisation recomputed per partition) moves gradi
 relative or more, so this bound separates the two by orders of magnitude.
 """
 
+import collections
 import dataclasses
 import os
 import pathlib
@@ -134,7 +135,7 @@ def test_small_budgets_really_use_the_ssd_tier(tmp_path):
     model = models.gcn(16, 32, graph.num_classes, num_layers=3, dropout=0.5)
     probe = OutOfCore(graph, model, optax.sgd(0.1), num_parts=8, store=tmp_path)
     working_set = probe.memory.device_working_set
-    total = sum(info.nbytes for info in probe.inventory)
+    total = sum(info.nbytes for info in probe.inventory if info.name != "aggregation")
     probe.close()
     device_budget = working_set + 20_000        # room for a block or two at most
     host_budget = total // 4                    # a quarter of the stored tensors
@@ -481,3 +482,133 @@ def test_ssd_row_spans_through_a_small_scratch_buffer(scratch_rows, tmp_path, mo
     # the reads went through this thread's one scratch buffer, bounded by SCRATCH_BYTES
     assert ssd._scratch.raw.size == ssd.SCRATCH_BYTES
     f.close()
+
+
+# -- kept aggregations (jgrind.plan.fates.AGGREGATION) ------------------------------------------
+def _aggregating_models(f, c):
+    """Models whose layers below the top aggregate before their matmul (hidden >= features)."""
+    return {"gcn": models.gcn(f, 16, c, num_layers=3, dropout=0.5),
+            "sage": models.sage(f, 16, c, num_layers=3, dropout=0.5)}
+
+
+def _keep_in(tier, tmp_path):
+    return {"device": policies.in_memory(aggregations=Fate.DEVICE),
+            "host": policies.host_offload(aggregations=Fate.HOST),
+            "ssd": policies.ssd_offload(tmp_path, aggregations=Fate.SSD),
+            # hidden activations recomputed, aggregations kept: nothing of H_1 is needed again
+            "host-recompute": lambda info: (Fate.HOST if info.name == "aggregation" else
+                                            Fate.RECOMPUTE if info.recomputable else Fate.HOST),
+            }[tier]
+
+
+@pytest.mark.parametrize("tier", ["device", "host", "ssd", "host-recompute"])
+@pytest.mark.parametrize("model", ["gcn", "sage"])
+def test_kept_aggregations_are_exact_on_every_tier(model, tier, tmp_path):
+    graph = _csbm()
+    parts = 7 if tier in ("ssd", "host-recompute") else 2
+    net = _aggregating_models(graph.num_features, graph.num_classes)[model]
+    with OutOfCore(graph, net, optax.sgd(0.1), policy=_keep_in(tier, tmp_path),
+                   num_parts=parts, store=tmp_path, partitioner=random_partition) as ex:
+        assert sorted(ex.aggregations) == [0, 1]
+    acc = _check(graph, net, _keep_in(tier, tmp_path), parts, tmp_path,
+                 partitioner=random_partition)
+    if tier == "ssd":
+        assert acc.peak_ssd > 0
+
+
+def _count_gathers(ex):
+    """Count `Table.gather` calls per (name, layer) and the steps run from kept aggregations."""
+    calls = collections.Counter()
+    for table in ex.activations:
+        def gather(*a, _fn=table.gather, _key=table.key):
+            calls[_key] += 1
+            return _fn(*a)
+        table.gather = gather
+    for l, steps in enumerate(ex.steps):
+        if steps.saved_backward is None:
+            continue
+        wrapped = {}
+        for name in ("saved_backward", "saved_backward_params"):
+            def counted(*a, _fn=getattr(steps, name)):
+                calls["from kept"] += 1
+                return _fn(*a)
+            wrapped[name] = counted
+        ex.steps[l] = dataclasses.replace(steps, **wrapped)
+    return calls
+
+
+def test_kept_aggregations_replace_the_regather(tmp_path):
+    """With the aggregations kept, the backward of layers 0 and 1 reads them instead of
+    regathering H_0 and H_1 (each is gathered once per epoch, by its forward); the store
+    accounts hold exactly their bytes in the tier the policy names."""
+    graph = _csbm()
+    net = _aggregating_models(graph.num_features, graph.num_classes)["gcn"]
+    params, key = net.init(jax.random.key(0)), jax.random.key(42)
+    parts = 4
+    peaks = {}
+    for keep in (Fate.RECOMPUTE, Fate.HOST):
+        with OutOfCore(graph, net, optax.sgd(0.1), num_parts=parts, partitioner=contiguous,
+                       policy=policies.host_offload(aggregations=keep)) as ex:
+            calls = _count_gathers(ex)
+            ex.loss_and_grad(params, key)
+            peaks[keep] = ex.store.accounts.peak_host
+        regathers = 2 if keep is Fate.RECOMPUTE else 1
+        assert calls[("activation", 0)] == regathers * parts
+        assert calls[("activation", 1)] == regathers * parts
+        assert calls[("activation", 2)] == parts  # the top layer runs once, in backward
+        assert calls["from kept"] == (0 if keep is Fate.RECOMPUTE else 2 * parts)
+    # Z_0 (8 wide) and Z_1 (16 wide) for every node, in host RAM for the whole epoch
+    widths = 8 + 16
+    assert peaks[Fate.HOST] - peaks[Fate.RECOMPUTE] == 4 * graph.num_nodes * widths
+
+
+def test_kept_aggregations_are_counted_against_the_budgets(tmp_path):
+    graph = _csbm()
+    net = _aggregating_models(graph.num_features, graph.num_classes)["gcn"]
+    with OutOfCore(graph, net, optax.sgd(0.1), num_parts=3,
+                   policy=policies.host_offload()) as ex:
+        without = ex.memory.host
+    kept = 4 * graph.num_nodes * (8 + 16)
+    with OutOfCore(graph, net, optax.sgd(0.1), num_parts=3, host_budget=without + kept,
+                   policy=policies.host_offload(aggregations=Fate.HOST)) as ex:
+        assert ex.memory.host == without + kept
+    with pytest.raises(BudgetError, match="host budget"):
+        OutOfCore(graph, net, optax.sgd(0.1), num_parts=3, host_budget=without + kept - 1,
+                  policy=policies.host_offload(aggregations=Fate.HOST))
+
+
+def test_aggregations_kept_for_some_partitions_only_are_refused():
+    graph = _csbm()
+    net = _aggregating_models(graph.num_features, graph.num_classes)["gcn"]
+
+    def half(info):
+        if info.name == "aggregation":
+            return Fate.HOST if info.partition % 2 else Fate.RECOMPUTE
+        return Fate.HOST
+    with pytest.raises(ValueError, match="aggregation of layer 0: RECOMPUTE must be chosen"):
+        OutOfCore(graph, net, optax.sgd(0.1), num_parts=4, policy=half)
+
+
+def test_only_layers_that_aggregate_first_have_an_aggregation(tmp_path):
+    """No aggregation for the top layer (fused with the loss), for a layer that multiplies
+    before aggregating (in > out), for LayerNorm or residual layers, nor for GAT."""
+    from jgrind.plan.inventory import aggregation_widths
+    assert aggregation_widths(models.gcn(8, 16, 3, num_layers=3)) == {0: 8, 1: 16}
+    assert aggregation_widths(models.sage(8, 16, 3, num_layers=3)) == {0: 16, 1: 32}
+    assert aggregation_widths(models.gcn(32, 16, 3, num_layers=3)) == {1: 16}
+    # LayerNorm normalises the input of every layer but the first
+    assert aggregation_widths(models.gcn(8, 16, 3, num_layers=3, layer_norm=True)) == {0: 8}
+    for net in (models.gcn(8, 16, 3, num_layers=3, residual=True),
+                models.gat(8, 4, 3, heads=2, num_layers=3)):
+        assert aggregation_widths(net) == {}
+
+
+def test_training_with_kept_aggregations_matches_in_memory(tmp_path):
+    graph = _csbm()
+    net = _aggregating_models(graph.num_features, graph.num_classes)["sage"]
+    opt = optax.adam(0.01)
+    ref = train(jax.random.key(3), graph, net, opt, epochs=8, progress=False)
+    ooc = train(jax.random.key(3), graph, net, opt, epochs=8, progress=False, num_parts=3,
+                policy=policies.ssd_offload(tmp_path, aggregations=Fate.SSD))
+    for a, b in zip(jax.tree.leaves(ooc.params), jax.tree.leaves(ref.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-5)

@@ -135,3 +135,27 @@ def test_residual_layer_norm_model_shapes_and_grad():
 def test_hidden_sizes_must_match_layers():
     with pytest.raises(ValueError, match="num_layers"):
         models.gcn(5, [8, 8], 3, num_layers=2)
+
+
+@pytest.mark.parametrize("factory", [models.gcn, models.sage])
+def test_aggregation_split_computes_the_layer(factory):
+    """act(update(aggregate(h))) is the layer itself, dropout included, and only layers that
+    aggregate before their matmul (without LayerNorm or a residual) have the split."""
+    from jgrind.models.block import full_block
+    from jgrind.models.conv import aggregation_split
+    graph = community_graph(num_nodes=120, num_features=6)
+    model = factory(6, 12, 3, num_layers=3, dropout=0.5)
+    block = full_block(model.normalize(graph), needs_edges=False, needs_adjacency=True)
+    params = model.init(jax.random.key(0))
+    h = jnp.asarray(graph.features)
+    for l, layer in enumerate(model.layers[:2]):
+        split = aggregation_split(layer)
+        assert split is not None
+        key = jax.random.key(l + 7)
+        y = split.activate(split.update(params[l], split.aggregate(block, h, key)))
+        np.testing.assert_allclose(np.asarray(y), np.asarray(layer(params[l], block, h, key)),
+                                   rtol=1e-6, atol=1e-6)
+        h = y
+    assert aggregation_split(model.layers[2]) is None  # 12 -> 3 multiplies first
+    assert aggregation_split(factory(6, 12, 3, residual=True).layers[0]) is None
+    assert aggregation_split(factory(6, 12, 3, num_layers=3, layer_norm=True).layers[1]) is None

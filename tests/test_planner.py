@@ -173,7 +173,8 @@ def test_sweep_order_is_the_engines(tmp_path):
         ex = OutOfCore(graph, model, optax.adam(1e-2), policy=policy, partitioned=pg)
         calls = []
         original = ex._forward_layer
-        ex._forward_layer = lambda params, l, key: (calls.append(l), original(params, l, key))
+        ex._forward_layer = lambda params, l, key, **kw: (calls.append(l),
+                                                          original(params, l, key, **kw))
         try:
             ex.loss_and_grad(model.init(jax.random.key(0)), jax.random.key(1))
         finally:

@@ -40,11 +40,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_epoch import load, run_pyg  # noqa: E402  (tools/ is not a package)
 
 RUNS = ("in-memory", "device", "host", "ssd", "recompute", "naive")
-OPTIONAL_RUNS = ("ssd-cache",)  # ssd_offload with the host cache on (GriNNder's host caching)
+# ssd-cache: ssd_offload with the host cache on (GriNNder's host caching). *-keep: the same
+# policy keeping every layer's aggregation Z_l in the same tier instead of regathering H_l in
+# backward (jgrind.plan.fates.AGGREGATION).
+OPTIONAL_RUNS = ("ssd-cache", "device-keep", "host-keep", "ssd-keep", "ssd-cache-keep")
 POLICY_TEXT = {"in-memory": "InMemory (one jitted step)", "device": "in_memory()",
                "host": "host_offload()", "ssd": "ssd_offload(store), host_budget=0",
                "recompute": "recompute_activations()", "naive": "naive(store), host_budget=0",
-               "ssd-cache": "ssd_offload(store), host cache on"}
+               "ssd-cache": "ssd_offload(store), host cache on",
+               "device-keep": "in_memory(aggregations=DEVICE)",
+               "host-keep": "host_offload(aggregations=HOST)",
+               "ssd-keep": "ssd_offload(store, aggregations=SSD), host_budget=0",
+               "ssd-cache-keep": "ssd_offload(store, aggregations=SSD), host cache on"}
 MOVED = ("ssd_read", "ssd_written", "host_read", "host_written", "ssd_read_ops",
          "ssd_write_ops")
 
@@ -212,11 +219,17 @@ def overhead_child(cfg: dict) -> dict:
     else:
         pg = partition_graph(model.normalize(graph), np.load(cfg["assignment"]),
                              num_parts=cfg["parts"])
-        policy = {"device": policies.in_memory(), "host": policies.host_offload(),
-                  "ssd": policies.ssd_offload(store), "ssd-cache": policies.ssd_offload(store),
-                  "recompute": policies.recompute_activations(),
-                  "naive": policies.naive(store)}[run]
-        host_budget = 0 if run in ("ssd", "naive") else None
+        from jgrind.plan import Fate
+        keep = {"aggregations": Fate.DEVICE if run == "device-keep" else
+                Fate.HOST if run == "host-keep" else Fate.SSD} if run.endswith("-keep") else {}
+        base = run.removesuffix("-keep")
+        policy = {"device": lambda: policies.in_memory(**keep),
+                  "host": lambda: policies.host_offload(**keep),
+                  "ssd": lambda: policies.ssd_offload(store, **keep),
+                  "ssd-cache": lambda: policies.ssd_offload(store, **keep),
+                  "recompute": policies.recompute_activations,
+                  "naive": lambda: policies.naive(store)}[base]()
+        host_budget = 0 if base in ("ssd", "naive") else None
         ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=pg, store=store,
                        host_budget=host_budget)
         info = {"num_nodes": graph.num_nodes,

@@ -11,6 +11,12 @@ The GriNNder scheme in JAX (see docs/architecture.md):
   are partial gradients of nodes owned elsewhere, so ``G_l`` is complete only after every
   partition of layer l is done.
 * One optimizer step per epoch with the summed gradient: the same update as in-memory training.
+* **Kept aggregations**: a layer that aggregates before its matmul
+  (`jgrind.models.conv.aggregation_split`) can keep its aggregated input ``Z_l`` (owned rows)
+  from forward to backward, in the tier the policy names for the ``aggregation`` tensor. Its
+  backward then reads ``Z_l`` instead of regathering ``H_l`` and needs no second sparse
+  product. The policy's RECOMPUTE (the built-in policies' default) keeps nothing: the scheme
+  above.
 * **Output masks**: a ReLU layer without a residual needs only its output's sign pattern for its
   backward, not the output itself (`jgrind.models.conv.derivative_from_output`). Layer l+1's
   backward regathers the rows of ``H_{l+1}`` a partition owns anyway, so its step also returns
@@ -48,8 +54,8 @@ from jgrind.models.model import GNN, layer_key
 from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.cost import Assignment, Memory, Workload, fit_masks, format_bytes, memory
-from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate, check_fate
-from jgrind.plan.inventory import build_inventory, layer_widths
+from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate, check_fate
+from jgrind.plan.inventory import aggregation_widths, build_inventory, layer_widths
 from jgrind.plan.policies import (BindContext, Policy, bind, grinnder, io_strategy,
                                   store_directory)
 
@@ -114,6 +120,9 @@ class OutOfCore:
         for name in (ACTIVATION, GRADIENT):
             for l in range(self.num_layers):
                 self._fates(name, l)  # RECOMPUTE is all blocks of a layer or none
+        # layers whose aggregation is kept (all blocks, or none: then the layer regathers)
+        self.kept = {l: self._fates(AGGREGATION, l) for l in aggregation_widths(model)
+                     if Fate.RECOMPUTE not in self._fates(AGGREGATION, l)}
         self.memory = self._memory_plan()
         self._check_budgets()
         # layer l+1's backward steps hand layer l's backward the mask of l's output
@@ -135,6 +144,9 @@ class OutOfCore:
             self.activations = [self.store.table(ACTIVATION, l, self.widths[l],
                                                  self._fates(ACTIVATION, l))
                                 for l in range(self.num_layers)]
+            widths = aggregation_widths(model)
+            self.aggregations = {l: self.store.table(AGGREGATION, l, widths[l], fates)
+                                 for l, fates in self.kept.items()}
             features = self.activations[0]
             for part in pg.partitions:
                 if part.num_owned:
@@ -157,9 +169,11 @@ class OutOfCore:
         fates = [self.fates.get((name, layer, p.index), Fate.HOST)
                  for p in self.pg.partitions]
         if Fate.RECOMPUTE in fates and any(f is not Fate.RECOMPUTE for f in fates):
+            why = ("its backward either regathers the layer's input or reads the kept "
+                   "aggregation, for all partitions" if name == AGGREGATION else
+                   "recomputing a block needs its whole previous layer")
             raise ValueError(f"{name} of layer {layer}: RECOMPUTE must be chosen for all "
-                             "partitions of a layer or none (recomputing a block needs its "
-                             "whole previous layer)")
+                             f"partitions of a layer or none ({why})")
         return fates
 
     def _memory_plan(self) -> Memory:
@@ -170,7 +184,12 @@ class OutOfCore:
             inputs = sum(p.num_inputs for p in self.pg.partitions)
             snapshot = 4 * inputs * sum(self.widths[:self.num_layers - 1])
         assignment = Assignment.from_fates(self.fates, self.num_layers, self.pg.num_parts)
-        return memory(self.workload, assignment, snapshot_bytes=snapshot)
+        kept = {f: 0 for f in (Fate.DEVICE, Fate.HOST, Fate.SSD)}
+        for info in self.inventory:
+            if info.name == AGGREGATION and info.layer in self.kept:
+                kept[self.fates[(info.name, info.layer, info.partition)]] += info.nbytes
+        return memory(self.workload, assignment, snapshot_bytes=snapshot,
+                      kept=(kept[Fate.DEVICE], kept[Fate.HOST], kept[Fate.SSD]))
 
     def _check_budgets(self) -> None:
         m = self.memory
@@ -219,7 +238,8 @@ class OutOfCore:
         upper: Optional[Table] = None
         masks: Optional[dict] = None  # output masks of layer l, made by layer l+1's backward
         for l in reversed(range(L)):
-            self._ensure_materialized(params, l, key)
+            if l not in self.aggregations:  # a kept aggregation replaces H_l in backward
+                self._ensure_materialized(params, l, key)
             lower = self._gradient_table(l) if l > 0 else None
             loss, grads[l], masks = self._backward_layer(params, l, key, upper, lower, loss,
                                                          grads[l], masks)
@@ -242,21 +262,27 @@ class OutOfCore:
         if layer == 0 or not table.recomputed or table.transient is not None:
             return
         self._ensure_materialized(params, layer - 1, key)
-        self._forward_layer(params, layer - 1, key)
+        self._forward_layer(params, layer - 1, key, keep=False)  # its Z is kept already
 
-    def _forward_layer(self, params, l: int, key) -> None:
-        """``H_{l+1}`` from ``H_l``. If an unfilled snapshot of layer l exists (the naive
-        scheme), every partition's gathered input is also written to it."""
+    def _forward_layer(self, params, l: int, key, keep: bool = True) -> None:
+        """``H_{l+1}`` from ``H_l``, and ``Z_l`` if it is kept (and ``keep``). If an unfilled
+        snapshot of layer l exists (the naive scheme), every partition's gathered input is
+        also written to it."""
         src, dst = self.activations[l], self.activations[l + 1]
         dst.materialize()
         steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
+        kept = self.aggregations.get(l) if keep and key is not None else None
         snap = self._snapshots.get(l)
         snap = snap if snap is not None and not snap.filled else None
         pending: collections.deque = collections.deque()
         for part, h_in in self._gathered(src):
             if snap is not None:
                 self._write(pending, snap.write, part.index, h_in)
-            out = steps.forward(p_l, self._device_block(part), h_in, k_l)
+            if kept is not None:
+                out, z = steps.forward_saving(p_l, self._device_block(part), h_in, k_l)
+                self._write(pending, kept.write, part.index, z)
+            else:
+                out = steps.forward(p_l, self._device_block(part), h_in, k_l)
             self._write(pending, dst.write, part.index, out)
         self._wait(pending)
         if snap is not None:
@@ -268,6 +294,8 @@ class OutOfCore:
         when this layer's steps make them, else None."""
         steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
         top = l == self.num_layers - 1
+        if l in self.aggregations:
+            return loss, self._backward_from_kept(params, l, key, upper, lower, acc, masks), None
         made = {} if steps.emits_mask else None
         pending: collections.deque = collections.deque()
         snap = self._snapshots.get(l)
@@ -297,6 +325,26 @@ class OutOfCore:
         self._wait(pending)
         return loss, acc, made
 
+    def _backward_from_kept(self, params, l, key, upper, lower, acc, masks):
+        """Layer l's backward sweep from its kept aggregation: no regather, no recompute of
+        the sparse product. Makes no masks for layer l-1 (it does not see ``H_l``), so that
+        layer recomputes its pre-activation (from its own kept ``Z``) or its output."""
+        steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
+        kept = self.aggregations[l]
+        pending: collections.deque = collections.deque()
+        for part, z in self._loaded(lambda part: kept.read(part.index, part.num_out)):
+            block = self._device_block(part)
+            g_out = upper.read(part.index, part.num_out)
+            mask = masks.pop(part.index) if masks is not None else None
+            if lower is None:
+                acc = steps.saved_backward_params(p_l, block, z, k_l, mask, g_out, acc)
+                continue
+            acc, d_h = steps.saved_backward(p_l, block, z, k_l, mask, g_out, acc)
+            self._write(pending, lower.accumulate, part.index, part.halo_owner,
+                        part.halo_row, d_h)
+        self._wait(pending)
+        return acc
+
     # -- overlapped I/O -----------------------------------------------------------------------
     def _gathered(self, table: Table, snapshot: Optional[Snapshot] = None):
         """Yield ``(part, inputs)`` while the next partition's inputs load in the background;
@@ -305,7 +353,10 @@ class OutOfCore:
             if snapshot is not None:
                 return snapshot.read(part.index, part.num_in)
             return table.gather(part.index, part.halo_owner, part.halo_row, part.num_in)
+        return self._loaded(load)
 
+    def _loaded(self, load: Callable):
+        """Yield ``(part, load(part))`` while the next partition's loads in the background."""
         if self.pool is None:
             for part in self.parts:
                 yield part, load(part)

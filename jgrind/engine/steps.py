@@ -22,6 +22,18 @@ input layer l+1's backward step regathers for it. With ``input_mask`` (the rule 
 below), ``top`` and ``backward`` of layer l+1 also return that pattern, bit-packed
 (``[num_out, ceil(width / 8)]`` uint8: 1/32 of the rows' bytes), for layer l's backward.
 
+*Saved aggregations* (`jgrind.models.conv.aggregation_split`): a layer written as
+``act(update(params, aggregate(block, h, key)))`` whose aggregation ``z`` the policy keeps
+(the ``aggregation`` tensor, see `jgrind.plan.fates`) runs
+
+* ``forward_saving(params, block, h_in, key) -> (h_out, z)``, and in backward
+* ``saved_backward(params, block, z, key, mask, g_out, acc) -> (acc + dparams, dh_in)`` (and
+  ``saved_backward_params``): the vjp of ``update`` at the kept ``z`` gives the parameter
+  gradient and ``dz``; the input gradient is the transpose of ``aggregate`` applied to ``dz``
+  (it is linear in ``h`` and needs no input values: the vjp is taken at zeros and XLA drops
+  its forward). No regathered input, no second sparse product. ``mask`` is the output mask
+  as above, or None to recompute the pre-activation from ``z`` (one matmul).
+
 ``remat_policy`` (a ``jax.checkpoint_policies`` policy) decides which intermediates *inside* a
 layer step (aggregations, attention coefficients, pre-activations) are saved for that step's own
 backward and which are recomputed: recomputation within a partition step is also a choice.
@@ -39,7 +51,7 @@ import numpy as np
 
 from jgrind.loss import weighted_cross_entropy
 from jgrind.models.block import Block, make_block
-from jgrind.models.conv import derivative_from_output, without_activation
+from jgrind.models.conv import aggregation_split, derivative_from_output, without_activation
 
 
 def _tree_add(a, b):
@@ -55,6 +67,9 @@ class LayerSteps:
     masked_backward: Optional[Callable] = None         # None: the layer cannot use a mask
     masked_backward_params: Optional[Callable] = None
     emits_mask: bool = False                           # top/backward also return a mask
+    forward_saving: Optional[Callable] = None          # None: the layer has no aggregation split
+    saved_backward: Optional[Callable] = None
+    saved_backward_params: Optional[Callable] = None
 
 
 def pack_mask(keep: jax.Array) -> jax.Array:
@@ -120,13 +135,48 @@ def layer_steps(layer, remat_policy: Optional[Callable] = None,
         masked = jax.jit(masked_backward, donate_argnums=6)
         masked_params = jax.jit(masked_backward_params, donate_argnums=6)
 
+    saving = saved = saved_params = None
+    split = aggregation_split(layer)
+    if split is not None:
+        def forward_saving(params, block, h, key):
+            z = split.aggregate(block, h, key)
+            return split.activate(split.update(params, z)), z
+
+        def params_vjp(params, z, mask, g_out, wrt_z):
+            if mask is None:  # no mask: recompute the pre-activation from z
+                def f(p, zz):
+                    return split.activate(split.update(p, zz))
+                cot = g_out
+            else:
+                f, cot = split.update, masked_cotangent(mask, g_out)
+            if wrt_z:
+                _, vjp = jax.vjp(f, params, z)
+                return vjp(cot)
+            _, vjp = jax.vjp(lambda p: f(p, z), params)
+            return vjp(cot)[0], None
+
+        def saved_backward(params, block, z, key, mask, g_out, acc):
+            d_params, d_z = params_vjp(params, z, mask, g_out, True)
+            zeros = jnp.zeros((block.num_in, layer.in_channels), z.dtype)
+            _, transpose = jax.vjp(lambda h: split.aggregate(block, h, key), zeros)
+            (d_h,) = transpose(d_z)
+            return _tree_add(acc, d_params), d_h
+
+        def saved_backward_params(params, block, z, key, mask, g_out, acc):
+            return _tree_add(acc, params_vjp(params, z, mask, g_out, False)[0])
+
+        saving = jax.jit(forward_saving)
+        saved = jax.jit(saved_backward, donate_argnums=6)
+        saved_params = jax.jit(saved_backward_params, donate_argnums=6)
+
     # the gradient accumulator is donated: it is replaced by the returned sum
     return LayerSteps(forward=jax.jit(apply),
                       backward=jax.jit(backward, donate_argnums=5),
                       backward_params=jax.jit(backward_params, donate_argnums=5),
                       top=jax.jit(top, donate_argnums=6),
                       masked_backward=masked, masked_backward_params=masked_params,
-                      emits_mask=input_mask is not None)
+                      emits_mask=input_mask is not None, forward_saving=saving,
+                      saved_backward=saved, saved_backward_params=saved_params)
 
 
 @dataclasses.dataclass(frozen=True)

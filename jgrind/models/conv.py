@@ -85,3 +85,42 @@ def apply_wrapper(transform: Callable[[jax.Array], jax.Array], params: dict, blo
         own = h[: block.num_out]
         y = y + (own @ params["skip"] if "skip" in params else own)
     return y
+
+
+@dataclasses.dataclass(frozen=True)
+class AggregationSplit:
+    """A layer written as ``act(update(params, aggregate(block, h, key)))``.
+
+    ``aggregate`` (dropout, then the sparse aggregation) is linear in ``h`` and touches no
+    parameter; ``update`` maps its ``[num_out, width]`` result to the pre-activation. A layer's
+    backward needs only ``z = aggregate(...)`` for the parameter gradient, and the transpose of
+    ``aggregate`` (which needs no input values) for the input gradient: keep ``z`` and the
+    backward needs neither the layer's gathered input nor a second sparse product.
+    """
+
+    layer: object
+    width: int
+
+    def aggregate(self, block: Block, h: jax.Array, key) -> jax.Array:
+        x = hashed_dropout(h, self.layer.options.dropout, key, block.node_ids)
+        return self.layer.aggregate(block, x)
+
+    def update(self, params: dict, z: jax.Array) -> jax.Array:
+        """The pre-activation from ``z``."""
+        return self.layer.update(params, z)
+
+    def activate(self, y: jax.Array) -> jax.Array:
+        act = self.layer.options.activation
+        return act(y) if act is not None else y
+
+
+def aggregation_split(layer) -> Optional[AggregationSplit]:
+    """The split of ``layer`` into aggregate and update, or None when it has none: the layer
+    multiplies by a weight before aggregating (``in > out``, so the sparse product runs on the
+    narrower side), or its output also depends on the input otherwise (LayerNorm before the
+    aggregation, a residual), or it does not aggregate by a fixed sparse product (GAT)."""
+    opts = getattr(layer, "options", None)
+    width = getattr(layer, "aggregated_width", None)
+    if not isinstance(opts, LayerOptions) or opts.layer_norm or opts.residual or width is None:
+        return None
+    return AggregationSplit(layer, int(width))

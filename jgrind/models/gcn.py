@@ -46,3 +46,16 @@ class GCNConv:
                 y = spmm(block.adj, x @ w)
             return y + params["bias"] if self.bias else y
         return apply_wrapper(transform, params, block, h, key, self.options)
+
+    # -- aggregate, then update (see `jgrind.models.conv.aggregation_split`) ----------------
+    @property
+    def aggregated_width(self):
+        """Width of ``Â X`` when the layer aggregates before its matmul, else None."""
+        return self.in_channels if self.in_channels <= self.out_channels else None
+
+    def aggregate(self, block: Block, x: jax.Array) -> jax.Array:
+        return spmm(block.adj, x)
+
+    def update(self, params: dict, z: jax.Array) -> jax.Array:
+        y = z @ params["weight"]
+        return y + params["bias"] if self.bias else y

@@ -45,3 +45,17 @@ class SAGEConv:
             y = x[: block.num_out] @ params["root_weight"] + nbr
             return y + params["bias"] if self.bias else y
         return apply_wrapper(transform, params, block, h, key, self.options)
+
+    # -- aggregate, then update (see `jgrind.models.conv.aggregation_split`) ----------------
+    @property
+    def aggregated_width(self):
+        """Width of ``[x_i | mean_j x_j]`` when the layer aggregates before its matmuls."""
+        return 2 * self.in_channels if self.in_channels <= self.out_channels else None
+
+    def aggregate(self, block: Block, x: jax.Array) -> jax.Array:
+        return jax.numpy.concatenate([x[: block.num_out], spmm(block.adj, x)], axis=1)
+
+    def update(self, params: dict, z: jax.Array) -> jax.Array:
+        own, nbr = z[:, : self.in_channels], z[:, self.in_channels:]
+        y = own @ params["root_weight"] + nbr @ params["neighbor_weight"]
+        return y + params["bias"] if self.bias else y

@@ -549,8 +549,12 @@ def _stored_bytes(w: Workload, a: Assignment) -> list[tuple[int, int, int]]:
 
 
 def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
-           snapshot_bytes: int = 0) -> Memory:
-    """Bytes per tier of assignment ``a`` at its peak, by the engine's own accounting."""
+           snapshot_bytes: int = 0, kept: tuple = (0, 0, 0)) -> Memory:
+    """Bytes per tier of assignment ``a`` at its peak, by the engine's own accounting.
+
+    ``kept``: (device, host, SSD) bytes of kept aggregations (`jgrind.plan.fates.AGGREGATION`),
+    counted as stored for the whole epoch (an upper bound: each is written in its forward
+    sweep); the planner keeps none."""
     L = w.num_layers
 
     def tier_bytes(codes, layer, code):
@@ -565,11 +569,13 @@ def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
     # the cache holds SSD activation blocks and the gradient layer being read (a gradient layer
     # is read once, in the backward sweep below it, and dropped with its blocks right after)
     cached = acts[S] + max([tier_bytes(a.gradients[l], l, S) for l in range(1, L)] or [0])
-    return Memory(device_tables=acts[D] + pairs[D], device_working_set=w.working_set(),
-                  host_tables=acts[H] + pairs[H], host_transient=2 * transient,
-                  host_cache=min(cache_capacity, cached), ssd=acts[S] + pairs[S],
-                  ssd_needed=acts[S] + ssd_grads + snapshot_bytes,
-                  stored_peaks=tuple(max(col) for col in zip(*_stored_bytes(w, a))))
+    kd, kh, ks = kept
+    return Memory(device_tables=acts[D] + pairs[D] + kd, device_working_set=w.working_set(),
+                  host_tables=acts[H] + pairs[H] + kh, host_transient=2 * transient,
+                  host_cache=min(cache_capacity, cached + ks), ssd=acts[S] + pairs[S] + ks,
+                  ssd_needed=acts[S] + ssd_grads + snapshot_bytes + ks,
+                  stored_peaks=tuple(max(col) + k for col, k
+                                     in zip(zip(*_stored_bytes(w, a)), kept)))
 
 
 @dataclasses.dataclass(frozen=True)

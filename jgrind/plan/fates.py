@@ -16,7 +16,8 @@ class Fate(enum.Enum):
 
     DEVICE: kept on the accelerator. HOST: offloaded to host RAM. SSD: offloaded to the
     memory-mapped store on disk. RECOMPUTE: dropped after its last forward use and recomputed
-    (from the previous layer) before backward needs it.
+    (from the previous layer) before backward needs it; for an aggregation, not kept at all:
+    the backward regathers the layer's input and recomputes it.
     """
 
     DEVICE = "device"
@@ -27,7 +28,11 @@ class Fate(enum.Enum):
 
 ACTIVATION = "activation"  # H_l: input rows of layer l (H_0 = node features)
 GRADIENT = "gradient"      # G_l: gradient of the loss w.r.t. H_l, accumulated across partitions
-KINDS = (ACTIVATION, GRADIENT)
+# Z_l: layer l's aggregated input (`jgrind.models.conv.aggregation_split`), owned rows. Kept
+# (DEVICE, HOST, SSD) from layer l's forward to its backward, it replaces regathering H_l and
+# the second sparse product there; RECOMPUTE (the GriNNder scheme) keeps nothing and regathers.
+AGGREGATION = "aggregation"
+KINDS = (ACTIVATION, GRADIENT, AGGREGATION)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +40,9 @@ class TensorInfo:
     """One block of a stored tensor: the rows of one partition of one layer's tensor.
 
     Attributes:
-      name: ACTIVATION or GRADIENT.
-      layer: l for ``H_l`` / ``G_l`` (the input of layer l and its gradient).
+      name: ACTIVATION, GRADIENT or AGGREGATION.
+      layer: l for ``H_l`` / ``G_l`` / ``Z_l`` (the input of layer l, its gradient, and its
+        aggregation).
       partition: the partition whose owned rows this block holds.
       shape: ``(rows, width)``.
       dtype: numpy dtype name.
@@ -63,7 +69,7 @@ class TensorInfo:
 
     @property
     def recomputable(self) -> bool:
-        return self.name == ACTIVATION and self.layer > 0
+        return (self.name == ACTIVATION and self.layer > 0) or self.name == AGGREGATION
 
 
 class PolicyError(ValueError):

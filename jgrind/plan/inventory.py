@@ -6,6 +6,10 @@ An epoch is a sequence of sweeps, each over all partitions:
     step L-1+k      (0 <= k < L)     backward of layer l = L-1-k: reads H_l and G_{l+1}
                                      (the loss for the top layer), writes G_l (l > 0)
 
+A layer below the top with an aggregation split (`jgrind.models.conv.aggregation_split`)
+also has an aggregation ``Z_l``: written by its forward step, read by its backward step
+instead of ``H_l`` when the policy keeps it.
+
 The top layer's forward is fused into its backward (loss and gradient in one step), so its
 output, the logits, is never stored. ``H_0`` are the node features.
 """
@@ -13,7 +17,8 @@ output, the logits, is never stored. ``H_0`` are the node features.
 from __future__ import annotations
 
 
-from jgrind.plan.fates import ACTIVATION, GRADIENT, TensorInfo
+from jgrind.models.conv import aggregation_split
+from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, TensorInfo
 
 
 def layer_widths(model, num_features: int) -> list[int]:
@@ -31,10 +36,18 @@ def backward_step(layer: int, num_layers: int) -> int:
     return num_layers - 1 + (num_layers - 1 - layer)
 
 
+def aggregation_widths(model) -> dict:
+    """``{l: width of Z_l}`` for the layers below the top that have an aggregation split (the
+    top layer runs once, fused with the loss, so there is nothing to keep for it)."""
+    splits = {l: aggregation_split(layer) for l, layer in enumerate(model.layers[:-1])}
+    return {l: s.width for l, s in splits.items() if s is not None}
+
+
 def build_inventory(model, pg, itemsize: int = 4) -> list[TensorInfo]:
-    """All activation and gradient blocks of one epoch of ``model`` on ``pg``."""
+    """All activation, gradient and aggregation blocks of one epoch of ``model`` on ``pg``."""
     num_layers = len(model.layers)
     widths = layer_widths(model, pg.graph.num_features)
+    aggregated = aggregation_widths(model)
     infos = []
     for part in pg.partitions:
         rows = part.num_owned
@@ -58,6 +71,16 @@ def build_inventory(model, pg, itemsize: int = 4) -> list[TensorInfo]:
                     dtype="float32", nbytes=rows * width * itemsize,
                     produced=backward_step(l, num_layers),
                     first_backward_use=backward_step(l - 1, num_layers),
+                    num_layers=num_layers, num_partitions=pg.num_parts))
+            if l in aggregated:
+                width = aggregated[l]
+                infos.append(TensorInfo(
+                    name=AGGREGATION, layer=l, partition=part.index, shape=(rows, width),
+                    dtype="float32", nbytes=rows * width * itemsize,
+                    # what keeping it saves: the sparse product rerun in backward
+                    recompute_flops=2.0 * part.num_edges * widths[l],
+                    produced=l, last_forward_use=-1,
+                    first_backward_use=backward_step(l, num_layers),
                     num_layers=num_layers, num_partitions=pg.num_parts))
     return infos
 

@@ -14,6 +14,11 @@ Write your own in a few lines::
         return Fate.HOST
 
     train(..., policy=activations_on_ssd_after_layer_1, store="/mnt/nvme/jgrind")
+
+A policy sees three kinds of tensor (`jgrind.plan.fates`): activations ``H_l``, gradients
+``G_l`` and, for layers that aggregate before their matmul, aggregations ``Z_l``. The policy
+above keeps aggregations in host RAM too; return ``Fate.RECOMPUTE`` for them to keep nothing
+and regather instead, as GriNNder does (what the built-in policies do unless asked).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import functools
 import os
 from typing import Callable, Optional, Sequence
 
-from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate, TensorInfo
+from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate, TensorInfo
 
 Policy = Callable[[TensorInfo], Fate]
 
@@ -31,14 +36,17 @@ Policy = Callable[[TensorInfo], Fate]
 @dataclasses.dataclass(frozen=True)
 class Constant:
     """Every tensor gets ``fate`` (gradients too, except RECOMPUTE, which is for activations:
-    gradients then go to ``gradient_fate``)."""
+    gradients then go to ``gradient_fate``); aggregations get ``aggregation_fate``."""
 
     fate: Fate
     gradient_fate: Fate = Fate.HOST
     features_fate: Optional[Fate] = None
     directory: Optional[str] = None
+    aggregation_fate: Fate = Fate.RECOMPUTE
 
     def __call__(self, info: TensorInfo) -> Fate:
+        if info.name == AGGREGATION:
+            return self.aggregation_fate
         if info.name == GRADIENT:
             return self.gradient_fate if self.fate is Fate.RECOMPUTE else self.fate
         if info.layer == 0 and self.features_fate is not None:
@@ -48,21 +56,28 @@ class Constant:
         return self.fate
 
 
-def in_memory() -> Constant:
+# ``aggregations``: where the built-in policies keep each layer's aggregated input ``Z_l``
+# (`jgrind.plan.fates.AGGREGATION`) from forward to backward. RECOMPUTE, the default, keeps
+# none and regathers the layer's input in backward (the GriNNder scheme); a tier keeps them
+# there, which costs their bytes (the width of the layer's input, for every node) and saves
+# the regather and a sparse product per layer in backward.
+def in_memory(aggregations: Fate = Fate.RECOMPUTE) -> Constant:
     """Everything on the device: the fast path when it fits."""
-    return Constant(Fate.DEVICE, gradient_fate=Fate.DEVICE)
+    return Constant(Fate.DEVICE, gradient_fate=Fate.DEVICE, aggregation_fate=aggregations)
 
 
-def host_offload() -> Constant:
+def host_offload(aggregations: Fate = Fate.RECOMPUTE) -> Constant:
     """Every activation and gradient block in host RAM; the device holds one partition's
     working set at a time."""
-    return Constant(Fate.HOST, gradient_fate=Fate.HOST)
+    return Constant(Fate.HOST, gradient_fate=Fate.HOST, aggregation_fate=aggregations)
 
 
-def ssd_offload(directory: str | os.PathLike, gradients: Fate = Fate.SSD) -> Constant:
+def ssd_offload(directory: str | os.PathLike, gradients: Fate = Fate.SSD,
+                aggregations: Fate = Fate.RECOMPUTE) -> Constant:
     """Every activation block (and, by default, gradient block) in the SSD store under
     ``directory``; the host cache still serves reads within the host budget."""
-    return Constant(Fate.SSD, gradient_fate=gradients, directory=os.fspath(directory))
+    return Constant(Fate.SSD, gradient_fate=gradients, directory=os.fspath(directory),
+                    aggregation_fate=aggregations)
 
 
 def recompute_activations(gradients: Fate = Fate.HOST, features: Fate = Fate.HOST) -> Constant:
@@ -107,7 +122,7 @@ class Naive:
     row_reads: bool = True
 
     def __call__(self, info: TensorInfo) -> Fate:
-        return Fate.SSD
+        return Fate.RECOMPUTE if info.name == AGGREGATION else Fate.SSD
 
     @property
     def io(self) -> IOStrategy:
@@ -121,13 +136,13 @@ def naive(directory: str | os.PathLike, snapshots: bool = True, row_reads: bool 
 
 @dataclasses.dataclass(frozen=True)
 class ByKind:
-    """Different policies for activations and gradients."""
+    """Different policies for activations (aggregations too) and gradients."""
 
     activations: Policy
     gradients: Policy
 
     def __call__(self, info: TensorInfo) -> Fate:
-        return (self.activations if info.name == ACTIVATION else self.gradients)(info)
+        return (self.gradients if info.name == GRADIENT else self.activations)(info)
 
     def bind(self, inventory, context=None) -> "ByKind":
         return ByKind(bind(self.activations, inventory, context),
@@ -170,7 +185,8 @@ class Budgeted:
     def bind(self, inventory: Sequence[TensorInfo], context=None) -> "Budgeted":
         left = {Fate.DEVICE: self.device_budget - self.device_reserve,
                 Fate.HOST: self.host_budget}
-        order = sorted(inventory, key=lambda t: (t.first_backward_use, t.name, t.partition))
+        order = sorted((t for t in inventory if t.name != AGGREGATION),
+                       key=lambda t: (t.first_backward_use, t.name, t.partition))
         table = []
         for info in order:
             for fate in (Fate.DEVICE, Fate.HOST):
@@ -185,6 +201,8 @@ class Budgeted:
     def __call__(self, info: TensorInfo) -> Fate:
         if self.assignment is None:
             raise RuntimeError("Budgeted policy used before bind(inventory)")
+        if info.name == AGGREGATION:
+            return Fate.RECOMPUTE  # GriNNder regathers
         return self._lookup[(info.name, info.layer, info.partition)]
 
     @functools.cached_property
@@ -240,6 +258,8 @@ class Planned:
     in_memory: bool = False
 
     def __call__(self, info: TensorInfo) -> Fate:
+        if info.name == AGGREGATION:
+            return Fate.RECOMPUTE  # the planner does not place aggregations (docs/planner.md)
         fate = self._lookup.get((info.name, info.layer, info.partition))
         if fate is None:
             if self.in_memory:
