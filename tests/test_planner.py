@@ -62,9 +62,10 @@ def compositions(total):
     return [(d, h, total - d - h) for d in range(total + 1) for h in range(total + 1 - d)]
 
 
-def brute_force(w, profile, device_budget, host_budget, ssd):
+def brute_force(w, profile, device_budget, host_budget, ssd, keep=True):
     """The fastest feasible assignment of block counts per tier by enumeration (blocks in
-    partition order), by the same cost model and the same memory rules."""
+    partition order), by the same cost model and the same memory rules; with ``keep``, every
+    layer's aggregation is also regathered or kept on any split."""
     P, L = w.num_parts, w.num_layers
     splits = [s for s in compositions(P) if ssd or s[2] == 0]
 
@@ -79,19 +80,25 @@ def brute_force(w, profile, device_budget, host_budget, ssd):
             choices.append(np.full(P, R, np.int8))
         group_choices.append(choices)
     grad_choices = [[codes(s) for s in splits] for _ in range(1, L)]
+    kept_layers = sorted(w.aggregated) if keep else []
+    kept_choices = [[None] + [codes(s) for s in splits] for _ in kept_layers]
     for acts in itertools.product(*group_choices):
         for grads in itertools.product(*grad_choices):
-            a = Assignment(tuple(acts), (np.full(P, D, np.int8),) + tuple(grads))
-            m = memory(w, a)
-            if m.device > device_budget or m.host > host_budget:
-                continue
-            best = min(best, predict(w, a, profile).epoch_seconds)
+            for kept in itertools.product(*kept_choices):
+                a = Assignment(tuple(acts), (np.full(P, D, np.int8),) + tuple(grads),
+                               {l: c for l, c in zip(kept_layers, kept) if c is not None})
+                m = memory(w, a)
+                if m.device > device_budget or m.host > host_budget:
+                    continue
+                best = min(best, predict(w, a, profile).epoch_seconds)
     return best
 
 
+@pytest.mark.parametrize("keep", [True, False])
 @pytest.mark.parametrize("case", ["unlimited", "device-tight", "ssd", "no-ssd-recompute"])
-def test_plan_is_optimal_against_brute_force(case):
+def test_plan_is_optimal_against_brute_force(case, keep):
     graph, model, pg, w = equal_parts_workload(num_parts=3, num_layers=2)
+    assert w.aggregated == {0: 16}  # layer 0 can keep its aggregation
     profile = fixed_profile()
     stored = int(w.block_bytes(1).sum())
     ws = w.working_set()
@@ -101,8 +108,8 @@ def test_plan_is_optimal_against_brute_force(case):
                "no-ssd-recompute": (ws + stored // 3, 3 * stored, False)}[case]
     dev, host, ssd = budgets
     the_plan = plan(w, profile, device_budget=dev, host_budget=host,
-                    directory="/tmp" if ssd else None)
-    best = brute_force(w, profile, dev, host, ssd)
+                    directory="/tmp" if ssd else None, keep=keep)
+    best = brute_force(w, profile, dev, host, ssd, keep)
     assert np.isfinite(best)
     # The program is exact for block counts of equal size with halo reads spread evenly over
     # the blocks (docs/planner.md); here the sizes are equal and the halo nearly even, so the
@@ -143,12 +150,15 @@ def test_infeasible_budgets_say_the_smallest_that_work():
     assert ok.prediction.memory.host <= 1000
 
 
-def test_predicted_memory_matches_the_store_accounts(tmp_path):
+@pytest.mark.parametrize("keep", [True, False])
+def test_predicted_memory_matches_the_store_accounts(tmp_path, keep):
     graph, model, pg, w = equal_parts_workload(num_parts=4, num_layers=3)
     profile = fixed_profile()
     stored = sum(int(w.block_bytes(l).sum()) for l in range(3))
     dev, host = w.working_set() + stored // 3, stored // 2
-    the_plan = plan(w, profile, device_budget=dev, host_budget=host, directory=str(tmp_path))
+    the_plan = plan(w, profile, device_budget=dev, host_budget=host, directory=str(tmp_path),
+                    keep=keep)
+    assert bool(the_plan.assignment.aggregations) == keep  # this plan keeps some when allowed
     ex = OutOfCore(graph, model, optax.adam(1e-2), policy=the_plan.policy(), partitioned=pg,
                    store=str(tmp_path), device_budget=dev, host_budget=host)
     try:
@@ -166,10 +176,18 @@ def test_predicted_memory_matches_the_store_accounts(tmp_path):
 
 
 def test_sweep_order_is_the_engines(tmp_path):
-    """The cost model's sweeps (with recomputation) are the forward passes the engine runs."""
+    """The cost model's sweeps (with recomputation) are the forward passes the engine runs,
+    also where kept aggregations make recomputing a layer's input unnecessary."""
     graph, model, pg, w = equal_parts_workload(num_parts=2, num_layers=4)
-    for policy, rset in ((policies.recompute_activations(), frozenset({1, 2, 3})),
-                         (policies.host_offload(), frozenset())):
+    assert sorted(w.aggregated) == [0, 1, 2]
+
+    def recompute_but_keep_z1(info):
+        if info.name == "aggregation":
+            return Fate.HOST if info.layer == 1 else Fate.RECOMPUTE
+        return Fate.RECOMPUTE if info.recomputable else Fate.HOST
+    for policy, rset, kept in ((policies.recompute_activations(), frozenset({1, 2, 3}), ()),
+                               (recompute_but_keep_z1, frozenset({1, 2, 3}), (1,)),
+                               (policies.host_offload(), frozenset(), ())):
         ex = OutOfCore(graph, model, optax.adam(1e-2), policy=policy, partitioned=pg)
         calls = []
         original = ex._forward_layer
@@ -179,7 +197,8 @@ def test_sweep_order_is_the_engines(tmp_path):
             ex.loss_and_grad(model.init(jax.random.key(0)), jax.random.key(1))
         finally:
             ex.close()
-        predicted = [l for kind, l in sweep_order(4, rset) if kind != "backward"]
+        predicted = [l for kind, l in sweep_order(4, rset, frozenset(kept))
+                     if kind != "backward"]
         assert calls == predicted
 
 

@@ -184,12 +184,7 @@ class OutOfCore:
             inputs = sum(p.num_inputs for p in self.pg.partitions)
             snapshot = 4 * inputs * sum(self.widths[:self.num_layers - 1])
         assignment = Assignment.from_fates(self.fates, self.num_layers, self.pg.num_parts)
-        kept = {f: 0 for f in (Fate.DEVICE, Fate.HOST, Fate.SSD)}
-        for info in self.inventory:
-            if info.name == AGGREGATION and info.layer in self.kept:
-                kept[self.fates[(info.name, info.layer, info.partition)]] += info.nbytes
-        return memory(self.workload, assignment, snapshot_bytes=snapshot,
-                      kept=(kept[Fate.DEVICE], kept[Fate.HOST], kept[Fate.SSD]))
+        return memory(self.workload, assignment, snapshot_bytes=snapshot)
 
     def _check_budgets(self) -> None:
         m = self.memory

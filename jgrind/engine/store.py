@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jgrind.buffers import aligned_empty, aligned_zeros
 from jgrind.engine.cache import HostCache
 from jgrind.engine.ssd import SSDFile
 from jgrind.plan.fates import Fate
@@ -91,7 +92,7 @@ def _as_slice(positions: np.ndarray) -> Optional[slice]:
 def _padded_buffer(used_rows: int, padded_rows: int, width: int) -> np.ndarray:
     """A float32 ``[padded_rows, width]`` buffer whose first ``used_rows`` rows the caller fills:
     only the padding is zeroed (zero-filling it all would be one more pass over the rows)."""
-    out = np.empty((padded_rows, width), np.float32)
+    out = aligned_empty((padded_rows, width), np.float32)  # adopted by XLA without a copy
     out[used_rows:] = 0.0
     return out
 
@@ -382,7 +383,7 @@ def _bucket_len(n: int) -> int:
 
 
 def _pad_to(values: np.ndarray, n: int) -> np.ndarray:
-    out = np.zeros((n,) + values.shape[1:], values.dtype)
+    out = aligned_zeros((n,) + values.shape[1:], values.dtype)
     out[: values.shape[0]] = values
     return out
 

@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from jgrind.models.conv import derivative_from_output
-from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate
+from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate
 
 D, H, S, R = 0, 1, 2, 3           # tier codes, in `Fate` order
 CODES = {Fate.DEVICE: D, Fate.HOST: H, Fate.SSD: S, Fate.RECOMPUTE: R}
@@ -79,6 +79,8 @@ class Workload:
       needs_edges, needs_adjacency: which block pieces the layers read.
       masks: backward steps of ReLU layers read a bit mask of their output instead of
         recomputing it (`jgrind.engine.steps`); the masks count towards the working set.
+      aggregated: ``{l: width}`` of the aggregation ``Z_l`` a layer can keep
+        (`jgrind.plan.inventory.aggregation_widths`).
     """
 
     widths: tuple
@@ -97,6 +99,7 @@ class Workload:
     num_nodes: int
     num_edges: int
     masks: bool = True
+    aggregated: dict = dataclasses.field(default_factory=dict)
 
     @property
     def num_parts(self) -> int:
@@ -110,7 +113,7 @@ class Workload:
     def build(cls, pg, model, max_shapes: int = 3) -> "Workload":
         """From a `PartitionedGraph` (of the normalised graph) and a `GNN`."""
         from jgrind.partition import shape_groups
-        from jgrind.plan.inventory import layer_widths
+        from jgrind.plan.inventory import aggregation_widths, layer_widths
         parts = pg.partitions
         P = len(parts)
         shapes = shape_groups(parts, max_shapes)
@@ -150,12 +153,16 @@ class Workload:
             halo=halo, ssd_calls=by_width(calls), ssd_rows=by_width(span_rows),
             needs_edges=model.needs_edges,
             needs_adjacency=model.needs_adjacency, num_nodes=pg.graph.num_nodes,
-            num_edges=pg.graph.num_edges)
+            num_edges=pg.graph.num_edges, aggregated=aggregation_widths(model))
 
     # -- sizes ------------------------------------------------------------------------------
     def block_bytes(self, layer: int) -> np.ndarray:
         """``[P]`` bytes of every partition's block of ``H_layer`` / ``G_layer``."""
         return self.owned * self.widths[layer] * ITEMSIZE
+
+    def aggregation_bytes(self, layer: int) -> np.ndarray:
+        """``[P]`` bytes of every partition's block of ``Z_layer`` (0 without one)."""
+        return self.owned * self.aggregated.get(layer, 0) * ITEMSIZE
 
     def structure_bytes(self) -> np.ndarray:
         """``[P]`` device bytes of every padded block structure (CSR and its transpose, the
@@ -246,20 +253,50 @@ def masked_saving(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> np
     return mm(n_out, w_in, w_out)
 
 
-def step_seconds(w: Workload, profile, layer: int, kind: str) -> float:
+def kept_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile, *,
+                 input_grad: bool, masked: bool) -> np.ndarray:
+    """Seconds of a backward step from a kept aggregation (`jgrind.engine.steps`): the update's
+    weight gradient (and ``dz``, and the pre-activation again without a mask), then the
+    transposed sparse product into the input rows; no regathered input, no forward product."""
+    mm = 2.0 * n_out * w_in * w_out / profile.matmul_flops
+    if type(layer).__name__ == "SAGEConv":
+        mm = 2 * mm  # root and neighbour weights
+    t = (1.0 + (0.0 if masked else 1.0)) * mm \
+        + ELEMENTWISE_PASSES * n_out * w_out * ITEMSIZE / profile.copy_bw
+    if input_grad:
+        t = t + mm + nnz * float(w_in) / profile.spmm_rate \
+            + INPUT_PASSES * n_in * w_in * ITEMSIZE / profile.copy_bw
+    return t
+
+
+def step_seconds(w: Workload, profile, layer: int, kind: str,
+                 masked: Optional[bool] = None) -> float:
     """Compute seconds of one sweep of ``layer`` over every partition: kind is "forward",
-    "backward" (with input gradient), "params" (weight gradient only) or "top" (the fused
-    top layer: forward, loss and backward). Backward steps from an output mask
-    (`Workload.masked`) skip `masked_saving`."""
+    "backward" (with input gradient), "params" (weight gradient only), "top" (the fused
+    top layer: forward, loss and backward), or "kept backward" / "kept params" (from a kept
+    aggregation). Backward steps from an output mask skip `masked_saving`; ``masked``
+    overrides `Workload.masked` (the layer above makes no masks when it keeps its own
+    aggregation: it does not regather this layer's output)."""
     shape = (w.widths[layer], w.widths[layer + 1], w.pad_out, w.pad_in, w.pad_edges, profile)
-    t = layer_seconds(w.layers[layer], *shape)
-    passes = {"forward": 1.0, "backward": BACKWARD_PASSES, "params": PARAMS_ONLY_PASSES,
-              "top": BACKWARD_PASSES}[kind]
-    t = passes * t
-    if kind in ("backward", "params") and w.masked(layer):
-        t = t - masked_saving(w.layers[layer], *shape)
+    masked = w.masked(layer) if masked is None else masked and w.masked(layer)
+    if kind.startswith("kept"):
+        t = kept_seconds(w.layers[layer], *shape, input_grad=kind == "kept backward",
+                         masked=masked)
+    else:
+        t = layer_seconds(w.layers[layer], *shape)
+        passes = {"forward": 1.0, "backward": BACKWARD_PASSES, "params": PARAMS_ONLY_PASSES,
+                  "top": BACKWARD_PASSES}[kind]
+        t = passes * t
+        if kind in ("backward", "params") and masked:
+            t = t - masked_saving(w.layers[layer], *shape)
     active = w.owned > 0
     return float(np.sum(np.where(active, t + profile.step_latency, 0.0)))
+
+
+def backward_kind(w: Workload, layer: int, kept: bool) -> str:
+    if layer == w.num_layers - 1:
+        return "top"
+    return ("kept " if kept else "") + ("backward" if layer >= 1 else "params")
 
 
 def fit_masks(w: Workload, device_budget: Optional[int]) -> Workload:
@@ -358,9 +395,12 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
     return float(seconds.sum())
 
 
-def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray) -> float:
-    """Seconds to store every partition's output rows as its block of ``H_layer``."""
-    nbytes = np.where(w.owned > 0, w.owned * w.widths[layer] * ITEMSIZE, 0)
+def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
+                  width: Optional[int] = None) -> float:
+    """Seconds to store every partition's output rows as its block of ``H_layer`` (or of a
+    tensor ``width`` wide, e.g. ``Z_layer``)."""
+    width = w.widths[layer] if width is None else width
+    nbytes = np.where(w.owned > 0, w.owned * width * ITEMSIZE, 0)
     per_tier = {D: nbytes / profile.gather_bw + profile.step_latency,
                 H: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
                 R: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
@@ -370,9 +410,10 @@ def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray) -> float:
 
 
 def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
-                       cache: CacheModel = CacheModel()) -> float:
-    """Seconds to read every partition's own block of ``G_layer`` (padded, onto the device)."""
-    row = w.widths[layer] * ITEMSIZE
+                       cache: CacheModel = CacheModel(), width: Optional[int] = None) -> float:
+    """Seconds to read every partition's own block of ``G_layer`` (or of a tensor ``width``
+    wide, e.g. ``Z_layer``), padded, onto the device."""
+    row = (w.widths[layer] if width is None else width) * ITEMSIZE
     own = np.where(w.owned > 0, w.owned * row, 0)
     pad = np.where(w.owned > 0, w.pad_out * row, 0)
     onto_device = to_device_seconds(pad, profile) + (pad - own) / profile.copy_bw
@@ -430,16 +471,22 @@ class Sweep:
         return self.compute + self.io - overlap * min(self.compute, self.io)
 
 
-def sweep_order(num_layers: int, recomputed: frozenset) -> list[tuple[str, int]]:
+def sweep_order(num_layers: int, recomputed: frozenset,
+                kept: frozenset = frozenset()) -> list[tuple[str, int]]:
     """The engine's sweeps as ``(kind, layer)``: forward sweeps, then backward from the top,
     with the recompute sweeps `OutOfCore._ensure_materialized` inserts before a backward layer
-    whose input was dropped (a recomputed layer is kept from its recompute to its backward)."""
+    whose input was dropped (a recomputed layer is kept from its recompute to its backward).
+    A layer in ``kept`` reads its kept aggregation in backward, not its input: nothing is
+    recomputed for it."""
     L = num_layers
     order = [("forward", l) for l in range(L - 1)]
     materialized = set()   # recomputed layers whose transient exists now
     if L - 1 in recomputed:
         materialized.add(L - 1)  # written by the last forward sweep, released after backward
     for l in reversed(range(L)):
+        if l in kept:
+            order.append(("backward", l))
+            continue
         need = []
         j = l
         while j >= 1 and j in recomputed and j not in materialized:
@@ -456,19 +503,24 @@ def sweep_order(num_layers: int, recomputed: frozenset) -> list[tuple[str, int]]
 @dataclasses.dataclass(frozen=True)
 class Assignment:
     """Tier codes for every block: ``activations[l]`` and ``gradients[l]`` are ``[P]`` arrays
-    (``gradients[0]`` is unused: there is no gradient of the input features)."""
+    (``gradients[0]`` is unused: there is no gradient of the input features).
+    ``aggregations``: ``{l: [P] codes}`` of the layers whose aggregation ``Z_l`` is kept (all
+    blocks, never R); the other layers regather."""
 
     activations: tuple
     gradients: tuple
+    aggregations: dict = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_fates(cls, fates: dict, num_layers: int, num_parts: int) -> "Assignment":
-        def codes(name, l):
-            return np.array([CODES[fates.get((name, l, p), Fate.HOST)]
+        def codes(name, l, default=Fate.HOST):
+            return np.array([CODES[fates.get((name, l, p), default)]
                              for p in range(num_parts)], np.int8)
+        kept = {l: codes(AGGREGATION, l, Fate.RECOMPUTE) for l in range(num_layers)}
         return cls(tuple(codes(ACTIVATION, l) for l in range(num_layers)),
                    tuple(codes(GRADIENT, l) if l else np.full(num_parts, D, np.int8)
-                         for l in range(num_layers)))
+                         for l in range(num_layers)),
+                   {l: c for l, c in kept.items() if c.size and not np.any(c == R)})
 
     def fates(self) -> dict:
         out = {}
@@ -476,11 +528,18 @@ class Assignment:
             out.update({(ACTIVATION, l, p): FATES[int(c)] for p, c in enumerate(codes)})
         for l, codes in enumerate(self.gradients[1:], start=1):
             out.update({(GRADIENT, l, p): FATES[int(c)] for p, c in enumerate(codes)})
+        for l, codes in self.aggregations.items():
+            out.update({(AGGREGATION, l, p): FATES[int(c)] for p, c in enumerate(codes)})
         return out
 
     @property
     def recomputed(self) -> frozenset:
         return frozenset(l for l, c in enumerate(self.activations) if np.any(c == R))
+
+    @property
+    def kept(self) -> frozenset:
+        """Layers whose aggregation is kept."""
+        return frozenset(self.aggregations)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -527,12 +586,13 @@ def _stored_bytes(w: Workload, a: Assignment) -> list[tuple[int, int, int]]:
     recomputed layer from its (re)computation to its last use (forward, or its backward)."""
     L = w.num_layers
     by = lambda codes, l, c: int(np.sum(np.where(codes == c, w.block_bytes(l), 0)))  # noqa
-    base = [sum(by(a.activations[l], l, c) for l in range(L)) for c in (D, H, S)]
+    base = [sum(by(a.activations[l], l, c) for l in range(L)) + kept_bytes(w, a, c)
+            for c in (D, H, S)]
     rset = a.recomputed
     live_transient: set = set()
     live_grads: set = set()
     out = [tuple(base)]
-    for kind, l in sweep_order(L, rset):
+    for kind, l in sweep_order(L, rset, a.kept):
         if kind in ("forward", "recompute") and l + 1 in rset:
             live_transient.add(l + 1)
         if kind == "backward" and l >= 1:
@@ -548,13 +608,17 @@ def _stored_bytes(w: Workload, a: Assignment) -> list[tuple[int, int, int]]:
     return out
 
 
-def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
-           snapshot_bytes: int = 0, kept: tuple = (0, 0, 0)) -> Memory:
-    """Bytes per tier of assignment ``a`` at its peak, by the engine's own accounting.
+def kept_bytes(w: Workload, a: Assignment, code: int) -> int:
+    """Bytes of the kept aggregations in tier ``code``. The store holds their tables for the
+    whole run (each is written in its forward sweep and read in its backward one)."""
+    return sum(int(np.sum(np.where(codes == code, w.aggregation_bytes(l), 0)))
+               for l, codes in a.aggregations.items())
 
-    ``kept``: (device, host, SSD) bytes of kept aggregations (`jgrind.plan.fates.AGGREGATION`),
-    counted as stored for the whole epoch (an upper bound: each is written in its forward
-    sweep); the planner keeps none."""
+
+def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
+           snapshot_bytes: int = 0) -> Memory:
+    """Bytes per tier of assignment ``a`` at its peak, by the engine's own accounting (kept
+    aggregations, `kept_bytes`, for the whole epoch)."""
     L = w.num_layers
 
     def tier_bytes(codes, layer, code):
@@ -569,13 +633,12 @@ def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
     # the cache holds SSD activation blocks and the gradient layer being read (a gradient layer
     # is read once, in the backward sweep below it, and dropped with its blocks right after)
     cached = acts[S] + max([tier_bytes(a.gradients[l], l, S) for l in range(1, L)] or [0])
-    kd, kh, ks = kept
+    kd, kh, ks = (kept_bytes(w, a, c) for c in (D, H, S))
     return Memory(device_tables=acts[D] + pairs[D] + kd, device_working_set=w.working_set(),
                   host_tables=acts[H] + pairs[H] + kh, host_transient=2 * transient,
                   host_cache=min(cache_capacity, cached + ks), ssd=acts[S] + pairs[S] + ks,
                   ssd_needed=acts[S] + ssd_grads + snapshot_bytes + ks,
-                  stored_peaks=tuple(max(col) + k for col, k
-                                     in zip(zip(*_stored_bytes(w, a)), kept)))
+                  stored_peaks=tuple(max(col) for col in zip(*_stored_bytes(w, a))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -664,26 +727,36 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
         return "+".join(names)
 
     read_once: set = set()  # activation layers read since written (cache hits afterwards)
-    for kind, l in sweep_order(L, a.recomputed):
+    kept = a.kept
+    for kind, l in sweep_order(L, a.recomputed, kept):
         acts_in = a.activations[l]
-        reread = l in read_once
-        gather = gather_seconds(w, profile, l, acts_in, cache, reread)
-        read_once.add(l)
         io = {"host": 0.0, "ssd": 0.0}
-        moves = [f"gather H_{l} from {where(acts_in)}"]
+        moves = []
 
         def charge(seconds, codes):
             share_ssd = float(np.mean(codes == S)) if len(codes) else 0.0
             io["ssd"] += seconds * share_ssd
             io["host"] += seconds * (1.0 - share_ssd)
 
-        charge(gather, acts_in)
+        if kind == "backward" and l in kept:  # reads Z_l instead of regathering H_l
+            z = a.aggregations[l]
+            charge(read_block_seconds(w, profile, l, z, cache, w.aggregated[l]), z)
+            moves.append(f"reload Z_{l} from {where(z)}")
+        else:
+            reread = l in read_once
+            charge(gather_seconds(w, profile, l, acts_in, cache, reread), acts_in)
+            read_once.add(l)
+            moves.append(f"gather H_{l} from {where(acts_in)}")
         if kind in ("forward", "recompute"):
             out = a.activations[l + 1]
             charge(write_seconds(w, profile, l + 1, out), out)
             read_once.discard(l + 1)
             moves.append(f"{'recompute' if kind == 'recompute' else 'offload'} H_{l + 1} "
                          f"to {where(out)}")
+            if kind == "forward" and l in kept:
+                z = a.aggregations[l]
+                charge(write_seconds(w, profile, l, z, w.aggregated[l]), z)
+                moves.append(f"offload Z_{l} to {where(z)}")
             compute = step_seconds(w, profile, l, "forward")
         else:
             if l < L - 1:
@@ -694,8 +767,9 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
                 g = a.gradients[l]
                 charge(accumulate_seconds(w, profile, l, g), g)
                 moves.append(f"accumulate G_{l} in {where(g)}")
-            compute = step_seconds(w, profile, l, "top" if l == L - 1 else
-                                   "backward" if l >= 1 else "params")
+            # the layer above makes this layer's output masks only if it regathers
+            compute = step_seconds(w, profile, l, backward_kind(w, l, l in kept),
+                                   masked=l + 1 not in kept)
         sweeps.append(Sweep(label=f"{kind} {l}", layer=l, kind=kind, compute=compute,
                             io=io["host"] + io["ssd"],
                             io_by_tier=tuple(sorted(io.items())), moves=tuple(moves)))

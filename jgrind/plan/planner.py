@@ -37,10 +37,11 @@ from typing import Callable, Optional
 import numpy as np
 
 from jgrind.plan.cost import (D, FATES, H, R, S, Assignment, Prediction, Workload,
-                              accumulate_seconds, fit_masks, format_bytes, gather_seconds,
-                              in_memory_bytes, in_memory_seconds, predict, read_block_seconds,
-                              step_seconds, sweep_order, with_page_cache, write_seconds)
-from jgrind.plan.fates import ACTIVATION, GRADIENT
+                              accumulate_seconds, backward_kind, fit_masks, format_bytes,
+                              gather_seconds, in_memory_bytes, in_memory_seconds, predict,
+                              read_block_seconds, step_seconds, sweep_order, with_page_cache,
+                              write_seconds)
+from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT
 
 UNLIMITED = 1 << 62
 MAX_PARTS = 4096
@@ -111,6 +112,14 @@ class Plan:
                              "bytes": int(w.block_bytes(l).sum()), "blocks": counts,
                              "fate": _fate_summary(counts),
                              "why": self.reasons.get((name, l), "")})
+        for l in sorted(w.aggregated):
+            codes = a.aggregations.get(l, np.full(w.num_parts, R, np.int8))
+            counts = {FATES[c].value: int(np.sum(codes == c)) for c in (D, H, S, R)}
+            rows.append({"tensor": f"Z_{l}", "name": AGGREGATION, "layer": l,
+                         "bytes": int(w.aggregation_bytes(l).sum()), "blocks": counts,
+                         "fate": _fate_summary(counts) if l in a.aggregations else
+                         "regather",
+                         "why": self.reasons.get((AGGREGATION, l), "")})
         return rows
 
 
@@ -133,6 +142,11 @@ class _Coefficients:
         key = (op, layer, code, fast)
         if key not in self._memo:
             codes = np.full(self.w.num_parts, code, np.int8)
+            if op in ("write Z", "read Z"):  # the kept aggregation Z_layer
+                fn = write_seconds if op == "write Z" else read_block_seconds
+                self._memo[key] = fn(self.w, self.profile, layer, codes,
+                                     width=self.w.aggregated[layer])
+                return self._memo[key]
             fn = {"gather": gather_seconds, "write": write_seconds, "read": read_block_seconds,
                   "accumulate": accumulate_seconds}[op]
             kwargs = {"fast": fast} if op in ("gather", "accumulate") else {}
@@ -141,16 +155,29 @@ class _Coefficients:
 
 
 def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
-           device_room: int, host_room: int, ssd: bool, ssd_room: int) -> Optional[Assignment]:
-    """The exact fate counts for one recompute set, or None if infeasible."""
+           device_room: int, host_room: int, ssd: bool, ssd_room: int,
+           keep: bool = True) -> Optional[Assignment]:
+    """The exact fate counts for one recompute set, or None if infeasible.
+
+    With ``keep``, every layer with an aggregation (`Workload.aggregated`) also gets a binary
+    ``k_l`` (keep ``Z_l`` or regather ``H_l`` in backward) and its kept blocks' tier counts.
+    Kept, the backward sweep reads ``Z_l`` instead of gathering ``H_l``: the gather's cost
+    enters through ``u_l >= gather - M k_l`` (``u_l`` is the gather when ``k_l = 0``, 0 when
+    1). The sweep's compute is linear in ``k_l`` and, where the layer below uses output masks
+    (made only by a layer that regathers), in ``k_{l+1}`` and their product ``q_l``."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     L, P = w.num_layers, w.num_parts
     groups = [(ACTIVATION, l) for l in range(L) if l not in recomputed] + \
              [(GRADIENT, l) for l in range(1, L)]
     gi = {g: i for i, g in enumerate(groups)}
     order = sweep_order(L, recomputed)
+    kept_layers = sorted(w.aggregated) if keep else []
     n_x = 4 * len(groups)
-    t0 = n_x
+    zi = {l: n_x + 5 * i for i, l in enumerate(kept_layers)}  # y_D, y_H, y_S, k, u
+    n_y = n_x + 5 * len(kept_layers)
+    pairs = [l for l in kept_layers if l + 1 in zi and w.masked(l)]
+    qi = {l: n_y + i for i, l in enumerate(pairs)}
+    t0 = n_y + len(pairs)
     m_dev, m_host = t0 + len(order), t0 + len(order) + 1
     n = m_host + 1
     eta = float(profile.overlap)
@@ -161,12 +188,21 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
     def z(g):
         return 4 * gi[g] + 3
 
+    def y(l, code):
+        return zi[l] + code
+
+    def k(l):
+        return zi[l] + 3
+
+    def u(l):
+        return zi[l] + 4
+
     rows, lo, hi = [], [], []
 
     def add(entries: dict, lower: float, upper: float) -> None:
         row = np.zeros(n)
-        for k, v in entries.items():
-            row[k] += v
+        for key, v in entries.items():
+            row[key] += v
         rows.append(row)
         lo.append(lower)
         hi.append(upper)
@@ -175,49 +211,105 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
     for g in groups:
         add({x(g, D): 1, x(g, H): 1, x(g, S): 1}, P, P)
         add({z(g): P, x(g, D): -1}, -np.inf, 0)
+    for l in kept_layers:  # a kept aggregation: all P blocks, or none
+        add({y(l, D): 1, y(l, H): 1, y(l, S): 1, k(l): -P}, 0, 0)
+    for l, q in qi.items():  # q = k_l * k_{l+1}
+        add({q: 1, k(l): -1, k(l + 1): -1}, -1, np.inf)
+        add({q: 1, k(l): -1}, -np.inf, 0)
+        add({q: 1, k(l + 1): -1}, -np.inf, 0)
+
+    def addto(d: dict, key: int, v: float) -> None:
+        d[key] = d.get(key, 0.0) + v
 
     # sweep epigraphs: T_s >= c + (1-eta) io and T_s >= io + (1-eta) c
     for s, (kind, l) in enumerate(order):
         io, const = {}, 0.0
+        c_lin, c = {}, 0.0
 
-        def term(op, group, layer, fast=False):
+        def term(op, group, layer, fast=False, into=None):
             nonlocal const
+            target = io if into is None else into[0]
             if group not in gi:  # a recomputed activation layer: a host transient
-                const += coef(op, layer, R)
+                if into is None:
+                    const += coef(op, layer, R)
+                else:
+                    into[1][0] += coef(op, layer, R)
                 return
             for code in (D, H, S):
-                io[x(group, code)] = io.get(x(group, code), 0.0) + coef(op, layer, code) / P
+                addto(target, x(group, code), coef(op, layer, code) / P)
             if fast:
-                io[z(group)] = io.get(z(group), 0.0) + coef(op, layer, D, True) \
-                    - coef(op, layer, D)
+                addto(target, z(group), coef(op, layer, D, True) - coef(op, layer, D))
 
-        term("gather", (ACTIVATION, l), l, fast=True)
+        if kind == "backward" and l in zi:
+            # gather H_l only if Z_l is not kept: u_l >= gather - M k_l
+            gather, gconst = {}, [0.0]
+            term("gather", (ACTIVATION, l), l, fast=True, into=(gather, gconst))
+            big = gconst[0] + max(coef("gather", l, code) for code in (D, H, S, R)) + 1.0
+            add({u(l): 1, **{key: -v for key, v in gather.items()}, k(l): big},
+                gconst[0], np.inf)
+            io[u(l)] = 1.0
+            for code in (D, H, S):
+                addto(io, y(l, code), coef("read Z", l, code) / P)
+        else:
+            term("gather", (ACTIVATION, l), l, fast=True)
         if kind in ("forward", "recompute"):
             term("write", (ACTIVATION, l + 1), l + 1)
+            if kind == "forward" and l in zi:
+                for code in (D, H, S):
+                    addto(io, y(l, code), coef("write Z", l, code) / P)
             c = step_seconds(w, profile, l, "forward")
         else:
             if l < L - 1:
                 term("read", (GRADIENT, l + 1), l + 1)
             if l >= 1:
                 term("accumulate", (GRADIENT, l), l, fast=True)
-            c = step_seconds(w, profile, l, "top" if l == L - 1 else
-                             "backward" if l >= 1 else "params")
-        add({t0 + s: 1, **{k: -(1 - eta) * v for k, v in io.items()}},
-            c + (1 - eta) * const, np.inf)
-        add({t0 + s: 1, **{k: -v for k, v in io.items()}}, (1 - eta) * c + const, np.inf)
+            regather = backward_kind(w, l, False)
+            if l == L - 1:
+                c = step_seconds(w, profile, l, "top")
+            else:
+                def sec(kept, masked):
+                    return step_seconds(w, profile, l, backward_kind(w, l, kept), masked=masked)
+                below_kept = l + 1 in zi and w.masked(l)  # then no masks when l+1 keeps Z
+                if l in zi and below_kept:
+                    rm, ru, km, ku = sec(False, True), sec(False, False), sec(True, True), \
+                        sec(True, False)
+                    c = rm
+                    addto(c_lin, k(l), km - rm)
+                    addto(c_lin, k(l + 1), ru - rm)
+                    addto(c_lin, qi[l], rm - ru - km + ku)
+                elif l in zi:
+                    c = sec(False, True)
+                    addto(c_lin, k(l), sec(True, True) - c)
+                elif below_kept:
+                    c = sec(False, True)
+                    addto(c_lin, k(l + 1), sec(False, False) - c)
+                else:
+                    c = step_seconds(w, profile, l, regather)
+        first, second = {t0 + s: 1.0}, {t0 + s: 1.0}
+        for key, v in io.items():
+            addto(first, key, -(1 - eta) * v)
+            addto(second, key, -v)
+        for key, v in c_lin.items():
+            addto(first, key, -v)
+            addto(second, key, -(1 - eta) * v)
+        add(first, c + (1 - eta) * const, np.inf)
+        add(second, (1 - eta) * c + const, np.inf)
 
-    # memory: activations all epoch, gradients two layers at a time, per tier
+    # memory: activations and kept aggregations all epoch, gradients two layers at a time
     bmax = [float(w.block_bytes(l).max(initial=0)) for l in range(L)]
+    zmax = {l: float(w.aggregation_bytes(l).max(initial=0)) for l in kept_layers}
     for code, m, room in ((D, m_dev, device_room), (H, m_host, host_room)):
         add({**{x((ACTIVATION, l), code): bmax[l] for l in range(L)
-                if (ACTIVATION, l) in gi}, m: 1}, -np.inf, room)
+                if (ACTIVATION, l) in gi},
+             **{y(l, code): zmax[l] for l in kept_layers}, m: 1}, -np.inf, room)
         for l in range(1, L):
             entries = {m: 1, x((GRADIENT, l), code): -bmax[l]}
             if l + 1 < L:
                 entries[x((GRADIENT, l + 1), code)] = -bmax[l + 1]
             add(entries, 0, np.inf)
     if ssd:
-        add({**{x(g, S): bmax[g[1]] for g in groups}}, -np.inf, ssd_room)
+        add({**{x(g, S): bmax[g[1]] for g in groups},
+             **{y(l, S): zmax[l] for l in kept_layers}}, -np.inf, ssd_room)
 
     c_obj = np.zeros(n)
     c_obj[t0:t0 + len(order)] = 1.0
@@ -228,13 +320,20 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
         upper[z(g)] = 1
     integrality = np.zeros(n)
     integrality[:n_x] = 1
+    for l in kept_layers:
+        upper[y(l, D)] = upper[y(l, H)] = P
+        upper[y(l, S)] = P if ssd else 0
+        upper[k(l)] = 1
+        integrality[[y(l, D), y(l, H), y(l, S), k(l)]] = 1
+    for q in qi.values():
+        upper[q] = 1
     with _quiet_stdout():  # HiGHS' MIP presolve prints a debug line straight to fd 1
         res = milp(c_obj, constraints=LinearConstraint(np.array(rows), lo, hi),
                    integrality=integrality, bounds=Bounds(np.zeros(n), upper),
                    options={"time_limit": 10.0})
     if res.x is None:
         return None
-    counts = np.rint(res.x[:n_x]).astype(np.int64)
+    counts = np.rint(res.x[:n_y]).astype(np.int64)
     # The program counts blocks per tier as if halo reads were spread evenly over the blocks;
     # the layout then gives the fastest tier the blocks other partitions read most.
     most_read_first = np.argsort(-(w.halo.sum(axis=0) + w.owned), kind="stable")
@@ -242,14 +341,16 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
     def codes_for(g) -> np.ndarray:
         if g not in gi:
             return np.full(P, R if g[0] == ACTIVATION else D, np.int8)
-        k = counts[4 * gi[g]: 4 * gi[g] + 3]
+        c3 = counts[4 * gi[g]: 4 * gi[g] + 3]
         codes = np.empty(P, np.int8)
-        codes[most_read_first] = np.repeat(np.array([D, H, S], np.int8), k)[:P]
+        codes[most_read_first] = np.repeat(np.array([D, H, S], np.int8), c3)[:P]
         return codes
 
+    kept = {l: np.repeat(np.array([D, H, S], np.int8), counts[zi[l]: zi[l] + 3])[:P]
+            for l in kept_layers if counts[k(l)] == 1}
     return Assignment(tuple(codes_for((ACTIVATION, l)) for l in range(L)),
                       tuple(codes_for((GRADIENT, l)) if l else np.full(P, D, np.int8)
-                            for l in range(L)))
+                            for l in range(L)), kept)
 
 
 @contextlib.contextmanager
@@ -282,7 +383,7 @@ def _recompute_sets(num_layers: int, allow: bool):
 def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
          host_budget: Optional[int] = None, directory: Optional[str] = None,
          ssd_free: Optional[int] = None, recompute: bool = True, num_params: int = 0,
-         partitioned=None) -> Plan:
+         partitioned=None, keep: bool = True) -> Plan:
     """The fastest predicted plan for workload ``w`` (a fixed partitioning) under the budgets.
 
     Args:
@@ -292,6 +393,7 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
       directory: the SSD store; without one no block goes to SSD.
       ssd_free: bytes free in ``directory`` (default: unlimited).
       recompute: allow recomputing activation layers.
+      keep: allow keeping aggregations (docs/engine.md, "Kept aggregations").
 
     Raises:
       PlanError: no assignment fits, with the smallest budgets that would.
@@ -314,10 +416,11 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
     for rset, coef in itertools.product(_recompute_sets(L, recompute), coefs):
         transient = 2 * max([int(w.block_bytes(l).sum()) for l in rset] or [0])
         a = _solve(w, coef.profile, coef, rset, device_room=dev - working_set,
-                   host_room=host - transient, ssd=ssd, ssd_room=ssd_room)
+                   host_room=host - transient, ssd=ssd, ssd_room=ssd_room, keep=keep)
         if a is None:
             continue
-        key = tuple(c.tobytes() for c in a.activations + a.gradients)
+        key = tuple(c.tobytes() for c in a.activations + a.gradients) + tuple(
+            (l, c.tobytes()) for l, c in sorted(a.aggregations.items()))
         if key in seen:
             continue
         seen.add(key)
@@ -421,6 +524,11 @@ def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates
                                   "host is as fast here (transfers hidden behind compute)")
             else:
                 out[(name, l)] = "mixed"
+    for l in sorted(w.aggregated):
+        out[(AGGREGATION, l)] = (
+            f"kept: backward reads it instead of regathering H_{l} and redoing the sparse product"
+            if l in a.aggregations else
+            f"not kept: regathering H_{l} in backward is predicted cheaper, or its bytes do not fit")
     return out
 
 
@@ -428,8 +536,8 @@ def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates
 def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
              host_budget: Optional[int] = None, directory: Optional[str] = None,
              partitioner: Optional[Callable] = None, num_parts: Optional[int] = None,
-             seed: int = 0, recompute: bool = True, progress: Callable = lambda msg: None
-             ) -> Plan:
+             seed: int = 0, recompute: bool = True, progress: Callable = lambda msg: None,
+             keep: bool = True) -> Plan:
     """Plan a whole run of ``model`` on ``graph`` (raw; the model's normalisation is applied):
     the in-memory fast path if everything fits the device budget, otherwise the number of
     partitions (unless ``num_parts`` is given) and the fates with the fastest predicted epoch.
@@ -478,7 +586,7 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
         try:
             plans.append(plan(w, profile, device_budget=device_budget, host_budget=host_budget,
                               directory=directory, ssd_free=ssd_free, recompute=recompute,
-                              num_params=num_params, partitioned=pg))
+                              num_params=num_params, partitioned=pg, keep=keep))
             progress(f"{k} parts: predicted {plans[-1].epoch_seconds:.3g} s per epoch")
         except PlanError as err:
             errors.append(err)

@@ -28,7 +28,7 @@ import functools
 import os
 from typing import Callable, Optional, Sequence
 
-from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate, TensorInfo
+from jgrind.plan.fates import AGGREGATION, GRADIENT, Fate, TensorInfo
 
 Policy = Callable[[TensorInfo], Fate]
 
@@ -258,10 +258,10 @@ class Planned:
     in_memory: bool = False
 
     def __call__(self, info: TensorInfo) -> Fate:
-        if info.name == AGGREGATION:
-            return Fate.RECOMPUTE  # the planner does not place aggregations (docs/planner.md)
         fate = self._lookup.get((info.name, info.layer, info.partition))
         if fate is None:
+            if info.name == AGGREGATION:
+                return Fate.RECOMPUTE  # not kept: the plan lists kept aggregations only
             if self.in_memory:
                 return Fate.DEVICE
             raise KeyError(f"the plan has no fate for {info.name} of layer {info.layer}, "
@@ -290,6 +290,8 @@ class Auto:
       profile: a `jgrind.plan.profile.Profile`, a path to a saved one, or None for the default
         file (measured on first use, re-measured when stale).
       recompute: allow the planner to recompute activation layers.
+      keep_aggregations: allow the planner to keep layers' aggregations instead of
+        regathering their inputs in backward (docs/engine.md, "Kept aggregations").
     """
 
     device_budget: Optional[int] = None
@@ -297,6 +299,7 @@ class Auto:
     directory: Optional[str] = None
     profile: object = dataclasses.field(default=None, compare=False, hash=False)
     recompute: bool = True
+    keep_aggregations: bool = True
 
     def load_profile(self):
         from jgrind.plan import profile as hw
@@ -324,7 +327,7 @@ class Auto:
         return plan_run(graph, model, profile, device_budget=dev, host_budget=host,
                         directory=self.directory or directory, partitioner=partitioner,
                         num_parts=num_parts, seed=seed, recompute=self.recompute,
-                        progress=progress or (lambda msg: None))
+                        progress=progress or (lambda msg: None), keep=self.keep_aggregations)
 
     def bind(self, inventory, context: Optional[BindContext] = None) -> Planned:
         from jgrind.plan.planner import plan
@@ -336,7 +339,7 @@ class Auto:
         dev, host = self.budgets(context.device_budget, context.host_budget, profile)
         return plan(context.workload, profile, device_budget=dev, host_budget=host,
                     directory=self.directory or context.directory,
-                    recompute=self.recompute).policy()
+                    recompute=self.recompute, keep=self.keep_aggregations).policy()
 
     def __call__(self, info: TensorInfo) -> Fate:
         raise RuntimeError("auto() used before planning; the engine binds it (train(policy="
@@ -345,8 +348,9 @@ class Auto:
 
 def auto(device_budget: Optional[int] = None, host_budget: Optional[int] = None,
          directory: Optional[str | os.PathLike] = None, profile=None,
-         recompute: bool = True) -> Auto:
+         recompute: bool = True, keep_aggregations: bool = True) -> Auto:
     """Let the planner choose every fate, the partitions and the cache mode (see `Auto`)."""
     return Auto(None if device_budget is None else int(device_budget),
                 None if host_budget is None else int(host_budget),
-                None if directory is None else os.fspath(directory), profile, recompute)
+                None if directory is None else os.fspath(directory), profile, recompute,
+                keep_aggregations)

@@ -42,12 +42,15 @@ import numpy as np
 import psutil
 
 from jgrind import hugepages
+from jgrind.buffers import aligned_empty
 from jgrind.rows import add_rows, take_rows
 
-PROFILE_VERSION = 6  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 7  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
+#                      7: host -> device from aligned buffers (`jgrind.buffers`), as the store
+#                         hands them over: adopted in place on the CPU backend
 
 _MIB = 2**20
 _PAGE = 4096
@@ -95,7 +98,8 @@ class Profile:
     gather_bw: float       # host `np.take(x, idx, out=)` of sorted random rows, output bytes/s
     scatter_add_bw: float  # host `jgrind.rows.add_rows` of sorted random unique rows, bytes/s
     copy_bw: float         # host `np.copyto` of a large array, bytes/s
-    to_device_bw: float    # `jax.device_put` + `block_until_ready`, bytes/s, of a large array
+    to_device_bw: float    # a fresh store buffer filled and handed to the device (`jax.device_put`),
+    #                        beyond the fill itself, bytes/s, of a large array
     to_device_small_bw: float  # the same for a partition-sized array (the rate depends on size:
     #                            on the CPU backend large buffers are freshly mapped pages)
     to_device_bytes: int       # the sizes the two rates were measured at
@@ -656,13 +660,29 @@ def _transfer_bw(sizes: _Sizes) -> tuple[float, float, float]:
     device array: a JAX array caches its host copy."""
     import jax
 
-    small = np.ones(sizes.small_transfer_bytes // 4, np.float32)
-    to_device_small = _best_rate(small.nbytes,
-                                 lambda: jax.device_put(small).block_until_ready(),
-                                 sizes.repeats)
+    # What a gather pays beyond copying its rows: a fresh buffer from the store
+    # (`jgrind.buffers`), filled (its pages fault on first write) and handed to the device,
+    # less the time to fill a buffer whose pages are already mapped (the row copies, which the
+    # cost model prices at `copy_bw`). On the CPU backend XLA adopts the aligned buffer in
+    # place, so the page faults are most of it; on a GPU the copy to the device is.
+    def rate(nbytes):
+        warm = aligned_empty(nbytes // 4, np.float32)
+        warm.fill(0.0)
+        fill = nbytes / _best_rate(nbytes, lambda: warm.fill(1.0), sizes.repeats)
+        times = []
+        for i in range(sizes.repeats + 1):
+            start = time.perf_counter()
+            src = aligned_empty(nbytes // 4, np.float32)
+            src.fill(1.0)
+            jax.device_put(src).block_until_ready()
+            if i:  # the first is a warm-up
+                times.append(time.perf_counter() - start)
+            del src
+        return nbytes / max(min(times) - fill, 1e-3 * min(times))
+
+    to_device_small = rate(sizes.small_transfer_bytes)
+    to_device = rate(sizes.transfer_bytes)
     host = np.ones(sizes.transfer_bytes // 4, np.float32)
-    to_device = _best_rate(host.nbytes, lambda: jax.device_put(host).block_until_ready(),
-                             sizes.repeats)
     times = []
     for i in range(sizes.repeats + 1):
         on_device = jax.device_put(host)
