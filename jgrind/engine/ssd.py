@@ -126,14 +126,22 @@ class SSDFile:
             for lo, hi, dst in _singles(rows):
                 self._pread(out[dst:dst + hi - lo], self.data_start + lo * self.row_bytes)
             return out
+        # The loop below runs once per span (hundreds of thousands per sweep), so it keeps its
+        # per-iteration work small: one scratch buffer for the call, the counters added once.
+        scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
+        start, row_bytes, calls = self.data_start, self.row_bytes, 0
         for lo, hi, first, last in _spans(rows, self._gap_rows()):
             if hi - lo == last - first:  # a run of consecutive rows: read straight into out
-                self._pread(out[first:last], self.data_start + lo * self.row_bytes)
+                self._pread(out[first:last], start + lo * row_bytes, count=False)
+                calls += 1
                 continue
             for c_lo, c_hi, i, j in self._pieces(rows, lo, hi, first, last):
-                buf = self._span_buffer(c_hi - c_lo)
-                self._pread(buf, self.data_start + c_lo * self.row_bytes)
-                np.take(buf, rows[i:j] - c_lo, axis=0, out=out[i:j], mode="clip")
+                buf = scratch[: c_hi - c_lo]
+                self._pread(buf, start + c_lo * row_bytes, count=False)
+                buf.take(rows[i:j] - c_lo, axis=0, out=out[i:j], mode="clip")
+                calls += 1
+        if self.on_io is not None and calls:
+            self.on_io(ssd_read_ops=calls)
         return out
 
     def _pieces(self, rows: np.ndarray, lo: int, hi: int, first: int, last: int):
@@ -162,37 +170,49 @@ class SSDFile:
         `read_rows`). Blocks touched this way lose their checksum (it would need the whole
         block)."""
         self._check_size()
+        scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
+        start, row_bytes, calls = self.data_start, self.row_bytes, 0
         for lo, hi, first, last in _spans(rows, self._gap_rows()):
             for c_lo, c_hi, i, j in self._pieces(rows, lo, hi, first, last):
-                buf = self._span_buffer(c_hi - c_lo)
-                offset = self.data_start + c_lo * self.row_bytes
-                self._pread(buf, offset)
+                buf = scratch[: c_hi - c_lo]
+                offset = start + c_lo * row_bytes
+                self._pread(buf, offset, count=False)
                 add_rows(buf, rows[i:j] - c_lo, values[i:j])
-                self._pwrite(buf, offset)
+                self._pwrite(buf, offset, count=False)
+                calls += 1
+        if self.on_io is not None and calls:
+            self.on_io(ssd_read_ops=calls, ssd_write_ops=calls)
         for b in np.unique(np.searchsorted(self.offsets, rows, side="right") - 1):
             self._crc[int(b)] = None
 
     # -- raw I/O ------------------------------------------------------------------------------
-    def _pread(self, out: np.ndarray, offset: int) -> None:
-        view = memoryview(out).cast("B")
-        done = 0
-        while done < view.nbytes:
-            n = os.preadv(self.fd, [view[done:]], offset + done)
-            if n == 0:
-                raise StoreCorruptedError(f"store file {self.path} ended early at byte "
-                                          f"{offset + done}: it was truncated")
-            done += n
-        self.bytes_read += view.nbytes
-        if self.on_io is not None:
+    def _pread(self, out: np.ndarray, offset: int, count: bool = True) -> None:
+        """Fill ``out`` (C-contiguous) from ``offset``. ``count=False``: the caller reports the
+        call to ``on_io`` itself (span loops add their calls up once)."""
+        nbytes = out.nbytes
+        done = os.preadv(self.fd, [out], offset)
+        if done < nbytes:  # short read (a signal, or the file ended): finish or fail
+            view = memoryview(out).cast("B")
+            while done < nbytes:
+                n = os.preadv(self.fd, [view[done:]], offset + done)
+                if n == 0:
+                    raise StoreCorruptedError(f"store file {self.path} ended early at byte "
+                                              f"{offset + done}: it was truncated")
+                done += n
+        self.bytes_read += nbytes
+        if count and self.on_io is not None:
             self.on_io(ssd_read_ops=1)
 
-    def _pwrite(self, values: np.ndarray, offset: int) -> None:
-        view = memoryview(np.ascontiguousarray(values)).cast("B")
-        done = 0
-        while done < view.nbytes:
-            done += os.pwritev(self.fd, [view[done:]], offset + done)
-        self.bytes_written += view.nbytes
-        if self.on_io is not None:
+    def _pwrite(self, values: np.ndarray, offset: int, count: bool = True) -> None:
+        values = np.ascontiguousarray(values)
+        nbytes = values.nbytes
+        done = os.pwritev(self.fd, [values], offset)
+        if done < nbytes:
+            view = memoryview(values).cast("B")
+            while done < nbytes:
+                done += os.pwritev(self.fd, [view[done:]], offset + done)
+        self.bytes_written += nbytes
+        if count and self.on_io is not None:
             self.on_io(ssd_write_ops=1)
 
     def as_memmap(self) -> np.memmap:
