@@ -3,10 +3,9 @@
 When a NumPy array is handed to JAX (``jax.device_put`` or a jitted function's argument) on the
 CPU backend, XLA uses the array's memory in place if it is aligned to `ALIGNMENT` bytes, and
 copies it into a freshly allocated buffer otherwise. NumPy's own allocations are aligned to 16
-bytes only, so every partition step's gathered input used to be copied once more (into pages
-that fault on first write: about 2.3 GB/s here, against a fraction of a millisecond for 64 MiB
-adopted in place; `jgrind profile` measures both). The store allocates the buffers it hands to
-the steps here. On a GPU the transfer is a copy either way and alignment changes nothing.
+bytes only, so every partition step's gathered input used to be copied once more, into pages
+that fault on first write. The store allocates the buffers it hands to the steps here.
+On a GPU the transfer is a copy either way and alignment changes nothing.
 
 An adopted buffer belongs to the JAX array from then on: it must not be written afterwards
 (the store's buffers are filled once and handed over).
