@@ -50,9 +50,12 @@ ELEMENTWISE_PASSES = 6.0          # bias, activation, dropout, residual, norm: b
 # step over 128 small partitions takes several times what its products alone cost).
 INPUT_PASSES = 2.0
 # SSD row reads and scatter-adds merge rows less than this many bytes apart into one read call
-# (`jgrind.engine.ssd`): a call costs about as much as reading this much more (a few us from
-# the page cache, ~100 us from an NVMe disk), so reading a short gap beats a second call.
-COALESCE_BYTES = 32 << 10
+# (`jgrind.engine.ssd`): a call costs about as much as reading this much more, so reading a
+# short gap beats a second call. From the page cache a call with its Python around it costs
+# ~10 us here, from an NVMe disk ~100 us (200-300 KiB of reading). Measured on the planner
+# benchmark's `ssd` configuration (docs/results.md, section 7): 128 KiB made the gathers and
+# scatter-adds 15-25 % faster than 32 KiB, and 4 KiB twice as slow.
+COALESCE_BYTES = 128 << 10
 
 
 def format_bytes(n: float) -> str:
