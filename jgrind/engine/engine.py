@@ -121,8 +121,8 @@ class OutOfCore:
             for l in range(self.num_layers):
                 self._fates(name, l)  # RECOMPUTE is all blocks of a layer or none
         # layers whose aggregation is kept (all blocks, or none: then the layer regathers)
-        self.kept = {l: self._fates(AGGREGATION, l) for l in aggregation_widths(model)
-                     if Fate.RECOMPUTE not in self._fates(AGGREGATION, l)}
+        kept = {l: self._fates(AGGREGATION, l) for l in aggregation_widths(model)}
+        self.kept = {l: fates for l, fates in kept.items() if Fate.RECOMPUTE not in fates}
         self.memory = self._memory_plan()
         self._check_budgets()
         # layer l+1's backward steps hand layer l's backward the mask of l's output
