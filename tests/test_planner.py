@@ -41,7 +41,8 @@ def fixed_profile(**overrides) -> Profile:
         to_device_small_bytes=4 * MiB, to_host_bw=1e11, ssd_read_bw=4e8, ssd_write_bw=3e8,
         ssd_latency=1e-4, cached_read_bw=5e9, cached_write_bw=5e9, cached_latency=3e-6,
         read_call_overhead=2e-6, update_call_overhead=1e-5,
-        overlap=0.5, device_free=1 << 34, host_free=0, ssd_free=1 << 40, directory="/tmp")
+        overlap=0.5, fused_steps=((50_000, 500_000, 0.3),),
+        device_free=1 << 34, host_free=0, ssd_free=1 << 40, directory="/tmp")
     figures.update(overrides)
     return Profile(**figures)
 
@@ -233,6 +234,42 @@ def test_auto_takes_the_fast_path_when_everything_fits():
     assert isinstance(ex, InMemory)
     p = plan_run(graph, model, fixed_profile(), device_budget=1 << 30)
     assert p.in_memory and "in-memory fast path" in format_plan(p)
+
+
+def test_fast_path_is_priced_from_the_measured_whole_graph_steps():
+    """The profile's reference steps calibrate the fast path: priced at a reference's own
+    shapes it gives back the measured seconds, it scales with the measurement, and between
+    two references of different sizes it follows both."""
+    from jgrind.generators import csbm
+    from jgrind.plan.cost import FUSED_REFERENCE as ref, in_memory_seconds
+    from jgrind.plan.planner import _single_partition_workload
+
+    model = models.gcn(ref["features"], ref["hidden"], ref["classes"],
+                       num_layers=ref["layers"], dropout=ref["dropout"])
+
+    def workload(nodes):
+        graph = csbm(num_nodes=nodes, num_classes=ref["classes"], num_features=ref["features"],
+                     avg_degree=6, seed=0)
+        return graph, _single_partition_workload(graph, model)
+
+    small, w_small = workload(2_000)
+    large, w_large = workload(8_000)
+    step = lambda g, s: (g.num_nodes, g.num_edges, s)  # noqa: E731
+    one = fixed_profile(fused_steps=(step(small, 0.02),))
+    latency = one.step_latency
+    assert in_memory_seconds(w_small, one) - latency == pytest.approx(0.02, rel=1e-9)
+    slower = fixed_profile(fused_steps=(step(small, 0.06),))
+    assert in_memory_seconds(w_small, slower) - latency == pytest.approx(0.06, rel=1e-9)
+    # one reference: a graph 4x its size is priced at about 4x its step
+    assert 3.6 * 0.02 < in_memory_seconds(w_large, one) - latency < 4.4 * 0.02
+    # two references, the larger one relatively slower: each is given back, and a size
+    # between them is priced between the two scales
+    two = fixed_profile(fused_steps=(step(large, 0.16), step(small, 0.02)))
+    assert in_memory_seconds(w_small, two) - latency == pytest.approx(0.02, rel=1e-9)
+    assert in_memory_seconds(w_large, two) - latency == pytest.approx(0.16, rel=1e-9)
+    _, w_mid = workload(4_000)
+    mid = in_memory_seconds(w_mid, two) - latency
+    assert in_memory_seconds(w_mid, one) - latency < mid < 2 * in_memory_seconds(w_mid, one)
 
 
 def test_auto_composes_with_a_user_policy(tmp_path):

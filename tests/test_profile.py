@@ -41,6 +41,9 @@ def test_measure_gives_positive_figures_and_removes_its_files(measured):
         value = getattr(got, name)
         assert math.isfinite(value) and value > 0, (name, value)
     assert 0 <= got.overlap <= 1
+    assert len(got.fused_steps) == 2
+    for nodes, edges, seconds in got.fused_steps:
+        assert nodes > 0 and edges > nodes and math.isfinite(seconds) and seconds > 0
     assert got.device_free > 0 and got.host_free > 0 and got.ssd_free > 0
     assert got.version == PROFILE_VERSION and got.directory == str(where.resolve())
     assert got.machine["cores"] == os.cpu_count() and got.machine["backend"]
@@ -130,6 +133,10 @@ def test_load_of_malformed_files_names_the_file(measured, tmp_path):
     path.write_text(json.dumps({**got.to_json(), "overlap": 2.5}))
     with pytest.raises(ProfileError, match="'overlap'"):
         profile.load(path)
+    for steps in ([], [[1000, 5000]], [[1000, 5000, -0.1]], "fast"):
+        path.write_text(json.dumps({**got.to_json(), "fused_steps": steps}))
+        with pytest.raises(ProfileError, match="'fused_steps'.*nodes, edges, seconds"):
+            profile.load(path)
     with pytest.raises(FileNotFoundError):
         profile.load(tmp_path / "absent.json")
 

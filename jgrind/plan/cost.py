@@ -780,16 +780,50 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
     return Prediction(tuple(sweeps), float(profile.overlap), mem, update)
 
 
-def in_memory_seconds(w: Workload, profile) -> float:
-    """The fast path: the whole graph in one jitted step (forward and backward of every
-    layer, no regathers, no recomputation beyond what autodiff saves)."""
+# The whole-graph training steps `jgrind profile` times (`Profile.fused_steps`): a GCN with
+# these widths on generated graphs of two sizes, dropout 0.5, adam update included.
+FUSED_REFERENCE = {"features": 64, "hidden": 128, "classes": 8, "layers": 3, "dropout": 0.5}
+
+
+def fused_model_seconds(layers, widths: Sequence[int], num_nodes: int, num_edges: int,
+                        profile) -> float:
+    """The sum of the per-operation prices (`layer_seconds`) of one whole-graph training step:
+    forward and backward of every layer, no regathers, no recomputation beyond what autodiff
+    saves. One jitted program fuses much of this (elementwise passes into the products, the
+    transposed products into one backward), so it is calibrated by `fused_scale`."""
     total = 0.0
-    n, e = float(w.num_nodes), float(w.num_edges)
-    for l, layer in enumerate(w.layers):
-        t = layer_seconds(layer, w.widths[l], w.widths[l + 1], np.array([n]), np.array([n]),
-                          np.array([e]), profile, input_passes=0.0)
+    n, e = np.array([float(num_nodes)]), np.array([float(num_edges)])
+    for l, layer in enumerate(layers):
+        t = layer_seconds(layer, widths[l], widths[l + 1], n, n, e, profile, input_passes=0.0)
         total += float(t[0]) * (BACKWARD_PASSES if l else PARAMS_ONLY_PASSES)
-    return total + profile.step_latency
+    return total
+
+
+def fused_scale(profile, activation_floats: float) -> float:
+    """Measured over modelled seconds of the profile's reference whole-graph steps: how much
+    faster (< 1) or slower one fused program runs than the sum of its operations priced one
+    by one. It depends on size (small graphs stay in the caches and reuse heap pages; large
+    ones fault fresh pages in every step), so it is interpolated between the reference steps
+    in the log of the widest activation's floats (nodes x widest width), and held constant
+    outside them. Computed from the measurements each time, so it follows the cost model."""
+    from jgrind.models.model import gcn
+    ref = FUSED_REFERENCE
+    model = gcn(ref["features"], ref["hidden"], ref["classes"], num_layers=ref["layers"],
+                dropout=ref["dropout"])
+    widths = (ref["features"],) + (ref["hidden"],) * (ref["layers"] - 1) + (ref["classes"],)
+    points = sorted((np.log(nodes * max(widths)),
+                     np.log(seconds / fused_model_seconds(model.layers, widths, nodes, edges,
+                                                          profile)))
+                    for nodes, edges, seconds in profile.fused_steps)
+    xs, ys = zip(*points)
+    return float(np.exp(np.interp(np.log(max(activation_floats, 1.0)), xs, ys)))
+
+
+def in_memory_seconds(w: Workload, profile) -> float:
+    """The fast path: the whole graph in one jitted step, priced as the sum of its operations
+    scaled by the measured reference steps (`fused_scale`)."""
+    modelled = fused_model_seconds(w.layers, w.widths, w.num_nodes, w.num_edges, profile)
+    return modelled * fused_scale(profile, w.num_nodes * max(w.widths)) + profile.step_latency
 
 
 def uniform(num_parts: int, num_layers: int, activation: Sequence[int],

@@ -21,6 +21,7 @@ back would measure memory, not the disk.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import datetime
 import errno
 import json
@@ -45,12 +46,13 @@ from jgrind import hugepages
 from jgrind.buffers import aligned_empty
 from jgrind.rows import add_rows, take_rows
 
-PROFILE_VERSION = 7  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 8  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
 #                      7: host -> device from aligned buffers (`jgrind.buffers`), as the store
 #                         hands them over: adopted in place on the CPU backend
+#                      8: a whole-graph training step, which calibrates the fast path
 
 _MIB = 2**20
 _PAGE = 4096
@@ -114,6 +116,9 @@ class Profile:
     read_call_overhead: float    # seconds of Python/NumPy work per row-span read, beyond I/O
     update_call_overhead: float  # the same per read-add-write of a row span (scatter-adds)
     overlap: float         # latency-hiding factor in [0, 1]
+    fused_steps: tuple     # [nodes, edges, seconds] of one jitted whole-graph training step
+    #                        of the reference GCN (`jgrind.plan.cost.FUSED_REFERENCE`) on
+    #                        generated graphs of two sizes, fastest of the repeats
     device_free: int       # bytes free on the default device (host RAM on the CPU backend)
     host_free: int         # available host RAM, bytes
     ssd_free: int          # free bytes on the disk of `directory`
@@ -171,6 +176,9 @@ class Profile:
                               f"{self.update_call_overhead * 1e6:.1f} us read-add-write "
                               "(beyond the I/O)"),
             ("overlap", f"{self.overlap:.2f} (share of transfer time hidden by compute)"),
+            ("whole-graph step", ", ".join(f"{s * 1e3:.1f} ms at {n} nodes, {e} edges"
+                                           for n, e, s in self.fused_steps)
+             + " (reference GCN)"),
             ("device free", f"{self.device_free / gib:.1f} GiB"),
             ("host free", f"{self.host_free / gib:.1f} GiB"),
             ("SSD free", f"{self.ssd_free / gib:.1f} GiB in {self.directory}"),
@@ -205,6 +213,14 @@ def _check_field(name: str, value: Any) -> Any:
         if name == "overlap" and value > 1:
             raise bad("a number in [0, 1]")
         value = float(value)
+    elif name == "fused_steps":
+        ok = isinstance(value, (list, tuple)) and value and all(
+            isinstance(step, (list, tuple)) and len(step) == 3 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and v > 0 for v in step) for step in value)
+        if not ok:
+            raise bad("a non-empty list of [nodes, edges, seconds], all positive")
+        value = tuple((int(n), int(e), float(t)) for n, e, t in value)
     elif name in _INT_FIELDS:
         if not is_int or value < 0:
             raise bad("a non-negative integer (bytes)")
@@ -422,16 +438,19 @@ class _Sizes:
     target: float                    # seconds per timed batch of compute
     overlap_seconds: float           # duration of each side of the overlap test
     repeats: int
+    fused: tuple[int, ...]           # nodes of the whole-graph steps' graphs (mean degree 10)
 
 
 _FULL = _Sizes(matmul=(4096, 256), matmul_chain=8, spmm=(200_000, 2_000_000, 64),
                latency_calls=200, gather=(1_000_000, 64, 250_000), copy_bytes=256 * _MIB,
                transfer_bytes=64 * _MIB, small_transfer_bytes=4 * _MIB, ssd_bytes=256 * _MIB, chunk=8 * _MIB,
-               random_reads=256, target=0.2, overlap_seconds=0.3, repeats=5)
+               random_reads=256, target=0.2, overlap_seconds=0.3, repeats=5,
+               fused=(40_000, 160_000))
 _QUICK = _Sizes(matmul=(1024, 128), matmul_chain=4, spmm=(20_000, 100_000, 32),
                 latency_calls=30, gather=(50_000, 32, 12_500), copy_bytes=8 * _MIB,
                 transfer_bytes=4 * _MIB, small_transfer_bytes=1 * _MIB, ssd_bytes=16 * _MIB, chunk=4 * _MIB,
-                random_reads=32, target=0.02, overlap_seconds=0.04, repeats=3)
+                random_reads=32, target=0.02, overlap_seconds=0.04, repeats=3,
+                fused=(2_000, 4_000))
 
 
 def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
@@ -468,6 +487,10 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
            f"({sizes.spmm[1]} nonzeros, width {sizes.spmm[2]})")
     step_latency = _step_latency(sizes)
     report(f"step latency {step_latency * 1e3:.3f} ms")
+    fused_steps = tuple(_fused_step(nodes, sizes.repeats) for nodes in sizes.fused)
+    for nodes, edges, seconds in fused_steps:
+        report(f"whole-graph step {seconds * 1e3:.1f} ms (reference GCN, {nodes} nodes, "
+               f"{edges} edges)")
     gather_bw, scatter_add_bw = _gather_bw(sizes, rng)
     report(f"host gather {gather_bw / 1e9:.2f} GB/s, scatter-add {scatter_add_bw / 1e9:.2f} GB/s")
     copy_bw = _copy_bw(sizes)
@@ -513,6 +536,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         cached_read_bw=cached_read_bw, cached_write_bw=cached_write_bw,
         cached_latency=cached_latency, read_call_overhead=read_call,
         update_call_overhead=update_call, overlap=overlap,
+        fused_steps=fused_steps,
         device_free=_device_free(jax.devices()[0]),
         host_free=int(psutil.virtual_memory().available),
         ssd_free=int(shutil.disk_usage(root).free),
@@ -603,6 +627,54 @@ def _spmm_rate(sizes: _Sizes, rng: np.random.Generator) -> float:
     x = jax.device_put(rng.standard_normal((rows, width), dtype=np.float32))
     product = jax.jit(spmm)
     return _chain_rate(lambda x: product(adj, x), x, float(indices.size) * width, sizes)
+
+
+def _fused_step(nodes: int, repeats: int) -> tuple[int, int, float]:
+    """(nodes, edges, seconds) of one jitted whole-graph training step (forward, backward,
+    adam update) of the reference GCN (`jgrind.plan.cost.FUSED_REFERENCE`) on a generated
+    graph of ``nodes`` nodes, fastest of ``repeats`` after a compiling call. The fast path is
+    priced from these: one whole-graph program runs faster than its operations priced one by
+    one (XLA fuses them), and slower per row as its tensors outgrow the caches and glibc's
+    reusable heap (fresh pages fault in every step)."""
+    import jax
+    import optax
+
+    from jgrind.generators import csbm
+    from jgrind.loss import node_weights, weighted_cross_entropy
+    from jgrind.models.model import gcn
+    from jgrind.plan.cost import FUSED_REFERENCE as ref
+
+    degree = 10.0
+    graph = csbm(num_nodes=nodes, num_classes=ref["classes"], num_features=ref["features"],
+                 avg_degree=degree, seed=0)
+    model = gcn(graph.num_features, ref["hidden"], graph.num_classes,
+                num_layers=ref["layers"], dropout=ref["dropout"])
+    block = jax.device_put(model.block(model.normalize(graph)))
+    x, labels = jax.device_put(graph.features), jax.device_put(graph.labels)
+    weights = jax.device_put(node_weights(graph.train_mask[0]))
+    optimizer = optax.adam(1e-3)
+
+    def loss_fn(params, block, x, labels, weights, key):
+        return weighted_cross_entropy(model.apply(params, block, x, key), labels, weights)
+
+    # as `jgrind.train.InMemory` runs it: the graph passed in, not closed over (XLA would
+    # compile closed-over arrays in as constants), the old parameters donated
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(params, opt_state, block, x, labels, weights, key):
+        loss, grads = jax.value_and_grad(loss_fn)(params, block, x, labels, weights, key)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    params = model.init(jax.random.key(0))
+    opt_state = optimizer.init(params)
+    times = []
+    for i in range(repeats + 1):  # the first call compiles
+        start = time.perf_counter()
+        params, opt_state, loss = step(params, opt_state, block, x, labels, weights,
+                                       jax.random.key(i))
+        loss.block_until_ready()
+        times.append(time.perf_counter() - start)
+    return graph.num_nodes, graph.num_edges, min(times[1:])
 
 
 def _step_latency(sizes: _Sizes) -> float:
