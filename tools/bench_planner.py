@@ -3,7 +3,9 @@ fast.
 
     python tools/bench_planner.py accuracy            # 7 configurations x 5 policies, ~35 min
     python tools/bench_planner.py accuracy --only 1,2 --epochs 2     # a quick subset
+    python tools/bench_planner.py accuracy --reprofile   # a fresh profile per configuration
     python tools/bench_planner.py planning-time       # 5-layer model, 1024 partitions
+    python tools/bench_planner.py fast-path           # the fast path's price, 30k-1M nodes
     python tools/bench_planner.py report --json results.json --stat min   # re-render a run
 
 ``accuracy``: for every configuration (graph size, model, hidden size, budgets chosen to force
@@ -16,6 +18,10 @@ For every run that fits, the cost model's prediction for *that run's* fates is p
 the measured median epoch time and the store's peak accounts per tier.
 
 ``planning-time``: `Workload.build` and `plan` for a 5-layer GCN on 1024 partitions.
+
+``fast-path``: the in-memory fast path's predicted step (`cost.in_memory_seconds`, calibrated
+by the profile's whole-graph reference steps) against its measured step, on graphs from 30k
+to 1M nodes, GCN and SAGE.
 
 The hardware profile is `jgrind.plan.profile.load_or_measure()` (measured on first use).
 """
@@ -244,7 +250,15 @@ def accuracy(args) -> list[dict]:
     with tempfile.TemporaryDirectory(dir=args.store) as store_root:
         for cfg in configs:
             print(f"\n# {cfg.name}: {cfg.purpose}", flush=True)
-            results.append(run_config(cfg, profile, args.epochs, store_root))
+            if args.reprofile:
+                from jgrind.plan.profile import measure
+                profile = measure(args.store)
+                print(f"  profile re-measured: matmul {profile.matmul_flops / 1e9:.1f} GFLOP/s, "
+                      f"spmm {profile.spmm_rate / 1e9:.2f} G/s, overlap {profile.overlap:.2f}",
+                      flush=True)
+            result = run_config(cfg, profile, args.epochs, store_root)
+            result["profile"] = profile.to_json()
+            results.append(result)
             if args.json:  # after every configuration, so a long run can be cut short
                 with open(args.json, "w") as f:
                     json.dump(results, f, indent=1, default=str)
@@ -288,6 +302,44 @@ def planning_time(args) -> dict:
     return {"build": builds, "plan": plans, "partition_seconds": t_part}
 
 
+FAST_PATH_GRAPHS = (  # nodes, mean degree, hidden, layers, model
+    (30_000, 10, 128, 3, "gcn"), (60_000, 10, 128, 3, "gcn"), (150_000, 10, 128, 3, "gcn"),
+    (150_000, 10, 256, 3, "gcn"), (100_000, 12, 128, 4, "sage"), (400_000, 10, 256, 3, "gcn"),
+    (1_000_000, 10, 256, 3, "gcn"))
+
+
+def fast_path(args) -> dict:
+    import optax
+    from jgrind.generators import csbm
+    from jgrind.models.model import gcn, sage
+    from jgrind.plan.cost import fused_scale, in_memory_seconds
+    from jgrind.plan.planner import _single_partition_workload
+    from jgrind.plan.profile import load_or_measure
+    from jgrind.train import InMemory
+    profile = load_or_measure(args.profile, args.store, log=print)
+    rows = []
+    print("| nodes | edges | model | hidden | layers | scale | predicted s | measured s (min) "
+          "| error |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for nodes, degree, hidden, layers, kind in FAST_PATH_GRAPHS[:args.graphs]:
+        graph = csbm(num_nodes=nodes, num_features=64, avg_degree=degree, num_classes=8, seed=0)
+        make = gcn if kind == "gcn" else sage
+        model = make(graph.num_features, hidden, graph.num_classes, num_layers=layers,
+                     dropout=0.5)
+        w = _single_partition_workload(graph, model)
+        predicted = in_memory_seconds(w, profile)
+        measured = min(time_epochs(InMemory(graph, model, optax.adam(1e-3)), model,
+                                   args.epochs))
+        scale = fused_scale(profile, w.num_nodes * max(w.widths))
+        rows.append({"nodes": nodes, "edges": graph.num_edges, "model": kind, "hidden": hidden,
+                     "layers": layers, "scale": scale, "predicted": predicted,
+                     "measured": measured})
+        print(f"| {nodes:,} | {graph.num_edges:,} | {kind} | {hidden} | {layers} | {scale:.2f} "
+              f"| {predicted:.3f} | {measured:.3f} | {100 * (predicted / measured - 1):+.0f} % |",
+              flush=True)
+    return {"profile_fused_steps": profile.fused_steps, "rows": rows}
+
+
 def main():
     from jgrind.hugepages import relaunch_if_wanted
     relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
@@ -298,13 +350,21 @@ def main():
     a.add_argument("--epochs", type=int, default=2,
                    help="timed epochs after one warm-up, in each of two rounds")
     a.add_argument("--only", default="", help="comma-separated config numbers or names")
+    a.add_argument("--reprofile", action="store_true",
+                   help="measure a fresh profile before each configuration (not saved): on a "
+                        "machine whose speed drifts over minutes, this separates the cost "
+                        "model's error from the drift")
     r = sub.add_parser("report", help="print the tables of a saved accuracy run")
     r.add_argument("--json", required=True, help="the results file of an accuracy run")
     r.add_argument("--stat", choices=sorted(STATS), default="min")
     t = sub.add_parser("planning-time", help="planning time, 5 layers x 1024 partitions")
     t.add_argument("--nodes", type=int, default=200_000)
     t.add_argument("--parts", type=int, default=1024)
-    for s in (a, t):
+    f = sub.add_parser("fast-path", help="the fast path's predicted vs measured step")
+    f.add_argument("--epochs", type=int, default=3, help="timed steps after a compiling one")
+    f.add_argument("--graphs", type=int, default=len(FAST_PATH_GRAPHS),
+                   help="the first N graphs only (the last, 1M nodes, takes ~1 min)")
+    for s in (a, t, f):
         s.add_argument("--profile", default=None, help="profile file (default: jgrind's)")
         s.add_argument("--store", default=tempfile.gettempdir(), help="SSD store directory")
         s.add_argument("--json", help="also write the results here")
@@ -313,7 +373,8 @@ def main():
         with open(args.json) as f:
             report(json.load(f), args.stat)
         return
-    result = accuracy(args) if args.mode == "accuracy" else planning_time(args)
+    result = {"accuracy": accuracy, "planning-time": planning_time,
+              "fast-path": fast_path}[args.mode](args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=str)
