@@ -41,7 +41,7 @@ def fixed_profile(**overrides) -> Profile:
         to_device_small_bytes=4 * MiB, to_host_bw=1e11, ssd_read_bw=4e8, ssd_write_bw=3e8,
         ssd_latency=1e-4, cached_read_bw=5e9, cached_write_bw=5e9, cached_latency=3e-6,
         read_call_overhead=2e-6, update_call_overhead=1e-5,
-        overlap=0.5, fused_steps=((50_000, 500_000, 0.3),),
+        overlap=0.5, checksum_bw=3e9, fused_steps=((50_000, 500_000, 0.3),),
         device_free=1 << 34, host_free=0, ssd_free=1 << 40, directory="/tmp")
     figures.update(overrides)
     return Profile(**figures)
@@ -270,6 +270,24 @@ def test_fast_path_is_priced_from_the_measured_whole_graph_steps():
     _, w_mid = workload(4_000)
     mid = in_memory_seconds(w_mid, two) - latency
     assert in_memory_seconds(w_mid, one) - latency < mid < 2 * in_memory_seconds(w_mid, one)
+
+
+def test_ssd_block_checksums_are_priced():
+    """The SSD tier computes a CRC32 of every block it writes and checks it on whole-block
+    reads (not on gradient blocks, updated row by row): the cost model charges those passes."""
+    from jgrind.plan.cost import gather_seconds, read_block_seconds, write_seconds
+    _, _, _, w = equal_parts_workload(num_parts=3)
+    on_ssd = np.full(w.num_parts, S, np.int8)
+    fast, slow = fixed_profile(checksum_bw=1e12), fixed_profile(checksum_bw=1e9)
+    written = int(np.sum(w.owned)) * w.widths[1] * 4
+    assert write_seconds(w, slow, 1, on_ssd) - write_seconds(w, fast, 1, on_ssd) == \
+        pytest.approx(written / 1e9 - written / 1e12, rel=1e-6)
+    assert gather_seconds(w, slow, 1, on_ssd) > gather_seconds(w, fast, 1, on_ssd)
+    assert read_block_seconds(w, slow, 1, on_ssd, verified=True) > \
+        read_block_seconds(w, fast, 1, on_ssd, verified=True)
+    assert read_block_seconds(w, slow, 1, on_ssd) == read_block_seconds(w, fast, 1, on_ssd)
+    on_host = np.full(w.num_parts, H, np.int8)
+    assert write_seconds(w, slow, 1, on_host) == write_seconds(w, fast, 1, on_host)
 
 
 def test_auto_composes_with_a_user_policy(tmp_path):

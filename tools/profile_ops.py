@@ -2,6 +2,7 @@
 
     python tools/profile_ops.py --config ssd --policy ssd --parts 128 --host-budget 0
     python tools/profile_ops.py --rmat 300000 3000000 --policy device --parts 8
+    python tools/profile_ops.py --config deep-sage --policy auto    # the planner's own plan
 
 Runs `jgrind.engine.OutOfCore` *serially* (prefetch off) and blocks on every store operation
 (gather, write, read, accumulate) and every jitted step, so each is timed alone; the sums are
@@ -10,6 +11,7 @@ epoch here is longer than a normal one. Then it prints the cost model's figure f
 (`jgrind.plan.cost`, with the page-cache regime the model picks), to see which term is off.
 
 ``--config`` takes a configuration of `tools/bench_planner.py` (graph, model, device budget);
+with ``--policy auto`` the planner's plan for it (its partitions, fates and budgets);
 ``--rmat`` an R-MAT graph with a 3-layer GCN (hidden 256, dropout 0.5) and no budgets.
 """
 
@@ -34,8 +36,9 @@ def main() -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", help="a tools/bench_planner.py configuration name")
     src.add_argument("--rmat", nargs=2, type=int, metavar=("NODES", "EDGES"))
-    p.add_argument("--policy", choices=("device", "host", "ssd", "recompute"), required=True)
-    p.add_argument("--parts", type=int, required=True)
+    p.add_argument("--policy", choices=("device", "host", "ssd", "recompute", "auto"),
+                   required=True)
+    p.add_argument("--parts", type=int, help="partitions (required but with --policy auto)")
     p.add_argument("--host-budget", type=int, default=None, help="bytes (0: host cache off)")
     p.add_argument("--store", default=tempfile.gettempdir())
     args = p.parse_args()
@@ -66,9 +69,25 @@ def main() -> None:
         graph = rmat(num_nodes=args.rmat[0], num_edges=args.rmat[1], num_features=128,
                      num_classes=47, seed=0)
         model = models.gcn(128, 256, 47, num_layers=3, dropout=0.5)
-    policy = {"device": policies.in_memory(), "host": policies.host_offload(),
-              "ssd": policies.ssd_offload(args.store),
-              "recompute": policies.recompute_activations()}[args.policy]
+    if args.policy == "auto" and not args.config:
+        p.error("--policy auto plans a --config (its budgets)")
+    if args.policy != "auto" and args.parts is None:
+        p.error("--parts is required")
+    planned = None
+    if args.policy == "auto":
+        from jgrind.plan.planner import plan_run
+        planned = plan_run(graph, model, hardware.load_or_measure(log=print),
+                           device_budget=cfg.device_budget, host_budget=cfg.host_budget,
+                           directory=args.store if cfg.store else None)
+        if planned.in_memory:
+            p.error("the plan is the in-memory fast path: nothing to profile")
+        if args.host_budget is None:
+            args.host_budget = cfg.host_budget
+        policy, args.parts = planned.policy(), planned.num_parts
+    else:
+        policy = {"device": policies.in_memory(), "host": policies.host_offload(),
+                  "ssd": policies.ssd_offload(args.store),
+                  "recompute": policies.recompute_activations()}[args.policy]
 
     seconds: dict = collections.defaultdict(float)
 
@@ -95,14 +114,15 @@ def main() -> None:
         steps = plain_steps(layer, remat, input_mask)
         label = f"{type(layer).__name__} {layer.in_channels}->{getattr(layer, 'out_channels', '')}"
         fields = ("forward", "backward", "backward_params", "top", "masked_backward",
-                  "masked_backward_params")
+                  "masked_backward_params", "forward_saving", "saved_backward",
+                  "saved_backward_params")
         return dataclasses.replace(steps, **{f: timed(f"step {f} ({label})", getattr(steps, f))
                                              for f in fields if getattr(steps, f) is not None})
     engine_module.layer_steps = counted_steps
 
     normalized = model.normalize(graph)
-    pg = partition_graph(normalized, label_propagation(normalized, args.parts, seed=0),
-                         num_parts=args.parts)
+    pg = planned.partitioned if planned is not None else partition_graph(
+        normalized, label_propagation(normalized, args.parts, seed=0), num_parts=args.parts)
     ex = OutOfCore(graph, model, optax.adam(1e-3), policy=policy, partitioned=pg,
                    store=args.store, device_budget=device_budget, host_budget=args.host_budget,
                    prefetch=False)
@@ -140,11 +160,18 @@ def main() -> None:
               f"{cost.accumulate_seconds(w, prof, l, a.gradients[l]):8.3f}")
         print(f"  read gradient {l:<34} "
               f"{cost.read_block_seconds(w, prof, l, a.gradients[l]):8.3f}")
+    for l in sorted(a.kept):
+        print(f"  read aggregation {l:<31} "
+              f"{cost.read_block_seconds(w, prof, l, a.aggregations[l], width=w.aggregated[l], verified=True):8.3f}")
+        print(f"  write aggregation {l:<30} "
+              f"{cost.write_seconds(w, prof, l, a.aggregations[l], w.aggregated[l]):8.3f}")
     for l in range(L):
         kinds = (["forward"] if l < L - 1 else []) + \
-            ["top" if l == L - 1 else ("params" if l == 0 else "backward")]
+            [cost.backward_kind(w, l, l in a.kept)]
         for kind in kinds:
-            print(f"  step {kind} layer {l:<33} {cost.step_seconds(w, prof, l, kind):8.3f}")
+            masked = None if kind == "forward" else l + 1 not in a.kept
+            print(f"  step {kind} layer {l:<33} "
+                  f"{cost.step_seconds(w, prof, l, kind, masked=masked):8.3f}")
     for width in sorted(w.ssd_calls):
         print(f"  SSD halo spans at width {width}: {int(w.ssd_calls[width].sum()):,} read calls "
               f"and {int(w.ssd_rows[width].sum()):,} rows per sweep for "

@@ -382,13 +382,15 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
             seconds += np.where(mine, own / profile.copy_bw, 0.0)
             seconds += halo_bytes / profile.gather_bw
         else:
-            seconds += np.where(mine, _ssd_read(own, 1, profile) + own / profile.copy_bw, 0.0)
+            seconds += np.where(mine, _ssd_read(own, 1, profile) + own / profile.copy_bw
+                                + own / profile.checksum_bw, 0.0)  # the block's CRC32
             if ssd_blocks:  # halo owners' whole blocks are loaded; some are still cached
                 in_ssd = (codes == S)
                 miss = 1.0 - cache.hit_rate
                 whole = (w.halo > 0) @ (in_ssd * w.owned * row)
                 calls = (w.halo > 0) @ in_ssd.astype(np.int64)
-                seconds += miss * _ssd_read(whole, calls, profile) \
+                seconds += miss * (_ssd_read(whole, calls, profile)
+                                   + whole / profile.checksum_bw) \
                     + halo_bytes / profile.gather_bw
             else:
                 in_ssd = (codes == S).astype(np.int64)
@@ -408,20 +410,24 @@ def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
                 H: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
                 R: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
                 S: nbytes / profile.to_host_bw + nbytes / profile.ssd_write_bw
-                + profile.ssd_latency}
+                + nbytes / profile.checksum_bw + profile.ssd_latency}  # + its CRC32
     return float(sum(np.sum(np.where(codes == c, t, 0.0)) for c, t in per_tier.items()))
 
 
 def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
-                       cache: CacheModel = CacheModel(), width: Optional[int] = None) -> float:
+                       cache: CacheModel = CacheModel(), width: Optional[int] = None,
+                       verified: bool = False) -> float:
     """Seconds to read every partition's own block of ``G_layer`` (or of a tensor ``width``
-    wide, e.g. ``Z_layer``), padded, onto the device."""
+    wide, e.g. ``Z_layer``), padded, onto the device. ``verified``: SSD blocks are checked
+    against their CRC32 (blocks written whole are; gradient blocks, updated row by row, are
+    not)."""
     row = (w.widths[layer] if width is None else width) * ITEMSIZE
     own = np.where(w.owned > 0, w.owned * row, 0)
     pad = np.where(w.owned > 0, w.pad_out * row, 0)
     onto_device = to_device_seconds(pad, profile) + (pad - own) / profile.copy_bw
     ssd = (own / profile.copy_bw if cache.holds_everything
-           else _ssd_read(own, 1, profile) + own / profile.copy_bw)
+           else _ssd_read(own, 1, profile) + own / profile.copy_bw
+           + (own / profile.checksum_bw if verified else 0.0))
     per_tier = {D: pad / profile.gather_bw + profile.step_latency,
                 H: own / profile.copy_bw + onto_device,
                 S: ssd + onto_device}
@@ -743,7 +749,7 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
 
         if kind == "backward" and l in kept:  # reads Z_l instead of regathering H_l
             z = a.aggregations[l]
-            charge(read_block_seconds(w, profile, l, z, cache, w.aggregated[l]), z)
+            charge(read_block_seconds(w, profile, l, z, cache, w.aggregated[l], verified=True), z)
             moves.append(f"reload Z_{l} from {where(z)}")
         else:
             reread = l in read_once

@@ -143,9 +143,10 @@ class _Coefficients:
         if key not in self._memo:
             codes = np.full(self.w.num_parts, code, np.int8)
             if op in ("write Z", "read Z"):  # the kept aggregation Z_layer
+                kwargs = {} if op == "write Z" else {"verified": True}
                 fn = write_seconds if op == "write Z" else read_block_seconds
                 self._memo[key] = fn(self.w, self.profile, layer, codes,
-                                     width=self.w.aggregated[layer])
+                                     width=self.w.aggregated[layer], **kwargs)
                 return self._memo[key]
             fn = {"gather": gather_seconds, "write": write_seconds, "read": read_block_seconds,
                   "accumulate": accumulate_seconds}[op]

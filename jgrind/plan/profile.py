@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -46,13 +47,15 @@ from jgrind import hugepages
 from jgrind.buffers import aligned_empty
 from jgrind.rows import add_rows, take_rows
 
-PROFILE_VERSION = 8  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 9  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
 #                      7: host -> device from aligned buffers (`jgrind.buffers`), as the store
 #                         hands them over: adopted in place on the CPU backend
 #                      8: a whole-graph training step, which calibrates the fast path
+#                      9: the checksum rate (the SSD tier's CRC32 of every block); span
+#                         calls measured as the SSD tier's loop runs them (scratch reused)
 
 _MIB = 2**20
 _PAGE = 4096
@@ -75,7 +78,7 @@ _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scat
                  "copy_bw", "to_device_bw", "to_device_small_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw",
                  "ssd_latency",
                  "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
-                 "update_call_overhead", "overlap")
+                 "update_call_overhead", "overlap", "checksum_bw")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
                "to_device_small_bytes")
 
@@ -116,6 +119,7 @@ class Profile:
     read_call_overhead: float    # seconds of Python/NumPy work per row-span read, beyond I/O
     update_call_overhead: float  # the same per read-add-write of a row span (scatter-adds)
     overlap: float         # latency-hiding factor in [0, 1]
+    checksum_bw: float     # `zlib.crc32` of a large array, bytes/s (the SSD tier checks blocks)
     fused_steps: tuple     # [nodes, edges, seconds] of one jitted whole-graph training step
     #                        of the reference GCN (`jgrind.plan.cost.FUSED_REFERENCE`) on
     #                        generated graphs of two sizes, fastest of the repeats
@@ -161,6 +165,7 @@ class Profile:
             ("host gather", f"{self.gather_bw / 1e9:.2f} GB/s"),
             ("host scatter-add", f"{self.scatter_add_bw / 1e9:.2f} GB/s"),
             ("host copy", f"{self.copy_bw / 1e9:.2f} GB/s"),
+            ("CRC32", f"{self.checksum_bw / 1e9:.2f} GB/s"),
             ("host -> device", f"{self.to_device_bw / 1e9:.2f} GB/s at "
                                f"{self.to_device_bytes / _MIB:.0f} MiB, "
                                f"{self.to_device_small_bw / 1e9:.2f} GB/s at "
@@ -495,6 +500,8 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     report(f"host gather {gather_bw / 1e9:.2f} GB/s, scatter-add {scatter_add_bw / 1e9:.2f} GB/s")
     copy_bw = _copy_bw(sizes)
     report(f"host copy {copy_bw / 1e9:.2f} GB/s")
+    checksum_bw = _checksum_bw(sizes)
+    report(f"CRC32 {checksum_bw / 1e9:.2f} GB/s")
     to_device_bw, to_device_small_bw, to_host_bw = _transfer_bw(sizes)
     report(f"host -> device {to_device_bw / 1e9:.2f} GB/s "
            f"({to_device_small_bw / 1e9:.2f} GB/s at {sizes.small_transfer_bytes / _MIB:.0f} MiB), "
@@ -535,7 +542,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         ssd_read_bw=ssd_read_bw, ssd_write_bw=ssd_write_bw, ssd_latency=ssd_latency,
         cached_read_bw=cached_read_bw, cached_write_bw=cached_write_bw,
         cached_latency=cached_latency, read_call_overhead=read_call,
-        update_call_overhead=update_call, overlap=overlap,
+        update_call_overhead=update_call, overlap=overlap, checksum_bw=checksum_bw,
         fused_steps=fused_steps,
         device_free=_device_free(jax.devices()[0]),
         host_free=int(psutil.virtual_memory().available),
@@ -726,6 +733,14 @@ def _copy_bw(sizes: _Sizes) -> float:
     return _best_rate(src.nbytes, lambda: np.copyto(dst, src), sizes.repeats)
 
 
+def _checksum_bw(sizes: _Sizes) -> float:
+    """`zlib.crc32` bytes/s: the SSD tier checksums every whole block it writes and checks it
+    on every whole-block read (`jgrind.engine.ssd`), a pass over the data at about a third of
+    the copy rate on a CPU without a hardware CRC path in zlib."""
+    data = np.random.default_rng(0).integers(0, 255, sizes.transfer_bytes, np.uint8)
+    return _best_rate(data.nbytes, lambda: zlib.crc32(data), sizes.repeats)
+
+
 def _transfer_bw(sizes: _Sizes) -> tuple[float, float, float]:
     """Host -> device (``device_put``) bytes/s of a large and of a small (partition-sized)
     array, and device -> host (``np.asarray``) bytes/s. Each device -> host read gets a fresh
@@ -833,26 +848,28 @@ def _page_cache(fd: int, name: str, sizes: _Sizes,
 
 def _row_call_overheads(fd: int, sizes: _Sizes, cached_latency: float) -> tuple[float, float]:
     """Seconds per call, beyond the system calls, of the work the SSD tier does for each span
-    of rows (`jgrind.engine.ssd`): a fresh buffer, the read, and a gather of the wanted rows
-    into the output; or a fresh buffer, the read, a scatter-add and the write back. Measured on
-    a page-cached file with one-row spans of a 256-wide float32 table, so the I/O is minimal."""
+    of rows (`jgrind.engine.ssd`, `SSDFile.read_rows` / `add_rows`): the read into a reused
+    scratch buffer and a take of the wanted rows into the output; or the read, a scatter-add
+    and the write back. Measured on a page-cached file with one-row spans of a 256-wide
+    float32 table, so the I/O is minimal."""
     row = 256 * 4
     rows = min(4000, sizes.ssd_bytes // row // 4)
     offsets = np.arange(rows, dtype=np.int64) * 4 * row
     values = np.ones((rows, 256), np.float32)
     out = np.empty((rows, 256), np.float32)
+    scratch = np.empty((1, 256), np.float32)
     pick = np.zeros(1, np.int64)
 
     def read() -> None:
         for i in range(rows):
-            buf = np.empty((1, 256), np.float32)
+            buf = scratch[:1]
             os.preadv(fd, [buf], int(offsets[i]))
-            out[i:i + 1] = buf[pick]
+            buf.take(pick, axis=0, out=out[i:i + 1], mode="clip")
 
     def update() -> None:
         with np.errstate(all="ignore"):  # the file holds random bytes, not numbers
             for i in range(rows):
-                buf = np.empty((1, 256), np.float32)
+                buf = scratch[:1]
                 os.preadv(fd, [buf], int(offsets[i]))
                 add_rows(buf, pick, values[i:i + 1])
                 os.pwritev(fd, [buf], int(offsets[i]))
