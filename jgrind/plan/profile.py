@@ -54,7 +54,8 @@ PROFILE_VERSION = 9  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      7: host -> device from aligned buffers (`jgrind.buffers`), as the store
 #                         hands them over: adopted in place on the CPU backend
 #                      8: a whole-graph training step, which calibrates the fast path
-#                      9: the checksum rate (the SSD tier's CRC32 of every block); span
+#                      9: the checksum rate (the SSD tier's CRC32 of every block); the
+#                         overlap of a row gather (not an O_DIRECT read) with compute; span
 #                         calls measured as the SSD tier's loop runs them (scratch reused)
 
 _MIB = 2**20
@@ -89,7 +90,8 @@ class Profile:
 
     Rates are per second, latencies in seconds, sizes in bytes. ``overlap`` is the share of a
     transfer's time that a concurrent compute step hides (1: transfers are free while compute
-    runs; 0: they add up), measured by running an SSD read and a jitted matmul together.
+    runs; 0: they add up), measured by running a host row gather (as the store moves data)
+    and a jitted matmul together.
     The ``*_free`` figures are a snapshot at measurement time, for defaults only: the planner
     should check current free space itself before it commits to a plan.
     """
@@ -518,8 +520,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
             report(f"SSD read {ssd_read_bw / 1e9:.2f} GB/s ({how})")
             ssd_latency = reader.random_latency(sizes.random_reads, sizes.repeats, rng)
             report(f"SSD 4 KiB random read {ssd_latency * 1e3:.3f} ms")
-            overlap = _overlap(reader, ssd_read_bw, matmul_step, matmul_x,
-                               matmul_work / matmul_flops, sizes)
+            overlap = _overlap(matmul_step, matmul_x, matmul_work / matmul_flops, sizes, rng)
             report(f"overlap {overlap:.2f}")
         cached_write_bw, cached_read_bw, cached_latency = _page_cache(fd, name, sizes, rng)
         report(f"page cache: read {cached_read_bw / 1e9:.2f} GB/s, write "
@@ -956,51 +957,60 @@ class _UncachedReader:
         self.buffer.close()
 
 
-def _overlap(reader: _UncachedReader, read_bw: float, step: Callable, x, step_seconds: float,
-             sizes: _Sizes) -> float:
-    """The share of an SSD read's time that a concurrent compute step hides.
+def _overlap(step: Callable, x, step_seconds: float, sizes: _Sizes,
+             rng: np.random.Generator) -> float:
+    """The share of the store's data movement that a concurrent compute step hides.
 
-    Times a jitted matmul chain alone (``t_c``), a read of an evicted file alone on a thread
-    (``t_io``, about as long), and both at once (``t_both``, compute on this thread):
-    ``clamp((t_c + t_io - t_both) / min(t_c, t_io), 0, 1)``, median over repeats. 1 means
-    the read costs nothing while compute runs; 0 that the two take turns (one CPU core doing
-    both, or a read that burns CPU copying out of the page cache).
+    The engine moves data on background threads while a partition step runs. On this backend
+    nearly all of it is CPU work: row gathers and scatter-adds, copies out of the page cache
+    (the SSD tier reads through it), checksums. So the moving is measured as the store does it,
+    a row gather (`jgrind.rows.take_rows`) on a thread. Times a jitted matmul chain alone
+    (``t_c``), the gathers alone on a thread (``t_io``, about as long), and both at once
+    (``t_both``, compute on this thread): ``clamp((t_c + t_io - t_both) / min(t_c, t_io),
+    0, 1)``, median over repeats. 1 means the moving costs nothing while compute runs; 0 that
+    the two take turns (the cores are shared). A DMA transfer (an SSD read with O_DIRECT, a GPU
+    copy) hides better than this; the engine's reads go through the page cache.
     """
-    chunks = max(1, min(sizes.ssd_bytes, int(read_bw * sizes.overlap_seconds)) // sizes.chunk)
-    nbytes = chunks * sizes.chunk
+    rows, width, picked = sizes.gather
+    table = np.ones((rows, width), np.float32)
+    idx = np.sort(rng.choice(rows, picked, replace=False))
+    out = np.empty((picked, width), np.float32)
+
+    def gathers(n: int) -> Callable[[], None]:
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                for _ in range(n):
+                    take_rows(table, idx, out=out)
+            except BaseException as err:  # noqa: BLE001 - re-raised by join()
+                failure.append(err)
+
+        thread = threading.Thread(target=run, name="jgrind-profile-gather", daemon=True)
+        thread.start()
+
+        def join() -> None:
+            thread.join()
+            if failure:
+                raise failure[0]
+        return join
+
+    gathers(1)()  # warm: the table's and the output's pages
+    start = time.perf_counter()
+    gathers(1)()
+    once = time.perf_counter() - start
+    n = max(1, round(sizes.overlap_seconds / max(once, 1e-9)))
     shares = []
     for _ in range(sizes.repeats):
         start = time.perf_counter()
-        _start_read(reader, nbytes)()
+        gathers(n)()
         t_io = time.perf_counter() - start
         calls = max(1, round(t_io / step_seconds))
         t_c = _time_chain(step, x, calls)
         start = time.perf_counter()
-        join = _start_read(reader, nbytes)
+        join = gathers(n)
         _time_chain(step, x, calls)
         join()
         t_both = time.perf_counter() - start
         shares.append((t_c + t_io - t_both) / max(min(t_c, t_io), 1e-9))
     return min(1.0, max(0.0, statistics.median(shares)))
-
-
-def _start_read(reader: _UncachedReader, nbytes: int) -> Callable[[], None]:
-    """Start ``reader.read(nbytes)`` on a thread; returns a function that waits for it and
-    re-raises its error, if any."""
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            reader.read(nbytes)
-        except BaseException as err:  # noqa: BLE001 - re-raised by join()
-            failure.append(err)
-
-    thread = threading.Thread(target=run, name="jgrind-profile-read", daemon=True)
-    thread.start()
-
-    def join() -> None:
-        thread.join()
-        if failure:
-            raise failure[0]
-
-    return join
