@@ -387,8 +387,8 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
             if ssd_blocks:  # halo owners' whole blocks are loaded; some are still cached
                 # (without their CRC32: this counts more whole-block loads than the engine
                 # makes, since once pinned blocks fill the cache the rest are read as rows, and
-                # charging checks on it overpriced SSD plans 1.5-2.7x; a serial profile of the
-                # `ssd` configuration checked 1.1 GB per epoch, writes included, in 0.44 s)
+                # charging checks on it overpriced SSD plans 1.5-2.7x; an instrumented epoch
+                # of the `ssd` configuration checked 1.1 GB, writes included, in 0.44 s)
                 in_ssd = (codes == S)
                 miss = 1.0 - cache.hit_rate
                 whole = (w.halo > 0) @ (in_ssd * w.owned * row)

@@ -558,12 +558,13 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
     num_params = _num_params(widths)
     if num_parts in (None, 1) and fast_bytes <= dev:
         w = _single_partition_workload(graph, model)
+        seconds = in_memory_seconds(w, profile)
         return Plan(in_memory=True, num_parts=1, assignment=None, prediction=None,
-                    epoch_seconds=in_memory_seconds(w, profile), cache_bytes=0,
+                    epoch_seconds=seconds, cache_bytes=0,
                     reasons={}, device_budget=dev,
                     host_budget=UNLIMITED if host_budget is None else int(host_budget),
                     directory=directory, workload=w, in_memory_bytes=fast_bytes,
-                    alternatives=(("in-memory fast path", in_memory_seconds(w, profile)),))
+                    alternatives=(("in-memory fast path", seconds),))
     normalized = model.normalize(graph)
     ssd_free = None
     if directory is not None:
