@@ -54,7 +54,7 @@ def test_measure_removes_its_file_when_a_measurement_fails(tmp_path, monkeypatch
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(profile, "_overlap", broken)
+    monkeypatch.setattr(profile, "_page_cache", broken)  # runs while its file exists
     with pytest.raises(RuntimeError, match="disk on fire"):
         profile.measure(tmp_path, quick=True)
     assert list(tmp_path.iterdir()) == []
