@@ -42,6 +42,7 @@ def fixed_profile(**overrides) -> Profile:
         ssd_latency=1e-4, cached_read_bw=5e9, cached_write_bw=5e9, cached_latency=3e-6,
         read_call_overhead=2e-6, update_call_overhead=1e-5,
         overlap=0.5, checksum_bw=3e9, fused_steps=((50_000, 500_000, 0.3),),
+        contraction_bw=1e10,
         device_free=1 << 34, host_free=0, ssd_free=1 << 40, directory="/tmp")
     figures.update(overrides)
     return Profile(**figures)
@@ -270,6 +271,60 @@ def test_fast_path_is_priced_from_the_measured_whole_graph_steps():
     _, w_mid = workload(4_000)
     mid = in_memory_seconds(w_mid, two) - latency
     assert in_memory_seconds(w_mid, one) - latency < mid < 2 * in_memory_seconds(w_mid, one)
+
+
+
+@pytest.mark.parametrize("conv", ["GCNConv", "SAGEConv"])
+def test_backward_steps_count_their_sparse_products(conv):
+    """A backward step reruns its forward inside `jax.vjp`, then the transposed products it
+    needs. For ``(A X) W`` (in <= out) the weight gradient needs no transposed sparse product:
+    2 sparse products with the input gradient, 1 without (the first layer). For ``A (X W)``
+    the weight gradient needs ``A^T g``: 2 either way; from an output mask the recomputed
+    forward drops out (1). Priced with near-infinite matmul, contraction and copy rates, a step's
+    seconds count its sparse products."""
+    from jgrind.plan.cost import backward_seconds, layer_seconds
+    layer_of = {"GCNConv": models.GCNConv, "SAGEConv": models.SAGEConv}[conv]
+    prof = fixed_profile(matmul_flops=1e30, contraction_bw=1e30, copy_bw=1e30, spmm_rate=1e9)
+    n, nnz = np.array([1000.0]), np.array([10_000.0])
+
+    def sparse_products(w_in, w_out, **kw):
+        layer = layer_of(w_in, w_out)
+        one = nnz[0] * min(w_in, w_out) / prof.spmm_rate
+        if not kw:
+            return float(layer_seconds(layer, w_in, w_out, n, n, nnz, prof)[0]) / one
+        return float(backward_seconds(layer, w_in, w_out, n, n, nnz, prof, **kw)[0]) / one
+
+    assert sparse_products(16, 32) == pytest.approx(1)
+    assert sparse_products(16, 32, input_grad=True, masked=False) == pytest.approx(2)
+    assert sparse_products(16, 32, input_grad=False, masked=False) == pytest.approx(1)
+    assert sparse_products(16, 32, input_grad=False, masked=True) == pytest.approx(1)
+    assert sparse_products(32, 16, input_grad=True, masked=False) == pytest.approx(2)
+    assert sparse_products(32, 16, input_grad=False, masked=False) == pytest.approx(2)
+    assert sparse_products(32, 16, input_grad=True, masked=True) == pytest.approx(1)
+    # a whole-graph step keeps its forward: its backward only adds the transposed products
+    assert sparse_products(16, 32, input_grad=True, masked=False,
+                           recompute=False) == pytest.approx(1)
+    assert sparse_products(16, 32, input_grad=False, masked=False,
+                           recompute=False) == pytest.approx(0)
+
+def test_narrow_weight_gradients_are_priced_at_the_contraction_rate():
+    """``x^T g`` into a few outputs (the top layer's weight gradient) runs far below the
+    matmul rate on XLA's CPU backend: the cost model prices it by the bytes it reads at the
+    profile's contraction rate when that is slower than its flops, and by flops otherwise."""
+    from jgrind.plan.cost import backward_seconds
+    n, nnz = np.array([1000.0]), np.array([10_000.0])
+    fast, slow = fixed_profile(contraction_bw=1e30), fixed_profile(contraction_bw=1e9)
+
+    def extra(w_in, w_out):
+        layer = models.GCNConv(w_in, w_out)
+        return float((backward_seconds(layer, w_in, w_out, n, n, nnz, slow, input_grad=True,
+                                       masked=False)
+                      - backward_seconds(layer, w_in, w_out, n, n, nnz, fast, input_grad=True,
+                                         masked=False))[0])
+
+    flops = 2.0 * 1000 * 256 * 8 / fast.matmul_flops
+    assert extra(256, 8) == pytest.approx(4.0 * 1000 * (256 + 8) / 1e9 - flops, rel=1e-6)
+    assert extra(256, 256) == 0.0  # flop-bound: the contraction rate does not matter
 
 
 def test_ssd_block_checksums_are_priced():

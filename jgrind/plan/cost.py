@@ -40,8 +40,16 @@ CODES = {Fate.DEVICE: D, Fate.HOST: H, Fate.SSD: S, Fate.RECOMPUTE: R}
 FATES = {v: k for k, v in CODES.items()}
 ITEMSIZE = 4                      # float32 activations and gradients
 
-BACKWARD_PASSES = 3.0             # forward recompute + the two transposed products
-PARAMS_ONLY_PASSES = 2.0          # layer 0: no input gradient
+# Elementwise and input-row traffic of a backward step, in multiples of its forward's (its
+# products are counted one by one, see `Products`). Fitted to serial profiles of four planner
+# configurations (`tools/profile_ops.py --config C --policy host`, no-ssd, wide, device-tight,
+# host-tight; CPU-2, 2026-11-22 night): the measured step less its priced products came to
+# 1.2-1.9x the forward's traffic for a regathering backward step, 0.75-1.2x without the input
+# gradient (layer 0), and 2.8-3.9x for the top step (forward, loss and backward over its
+# input rows, whose halo makes them many).
+BACKWARD_PASSES = 1.5
+PARAMS_ONLY_PASSES = 1.0          # layer 0: no input gradient
+TOP_PASSES = 3.0
 ELEMENTWISE_PASSES = 6.0          # bias, activation, dropout, residual, norm: bytes touched
 # Passes over the *input* rows (halo included) per forward step: dropout or norm reads and writes
 # them, and the consumer reads them again (in backward: the input gradient is written, masked
@@ -212,48 +220,115 @@ class Workload:
 
 
 # -- compute ---------------------------------------------------------------------------------------
-def layer_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile,
-                  input_passes: float = INPUT_PASSES) -> np.ndarray:
-    """Forward seconds of one layer step (arrays over partitions), excluding dispatch latency.
-    ``input_passes``: passes over the input rows (0 for the fast path, whose single jitted
-    program fuses them into the products)."""
-    mm = lambda rows, a, b: 2.0 * rows * a * b / profile.matmul_flops  # noqa: E731
+@dataclasses.dataclass(frozen=True)
+class Products:
+    """Seconds of a layer step's sparse and dense products (arrays over partitions), by role.
+
+    * ``forward``: the products of the forward pass;
+    * ``masked``: the part of ``forward`` a backward step from the output mask skips (XLA drops
+      the products after the last one the weight gradient needs);
+    * ``weight_grad``: the transposed products every backward step runs (the weight gradient,
+      and the cotangents of intermediates on its way);
+    * ``input_grad``: those that only the input gradient needs.
+
+    A backward step that regathers and recomputes runs ``forward - masked`` (when masked)
+    ``+ weight_grad (+ input_grad)``; a whole-graph step, whose autodiff keeps the forward's
+    intermediates, runs ``forward + weight_grad (+ input_grad)``. Counting them one by one
+    matters: for ``(A X) W`` the weight gradient needs no second sparse product, for
+    ``A (X W)`` it does, so a flat "backward = 3 forwards" overprices the first and
+    underprices the second."""
+
+    forward: np.ndarray
+    masked: np.ndarray
+    weight_grad: np.ndarray
+    input_grad: np.ndarray
+
+
+def _matmul(profile):
+    """``rows x a @ a x b`` seconds at the profile's matmul rate."""
+    return lambda rows, a, b: 2.0 * rows * a * b / profile.matmul_flops
+
+
+def _weight_grad(profile):
+    """Seconds of a weight gradient ``x^T g`` (``x``: rows x a, ``g``: rows x b): the matmul
+    rate, or the contraction rate over the rows when that is slower (a narrow output)."""
+    mm = _matmul(profile)
+    return lambda rows, a, b: np.maximum(mm(rows, a, b),
+                                         ITEMSIZE * rows * (a + b) / profile.contraction_bw)
+
+
+def layer_products(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> Products:
+    """The `Products` of one step of ``layer`` on partitions of the given padded shapes."""
+    mm, wg = _matmul(profile), _weight_grad(profile)
     sp = lambda width: nnz * float(width) / profile.spmm_rate           # noqa: E731
     kind = type(layer).__name__
-    narrow = min(w_in, w_out)
-    if kind == "GCNConv":
-        t = (sp(w_in) + mm(n_out, w_in, w_out) if w_in <= w_out
-             else mm(n_in, w_in, w_out) + sp(w_out))
-    elif kind == "SAGEConv":
-        t = (sp(w_in) + mm(n_out, w_in, w_out) if w_in <= w_out
-             else mm(n_in, w_in, w_out) + sp(w_out)) + mm(n_out, w_in, w_out)
-    elif kind == "GATConv":
+    first = w_in <= w_out  # the sparse product runs before the matmul, on the narrower side
+    if kind in ("GCNConv", "SAGEConv"):
+        # SAGE adds a root transform of the owned rows: one more matmul in every role
+        sage = kind == "SAGEConv"
+        root, root_grad = ((mm(n_out, w_in, w_out), wg(n_out, w_in, w_out)) if sage
+                           else (0.0, 0.0))
+        if first:   # act((A X) W [+ X_own R]): dW needs A X, not a second sparse product
+            dense = mm(n_out, w_in, w_out) + root
+            return Products(forward=sp(w_in) + dense, masked=dense,
+                            weight_grad=wg(n_out, w_in, w_out) + root_grad,
+                            input_grad=dense + sp(w_in))
+        # act(A (X W) [+ X_own R]): dW = X^T (A^T g) needs the transposed sparse product
+        dense = mm(n_in, w_in, w_out) + root
+        forward = dense + sp(w_out)
+        return Products(forward=forward, masked=forward,
+                        weight_grad=wg(n_in, w_in, w_out) + root_grad + sp(w_out),
+                        input_grad=dense)
+    if kind == "GATConv":
         # z = x W on every input row, then per edge: scores, softmax and a weighted gather-sum;
-        # the edge work runs as XLA gathers/segment sums, priced as memory traffic
+        # the edge work runs as XLA gathers/segment sums, priced as memory traffic. Its
+        # backward needs the projected features again (no mask saving) and reruns all of it.
         edge_bytes = nnz * (3.0 * w_out + 8.0 * getattr(layer, "heads", 1)) * ITEMSIZE
-        t = mm(n_in, w_in, w_out) + edge_bytes / profile.gather_bw
-    elif getattr(layer, "aggregates", True):
-        t = sp(narrow) + mm(n_out, w_in, w_out)
-    else:
-        t = mm(n_out, w_in, w_out)
-    return (t + ELEMENTWISE_PASSES * n_out * w_out * ITEMSIZE / profile.copy_bw
+        forward = mm(n_in, w_in, w_out) + edge_bytes / profile.gather_bw
+        return Products(forward=forward, masked=0.0 * forward, weight_grad=forward,
+                        input_grad=forward)
+    dense = mm(n_out, w_in, w_out)
+    if getattr(layer, "aggregates", True):
+        narrow = min(w_in, w_out)
+        return Products(forward=sp(narrow) + dense, masked=dense,
+                        weight_grad=wg(n_out, w_in, w_out), input_grad=dense + sp(narrow))
+    return Products(forward=dense, masked=dense, weight_grad=wg(n_out, w_in, w_out),
+                    input_grad=dense)
+
+
+def memory_seconds(w_in: int, w_out: int, n_out, n_in, profile,
+                   input_passes: float = INPUT_PASSES) -> np.ndarray:
+    """Elementwise traffic of one forward step: on the outputs (bias, activation) and on the
+    input rows, halo included (dropout or a norm reads and writes them; in backward the
+    input gradient is written, masked and zero-padded the same way). ``input_passes``: 0 for
+    the fast path, whose single jitted program fuses them into the products."""
+    return (ELEMENTWISE_PASSES * n_out * w_out * ITEMSIZE / profile.copy_bw
             + input_passes * n_in * w_in * ITEMSIZE / profile.copy_bw)
 
 
-def masked_saving(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> np.ndarray:
-    """Seconds a backward step from the output mask skips: the forward's products after the
-    last one the weight gradient needs (XLA drops them as dead code)."""
-    mm = lambda rows, a, b: 2.0 * rows * a * b / profile.matmul_flops  # noqa: E731
-    sp = lambda width: nnz * float(width) / profile.spmm_rate           # noqa: E731
-    kind = type(layer).__name__
-    if kind == "GCNConv":
-        return mm(n_out, w_in, w_out) if w_in <= w_out else mm(n_in, w_in, w_out) + sp(w_out)
-    if kind == "SAGEConv":
-        return (2 * mm(n_out, w_in, w_out) if w_in <= w_out
-                else mm(n_in, w_in, w_out) + sp(w_out) + mm(n_out, w_in, w_out))
-    if kind == "GATConv":
-        return 0.0 * n_out  # the attention backward needs the projected features again
-    return mm(n_out, w_in, w_out)
+def layer_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile,
+                  input_passes: float = INPUT_PASSES) -> np.ndarray:
+    """Forward seconds of one layer step (arrays over partitions), excluding dispatch latency."""
+    return (layer_products(layer, w_in, w_out, n_out, n_in, nnz, profile).forward
+            + memory_seconds(w_in, w_out, n_out, n_in, profile, input_passes))
+
+
+def backward_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile, *,
+                     input_grad: bool, masked: bool, recompute: bool = True,
+                     memory_passes: Optional[float] = None,
+                     input_passes: float = INPUT_PASSES) -> np.ndarray:
+    """Seconds of one backward step (arrays over partitions), excluding dispatch latency:
+    the forward recomputed inside `jax.vjp` (``recompute``; less what an output mask skips),
+    then the transposed products (`Products`), plus ``memory_passes`` times the forward's
+    elementwise traffic (default `BACKWARD_PASSES`, or `PARAMS_ONLY_PASSES` without the input
+    gradient). Without ``recompute`` (a whole-graph step) no forward products."""
+    p = layer_products(layer, w_in, w_out, n_out, n_in, nnz, profile)
+    t = p.weight_grad + (p.input_grad if input_grad else 0.0)
+    if recompute:
+        t = t + p.forward - (p.masked if masked else 0.0)
+    if memory_passes is None:
+        memory_passes = BACKWARD_PASSES if input_grad else PARAMS_ONLY_PASSES
+    return t + memory_passes * memory_seconds(w_in, w_out, n_out, n_in, profile, input_passes)
 
 
 def kept_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile, *,
@@ -261,10 +336,11 @@ def kept_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile, *,
     """Seconds of a backward step from a kept aggregation (`jgrind.engine.steps`): the update's
     weight gradient (and ``dz``, and the pre-activation again without a mask), then the
     transposed sparse product into the input rows; no regathered input, no forward product."""
-    mm = 2.0 * n_out * w_in * w_out / profile.matmul_flops
+    mm = _matmul(profile)(n_out, w_in, w_out)
+    wg = _weight_grad(profile)(n_out, w_in, w_out)
     if type(layer).__name__ == "SAGEConv":
-        mm = 2 * mm  # root and neighbour weights
-    t = (1.0 + (0.0 if masked else 1.0)) * mm \
+        mm, wg = 2 * mm, 2 * wg  # root and neighbour weights
+    t = wg + (0.0 if masked else mm) \
         + ELEMENTWISE_PASSES * n_out * w_out * ITEMSIZE / profile.copy_bw
     if input_grad:
         t = t + mm + nnz * float(w_in) / profile.spmm_rate \
@@ -277,7 +353,7 @@ def step_seconds(w: Workload, profile, layer: int, kind: str,
     """Compute seconds of one sweep of ``layer`` over every partition: kind is "forward",
     "backward" (with input gradient), "params" (weight gradient only), "top" (the fused
     top layer: forward, loss and backward), or "kept backward" / "kept params" (from a kept
-    aggregation). Backward steps from an output mask skip `masked_saving`; ``masked``
+    aggregation). Backward steps from an output mask skip `Products.masked`; ``masked``
     overrides `Workload.masked` (the layer above makes no masks when it keeps its own
     aggregation: it does not regather this layer's output)."""
     shape = (w.widths[layer], w.widths[layer + 1], w.pad_out, w.pad_in, w.pad_edges, profile)
@@ -285,13 +361,13 @@ def step_seconds(w: Workload, profile, layer: int, kind: str,
     if kind.startswith("kept"):
         t = kept_seconds(w.layers[layer], *shape, input_grad=kind == "kept backward",
                          masked=masked)
-    else:
+    elif kind == "forward":
         t = layer_seconds(w.layers[layer], *shape)
-        passes = {"forward": 1.0, "backward": BACKWARD_PASSES, "params": PARAMS_ONLY_PASSES,
-                  "top": BACKWARD_PASSES}[kind]
-        t = passes * t
-        if kind in ("backward", "params") and masked:
-            t = t - masked_saving(w.layers[layer], *shape)
+    else:  # the top step runs its forward, the loss and its backward: unmasked
+        top = kind == "top"
+        t = backward_seconds(w.layers[layer], *shape, input_grad=kind != "params",
+                             masked=masked and not top,
+                             memory_passes=TOP_PASSES if top else None)
     active = w.owned > 0
     return float(np.sum(np.where(active, t + profile.step_latency, 0.0)))
 
@@ -803,8 +879,12 @@ def fused_model_seconds(layers, widths: Sequence[int], num_nodes: int, num_edges
     total = 0.0
     n, e = np.array([float(num_nodes)]), np.array([float(num_edges)])
     for l, layer in enumerate(layers):
-        t = layer_seconds(layer, widths[l], widths[l + 1], n, n, e, profile, input_passes=0.0)
-        total += float(t[0]) * (BACKWARD_PASSES if l else PARAMS_ONLY_PASSES)
+        shape = (layer, widths[l], widths[l + 1], n, n, e, profile)
+        total += float(layer_seconds(*shape, input_passes=0.0)[0])
+        # autodiff's backward: the transposed products, and its own elementwise traffic
+        total += float(backward_seconds(*shape, input_grad=l > 0, masked=False,
+                                        recompute=False, memory_passes=2.0 if l else 1.0,
+                                        input_passes=0.0)[0])
     return total
 
 

@@ -47,7 +47,7 @@ from jgrind import hugepages
 from jgrind.buffers import aligned_empty
 from jgrind.rows import add_rows, take_rows
 
-PROFILE_VERSION = 9  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 10  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
@@ -57,6 +57,7 @@ PROFILE_VERSION = 9  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      9: the checksum rate (the SSD tier's CRC32 of every block); the
 #                         overlap of a row gather (not an O_DIRECT read) with compute; span
 #                         calls measured as the SSD tier's loop runs them (scratch reused)
+#                     10: the weight-gradient contraction with a narrow output
 
 _MIB = 2**20
 _PAGE = 4096
@@ -79,7 +80,7 @@ _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scat
                  "copy_bw", "to_device_bw", "to_device_small_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw",
                  "ssd_latency",
                  "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
-                 "update_call_overhead", "overlap", "checksum_bw")
+                 "update_call_overhead", "overlap", "checksum_bw", "contraction_bw")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
                "to_device_small_bytes")
 
@@ -100,6 +101,8 @@ class Profile:
     machine: dict          # `machine_fingerprint()` of the machine it was measured on
     created: str           # ISO-8601 UTC timestamp
     matmul_flops: float    # dense float32 matmul on the default device, flop/s (2*m*k*n each)
+    contraction_bw: float  # jitted ``x.T @ g`` over many rows with a narrow ``g`` (a weight
+    #                        gradient into few outputs), bytes of ``x`` and ``g`` per second
     spmm_rate: float       # jitted `jgrind.sparse.spmm`, nonzeros * width per second
     step_latency: float    # seconds per dispatch + sync of a tiny jitted call
     gather_bw: float       # host `np.take(x, idx, out=)` of sorted random rows, output bytes/s
@@ -162,6 +165,8 @@ class Profile:
             ("jax", f"{m.get('jax')} on {m.get('backend')} ({m.get('device_kind')})"),
             ("glibc huge pages", "on" if m.get("huge_pages") else "off"),
             ("dense matmul", f"{self.matmul_flops / 1e9:.1f} GFLOP/s"),
+            ("contraction", f"{self.contraction_bw / 1e9:.2f} GB/s (weight gradient, "
+                            "narrow output)"),
             ("sparse spmm", f"{self.spmm_rate / 1e9:.2f} G nonzeros*width/s"),
             ("step latency", f"{self.step_latency * 1e3:.3f} ms"),
             ("host gather", f"{self.gather_bw / 1e9:.2f} GB/s"),
@@ -433,6 +438,7 @@ def _where(directory: str | os.PathLike) -> str:
 class _Sizes:
     matmul: tuple[int, int]          # (m, k): chained (m x k) @ (k x k) products
     matmul_chain: int                # products per jitted call
+    contraction: tuple[int, int, int]  # x.T @ g: rows, width of x, width of g
     spmm: tuple[int, int, int]       # rows (= columns), nonzeros, width
     latency_calls: int               # synchronous calls per latency batch
     gather: tuple[int, int, int]     # table rows, width, rows gathered
@@ -448,12 +454,12 @@ class _Sizes:
     fused: tuple[int, ...]           # nodes of the whole-graph steps' graphs (mean degree 10)
 
 
-_FULL = _Sizes(matmul=(4096, 256), matmul_chain=8, spmm=(200_000, 2_000_000, 64),
+_FULL = _Sizes(matmul=(4096, 256), matmul_chain=8, contraction=(100_000, 256, 8), spmm=(200_000, 2_000_000, 64),
                latency_calls=200, gather=(1_000_000, 64, 250_000), copy_bytes=256 * _MIB,
                transfer_bytes=64 * _MIB, small_transfer_bytes=4 * _MIB, ssd_bytes=256 * _MIB, chunk=8 * _MIB,
                random_reads=256, target=0.2, overlap_seconds=0.3, repeats=5,
                fused=(40_000, 160_000))
-_QUICK = _Sizes(matmul=(1024, 128), matmul_chain=4, spmm=(20_000, 100_000, 32),
+_QUICK = _Sizes(matmul=(1024, 128), matmul_chain=4, contraction=(10_000, 64, 8), spmm=(20_000, 100_000, 32),
                 latency_calls=30, gather=(50_000, 32, 12_500), copy_bytes=8 * _MIB,
                 transfer_bytes=4 * _MIB, small_transfer_bytes=1 * _MIB, ssd_bytes=16 * _MIB, chunk=4 * _MIB,
                 random_reads=32, target=0.02, overlap_seconds=0.04, repeats=3,
@@ -489,6 +495,10 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     matmul_flops = _chain_rate(matmul_step, matmul_x, matmul_work, sizes)
     m, k = sizes.matmul
     report(f"dense matmul {matmul_flops / 1e9:.1f} GFLOP/s ({m}x{k} @ {k}x{k})")
+    contraction_bw = _contraction_bw(sizes, rng)
+    report(f"weight-gradient contraction {contraction_bw / 1e9:.2f} GB/s "
+           f"(x.T @ g, x {sizes.contraction[0]}x{sizes.contraction[1]}, "
+           f"g {sizes.contraction[0]}x{sizes.contraction[2]})")
     spmm_rate = _spmm_rate(sizes, rng)
     report(f"sparse spmm {spmm_rate / 1e9:.2f} G nonzeros*width/s "
            f"({sizes.spmm[1]} nonzeros, width {sizes.spmm[2]})")
@@ -535,7 +545,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     return Profile(
         version=PROFILE_VERSION, machine=machine_fingerprint(),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        matmul_flops=matmul_flops, spmm_rate=spmm_rate, step_latency=step_latency,
+        matmul_flops=matmul_flops, contraction_bw=contraction_bw, spmm_rate=spmm_rate, step_latency=step_latency,
         gather_bw=gather_bw, scatter_add_bw=scatter_add_bw, copy_bw=copy_bw,
         to_device_bw=to_device_bw, to_device_small_bw=to_device_small_bw,
         to_device_bytes=sizes.transfer_bytes, to_device_small_bytes=sizes.small_transfer_bytes,
@@ -617,6 +627,23 @@ def _matmul_step(sizes: _Sizes, rng: np.random.Generator):
         return jax.lax.fori_loop(0, n, lambda _, y: y @ w, x)
 
     return (lambda x: products(x, w, chain)), x, 2.0 * m * k * k * chain
+
+
+def _contraction_bw(sizes: _Sizes, rng: np.random.Generator) -> float:
+    """Bytes/s of ``x.T @ g`` (both read once) for a tall ``x`` and a narrow ``g``: the weight
+    gradient of a layer into few outputs (a top layer's ``A (X W)``: ``X^T (A^T g)``). On XLA's
+    CPU backend this contraction over the long row dimension runs at a small fraction of the
+    matmul rate (~10 GFLOP/s against ~150 here) and of the copy rate, so its flops misprice
+    it several-fold: a 256 -> 8 top step is mostly this."""
+    import jax
+
+    rows, width, narrow = sizes.contraction
+    x = jax.device_put(rng.standard_normal((rows, width), dtype=np.float32))
+    g = jax.device_put(rng.standard_normal((rows, narrow), dtype=np.float32))
+    weight_grad = jax.jit(lambda x, g: x.T @ g)
+    weight_grad(x, g).block_until_ready()
+    return _best_rate(4 * rows * (width + narrow),
+                      lambda: weight_grad(x, g).block_until_ready(), sizes.repeats)
 
 
 def _spmm_rate(sizes: _Sizes, rng: np.random.Generator) -> float:
