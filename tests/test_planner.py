@@ -41,7 +41,7 @@ def fixed_profile(**overrides) -> Profile:
         to_device_small_bytes=4 * MiB, to_host_bw=1e11, ssd_read_bw=4e8, ssd_write_bw=3e8,
         ssd_latency=1e-4, cached_read_bw=5e9, cached_write_bw=5e9, cached_latency=3e-6,
         read_call_overhead=2e-6, update_call_overhead=1e-5,
-        overlap=0.5, checksum_bw=3e9, fused_steps=((50_000, 500_000, 0.3),),
+        overlap=0.5, io_parallel=0.5, checksum_bw=3e9, fused_steps=((50_000, 500_000, 0.3),),
         contraction_bw=1e10,
         device_free=1 << 34, host_free=0, ssd_free=1 << 40, directory="/tmp")
     figures.update(overrides)

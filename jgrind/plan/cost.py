@@ -15,6 +15,8 @@ the rates of a measured `jgrind.plan.profile.Profile`:
 * **overlap**: the engine gathers the next partition and writes the last one on background
   threads, so a sweep takes ``c + io - overlap * min(c, io)``: ``max(c, io)`` with perfect
   hiding (overlap = 1), ``c + io`` with none (overlap = 0). The overlap factor is measured.
+  The two threads also run beside each other: ``io = r + w - parallel * min(r, w)`` for the
+  sweep's reads ``r`` and writes ``w`` (the profile's `io_parallel`, measured too).
 
 Every I/O term is linear in the tier indicators of the blocks (except the all-on-device fast
 paths, which the planner handles with one binary per tensor), which is what lets the planner
@@ -551,12 +553,20 @@ class Sweep:
     layer: int
     kind: str               # forward | recompute | backward
     compute: float
-    io: float
+    io: float               # reads + writes, as if one after the other
     io_by_tier: tuple       # ((tier name, seconds), ...) for the schedule chart
     moves: tuple            # human-readable: ("reload H_1 from ssd", "offload H_2 to host")
+    reads: float = 0.0      # gathers and block reads: the engine's prefetch thread
+    writes: float = 0.0     # writes and scatter-adds: its writer thread
 
-    def seconds(self, overlap: float) -> float:
-        return self.compute + self.io - overlap * min(self.compute, self.io)
+    def io_seconds(self, parallel: float = 0.0) -> float:
+        """The sweep's I/O time: reads and writes run on two threads, so ``parallel`` (the
+        profile's `io_parallel`) of the shorter side runs beside the longer."""
+        return self.reads + self.writes - parallel * min(self.reads, self.writes)
+
+    def seconds(self, overlap: float, parallel: float = 0.0) -> float:
+        io = self.io_seconds(parallel)
+        return self.compute + io - overlap * min(self.compute, io)
 
 
 def sweep_order(num_layers: int, recomputed: frozenset,
@@ -737,17 +747,21 @@ class Prediction:
     overlap: float
     memory: Memory
     update_seconds: float
+    parallel: float = 0.0   # share of a sweep's reads and writes that run side by side
+
+    def sweep_seconds(self, sweep: Sweep) -> float:
+        return sweep.seconds(self.overlap, self.parallel)
 
     @property
     def epoch_seconds(self) -> float:
-        return sum(s.seconds(self.overlap) for s in self.sweeps) + self.update_seconds
+        return sum(self.sweep_seconds(s) for s in self.sweeps) + self.update_seconds
 
     def schedule(self) -> list[dict]:
         """Start and end of every sweep's compute and I/O lanes, in seconds from the epoch's
         start: I/O runs beside the compute it overlaps; the part it cannot hide runs after."""
         rows, t = [], 0.0
         for s in self.sweeps:
-            span = s.seconds(self.overlap)
+            span = self.sweep_seconds(s)
             rows.append({"sweep": s.label, "lane": "compute", "start": t, "end": t + s.compute,
                          "what": s.kind})
             lane_t = t
@@ -764,7 +778,7 @@ class Prediction:
         """``(seconds, device, host, ssd)`` stored bytes at the start and during every sweep,
         stamped at the sweep's end."""
         stored = _stored_bytes(w, a)
-        ends = np.cumsum([0.0] + [s.seconds(self.overlap) for s in self.sweeps])
+        ends = np.cumsum([0.0] + [self.sweep_seconds(s) for s in self.sweeps])
         return [(float(t), *bytes_) for t, bytes_ in zip(ends, stored)]
 
 
@@ -819,12 +833,14 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
     for kind, l in sweep_order(L, a.recomputed, kept):
         acts_in = a.activations[l]
         io = {"host": 0.0, "ssd": 0.0}
+        direction = {"reads": 0.0, "writes": 0.0}
         moves = []
 
-        def charge(seconds, codes):
+        def charge(seconds, codes, writes=False):
             share_ssd = float(np.mean(codes == S)) if len(codes) else 0.0
             io["ssd"] += seconds * share_ssd
             io["host"] += seconds * (1.0 - share_ssd)
+            direction["writes" if writes else "reads"] += seconds
 
         if kind == "backward" and l in kept:  # reads Z_l instead of regathering H_l
             z = a.aggregations[l]
@@ -837,13 +853,13 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
             moves.append(f"gather H_{l} from {where(acts_in)}")
         if kind in ("forward", "recompute"):
             out = a.activations[l + 1]
-            charge(write_seconds(w, profile, l + 1, out), out)
+            charge(write_seconds(w, profile, l + 1, out), out, writes=True)
             read_once.discard(l + 1)
             moves.append(f"{'recompute' if kind == 'recompute' else 'offload'} H_{l + 1} "
                          f"to {where(out)}")
             if kind == "forward" and l in kept:
                 z = a.aggregations[l]
-                charge(write_seconds(w, profile, l, z, w.aggregated[l]), z)
+                charge(write_seconds(w, profile, l, z, w.aggregated[l]), z, writes=True)
                 moves.append(f"offload Z_{l} to {where(z)}")
             compute = step_seconds(w, profile, l, "forward")
         else:
@@ -853,16 +869,18 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
                 moves.append(f"reload G_{l + 1} from {where(g_up)}")
             if l >= 1:
                 g = a.gradients[l]
-                charge(accumulate_seconds(w, profile, l, g), g)
+                charge(accumulate_seconds(w, profile, l, g), g, writes=True)
                 moves.append(f"accumulate G_{l} in {where(g)}")
             # the layer above makes this layer's output masks only if it regathers
             compute = step_seconds(w, profile, l, backward_kind(w, l, l in kept),
                                    masked=l + 1 not in kept)
         sweeps.append(Sweep(label=f"{kind} {l}", layer=l, kind=kind, compute=compute,
                             io=io["host"] + io["ssd"],
-                            io_by_tier=tuple(sorted(io.items())), moves=tuple(moves)))
+                            io_by_tier=tuple(sorted(io.items())), moves=tuple(moves),
+                            **direction))
     update = 3.0 * num_params * ITEMSIZE * 4 / profile.copy_bw
-    return Prediction(tuple(sweeps), float(profile.overlap), mem, update)
+    return Prediction(tuple(sweeps), float(profile.overlap), mem, update,
+                      float(getattr(profile, "io_parallel", 0.0)))
 
 
 # The whole-graph training steps `jgrind profile` times (`Profile.fused_steps`): a GCN with

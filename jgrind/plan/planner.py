@@ -7,8 +7,9 @@ The problem (see docs/planner.md for the derivation):
   SSD, and for each hidden activation layer whether it is recomputed instead (all blocks or
   none: recomputing a block needs the whole previous layer).
 * **Cost.** `jgrind.plan.cost`: a sweep's I/O is linear in those counts, its compute is fixed
-  once the recomputed layers are known, and its time ``c + io - overlap * min(c, io)`` is the
-  maximum of two linear functions. The epoch is the sum over sweeps.
+  once the recomputed layers are known, and its time ``c + io - overlap * min(c, io)``, with
+  ``io = r + w - parallel * min(r, w)`` for its reads and writes, is the maximum of four
+  linear functions. The epoch is the sum over sweeps.
 * **Memory.** The store's own accounting: activation blocks for the whole epoch, gradient
   blocks two layers at a time, recomputed layers in a host transient, plus one partition's
   working set on the device. Linear in the counts.
@@ -182,6 +183,7 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
     m_dev, m_host = t0 + len(order), t0 + len(order) + 1
     n = m_host + 1
     eta = float(profile.overlap)
+    par = float(getattr(profile, "io_parallel", 0.0))
 
     def x(g, code):
         return 4 * gi[g] + code
@@ -222,17 +224,20 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
     def addto(d: dict, key: int, v: float) -> None:
         d[key] = d.get(key, 0.0) + v
 
-    # sweep epigraphs: T_s >= c + (1-eta) io and T_s >= io + (1-eta) c
+    # sweep epigraphs: T_s >= c + (1-eta) io and T_s >= io + (1-eta) c, where the sweep's I/O
+    # io = r + w - par min(r, w) = max(r + (1-par) w, w + (1-par) r) for its reads r and its
+    # writes w: four linear constraints, as T grows with io
     for s, (kind, l) in enumerate(order):
-        io, const = {}, 0.0
+        reads, writes = {}, {}
+        const = {"reads": 0.0, "writes": 0.0}
         c_lin, c = {}, 0.0
 
         def term(op, group, layer, fast=False, into=None):
-            nonlocal const
-            target = io if into is None else into[0]
+            side = "writes" if op in ("write", "accumulate") else "reads"
+            target = (writes if side == "writes" else reads) if into is None else into[0]
             if group not in gi:  # a recomputed activation layer: a host transient
                 if into is None:
-                    const += coef(op, layer, R)
+                    const[side] += coef(op, layer, R)
                 else:
                     into[1][0] += coef(op, layer, R)
                 return
@@ -248,16 +253,16 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
             big = gconst[0] + max(coef("gather", l, code) for code in (D, H, S, R)) + 1.0
             add({u(l): 1, **{key: -v for key, v in gather.items()}, k(l): big},
                 gconst[0], np.inf)
-            io[u(l)] = 1.0
+            reads[u(l)] = 1.0
             for code in (D, H, S):
-                addto(io, y(l, code), coef("read Z", l, code) / P)
+                addto(reads, y(l, code), coef("read Z", l, code) / P)
         else:
             term("gather", (ACTIVATION, l), l, fast=True)
         if kind in ("forward", "recompute"):
             term("write", (ACTIVATION, l + 1), l + 1)
             if kind == "forward" and l in zi:
                 for code in (D, H, S):
-                    addto(io, y(l, code), coef("write Z", l, code) / P)
+                    addto(writes, y(l, code), coef("write Z", l, code) / P)
             c = step_seconds(w, profile, l, "forward")
         else:
             if l < L - 1:
@@ -286,15 +291,22 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
                     addto(c_lin, k(l + 1), sec(False, False) - c)
                 else:
                     c = step_seconds(w, profile, l, regather)
-        first, second = {t0 + s: 1.0}, {t0 + s: 1.0}
-        for key, v in io.items():
-            addto(first, key, -(1 - eta) * v)
-            addto(second, key, -v)
-        for key, v in c_lin.items():
-            addto(first, key, -v)
-            addto(second, key, -(1 - eta) * v)
-        add(first, c + (1 - eta) * const, np.inf)
-        add(second, (1 - eta) * c + const, np.inf)
+        for long, short, long_const, short_const in (
+                (reads, writes, const["reads"], const["writes"]),
+                (writes, reads, const["writes"], const["reads"])):
+            io = dict(long)
+            for key, v in short.items():
+                addto(io, key, (1 - par) * v)
+            io_const = long_const + (1 - par) * short_const
+            first, second = {t0 + s: 1.0}, {t0 + s: 1.0}
+            for key, v in io.items():
+                addto(first, key, -(1 - eta) * v)
+                addto(second, key, -v)
+            for key, v in c_lin.items():
+                addto(first, key, -v)
+                addto(second, key, -(1 - eta) * v)
+            add(first, c + (1 - eta) * io_const, np.inf)
+            add(second, (1 - eta) * c + io_const, np.inf)
 
     # memory: activations and kept aggregations all epoch, gradients two layers at a time
     bmax = [float(w.block_bytes(l).max(initial=0)) for l in range(L)]

@@ -47,7 +47,7 @@ from jgrind import hugepages
 from jgrind.buffers import aligned_empty
 from jgrind.rows import add_rows, take_rows
 
-PROFILE_VERSION = 10  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 11  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
@@ -58,6 +58,7 @@ PROFILE_VERSION = 10  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                         overlap of a row gather (not an O_DIRECT read) with compute; span
 #                         calls measured as the SSD tier's loop runs them (scratch reused)
 #                     10: the weight-gradient contraction with a narrow output
+#                     11: reads beside writes (`io_parallel`)
 
 _MIB = 2**20
 _PAGE = 4096
@@ -80,7 +81,7 @@ _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scat
                  "copy_bw", "to_device_bw", "to_device_small_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw",
                  "ssd_latency",
                  "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
-                 "update_call_overhead", "overlap", "checksum_bw", "contraction_bw")
+                 "update_call_overhead", "overlap", "io_parallel", "checksum_bw", "contraction_bw")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
                "to_device_small_bytes")
 
@@ -124,6 +125,8 @@ class Profile:
     read_call_overhead: float    # seconds of Python/NumPy work per row-span read, beyond I/O
     update_call_overhead: float  # the same per read-add-write of a row span (scatter-adds)
     overlap: float         # latency-hiding factor in [0, 1]
+    io_parallel: float     # share of a row gather on one thread that runs beside a scatter-add
+    #                        on another (the engine's prefetch and writer threads), in [0, 1]
     checksum_bw: float     # `zlib.crc32` of a large array, bytes/s (the SSD tier checks blocks)
     fused_steps: tuple     # [nodes, edges, seconds] of one jitted whole-graph training step
     #                        of the reference GCN (`jgrind.plan.cost.FUSED_REFERENCE`) on
@@ -188,6 +191,8 @@ class Profile:
                               f"{self.update_call_overhead * 1e6:.1f} us read-add-write "
                               "(beyond the I/O)"),
             ("overlap", f"{self.overlap:.2f} (share of transfer time hidden by compute)"),
+            ("reads/writes", f"{self.io_parallel:.2f} (share of the shorter that runs beside "
+                             "the longer)"),
             ("whole-graph step", ", ".join(f"{s * 1e3:.1f} ms at {n} nodes, {e} edges"
                                            for n, e, s in self.fused_steps)
              + " (reference GCN)"),
@@ -222,7 +227,7 @@ def _check_field(name: str, value: Any) -> Any:
     elif name in _FLOAT_FIELDS:
         if not (is_int or isinstance(value, float)) or not math.isfinite(value) or value < 0:
             raise bad("a finite non-negative number")
-        if name == "overlap" and value > 1:
+        if name in ("overlap", "io_parallel") and value > 1:
             raise bad("a number in [0, 1]")
         value = float(value)
     elif name == "fused_steps":
@@ -516,6 +521,9 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     report(f"CRC32 {checksum_bw / 1e9:.2f} GB/s")
     overlap = _overlap(matmul_step, matmul_x, matmul_work / matmul_flops, sizes, rng)
     report(f"overlap {overlap:.2f} (a row gather on a thread beside the matmul)")
+    io_parallel = _io_parallel(sizes, rng)
+    report(f"reads beside writes {io_parallel:.2f} (a row gather and a scatter-add on two "
+           "threads)")
     to_device_bw, to_device_small_bw, to_host_bw = _transfer_bw(sizes)
     report(f"host -> device {to_device_bw / 1e9:.2f} GB/s "
            f"({to_device_small_bw / 1e9:.2f} GB/s at {sizes.small_transfer_bytes / _MIB:.0f} MiB), "
@@ -553,7 +561,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         ssd_read_bw=ssd_read_bw, ssd_write_bw=ssd_write_bw, ssd_latency=ssd_latency,
         cached_read_bw=cached_read_bw, cached_write_bw=cached_write_bw,
         cached_latency=cached_latency, read_call_overhead=read_call,
-        update_call_overhead=update_call, overlap=overlap, checksum_bw=checksum_bw,
+        update_call_overhead=update_call, overlap=overlap, io_parallel=io_parallel, checksum_bw=checksum_bw,
         fused_steps=fused_steps,
         device_free=_device_free(jax.devices()[0]),
         host_free=int(psutil.virtual_memory().available),
@@ -984,6 +992,72 @@ class _UncachedReader:
         self.buffer.close()
 
 
+def _on_thread(work: Callable[[], None], n: int) -> Callable[[], None]:
+    """Start ``n`` calls of ``work`` on a new thread; returns a join that re-raises its error."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _ in range(n):
+                work()
+        except BaseException as err:  # noqa: BLE001 - re-raised by join()
+            failure.append(err)
+
+    thread = threading.Thread(target=run, name="jgrind-profile-io", daemon=True)
+    thread.start()
+
+    def join() -> None:
+        thread.join()
+        if failure:
+            raise failure[0]
+    return join
+
+
+def _io_parallel(sizes: _Sizes, rng: np.random.Generator) -> float:
+    """The share of the store's reads and writes that run side by side.
+
+    In a sweep the engine reads the next partition's rows on its prefetch thread while its
+    writer thread stores or scatter-adds the last partition's output. Times a row gather
+    (`take_rows`) alone on a thread (``t_r``), a scatter-add (`add_rows`) alone on another
+    (``t_w``, about as long), and both at once (``t_both``): ``clamp((t_r + t_w - t_both) /
+    min(t_r, t_w), 0, 1)``, median over repeats. 1: the shorter costs nothing beside the
+    longer (two free cores, no lock held); 0: they take turns."""
+    rows, width, picked = sizes.gather
+    source, target = np.ones((rows, width), np.float32), np.zeros((rows, width), np.float32)
+    idx = np.sort(rng.choice(rows, picked, replace=False))
+    out, values = np.empty((picked, width), np.float32), np.ones((picked, width), np.float32)
+
+    def gather() -> None:
+        take_rows(source, idx, out=out)
+
+    def scatter_add() -> None:
+        add_rows(target, idx, values)
+
+    def timed(*joins) -> float:
+        start = time.perf_counter()
+        for join in joins:
+            join()
+        return time.perf_counter() - start
+
+    def calls(work) -> int:
+        _on_thread(work, 1)()  # warm: the tables' pages
+        once = timed(_on_thread(work, 1))
+        return max(1, round(sizes.overlap_seconds / max(once, 1e-9)))
+
+    n_r, n_w = calls(gather), calls(scatter_add)
+    shares = []
+    for _ in range(sizes.repeats):
+        t_r = timed(_on_thread(gather, n_r))
+        t_w = timed(_on_thread(scatter_add, n_w))
+        start = time.perf_counter()
+        joins = (_on_thread(gather, n_r), _on_thread(scatter_add, n_w))
+        for join in joins:
+            join()
+        t_both = time.perf_counter() - start
+        shares.append((t_r + t_w - t_both) / max(min(t_r, t_w), 1e-9))
+    return min(1.0, max(0.0, statistics.median(shares)))
+
+
 def _overlap(step: Callable, x, step_seconds: float, sizes: _Sizes,
              rng: np.random.Generator) -> float:
     """The share of the store's data movement that a concurrent compute step hides.
@@ -1004,23 +1078,7 @@ def _overlap(step: Callable, x, step_seconds: float, sizes: _Sizes,
     out = np.empty((picked, width), np.float32)
 
     def gathers(n: int) -> Callable[[], None]:
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                for _ in range(n):
-                    take_rows(table, idx, out=out)
-            except BaseException as err:  # noqa: BLE001 - re-raised by join()
-                failure.append(err)
-
-        thread = threading.Thread(target=run, name="jgrind-profile-gather", daemon=True)
-        thread.start()
-
-        def join() -> None:
-            thread.join()
-            if failure:
-                raise failure[0]
-        return join
+        return _on_thread(lambda: take_rows(table, idx, out=out), n)
 
     gathers(1)()  # warm: the table's and the output's pages
     start = time.perf_counter()

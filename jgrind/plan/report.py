@@ -49,11 +49,11 @@ def format_plan(plan: Plan) -> str:
               f"{format_bytes(m.peak_host - m.host_cache)} + cache {format_bytes(m.host_cache)})",
               f"  ssd     {format_bytes(m.peak_ssd):>11}",
               "", f"predicted epoch time: {plan.epoch_seconds:.3f} s "
-              f"(overlap factor {p.overlap:.2f})"]
+              f"(overlap factor {p.overlap:.2f}, reads beside writes {p.parallel:.2f})"]
     lines.append(f"  {'sweep':<13} {'compute s':>10} {'I/O s':>9} {'time s':>9}  moves")
     for s in p.sweeps:
-        lines.append(f"  {s.label:<13} {s.compute:>10.4f} {s.io:>9.4f} "
-                     f"{s.seconds(p.overlap):>9.4f}  {'; '.join(s.moves)}")
+        lines.append(f"  {s.label:<13} {s.compute:>10.4f} {s.io_seconds(p.parallel):>9.4f} "
+                     f"{p.sweep_seconds(s):>9.4f}  {'; '.join(s.moves)}")
     if plan.alternatives:
         lines += ["", "candidates considered (predicted s per epoch):"]
         for label, seconds in plan.alternatives[:12]:
