@@ -17,7 +17,7 @@ import pytest
 from jgrind import models
 from jgrind.engine import OutOfCore
 from jgrind.partition import partition_graph
-from jgrind.plan import Fate, policies
+from jgrind.plan import Fate, cost, policies
 from jgrind.plan.cost import (D, H, R, S, Assignment, Workload, memory, predict, sweep_order)
 from jgrind.plan.planner import PlanError, plan, plan_run
 from jgrind.plan.profile import PROFILE_VERSION, Profile, machine_fingerprint, save
@@ -96,12 +96,16 @@ def brute_force(w, profile, device_budget, host_budget, ssd, keep=True):
     return best
 
 
-@pytest.mark.parametrize("keep", [True, False])
-@pytest.mark.parametrize("case", ["unlimited", "device-tight", "ssd", "no-ssd-recompute"])
-def test_plan_is_optimal_against_brute_force(case, keep):
+CASES = ["unlimited", "device-tight", "ssd", "no-ssd-recompute"]
+
+
+@pytest.mark.parametrize("case,keep,parallel",
+                         [(c, k, 0.5) for c in CASES for k in (True, False)]
+                         + [("ssd", True, 1.0), ("device-tight", True, 0.0)])
+def test_plan_is_optimal_against_brute_force(case, keep, parallel):
     graph, model, pg, w = equal_parts_workload(num_parts=3, num_layers=2)
     assert w.aggregated == {0: 16}  # layer 0 can keep its aggregation
-    profile = fixed_profile()
+    profile = fixed_profile(io_parallel=parallel)
     stored = int(w.block_bytes(1).sum())
     ws = w.working_set()
     budgets = {"unlimited": (1 << 40, 1 << 40, True),
@@ -325,6 +329,24 @@ def test_narrow_weight_gradients_are_priced_at_the_contraction_rate():
     flops = 2.0 * 1000 * 256 * 8 / fast.matmul_flops
     assert extra(256, 8) == pytest.approx(4.0 * 1000 * (256 + 8) / 1e9 - flops, rel=1e-6)
     assert extra(256, 256) == 0.0  # flop-bound: the contraction rate does not matter
+
+
+def test_a_sweeps_reads_and_writes_run_side_by_side():
+    """The engine reads the next partition on one thread while another writes the last one:
+    a sweep's I/O is ``r + w - io_parallel * min(r, w)``, then overlapped with its compute."""
+    _, _, _, w = equal_parts_workload(num_parts=3)
+    a = cost.uniform(w.num_parts, w.num_layers, [H] * w.num_layers, [H] * w.num_layers)
+    serial = predict(w, a, fixed_profile(overlap=0.0, io_parallel=0.0))
+    side_by_side = predict(w, a, fixed_profile(overlap=0.0, io_parallel=1.0))
+    both = [s for s in serial.sweeps if s.reads > 0 and s.writes > 0]
+    assert both  # forward sweeps write, backward sweeps accumulate
+    for s in serial.sweeps:
+        assert s.io == pytest.approx(s.reads + s.writes)
+        assert serial.sweep_seconds(s) == pytest.approx(s.compute + s.reads + s.writes)
+        assert side_by_side.sweep_seconds(s) == pytest.approx(
+            s.compute + max(s.reads, s.writes))
+    saved = sum(min(s.reads, s.writes) for s in both)
+    assert serial.epoch_seconds - side_by_side.epoch_seconds == pytest.approx(saved)
 
 
 def test_ssd_block_checksums_are_priced():

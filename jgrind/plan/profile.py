@@ -521,9 +521,10 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     report(f"CRC32 {checksum_bw / 1e9:.2f} GB/s")
     overlap = _overlap(matmul_step, matmul_x, matmul_work / matmul_flops, sizes, rng)
     report(f"overlap {overlap:.2f} (a row gather on a thread beside the matmul)")
-    io_parallel = _io_parallel(sizes, rng)
+    io_parallel = _io_parallel(matmul_step, matmul_x, matmul_work / matmul_flops, overlap,
+                               sizes, rng)
     report(f"reads beside writes {io_parallel:.2f} (a row gather and a scatter-add on two "
-           "threads)")
+           "threads, beside the matmul)")
     to_device_bw, to_device_small_bw, to_host_bw = _transfer_bw(sizes)
     report(f"host -> device {to_device_bw / 1e9:.2f} GB/s "
            f"({to_device_small_bw / 1e9:.2f} GB/s at {sizes.small_transfer_bytes / _MIB:.0f} MiB), "
@@ -1013,15 +1014,22 @@ def _on_thread(work: Callable[[], None], n: int) -> Callable[[], None]:
     return join
 
 
-def _io_parallel(sizes: _Sizes, rng: np.random.Generator) -> float:
-    """The share of the store's reads and writes that run side by side.
+def _io_parallel(step: Callable, x, step_seconds: float, overlap: float, sizes: _Sizes,
+                 rng: np.random.Generator) -> float:
+    """The share of the store's reads and writes that run side by side, as the cost model
+    uses it (`jgrind.plan.cost.Sweep`: ``io = r + w - io_parallel * min(r, w)``, then
+    ``c + io - overlap * min(c, io)``).
 
     In a sweep the engine reads the next partition's rows on its prefetch thread while its
-    writer thread stores or scatter-adds the last partition's output. Times a row gather
-    (`take_rows`) alone on a thread (``t_r``), a scatter-add (`add_rows`) alone on another
-    (``t_w``, about as long), and both at once (``t_both``): ``clamp((t_r + t_w - t_both) /
-    min(t_r, t_w), 0, 1)``, median over repeats. 1: the shorter costs nothing beside the
-    longer (two free cores, no lock held); 0: they take turns."""
+    writer thread stores or scatter-adds the last partition's output, and the step computes
+    on the main thread: three activities on the machine's cores. So this times all three at
+    once: a row gather (`take_rows`) on a thread (``r`` seconds alone), a scatter-add
+    (`add_rows`) on another (``w`` alone, about as long), and a jitted matmul chain of about
+    ``r + w`` seconds (``c``) on this thread, and solves the model for ``io_parallel``: the
+    value with which the sweep formula, at the measured ``overlap``, gives the measured
+    time. Median over repeats, clamped to [0, 1]. Measured without the compute, two threads
+    on two cores ran side by side almost fully (0.79 here), which the engine's sweeps do not
+    get."""
     rows, width, picked = sizes.gather
     source, target = np.ones((rows, width), np.float32), np.zeros((rows, width), np.float32)
     idx = np.sort(rng.choice(rows, picked, replace=False))
@@ -1033,10 +1041,9 @@ def _io_parallel(sizes: _Sizes, rng: np.random.Generator) -> float:
     def scatter_add() -> None:
         add_rows(target, idx, values)
 
-    def timed(*joins) -> float:
+    def timed(join: Callable[[], None]) -> float:
         start = time.perf_counter()
-        for join in joins:
-            join()
+        join()
         return time.perf_counter() - start
 
     def calls(work) -> int:
@@ -1047,14 +1054,20 @@ def _io_parallel(sizes: _Sizes, rng: np.random.Generator) -> float:
     n_r, n_w = calls(gather), calls(scatter_add)
     shares = []
     for _ in range(sizes.repeats):
-        t_r = timed(_on_thread(gather, n_r))
-        t_w = timed(_on_thread(scatter_add, n_w))
+        r = timed(_on_thread(gather, n_r))
+        w = timed(_on_thread(scatter_add, n_w))
+        n_c = max(1, round((r + w) / step_seconds))
+        c = _time_chain(step, x, n_c)
         start = time.perf_counter()
         joins = (_on_thread(gather, n_r), _on_thread(scatter_add, n_w))
+        _time_chain(step, x, n_c)
         for join in joins:
             join()
-        t_both = time.perf_counter() - start
-        shares.append((t_r + t_w - t_both) / max(min(t_r, t_w), 1e-9))
+        both = time.perf_counter() - start
+        # invert c + io - overlap * min(c, io) for io, then io = r + w - p * min(r, w) for p
+        io = (both - c) / max(1.0 - overlap, 1e-9) if both - c < (1.0 - overlap) * c \
+            else both - (1.0 - overlap) * c
+        shares.append((r + w - io) / max(min(r, w), 1e-9))
     return min(1.0, max(0.0, statistics.median(shares)))
 
 
