@@ -236,9 +236,9 @@ class Products:
     A backward step that regathers and recomputes runs ``forward - masked`` (when masked)
     ``+ weight_grad (+ input_grad)``; a whole-graph step, whose autodiff keeps the forward's
     intermediates, runs ``forward + weight_grad (+ input_grad)``. Counting them one by one
-    matters: for ``(A X) W`` the weight gradient needs no second sparse product, for
-    ``A (X W)`` it does, so a flat "backward = 3 forwards" overprices the first and
-    underprices the second."""
+    matters: for ``(A X) W`` the weight gradient needs no second sparse product (``A^T``
+    only serves the input gradient), for ``A (X W)`` it does, so a flat "backward = 3
+    forwards" prices a sparse product too many in every backward step of the first."""
 
     forward: np.ndarray
     masked: np.ndarray
@@ -553,11 +553,10 @@ class Sweep:
     layer: int
     kind: str               # forward | recompute | backward
     compute: float
-    io: float               # reads + writes, as if one after the other
+    reads: float            # gathers and block reads: the engine's prefetch thread
+    writes: float           # writes and scatter-adds: its writer thread
     io_by_tier: tuple       # ((tier name, seconds), ...) for the schedule chart
     moves: tuple            # human-readable: ("reload H_1 from ssd", "offload H_2 to host")
-    reads: float = 0.0      # gathers and block reads: the engine's prefetch thread
-    writes: float = 0.0     # writes and scatter-adds: its writer thread
 
     def io_seconds(self, parallel: float = 0.0) -> float:
         """The sweep's I/O time: reads and writes run on two threads, so ``parallel`` (the
@@ -875,12 +874,11 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
             compute = step_seconds(w, profile, l, backward_kind(w, l, l in kept),
                                    masked=l + 1 not in kept)
         sweeps.append(Sweep(label=f"{kind} {l}", layer=l, kind=kind, compute=compute,
-                            io=io["host"] + io["ssd"],
                             io_by_tier=tuple(sorted(io.items())), moves=tuple(moves),
                             **direction))
     update = 3.0 * num_params * ITEMSIZE * 4 / profile.copy_bw
     return Prediction(tuple(sweeps), float(profile.overlap), mem, update,
-                      float(getattr(profile, "io_parallel", 0.0)))
+                      float(profile.io_parallel))
 
 
 # The whole-graph training steps `jgrind profile` times (`Profile.fused_steps`): a GCN with

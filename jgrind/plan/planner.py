@@ -183,7 +183,7 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
     m_dev, m_host = t0 + len(order), t0 + len(order) + 1
     n = m_host + 1
     eta = float(profile.overlap)
-    par = float(getattr(profile, "io_parallel", 0.0))
+    par = float(profile.io_parallel)
 
     def x(g, code):
         return 4 * gi[g] + code

@@ -81,7 +81,8 @@ _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scat
                  "copy_bw", "to_device_bw", "to_device_small_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw",
                  "ssd_latency",
                  "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
-                 "update_call_overhead", "overlap", "io_parallel", "checksum_bw", "contraction_bw")
+                 "update_call_overhead", "overlap", "io_parallel", "checksum_bw",
+                 "contraction_bw")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
                "to_device_small_bytes")
 
@@ -125,8 +126,8 @@ class Profile:
     read_call_overhead: float    # seconds of Python/NumPy work per row-span read, beyond I/O
     update_call_overhead: float  # the same per read-add-write of a row span (scatter-adds)
     overlap: float         # latency-hiding factor in [0, 1]
-    io_parallel: float     # share of a row gather on one thread that runs beside a scatter-add
-    #                        on another (the engine's prefetch and writer threads), in [0, 1]
+    io_parallel: float     # share of a sweep's reads (prefetch thread) and writes (writer
+    #                        thread) that run side by side, measured beside compute, in [0, 1]
     checksum_bw: float     # `zlib.crc32` of a large array, bytes/s (the SSD tier checks blocks)
     fused_steps: tuple     # [nodes, edges, seconds] of one jitted whole-graph training step
     #                        of the reference GCN (`jgrind.plan.cost.FUSED_REFERENCE`) on
@@ -459,12 +460,14 @@ class _Sizes:
     fused: tuple[int, ...]           # nodes of the whole-graph steps' graphs (mean degree 10)
 
 
-_FULL = _Sizes(matmul=(4096, 256), matmul_chain=8, contraction=(100_000, 256, 8), spmm=(200_000, 2_000_000, 64),
+_FULL = _Sizes(matmul=(4096, 256), matmul_chain=8, contraction=(100_000, 256, 8),
+               spmm=(200_000, 2_000_000, 64),
                latency_calls=200, gather=(1_000_000, 64, 250_000), copy_bytes=256 * _MIB,
                transfer_bytes=64 * _MIB, small_transfer_bytes=4 * _MIB, ssd_bytes=256 * _MIB, chunk=8 * _MIB,
                random_reads=256, target=0.2, overlap_seconds=0.3, repeats=5,
                fused=(40_000, 160_000))
-_QUICK = _Sizes(matmul=(1024, 128), matmul_chain=4, contraction=(10_000, 64, 8), spmm=(20_000, 100_000, 32),
+_QUICK = _Sizes(matmul=(1024, 128), matmul_chain=4, contraction=(10_000, 64, 8),
+                spmm=(20_000, 100_000, 32),
                 latency_calls=30, gather=(50_000, 32, 12_500), copy_bytes=8 * _MIB,
                 transfer_bytes=4 * _MIB, small_transfer_bytes=1 * _MIB, ssd_bytes=16 * _MIB, chunk=4 * _MIB,
                 random_reads=32, target=0.02, overlap_seconds=0.04, repeats=3,
@@ -554,7 +557,8 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     return Profile(
         version=PROFILE_VERSION, machine=machine_fingerprint(),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        matmul_flops=matmul_flops, contraction_bw=contraction_bw, spmm_rate=spmm_rate, step_latency=step_latency,
+        matmul_flops=matmul_flops, contraction_bw=contraction_bw, spmm_rate=spmm_rate,
+        step_latency=step_latency,
         gather_bw=gather_bw, scatter_add_bw=scatter_add_bw, copy_bw=copy_bw,
         to_device_bw=to_device_bw, to_device_small_bw=to_device_small_bw,
         to_device_bytes=sizes.transfer_bytes, to_device_small_bytes=sizes.small_transfer_bytes,
@@ -562,7 +566,8 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         ssd_read_bw=ssd_read_bw, ssd_write_bw=ssd_write_bw, ssd_latency=ssd_latency,
         cached_read_bw=cached_read_bw, cached_write_bw=cached_write_bw,
         cached_latency=cached_latency, read_call_overhead=read_call,
-        update_call_overhead=update_call, overlap=overlap, io_parallel=io_parallel, checksum_bw=checksum_bw,
+        update_call_overhead=update_call, overlap=overlap, io_parallel=io_parallel,
+        checksum_bw=checksum_bw,
         fused_steps=fused_steps,
         device_free=_device_free(jax.devices()[0]),
         host_free=int(psutil.virtual_memory().available),
