@@ -558,12 +558,12 @@ class Sweep:
     io_by_tier: tuple       # ((tier name, seconds), ...) for the schedule chart
     moves: tuple            # human-readable: ("reload H_1 from ssd", "offload H_2 to host")
 
-    def io_seconds(self, parallel: float = 0.0) -> float:
+    def io_seconds(self, parallel: float) -> float:
         """The sweep's I/O time: reads and writes run on two threads, so ``parallel`` (the
         profile's `io_parallel`) of the shorter side runs beside the longer."""
         return self.reads + self.writes - parallel * min(self.reads, self.writes)
 
-    def seconds(self, overlap: float, parallel: float = 0.0) -> float:
+    def seconds(self, overlap: float, parallel: float) -> float:
         io = self.io_seconds(parallel)
         return self.compute + io - overlap * min(self.compute, io)
 
@@ -746,7 +746,7 @@ class Prediction:
     overlap: float
     memory: Memory
     update_seconds: float
-    parallel: float = 0.0   # share of a sweep's reads and writes that run side by side
+    parallel: float         # share of a sweep's reads and writes that run side by side
 
     def sweep_seconds(self, sweep: Sweep) -> float:
         return sweep.seconds(self.overlap, self.parallel)
