@@ -96,6 +96,43 @@ def test_ssd_reads_keep_the_page_cache_out_of_the_way(tmp_path, monkeypatch):
         assert advice.count(os.POSIX_FADV_DONTNEED) == 2
 
 
+def test_page_cache_rates_are_taken_as_the_ssd_tier_moves_data(tmp_path, monkeypatch):
+    """Reads in MiB pieces through one reused buffer and writes over pages already written,
+    so that neither rate folds in per-call costs (charged separately, per span) nor first
+    page allocations (the engine rewrites its files): 64 KiB reads into fresh buffers and
+    writes to a truncated file read as half the engine's rates."""
+    import numpy as np
+    name = tmp_path / "data"
+    size = 4 * profile._CACHED_PIECE
+    name.write_bytes(os.urandom(size))
+    reads, writes, real_preadv, real_pwrite = [], [], os.preadv, os.pwrite
+
+    def preadv(fd, buffers, offset):
+        reads.append((id(buffers[0]), memoryview(buffers[0]).nbytes))
+        return real_preadv(fd, buffers, offset)
+
+    def pwrite(fd, data, offset):
+        writes.append((offset, memoryview(data).nbytes, os.fstat(fd).st_size))
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    sizes = dataclasses.replace(profile._QUICK, ssd_bytes=size, repeats=2, random_reads=8)
+    fd = os.open(name, os.O_RDWR)
+    try:
+        write_bw, read_bw, latency = profile._page_cache(fd, str(name), sizes,
+                                                          np.random.default_rng(0))
+    finally:
+        os.close(fd)
+    assert write_bw > 0 and read_bw > 0 and latency > 0
+    pieces = [r for r in reads if r[1] != profile._PAGE]  # less the 4 KiB latency reads
+    assert {n for _, n in pieces} == {profile._CACHED_PIECE}
+    assert len({buffer for buffer, _ in pieces}) == 1
+    assert writes and all(n == profile._CACHED_PIECE and offset + n <= file_size
+                          for offset, n, file_size in writes)
+    assert os.path.getsize(name) == size
+
+
 def test_save_load_round_trip_and_default_path(measured, tmp_path, monkeypatch):
     got, _ = measured
     path = profile.save(got, tmp_path / "new" / "profile.json")

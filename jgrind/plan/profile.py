@@ -47,7 +47,7 @@ from jgrind import hugepages
 from jgrind.buffers import aligned_empty
 from jgrind.rows import add_rows, take_rows
 
-PROFILE_VERSION = 11  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 12  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
@@ -59,9 +59,12 @@ PROFILE_VERSION = 11  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                         calls measured as the SSD tier's loop runs them (scratch reused)
 #                     10: the weight-gradient contraction with a narrow output
 #                     11: reads beside writes (`io_parallel`)
+#                     12: page-cache rates in MiB pieces through one reused buffer, writes
+#                         over cached pages: as the SSD tier moves its spans and blocks
 
 _MIB = 2**20
 _PAGE = 4096
+_CACHED_PIECE = _MIB  # bytes per call when timing the page cache (see `_page_cache`)
 _ADVICE = "run `jgrind profile` to re-measure"
 
 
@@ -120,8 +123,8 @@ class Profile:
     ssd_read_bw: float     # sequential read, page cache out of the way, bytes/s
     ssd_write_bw: float    # sequential write + fsync, bytes/s
     ssd_latency: float     # seconds per random 4 KiB read, page cache out of the way
-    cached_read_bw: float  # sequential read of a file held in the OS page cache, bytes/s
-    cached_write_bw: float  # buffered write (no fsync: into the page cache), bytes/s
+    cached_read_bw: float  # reads of a file held in the OS page cache, 1 MiB per call, bytes/s
+    cached_write_bw: float  # buffered writes (no fsync) over pages the cache holds, bytes/s
     cached_latency: float  # seconds per 4 KiB read served by the page cache (a system call)
     read_call_overhead: float    # seconds of Python/NumPy work per row-span read, beyond I/O
     update_call_overhead: float  # the same per read-add-write of a row span (scatter-adds)
@@ -856,27 +859,37 @@ def _ssd_write(fd: int, sizes: _Sizes, rng: np.random.Generator) -> float:
 
 def _page_cache(fd: int, name: str, sizes: _Sizes,
                 rng: np.random.Generator) -> tuple[float, float, float]:
-    """Buffered write (no fsync), sequential read and 4 KiB reads of a file the OS page cache
-    holds: what the SSD tier costs while its files fit in the RAM the budgets leave free
-    (the engine reads and writes through the page cache)."""
-    chunk = np.frombuffer(rng.bytes(sizes.chunk), np.uint8)
-    count = sizes.ssd_bytes // sizes.chunk
+    """Write, read and 4 KiB reads of a file the OS page cache holds: what the SSD tier costs
+    while its files fit in the RAM the budgets leave free (the engine reads and writes
+    through the page cache).
+
+    The rates are taken as the SSD tier moves data: `_CACHED_PIECE` bytes per call through
+    one reused buffer (its row spans go through a per-thread scratch buffer in pieces of up
+    to 4 MiB; blocks are MiBs), and writes over pages the cache already holds (from its
+    second epoch on the engine rewrites the same files; its scatter-adds rewrite pages they
+    have just read). Smaller calls would fold the per-call cost into the rate, which the cost
+    model charges separately (``cached_latency``): 64 KiB reads ran at ~10 GB/s here against
+    ~18 GB/s in 1 MiB pieces, and writes that first allocate their pages ran at 5-6 GB/s
+    against 10-17 GB/s over cached ones (docs/results.md, section 7)."""
+    piece = np.frombuffer(rng.bytes(_CACHED_PIECE), np.uint8)
+    pieces = sizes.ssd_bytes // _CACHED_PIECE
+    for i in range(pieces):  # the file's pages into the cache (dirty, as the engine's are)
+        os.pwrite(fd, piece, i * _CACHED_PIECE)
 
     def write() -> None:
-        for i in range(count):
-            os.pwrite(fd, chunk, i * sizes.chunk)
+        for i in range(pieces):
+            os.pwrite(fd, piece, i * _CACHED_PIECE)
 
-    write_bw = _best_rate(count * sizes.chunk, write, sizes.repeats)
+    write_bw = _best_rate(pieces * _CACHED_PIECE, write, sizes.repeats)
     reader = os.open(name, os.O_RDONLY)
-    span = 64 << 10  # the engine reads row spans of tens of KiB into fresh buffers
-    spans = count * sizes.chunk // span
+    buffer = np.empty(_CACHED_PIECE, np.uint8)
     try:
         def read() -> None:
-            for i in range(spans):
-                os.preadv(reader, [np.empty(span, np.uint8)], i * span)
+            for i in range(pieces):
+                os.preadv(reader, [buffer], i * _CACHED_PIECE)
 
-        read_bw = _best_rate(spans * span, read, sizes.repeats)
-        pages = count * sizes.chunk // _PAGE
+        read_bw = _best_rate(pieces * _CACHED_PIECE, read, sizes.repeats)
+        pages = pieces * _CACHED_PIECE // _PAGE
         offsets = rng.choice(pages, min(pages, sizes.random_reads), replace=False) * _PAGE
         page = np.empty(_PAGE, np.uint8)
         start = time.perf_counter()
