@@ -48,11 +48,14 @@ def fixed_profile(**overrides) -> Profile:
     return Profile(**figures)
 
 
-def equal_parts_workload(num_parts=2, hidden=32, num_layers=2, nodes=240):
+def equal_parts_workload(num_parts=2, hidden=32, num_layers=2, nodes=240, whole=False):
     """Equal-size partitions (contiguous cut of a graph whose size divides evenly), so a
-    count of blocks per tier has one byte size and brute force can enumerate counts."""
+    count of blocks per tier has one byte size and brute force can enumerate counts.
+    ``whole``: a LayerNorm before every layer but the first, which keeps the narrowing top
+    layer whole (`jgrind.models.split`): one layer fewer to enumerate."""
     graph = community_graph(num_nodes=nodes, num_features=16)
-    model = models.gcn(graph.num_features, hidden, graph.num_classes, num_layers=num_layers)
+    model = models.gcn(graph.num_features, hidden, graph.num_classes, num_layers=num_layers,
+                       layer_norm=whole)
     normalized = model.normalize(graph)
     assignment = np.repeat(np.arange(num_parts), nodes // num_parts)
     pg = partition_graph(normalized, assignment, num_parts=num_parts)
@@ -103,7 +106,7 @@ CASES = ["unlimited", "device-tight", "ssd", "no-ssd-recompute"]
                          [(c, k, 0.5) for c in CASES for k in (True, False)]
                          + [("ssd", True, 1.0), ("device-tight", True, 0.0)])
 def test_plan_is_optimal_against_brute_force(case, keep, parallel):
-    graph, model, pg, w = equal_parts_workload(num_parts=3, num_layers=2)
+    graph, model, pg, w = equal_parts_workload(num_parts=3, num_layers=2, whole=True)
     assert w.aggregated == {0: 16}  # layer 0 can keep its aggregation
     profile = fixed_profile(io_parallel=parallel)
     stored = int(w.block_bytes(1).sum())
@@ -133,7 +136,11 @@ def test_plan_uses_the_tiers_the_budgets_force():
     profile = fixed_profile()
     ws = w.working_set()
     free = plan(w, profile, device_budget=1 << 40, host_budget=1 << 40, directory="/tmp")
-    assert all(np.all(c == D) for c in free.assignment.activations)
+    # nothing forces the slow tiers (the device or host RAM, whichever the model prices
+    # faster: on this profile a block written to host RAM costs less than one scattered into
+    # a device table)
+    assert all(np.all((c == D) | (c == H)) for c in free.assignment.activations)
+    assert any(np.any(c == D) for c in free.assignment.activations)
     stored = sum(int(w.block_bytes(l).sum()) for l in range(3))
     tight = plan(w, profile, device_budget=ws + stored // 4, host_budget=stored // 4,
                  directory="/tmp")
@@ -160,8 +167,8 @@ def test_infeasible_budgets_say_the_smallest_that_work():
 def test_predicted_memory_matches_the_store_accounts(tmp_path, keep):
     graph, model, pg, w = equal_parts_workload(num_parts=4, num_layers=3)
     profile = fixed_profile()
-    stored = sum(int(w.block_bytes(l).sum()) for l in range(3))
-    dev, host = w.working_set() + stored // 3, stored // 2
+    stored = sum(int(w.block_bytes(l).sum()) for l in range(w.num_layers))
+    dev, host = w.working_set() + stored // 4, stored // 2
     the_plan = plan(w, profile, device_budget=dev, host_budget=host, directory=str(tmp_path),
                     keep=keep)
     assert bool(the_plan.assignment.aggregations) == keep  # this plan keeps some when allowed
@@ -186,13 +193,16 @@ def test_sweep_order_is_the_engines(tmp_path):
     also where kept aggregations make recomputing a layer's input unnecessary."""
     graph, model, pg, w = equal_parts_workload(num_parts=2, num_layers=4)
     assert sorted(w.aggregated) == [0, 1, 2]
+    L = w.num_layers  # 5: the narrowing top layer runs as transform + propagation
+    assert L == 5
 
     def recompute_but_keep_z1(info):
         if info.name == "aggregation":
             return Fate.HOST if info.layer == 1 else Fate.RECOMPUTE
         return Fate.RECOMPUTE if info.recomputable else Fate.HOST
-    for policy, rset, kept in ((policies.recompute_activations(), frozenset({1, 2, 3}), ()),
-                               (recompute_but_keep_z1, frozenset({1, 2, 3}), (1,)),
+    every = frozenset(range(1, L))
+    for policy, rset, kept in ((policies.recompute_activations(), every, ()),
+                               (recompute_but_keep_z1, every, (1,)),
                                (policies.host_offload(), frozenset(), ())):
         ex = OutOfCore(graph, model, optax.adam(1e-2), policy=policy, partitioned=pg)
         calls = []
@@ -203,7 +213,7 @@ def test_sweep_order_is_the_engines(tmp_path):
             ex.loss_and_grad(model.init(jax.random.key(0)), jax.random.key(1))
         finally:
             ex.close()
-        predicted = [l for kind, l in sweep_order(4, rset, frozenset(kept))
+        predicted = [l for kind, l in sweep_order(L, rset, frozenset(kept))
                      if kind != "backward"]
         assert calls == predicted
 
@@ -376,7 +386,9 @@ def test_auto_composes_with_a_user_policy(tmp_path):
         grads = {f for (name, _, _), f in ex.fates.items() if name == "gradient"}
         acts = {f for (name, _, _), f in ex.fates.items() if name == "activation"}
         assert grads == {Fate.HOST}
-        assert acts == {Fate.DEVICE}  # the plan: everything fits on the device
+        # the plan's fates (everything fits, so the device or host RAM, as it prices them),
+        # not host_offload's
+        assert Fate.DEVICE in acts and acts <= {Fate.DEVICE, Fate.HOST}
     finally:
         ex.close()
 

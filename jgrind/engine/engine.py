@@ -25,6 +25,12 @@ The GriNNder scheme in JAX (see docs/architecture.md):
   count towards the device working set and are left out when the device budget cannot hold
   them (`jgrind.plan.cost.fit_masks`).
 
+* **Node-wise layers** (``aggregates = False``: `jgrind.models.Linear`, and the transform half
+  of a GCN layer split by `jgrind.models.split.as_executed`) read no neighbours, so their
+  steps read the partition's own block of ``H_l`` instead of gathering a halo, on a block
+  with no halo rows; their input gradient has no halo rows either and is written as the
+  block of ``G_l``, not scatter-added (no other layer adds to it).
+
 The `naive` policy (for comparison only) changes the I/O, not the numbers: it keeps an SSD
 snapshot of every gathered input from forward to backward instead of regathering, and reads SSD
 rows one at a time (`jgrind.plan.policies.IOStrategy`).
@@ -49,8 +55,10 @@ from jgrind.engine.steps import LayerSteps, PaddedPartition, layer_steps, pad_pa
 from jgrind.engine.store import BudgetError, Snapshot, Store, Table
 from jgrind.graph import Graph
 from jgrind.loss import node_weights
+from jgrind.models.block import Block
 from jgrind.models.conv import derivative_from_output
 from jgrind.models.model import GNN, layer_key
+from jgrind.models.split import as_executed
 from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.cost import Assignment, Memory, Workload, fit_masks, format_bytes, memory
@@ -88,6 +96,8 @@ class OutOfCore:
                  store: Optional[str] = None, device_budget: Optional[int] = None,
                  host_budget: Optional[int] = None, remat_policy=None, prefetch: bool = True,
                  max_shapes: int = 3, seed: int = 0):
+        # the layers as run: narrowing GCN layers split into transform + propagation
+        model, self.executed = as_executed(model)
         self.model, self.optimizer = model, optimizer
         self.device_budget = UNLIMITED if device_budget is None else int(device_budget)
         self.host_budget = UNLIMITED if host_budget is None else int(host_budget)
@@ -125,6 +135,9 @@ class OutOfCore:
         self.kept = {l: fates for l, fates in kept.items() if Fate.RECOMPUTE not in fates}
         self.memory = self._memory_plan()
         self._check_budgets()
+        # node-wise layers read own blocks (the naive scheme keeps its gathered snapshots)
+        self.local = [not getattr(layer, "aggregates", True) and not self.io.snapshots
+                      for layer in model.layers]
         # layer l+1's backward steps hand layer l's backward the mask of l's output
         rules = [derivative_from_output(layer) if self.workload.masked(l) else None
                  for l, layer in enumerate(model.layers)]
@@ -160,6 +173,8 @@ class OutOfCore:
         structure = sum(part.nbytes() for part in self.parts)
         self._blocks = ({part.index: jax.device_put(part.block) for part in self.parts}
                         if self.memory.device + structure <= self.device_budget else {})
+        self._local_blocks = {part.index: jax.device_put(_local_block(part))
+                              for part in self.parts} if any(self.local) else {}
         self.pool = cf.ThreadPoolExecutor(max_workers=2) if prefetch else None
         self.writer = cf.ThreadPoolExecutor(max_workers=1) if prefetch else None
         self._update = jax.jit(self._apply_update, donate_argnums=(0, 1))
@@ -219,6 +234,14 @@ class OutOfCore:
 
     def loss_and_grad(self, params, key):
         """``(grads, loss)`` of the full-graph loss, computed partition by partition."""
+        grads, loss = self._executed_loss_and_grad(self.executed.split_params(params), key)
+        return self.executed.merge_params(grads), loss
+
+    def _key(self, key, l: int):
+        """Executed layer l's dropout key: its model layer's."""
+        return layer_key(key, self.executed.origin[l])
+
+    def _executed_loss_and_grad(self, params, key):
         L = self.num_layers
         for l in range(L - 1):
             if self.io.snapshots:  # the naive scheme: filled by this forward, read by backward
@@ -265,19 +288,19 @@ class OutOfCore:
         also written to it."""
         src, dst = self.activations[l], self.activations[l + 1]
         dst.materialize()
-        steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
+        steps, p_l, k_l = self.steps[l], params[l], self._key(key, l)
         kept = self.aggregations.get(l) if keep and key is not None else None
         snap = self._snapshots.get(l)
         snap = snap if snap is not None and not snap.filled else None
         pending: collections.deque = collections.deque()
-        for part, h_in in self._gathered(src):
+        for part, h_in in self._inputs(l, src):
             if snap is not None:
                 self._write(pending, snap.write, part.index, h_in)
             if kept is not None:
                 out, z = steps.forward_saving(p_l, self._device_block(part), h_in, k_l)
                 self._write(pending, kept.write, part.index, z)
             else:
-                out = steps.forward(p_l, self._device_block(part), h_in, k_l)
+                out = steps.forward(p_l, self._step_block(part, l), h_in, k_l)
             self._write(pending, dst.write, part.index, out)
         self._wait(pending)
         if snap is not None:
@@ -287,7 +310,7 @@ class OutOfCore:
         """Layer l's backward sweep. ``masks``: its output masks per partition (from layer
         l+1's sweep), or None to recompute the output. Returns the masks of layer l-1's output
         when this layer's steps make them, else None."""
-        steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
+        steps, p_l, k_l = self.steps[l], params[l], self._key(key, l)
         top = l == self.num_layers - 1
         if l in self.aggregations:
             return loss, self._backward_from_kept(params, l, key, upper, lower, acc, masks), None
@@ -295,8 +318,9 @@ class OutOfCore:
         pending: collections.deque = collections.deque()
         snap = self._snapshots.get(l)
         snap = snap if snap is not None and snap.filled else None
-        for part, h_in in self._gathered(self.activations[l], snap):
-            block = self._device_block(part)
+        store_input_gradient = self._store_input_gradient(l, lower)
+        for part, h_in in self._inputs(l, self.activations[l], snap):
+            block = self._step_block(part, l)
             if top:
                 out = steps.top(p_l, block, h_in, k_l, part.labels, part.weights, acc)
                 loss = loss + out[0]
@@ -315,8 +339,7 @@ class OutOfCore:
             if made is not None:
                 made[part.index] = out[2]
             if lower is not None:
-                self._write(pending, lower.accumulate, part.index, part.halo_owner,
-                            part.halo_row, d_h)
+                self._write(pending, store_input_gradient, part, d_h)
         self._wait(pending)
         return loss, acc, made
 
@@ -324,7 +347,7 @@ class OutOfCore:
         """Layer l's backward sweep from its kept aggregation: no regather, no recompute of
         the sparse product. Makes no masks for layer l-1 (it does not see ``H_l``), so that
         layer recomputes its pre-activation (from its own kept ``Z``) or its output."""
-        steps, p_l, k_l = self.steps[l], params[l], layer_key(key, l)
+        steps, p_l, k_l = self.steps[l], params[l], self._key(key, l)
         kept = self.aggregations[l]
         pending: collections.deque = collections.deque()
         for part, z in self._loaded(lambda part: kept.read(part.index, part.num_out)):
@@ -340,7 +363,22 @@ class OutOfCore:
         self._wait(pending)
         return acc
 
+    def _store_input_gradient(self, l: int, lower: Optional[Table]) -> Callable:
+        """How layer l's backward stores a partition's input gradient into ``G_l``: its own
+        block written whole for a node-wise layer, else own and halo rows scatter-added."""
+        if lower is not None and self.local[l]:
+            return lambda part, d_h: lower.write(part.index, d_h)
+        return lambda part, d_h: lower.accumulate(part.index, part.halo_owner, part.halo_row,
+                                                  d_h)
+
     # -- overlapped I/O -----------------------------------------------------------------------
+    def _inputs(self, l: int, table: Table, snapshot: Optional[Snapshot] = None):
+        """Yield ``(part, layer l's step input)``: the partition's own block of ``table`` for a
+        node-wise layer, else its gathered own and halo rows (see `_gathered`)."""
+        if self.local[l] and snapshot is None:
+            return self._loaded(lambda part: table.read(part.index, part.num_out))
+        return self._gathered(table, snapshot)
+
     def _gathered(self, table: Table, snapshot: Optional[Snapshot] = None):
         """Yield ``(part, inputs)`` while the next partition's inputs load in the background;
         inputs are gathered from ``table``, or read back from ``snapshot`` if one is given."""
@@ -367,6 +405,10 @@ class OutOfCore:
         cached = self._blocks.get(part.index)
         return cached if cached is not None else jax.device_put(part.block)
 
+    def _step_block(self, part: PaddedPartition, l: int):
+        """The block layer l's steps run on: without halo rows for a node-wise layer."""
+        return self._local_blocks[part.index] if self.local[l] else self._device_block(part)
+
     def _write(self, pending: collections.deque, fn, *args) -> None:
         """Run ``fn(*args)`` on the writer thread. At most `MAX_PENDING_WRITES` writes wait in
         its queue: each holds a partition's output, so an unbounded queue (a writer slower than
@@ -388,12 +430,13 @@ class OutOfCore:
     def predict(self, params) -> np.ndarray:
         """Logits ``[N, C]`` in the graph's node order, dropout off, partition by partition."""
         L = self.num_layers
+        params = self.executed.split_params(params)
         for l in range(L - 1):
             self._forward_layer(params, l, None)
         logits = np.zeros((self.num_nodes, self.widths[-1]), np.float32)
         steps, p_top = self.steps[-1], params[-1]
-        for part, h_in in self._gathered(self.activations[L - 1]):
-            out = steps.forward(p_top, self._device_block(part), h_in, None)
+        for part, h_in in self._inputs(L - 1, self.activations[L - 1]):
+            out = steps.forward(p_top, self._step_block(part, L - 1), h_in, None)
             logits[part.owned] = np.asarray(out)[: part.num_owned]
         for l in range(1, L):
             if self.activations[l].recomputed:
@@ -411,3 +454,10 @@ class OutOfCore:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _local_block(part: PaddedPartition) -> Block:
+    """``part``'s block for a node-wise layer: its padded output rows are its inputs (their
+    global ids key the dropout masks), with no halo and no edges."""
+    return Block(adj=None, edge_src=None, edge_dst=None,
+                 node_ids=np.asarray(part.block.node_ids)[: part.num_out], num_out=part.num_out)

@@ -124,9 +124,12 @@ class Workload:
 
     @classmethod
     def build(cls, pg, model, max_shapes: int = 3) -> "Workload":
-        """From a `PartitionedGraph` (of the normalised graph) and a `GNN`."""
+        """From a `PartitionedGraph` (of the normalised graph) and a `GNN`, whose layers are
+        taken as the engine runs them (`jgrind.models.split.as_executed`)."""
+        from jgrind.models.split import as_executed
         from jgrind.partition import shape_groups
         from jgrind.plan.inventory import aggregation_widths, layer_widths
+        model = as_executed(model)[0]
         parts = pg.partitions
         P = len(parts)
         shapes = shape_groups(parts, max_shapes)
@@ -187,6 +190,17 @@ class Workload:
             nbytes = nbytes + 2 * ITEMSIZE * self.pad_edges
         return nbytes
 
+    def local(self, layer: int) -> bool:
+        """Whether ``layer`` is node-wise (reads no neighbours): the engine then reads each
+        partition's own block of its input instead of gathering a halo, and writes its input
+        gradient as a block instead of scatter-adding it."""
+        return not getattr(self.layers[layer], "aggregates", True)
+
+    def step_inputs(self, layer: int) -> np.ndarray:
+        """``[P]`` padded input rows of ``layer``'s steps: the padded outputs for a node-wise
+        layer, else owned plus halo."""
+        return self.pad_out if self.local(layer) else self.pad_in
+
     def masked(self, layer: int) -> bool:
         """Whether layer ``layer``'s backward steps run from its output mask (no recompute of
         the output): masks on, a ReLU-like layer without residual, and not the top layer."""
@@ -216,7 +230,8 @@ class Workload:
         structure = self.structure_bytes()
         for l in range(self.num_layers):
             f_in, f_out = self.widths[l], self.widths[l + 1]
-            need = ITEMSIZE * (self.pad_in * f_in * 2 + self.pad_out * f_out * 3) + structure
+            need = ITEMSIZE * (self.step_inputs(l) * f_in * 2 + self.pad_out * f_out * 3) \
+                + structure
             worst = max(worst, int(need.max(initial=0)))
         return worst
 
@@ -281,6 +296,10 @@ def layer_products(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> P
         return Products(forward=forward, masked=forward,
                         weight_grad=wg(n_in, w_in, w_out) + root_grad + sp(w_out),
                         input_grad=dense)
+    if kind == "Propagate":  # the aggregation half of a split GCN layer: A U + b, no weight
+        forward = sp(w_out)
+        return Products(forward=forward, masked=forward, weight_grad=0.0 * forward,
+                        input_grad=sp(w_out))
     if kind == "GATConv":
         # z = x W on every input row, then per edge: scores, softmax and a weighted gather-sum;
         # the edge work runs as XLA gathers/segment sums, priced as memory traffic. Its
@@ -358,7 +377,8 @@ def step_seconds(w: Workload, profile, layer: int, kind: str,
     aggregation). Backward steps from an output mask skip `Products.masked`; ``masked``
     overrides `Workload.masked` (the layer above makes no masks when it keeps its own
     aggregation: it does not regather this layer's output)."""
-    shape = (w.widths[layer], w.widths[layer + 1], w.pad_out, w.pad_in, w.pad_edges, profile)
+    shape = (w.widths[layer], w.widths[layer + 1], w.pad_out, w.step_inputs(layer),
+             w.pad_edges, profile)
     masked = w.masked(layer) if masked is None else masked and w.masked(layer)
     if kind.startswith("kept"):
         t = kept_seconds(w.layers[layer], *shape, input_grad=kind == "kept backward",
@@ -433,7 +453,11 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
     ``codes[p]`` is the tier of block p. ``reread``: the blocks were already read once since
     they were written (a cache that holds everything then serves them from host RAM).
     ``fast=False`` prices device rows as in a mixed layer even when all are on the device.
+    A node-wise layer reads only each partition's own block (`Workload.local`).
     """
+    if w.local(layer):  # recomputed blocks are read as host ones; SSD blocks are checked
+        return read_block_seconds(w, profile, layer, np.where(codes == R, H, codes), cache,
+                                  verified=True)
     row = w.widths[layer] * ITEMSIZE
     active = w.owned > 0
     if fast and np.all(codes == D):  # one device-side take per partition
@@ -518,7 +542,10 @@ def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
 def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
                        fast: bool = True) -> float:
     """Seconds to scatter-add every partition's input gradient (own + halo rows) into
-    ``G_layer``: a read-modify-write of rows in the tier of each row's owner block."""
+    ``G_layer``: a read-modify-write of rows in the tier of each row's owner block. A
+    node-wise layer's input gradient has no halo rows: it is written as the block."""
+    if w.local(layer):
+        return write_seconds(w, profile, layer, codes)
     row = w.widths[layer] * ITEMSIZE
     active = w.owned > 0
     if fast and np.all(codes == D):

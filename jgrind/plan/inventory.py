@@ -44,7 +44,10 @@ def aggregation_widths(model) -> dict:
 
 
 def build_inventory(model, pg, itemsize: int = 4) -> list[TensorInfo]:
-    """All activation, gradient and aggregation blocks of one epoch of ``model`` on ``pg``."""
+    """All activation, gradient and aggregation blocks of one epoch of ``model`` on ``pg``,
+    its layers taken as the engine runs them (`jgrind.models.split.as_executed`)."""
+    from jgrind.models.split import as_executed
+    model = as_executed(model)[0]
     num_layers = len(model.layers)
     widths = layer_widths(model, pg.graph.num_features)
     aggregated = aggregation_widths(model)
