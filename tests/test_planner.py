@@ -437,3 +437,26 @@ def test_stale_profile_is_remeasured_by_auto(tmp_path, monkeypatch):
     loaded = policies.auto(profile=str(path)).load_profile()
     assert measured and loaded.stale_reason() is None
     assert json.loads(path.read_text())["machine"]["cpu"] == machine_fingerprint()["cpu"]
+
+
+def test_planning_skips_programs_that_cannot_win(monkeypatch):
+    """Planning time: the disk's SSD regime is not solved when every block fits in the RAM
+    the profile saw free (every plan is page-cached then), and the narrow output of a split
+    GCN layer's transform is not a recompute candidate."""
+    from jgrind.plan import planner
+    graph, model, pg, w = equal_parts_workload(num_parts=3, num_layers=3)
+    assert w.num_layers == 4 and w.local(2)  # ..., transform (32 -> classes), propagation
+    assert {l for s in planner._recompute_sets(w, True) for l in s} == {1, 2}
+    solved = []
+    real = planner._solve
+
+    def counting(w, profile, *args, **kwargs):
+        solved.append(profile.ssd_read_bw)
+        return real(w, profile, *args, **kwargs)
+    monkeypatch.setattr(planner, "_solve", counting)
+    for host_free, regimes in ((0, {4e8, 5e9}), (1 << 40, {5e9})):
+        solved.clear()
+        plan(w, fixed_profile(host_free=host_free), device_budget=1 << 40,
+             host_budget=1 << 40, directory="/tmp")
+        assert set(solved) == regimes  # the disk's read rate, the page cache's
+        assert len(solved) == 4 * len(regimes)  # recompute sets: {}, {1}, {2}, {1, 2}

@@ -295,7 +295,7 @@ def planning_time(args) -> dict:
     print(f"graph: {graph.num_nodes:,} nodes, {graph.num_edges:,} edges; 5-layer GCN, hidden "
           f"128; {args.parts} partitions (label propagation: {t_part:.1f} s, not counted)")
     print(f"Workload.build (shapes, halo counts): median {statistics.median(builds):.3f} s")
-    print(f"plan (16 recompute sets x 2 page-cache regimes, one MILP each, + cache modes): median "
+    print(f"plan (recompute sets x page-cache regimes, one MILP each, + cache modes): median "
           f"{statistics.median(plans):.3f} s")
     print(f"total planning: {statistics.median(builds) + statistics.median(plans):.3f} s "
           f"(target < 2 s); predicted epoch {p.epoch_seconds:.2f} s")

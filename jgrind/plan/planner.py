@@ -385,8 +385,13 @@ def _quiet_stdout():
         os.close(saved)
 
 
-def _recompute_sets(num_layers: int, allow: bool):
-    hidden = range(1, num_layers)
+def _recompute_sets(w: Workload, allow: bool):
+    """The sets of activation layers to try recomputing. Not the output of a narrowing
+    node-wise layer (the transform of a split GCN layer, `jgrind.models.split`): it is smaller
+    than its input, which recomputing it needs, so dropping it saves little, and leaving it
+    out halves the sets to solve (planning time, target 3 of the planner issue)."""
+    hidden = [l for l in range(1, w.num_layers)
+              if not (w.local(l - 1) and w.widths[l] < w.widths[l - 1])]
     if not allow:
         return [frozenset()]
     return [frozenset(c) for k in range(len(hidden) + 1)
@@ -418,15 +423,22 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
     ssd_room = UNLIMITED if ssd_free is None else int(ssd_free)
     w = fit_masks(w, device_budget)
     working_set = w.working_set()
+    L = w.num_layers
     if working_set > dev:
         raise PlanError(_too_small(w, dev, host, ssd, working_set))
     # SSD rates depend on whether the OS page cache will hold the SSD files, which depends on
     # the plan: solve with both and let the exact prediction decide.
-    coefs = [_Coefficients(w, with_page_cache(profile, cached))
-             for cached in ((False, True) if ssd else (False,))]
-    L = w.num_layers
+    # When everything the run could hold (every block, twice over for the host cache's
+    # copies, plus the working set) fits in the RAM the profile saw free, every plan is
+    # page-cached and the disk's figures need no program of their own.
+    everything = 2 * sum(int(w.block_bytes(l).sum()) * (2 if l else 1)
+                         + int(w.aggregation_bytes(l).sum())
+                         for l in range(L)) + working_set
+    always_cached = everything <= getattr(profile, "host_free", 0)
+    regimes = ((True,) if always_cached else (False, True)) if ssd else (False,)
+    coefs = [_Coefficients(w, with_page_cache(profile, cached)) for cached in regimes]
     best, candidates, seen = None, [], set()
-    for rset, coef in itertools.product(_recompute_sets(L, recompute), coefs):
+    for rset, coef in itertools.product(_recompute_sets(w, recompute), coefs):
         transient = 2 * max([int(w.block_bytes(l).sum()) for l in rset] or [0])
         a = _solve(w, coef.profile, coef, rset, device_room=dev - working_set,
                    host_room=host - transient, ssd=ssd, ssd_room=ssd_room, keep=keep)
