@@ -8,6 +8,7 @@ import pytest
 
 from jgrind.cli import main
 from jgrind.plan import profile
+from jgrind.plan.cost import SPAN_PIECE_BYTES
 from jgrind.plan.profile import PROFILE_VERSION, ProfileError
 
 RATES = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scatter_add_bw", "copy_bw",
@@ -103,7 +104,7 @@ def test_page_cache_rates_are_taken_as_the_ssd_tier_moves_data(tmp_path, monkeyp
     writes to a truncated file read as half the engine's rates."""
     import numpy as np
     name = tmp_path / "data"
-    size = 4 * profile._CACHED_PIECE
+    size = 4 * SPAN_PIECE_BYTES
     name.write_bytes(os.urandom(size))
     reads, writes, real_preadv, real_pwrite = [], [], os.preadv, os.pwrite
 
@@ -126,9 +127,9 @@ def test_page_cache_rates_are_taken_as_the_ssd_tier_moves_data(tmp_path, monkeyp
         os.close(fd)
     assert write_bw > 0 and read_bw > 0 and latency > 0
     pieces = [r for r in reads if r[1] != profile._PAGE]  # less the 4 KiB latency reads
-    assert {n for _, n in pieces} == {profile._CACHED_PIECE}
+    assert {n for _, n in pieces} == {SPAN_PIECE_BYTES}
     assert len({buffer for buffer, _ in pieces}) == 1
-    assert writes and all(n == profile._CACHED_PIECE and offset + n <= file_size
+    assert writes and all(n == SPAN_PIECE_BYTES and offset + n <= file_size
                           for offset, n, file_size in writes)
     assert os.path.getsize(name) == size
 

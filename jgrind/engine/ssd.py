@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from jgrind.plan.cost import COALESCE_BYTES
+from jgrind.plan.cost import COALESCE_BYTES, SPAN_PIECE_BYTES
 from jgrind.rows import add_rows
 
 MAGIC = b"JGRINDST"
@@ -31,7 +31,7 @@ VERSION = 1
 _ALIGN = 4096
 
 
-SCRATCH_BYTES = 4 << 20  # span reads and read-add-writes go through pieces of at most this
+SCRATCH_BYTES = SPAN_PIECE_BYTES  # span reads and read-add-writes go through pieces of at most this
 # One scratch buffer per thread (the prefetcher reads while the writer scatter-adds), shared by
 # all files and reused across calls: a fresh buffer per span would first-touch new pages, which
 # costs more than the read itself when the page cache serves it.

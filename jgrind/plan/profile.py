@@ -45,6 +45,7 @@ import psutil
 
 from jgrind import hugepages
 from jgrind.buffers import aligned_empty
+from jgrind.plan.cost import SPAN_PIECE_BYTES
 from jgrind.rows import add_rows, take_rows
 
 PROFILE_VERSION = 12  # 2: page-cache figures; 3: per-call overheads of row I/O;
@@ -59,12 +60,12 @@ PROFILE_VERSION = 12  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                         calls measured as the SSD tier's loop runs them (scratch reused)
 #                     10: the weight-gradient contraction with a narrow output
 #                     11: reads beside writes (`io_parallel`)
-#                     12: page-cache rates in MiB pieces through one reused buffer, writes
-#                         over cached pages: as the SSD tier moves its spans and blocks
+#                     12: page-cache rates in pieces of the SSD tier's size
+#                         (`jgrind.plan.cost.SPAN_PIECE_BYTES`) through one reused buffer,
+#                         writes over cached pages: as the SSD tier moves its spans
 
 _MIB = 2**20
 _PAGE = 4096
-_CACHED_PIECE = _MIB  # bytes per call when timing the page cache (see `_page_cache`)
 _ADVICE = "run `jgrind profile` to re-measure"
 
 
@@ -863,33 +864,33 @@ def _page_cache(fd: int, name: str, sizes: _Sizes,
     while its files fit in the RAM the budgets leave free (the engine reads and writes
     through the page cache).
 
-    The rates are taken as the SSD tier moves data: `_CACHED_PIECE` bytes per call through
-    one reused buffer (its row spans go through a per-thread scratch buffer in pieces of up
-    to 4 MiB; blocks are MiBs), and writes over pages the cache already holds (from its
+    The rates are taken as the SSD tier moves data: `SPAN_PIECE_BYTES` bytes per call through
+    one reused buffer (its row spans go through a per-thread scratch buffer in pieces of that
+    size; blocks are MiBs), and writes over pages the cache already holds (from its
     second epoch on the engine rewrites the same files; its scatter-adds rewrite pages they
     have just read). Smaller calls would fold the per-call cost into the rate, which the cost
     model charges separately (``cached_latency``): 64 KiB reads ran at ~10 GB/s here against
     ~18 GB/s in 1 MiB pieces, and writes that first allocate their pages ran at 5-6 GB/s
     against 10-17 GB/s over cached ones (docs/results.md, section 7)."""
-    piece = np.frombuffer(rng.bytes(_CACHED_PIECE), np.uint8)
-    pieces = sizes.ssd_bytes // _CACHED_PIECE
+    piece = np.frombuffer(rng.bytes(SPAN_PIECE_BYTES), np.uint8)
+    pieces = sizes.ssd_bytes // SPAN_PIECE_BYTES
     for i in range(pieces):  # the file's pages into the cache (dirty, as the engine's are)
-        os.pwrite(fd, piece, i * _CACHED_PIECE)
+        os.pwrite(fd, piece, i * SPAN_PIECE_BYTES)
 
     def write() -> None:
         for i in range(pieces):
-            os.pwrite(fd, piece, i * _CACHED_PIECE)
+            os.pwrite(fd, piece, i * SPAN_PIECE_BYTES)
 
-    write_bw = _best_rate(pieces * _CACHED_PIECE, write, sizes.repeats)
+    write_bw = _best_rate(pieces * SPAN_PIECE_BYTES, write, sizes.repeats)
     reader = os.open(name, os.O_RDONLY)
-    buffer = np.empty(_CACHED_PIECE, np.uint8)
+    buffer = np.empty(SPAN_PIECE_BYTES, np.uint8)
     try:
         def read() -> None:
             for i in range(pieces):
-                os.preadv(reader, [buffer], i * _CACHED_PIECE)
+                os.preadv(reader, [buffer], i * SPAN_PIECE_BYTES)
 
-        read_bw = _best_rate(pieces * _CACHED_PIECE, read, sizes.repeats)
-        pages = pieces * _CACHED_PIECE // _PAGE
+        read_bw = _best_rate(pieces * SPAN_PIECE_BYTES, read, sizes.repeats)
+        pages = pieces * SPAN_PIECE_BYTES // _PAGE
         offsets = rng.choice(pages, min(pages, sizes.random_reads), replace=False) * _PAGE
         page = np.empty(_PAGE, np.uint8)
         start = time.perf_counter()
