@@ -69,9 +69,9 @@ COALESCE_BYTES = 128 << 10
 # The SSD tier moves row spans through one per-thread scratch buffer in pieces of at most this
 # (`jgrind.engine.ssd`), and `jgrind profile` times the page cache in pieces of this size, so
 # the rates the model charges are the ones the engine gets. Larger pieces fall out of the CPU
-# caches between the read and the take or add: on CPU-2, page-cache reads ran at 17.5 GB/s in
-# 1 MiB pieces and 7.6 GB/s in 4 MiB ones, read-add-writes at 8.8 and 4.2 GB/s (ad hoc,
-# docs/results.md, section 7).
+# caches between the read and the take or add: on CPU-2, page-cache reads ran at 20.9 GB/s in
+# 1 MiB pieces and 8.3 GB/s in 4 MiB ones, read-add-writes at 9.1 and 5.1 GB/s
+# (`tools/bench_page_cache.py`, docs/results.md, section 7).
 SPAN_PIECE_BYTES = 1 << 20
 
 
