@@ -147,3 +147,21 @@ def test_the_cost_model_sees_the_executed_layers():
     assert w.num_layers == 4 and [w.local(l) for l in range(4)] == [False, False, True, False]
     assert np.array_equal(w.step_inputs(2), w.pad_out)
     assert np.all(w.step_inputs(3) >= w.pad_out) and np.any(w.step_inputs(3) > w.pad_out)
+
+
+def test_gradient_blocks_written_whole_are_priced_with_their_checksum():
+    """A node-wise layer writes its input gradient as whole SSD blocks, which carry a CRC32
+    that the layer below checks on read; scatter-added gradient blocks carry none."""
+    from jgrind.partition import partition_graph
+    from jgrind.plan.cost import S
+    from jgrind.plan.planner import _Coefficients
+    from test_planner import fixed_profile
+    graph = _graph()
+    net = models.gcn(graph.num_features, 16, graph.num_classes, num_layers=3)
+    normalized = net.normalize(graph)
+    pg = partition_graph(normalized, contiguous(normalized, 4), num_parts=4)
+    w = Workload.build(pg, net)
+    slow = _Coefficients(w, fixed_profile(checksum_bw=1e8))
+    fast = _Coefficients(w, fixed_profile(checksum_bw=1e12))
+    assert slow("read", 2, S) > fast("read", 2, S)   # G_2: written whole by the transform
+    assert slow("read", 1, S) == fast("read", 1, S)  # G_1: scatter-added by layer 1

@@ -898,7 +898,9 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
         else:
             if l < L - 1:
                 g_up = a.gradients[l + 1]
-                charge(read_block_seconds(w, profile, l + 1, g_up, cache), g_up)
+                # G_{l+1} blocks written whole (by a node-wise layer) carry a checksum
+                charge(read_block_seconds(w, profile, l + 1, g_up, cache,
+                                          verified=w.local(l + 1)), g_up)
                 moves.append(f"reload G_{l + 1} from {where(g_up)}")
             if l >= 1:
                 g = a.gradients[l]

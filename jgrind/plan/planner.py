@@ -151,7 +151,9 @@ class _Coefficients:
                 return self._memo[key]
             fn = {"gather": gather_seconds, "write": write_seconds, "read": read_block_seconds,
                   "accumulate": accumulate_seconds}[op]
-            kwargs = {"fast": fast} if op in ("gather", "accumulate") else {}
+            kwargs = ({"fast": fast} if op in ("gather", "accumulate") else
+                      # gradient blocks written whole (node-wise layers) are checked on read
+                      {"verified": self.w.local(layer)} if op == "read" else {})
             self._memo[key] = fn(self.w, self.profile, layer, codes, **kwargs)
         return self._memo[key]
 
