@@ -36,7 +36,7 @@ def fixed_profile(**overrides) -> Profile:
         version=PROFILE_VERSION, machine=machine_fingerprint(),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         matmul_flops=5e10, spmm_rate=2e9, step_latency=5e-6, gather_bw=2e9, scatter_add_bw=1e9,
-        copy_bw=8e9,
+        gather_row_seconds=1e-8, scatter_add_row_seconds=1e-8, copy_bw=8e9,
         to_device_bw=2e9, to_device_small_bw=2e9, to_device_bytes=64 * MiB,
         to_device_small_bytes=4 * MiB, to_host_bw=1e11, ssd_read_bw=4e8, ssd_write_bw=3e8,
         ssd_latency=1e-4, cached_read_bw=5e9, cached_write_bw=5e9, cached_latency=3e-6,
@@ -460,3 +460,23 @@ def test_planning_skips_programs_that_cannot_win(monkeypatch):
              host_budget=1 << 40, directory="/tmp")
         assert set(solved) == regimes  # the disk's read rate, the page cache's
         assert len(solved) == 4 * len(regimes)  # recompute sets: {}, {1}, {2}, {1, 2}
+
+
+def test_host_gathers_and_scatter_adds_pay_per_row():
+    """Halo rows moved from and to host RAM cost the profile's per-row time on top of their
+    bytes (narrow rows are mostly that), for every halo row, in gathers and scatter-adds."""
+    from jgrind.plan.cost import H, accumulate_seconds, gather_seconds
+    _, _, pg, w = equal_parts_workload(num_parts=4)
+    host = np.full(w.num_parts, H)
+    halo_rows = int(w.halo.sum())
+    assert halo_rows > 0
+    for layer in (0, 1):
+        if w.local(layer):
+            continue
+        base = fixed_profile(gather_row_seconds=0.0, scatter_add_row_seconds=0.0)
+        per_row = fixed_profile(gather_row_seconds=1e-6, scatter_add_row_seconds=2e-6)
+        got = gather_seconds(w, per_row, layer, host) - gather_seconds(w, base, layer, host)
+        assert got == pytest.approx(halo_rows * 1e-6)
+        got = accumulate_seconds(w, per_row, layer, host) - accumulate_seconds(w, base, layer,
+                                                                             host)
+        assert got == pytest.approx(halo_rows * 2e-6)

@@ -313,3 +313,36 @@ def test_profile_of_an_older_format_is_replaced_not_set_aside(tmp_path):
     assert got.version == PROFILE_VERSION and profile.load(path).version == PROFILE_VERSION
     assert "is version" in lines[0] and "re-measuring" in lines[0]
     assert not list(tmp_path.glob("*.unreadable*"))
+
+
+def test_row_rates_are_timed_on_the_store_path_at_two_widths(monkeypatch):
+    """Gathers go through `jgrind.rows.take_rows` into scattered output rows and scatter-adds
+    through `add_rows`, as the store moves halo rows, at two widths: narrow rows pay a per-row
+    cost that a rate per byte alone misses."""
+    import numpy as np
+    calls = []
+    real_take, real_add = profile.take_rows, profile.add_rows
+
+    def take(table, idx, out=None, dst=None):
+        calls.append(("take", table.shape[1], dst is not None))
+        return real_take(table, idx, out=out, dst=dst)
+
+    def add(table, idx, values, src=None):
+        calls.append(("add", table.shape[1], src is not None))
+        return real_add(table, idx, values, src=src)
+
+    monkeypatch.setattr(profile, "take_rows", take)
+    monkeypatch.setattr(profile, "add_rows", add)
+    (gather_bw, gather_row), (add_bw, add_row) = profile._row_rates(
+        profile._QUICK, np.random.default_rng(0))
+    rows, width, _ = profile._QUICK.gather
+    assert {c for c in calls} == {("take", width // 8, True), ("take", width, True),
+                                  ("add", width // 8, True), ("add", width, True)}
+    assert gather_bw > 0 and add_bw > 0 and gather_row >= 0 and add_row >= 0
+
+
+def test_measured_profile_has_per_row_costs(measured):
+    got, _ = measured
+    # (a quick measurement is too small to promise a positive per-row cost on a busy machine)
+    assert got.gather_row_seconds >= 0 and got.scatter_add_row_seconds >= 0
+    assert got.step_latency > 0

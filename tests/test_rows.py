@@ -25,3 +25,69 @@ def test_take_rows_fills_the_given_buffer():
     got = take_rows(table, np.array([7, 2, 9]), out=out)
     assert got is out
     np.testing.assert_array_equal(out, table[[7, 2, 9]])
+
+
+def _numpy_only(monkeypatch):
+    """Run `jgrind.rows` on its NumPy fallback (as when the native kernels do not build)."""
+    import jgrind.rows as rows
+    monkeypatch.setattr(rows, "_kernels_lib", None)
+
+
+def test_native_kernels_are_used_when_they_build():
+    import jgrind.rows as rows
+    from jgrind import _kernels
+    if not _kernels.available():
+        import pytest
+        pytest.skip(f"native kernels unavailable: {_kernels.unavailable_reason()}")
+    assert rows._native() is not None
+
+
+def _scattered_case(width):
+    rng = np.random.default_rng(width)
+    table = rng.standard_normal((500, width)).astype(np.float32)
+    idx = rng.choice(500, 120, replace=False)
+    dst = rng.choice(200, 120, replace=False)
+    values = rng.standard_normal((200, width)).astype(np.float32)
+    return table, idx, dst, values
+
+
+def test_take_rows_places_rows_at_scattered_positions(monkeypatch):
+    for native in (True, False):
+        if not native:
+            _numpy_only(monkeypatch)
+        for width in (1, 8, 37, 256):
+            table, idx, dst, _ = _scattered_case(width)
+            out = np.full((200, width), -1.0, np.float32)
+            take_rows(table, idx, out=out, dst=dst)
+            expected = np.full((200, width), -1.0, np.float32)
+            expected[dst] = table[idx]
+            np.testing.assert_array_equal(out, expected)   # untouched rows stay as they were
+
+
+def test_add_rows_reads_values_at_given_positions(monkeypatch):
+    for native in (True, False):
+        if not native:
+            _numpy_only(monkeypatch)
+        for width in (1, 8, 37, 256):
+            table, idx, src, values = _scattered_case(width)
+            expected = table.copy()
+            expected[idx] += values[src]
+            add_rows(table, idx, values, src=src)
+            np.testing.assert_array_equal(table, expected)
+
+
+def test_out_of_range_rows_raise_instead_of_touching_memory(monkeypatch):
+    import pytest
+    for native in (True, False):
+        if not native:
+            _numpy_only(monkeypatch)
+        table = np.zeros((10, 4), np.float32)
+        out = np.zeros((3, 4), np.float32)
+        with pytest.raises(IndexError, match="outside"):
+            take_rows(table, np.array([1, 10, 2]), out=out)
+        with pytest.raises(IndexError, match="outside"):
+            take_rows(table, np.array([-1]))
+        with pytest.raises(IndexError, match="outside"):
+            take_rows(table, np.array([1, 2]), out=out, dst=np.array([0, 3]))
+        with pytest.raises(IndexError, match="outside"):
+            add_rows(table, np.array([3, 11]), np.ones((2, 4), np.float32))

@@ -1,8 +1,10 @@
 """Native CPU kernels, compiled on first use and registered as XLA FFI targets.
 
 Nothing happens at import: the first call of `load` (or `available`) compiles
-``csr_spmm.cc`` with the system C++ compiler into a cache directory (see `build`), loads it
-with ctypes and registers the FFI target ``CSR_SPMM_TARGET`` for the CPU platform. The outcome,
+``csr_spmm.cc`` (the sparse product) and ``rows.cc`` (host row gathers and scatter-adds, see
+`jgrind.rows`) with the system C++ compiler into one library in a cache directory (see
+`build`), loads it with ctypes and registers the FFI target ``CSR_SPMM_TARGET`` for the CPU
+platform. The outcome,
 success or failure, is remembered for the life of the process.
 
 Environment:
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 CSR_SPMM_TARGET = "jgrind_csr_spmm_f32"
-_ABI_VERSION = 1
+_ABI_VERSION = 2  # 2: the row kernels (rows.cc)
 
 _lock = threading.Lock()
 _state: Optional["Native"] = None
@@ -82,6 +84,11 @@ def _load() -> Native:
     lib.jgrind_kernel_isa.restype = ctypes.c_char_p
     lib.jgrind_csr_spmm_f32.restype = ctypes.c_int
     lib.jgrind_csr_spmm_f32.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5
+    # (table, rows, idx, n, width, other, other rows, other idx): see rows.cc
+    row_args = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    for fn in (lib.jgrind_take_rows_f32, lib.jgrind_add_rows_f32):
+        fn.restype, fn.argtypes = ctypes.c_int, row_args
     jax.ffi.register_ffi_target(CSR_SPMM_TARGET, jax.ffi.pycapsule(lib.JgrindCsrSpmmF32),
                                 platform="cpu")
     return Native(path=result.path, isa=lib.jgrind_kernel_isa().decode(),

@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("csr_spmm.cc")
+# compiled together into one shared library
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("csr_spmm.cc", "rows.cc"))
 BASE_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c++17", "-pthread")
 COMPILE_TIMEOUT_S = 300
 
@@ -84,12 +85,13 @@ def library_path(cxx: str, include_dir: str) -> Path:
     except (OSError, subprocess.SubprocessError) as e:
         raise BuildError(f"cannot run the C++ compiler {cxx}: {e}") from e
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), jax.__version__.encode(), jaxlib.__version__.encode(),
+    for part in (*(src.read_bytes() for src in SOURCES), jax.__version__.encode(),
+                 jaxlib.__version__.encode(),
                  cxx.encode(), version.encode(), " ".join(BASE_FLAGS).encode(),
                  _cpu_identity().encode()):
         h.update(part)
         h.update(b"\0")
-    return cache_dir() / f"csr_spmm-{h.hexdigest()[:24]}.so"
+    return cache_dir() / f"kernels-{h.hexdigest()[:24]}.so"
 
 
 def _remove_stale_temporaries(d: Path, max_age_s: float = 3600.0) -> None:
@@ -108,7 +110,7 @@ def _compile(cxx: str, include_dir: str, target: Path) -> float:
     _remove_stale_temporaries(target.parent)
     fd, tmp = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
-    cmd = [cxx, *_flags(include_dir), str(SOURCE), "-o", tmp]
+    cmd = [cxx, *_flags(include_dir), *map(str, SOURCES), "-o", tmp]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)

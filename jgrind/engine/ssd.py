@@ -24,7 +24,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from jgrind.plan.cost import COALESCE_BYTES, SPAN_PIECE_BYTES
-from jgrind.rows import add_rows
+from jgrind.rows import add_rows, take_rows
 
 MAGIC = b"JGRINDST"
 VERSION = 1
@@ -116,29 +116,38 @@ class SSDFile:
         return out
 
     # -- rows (halo reads, gradient accumulation) ---------------------------------------------
-    def read_rows(self, rows: np.ndarray, per_row: bool = False) -> np.ndarray:
-        """Rows ``rows`` (ascending) as ``[len(rows), width]``: one read per span of rows whose
-        gaps are under `COALESCE_BYTES` (a read call costs about as much as that many bytes),
-        or one read per row with ``per_row`` (the naive scheme)."""
-        out = np.empty((rows.size, self.width), self.dtype)
+    def read_rows(self, rows: np.ndarray, per_row: bool = False,
+                  out: Optional[np.ndarray] = None,
+                  dst: Optional[np.ndarray] = None) -> np.ndarray:
+        """Rows ``rows`` (ascending) as ``[len(rows), width]``, or into ``out[dst]`` when
+        given: one read per span of rows whose gaps are under `COALESCE_BYTES` (a read call
+        costs about as much as that many bytes), or one read per row with ``per_row`` (the
+        naive scheme)."""
+        if out is None:
+            out, dst = np.empty((rows.size, self.width), self.dtype), None
         self._check_size()
         if per_row:
-            for lo, hi, dst in _singles(rows):
-                self._pread(out[dst:dst + hi - lo], self.data_start + lo * self.row_bytes)
+            for lo, hi, i in _singles(rows):
+                d = i if dst is None else int(dst[i])
+                self._pread(out[d:d + 1], self.data_start + lo * self.row_bytes)
             return out
         # The loop below runs once per span (hundreds of thousands per sweep), so it keeps its
         # per-iteration work small: one scratch buffer for the call, the counters added once.
         scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
         start, row_bytes, calls = self.data_start, self.row_bytes, 0
         for lo, hi, first, last in _spans(rows, self._gap_rows()):
-            if hi - lo == last - first:  # a run of consecutive rows: read straight into out
+            if dst is None and hi - lo == last - first:
+                # a run of consecutive rows: read straight into out
                 self._pread(out[first:last], start + lo * row_bytes, count=False)
                 calls += 1
                 continue
             for c_lo, c_hi, i, j in self._pieces(rows, lo, hi, first, last):
                 buf = scratch[: c_hi - c_lo]
                 self._pread(buf, start + c_lo * row_bytes, count=False)
-                buf.take(rows[i:j] - c_lo, axis=0, out=out[i:j], mode="clip")
+                if dst is None:
+                    take_rows(buf, rows[i:j] - c_lo, out=out[i:j])
+                else:
+                    take_rows(buf, rows[i:j] - c_lo, out=out, dst=dst[i:j])
                 calls += 1
         if self.on_io is not None and calls:
             self.on_io(ssd_read_ops=calls)
@@ -165,10 +174,11 @@ class SSDFile:
             raw = _scratch.raw = np.empty(max(nbytes, SCRATCH_BYTES), np.uint8)
         return raw[:nbytes].view(self.dtype).reshape(rows, self.width)
 
-    def add_rows(self, rows: np.ndarray, values: np.ndarray) -> None:
-        """``file[rows] += values`` (rows ascending, unique): read, add, write per span (as
-        `read_rows`). Blocks touched this way lose their checksum (it would need the whole
-        block)."""
+    def add_rows(self, rows: np.ndarray, values: np.ndarray,
+                 src: Optional[np.ndarray] = None) -> None:
+        """``file[rows] += values`` (or ``values[src]``; rows ascending, unique): read, add,
+        write per span (as `read_rows`). Blocks touched this way lose their checksum (it would
+        need the whole block)."""
         self._check_size()
         scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
         start, row_bytes, calls = self.data_start, self.row_bytes, 0
@@ -177,7 +187,8 @@ class SSDFile:
                 buf = scratch[: c_hi - c_lo]
                 offset = start + c_lo * row_bytes
                 self._pread(buf, offset, count=False)
-                add_rows(buf, rows[i:j] - c_lo, values[i:j])
+                add_rows(buf, rows[i:j] - c_lo, values if src is not None else values[i:j],
+                         src=None if src is None else src[i:j])
                 self._pwrite(buf, offset, count=False)
                 calls += 1
         if self.on_io is not None and calls:

@@ -28,6 +28,7 @@ import numpy as np
 
 from jgrind.buffers import aligned_empty, aligned_zeros
 from jgrind.engine.cache import HostCache
+from jgrind.engine.routes import Layout, RouteCache, TierRows
 from jgrind.engine.ssd import SSDFile
 from jgrind.plan.fates import Fate
 from jgrind.rows import add_rows, take_rows
@@ -82,13 +83,6 @@ _device_add = jax.jit(lambda table, rows, values: table.at[rows].add(values, mod
                       donate_argnums=0)
 
 
-def _as_slice(positions: np.ndarray) -> Optional[slice]:
-    """``positions`` (ascending) as a slice when they are one contiguous run, else None."""
-    if positions.size and int(positions[-1]) - int(positions[0]) + 1 == positions.size:
-        return slice(int(positions[0]), int(positions[-1]) + 1)
-    return None
-
-
 def _padded_buffer(used_rows: int, padded_rows: int, width: int) -> np.ndarray:
     """A float32 ``[padded_rows, width]`` buffer whose first ``used_rows`` rows the caller fills:
     only the padding is zeroed (zero-filling it all would be one more pass over the rows)."""
@@ -139,6 +133,10 @@ class Table:
             self.ssd = SSDFile(store.run_dir / f"{name}-{layer}.bin", offsets, self.width,
                                store.run_id, on_io=store.count)
             store._charge(ssd=nbytes(_CODE[Fate.SSD]))
+        file_start = np.full(sizes.size, -1, np.int64)
+        if self.ssd is not None:
+            file_start[self.ssd_blocks] = self.ssd.offsets[:-1]
+        self.layout = Layout(self.tier, self.slot, file_start)
         self._device_lock = threading.Lock()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -232,44 +230,32 @@ class Table:
     # -- gather / accumulate over a partition's inputs ----------------------------------------
     def gather(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,
                padded_rows: int):
-        """Rows of ``block``'s owned nodes, then its halo rows, zero-padded to ``padded_rows``."""
-        own_rows = self._rows(block)
-        owner_code = self.tier[halo_owner]
-        all_device = (self.tier[block] == _CODE[Fate.DEVICE]
-                      and np.all(owner_code == _CODE[Fate.DEVICE]))
-        if all_device:
-            start = int(self.slot[block])
-            idx = np.concatenate([np.arange(start, start + own_rows),
-                                  self.slot[halo_owner] + halo_row]).astype(np.int32)
+        """Rows of ``block``'s owned nodes, then its halo rows, zero-padded to ``padded_rows``.
+        Where each row comes from is worked out once per layout and block (`routes`)."""
+        route = self.store.routes.get(self.layout, block, self._rows(block), halo_owner,
+                                      halo_row)
+        own_rows = route.own_rows
+        if route.all_device:
+            idx = np.concatenate([np.arange(route.own_start, route.own_start + own_rows)]
+                                 + [t.src for t in route.halo]).astype(np.int32)
             return _device_take(self.device, _padded_rows(idx, padded_rows,
                                                           self.device.shape[0]))
         out = _padded_buffer(own_rows + halo_row.size, padded_rows, self.width)
-        needed = np.unique(np.concatenate([[block], halo_owner])).astype(np.int64)
-        ssd_needed = [int(b) for b in needed if self.tier[b] == _CODE[Fate.SSD]]
-        keys = [(self.key, b) for b in ssd_needed]
+        keys = [(self.key, b) for b in route.ssd_blocks]
         self.store.cache.pin(keys)
         try:
             out[:own_rows] = self._block_rows(block)
-            for code in np.unique(owner_code):
-                sel = np.flatnonzero(owner_code == code)
-                owners, rows = halo_owner[sel], halo_row[sel]
-                dst = own_rows + sel
-                if code == _CODE[Fate.DEVICE]:
-                    idx = (self.slot[owners] + rows).astype(np.int32)
+            for rows in route.halo:
+                if rows.code == _CODE[Fate.DEVICE]:
+                    idx = rows.src.astype(np.int32)
                     n = _bucket_len(idx.size)
                     got = _device_take(self.device, _padded_rows(idx, n, self.device.shape[0]))
-                    out[dst] = np.asarray(got)[: idx.size]
-                elif code == _CODE[Fate.SSD]:
-                    out[dst] = self._ssd_rows(owners, rows)
-                else:
-                    src = self._host_array(code)
-                    idx = self.slot[owners] + rows
-                    span = _as_slice(dst)
-                    if span is not None:  # one pass: take straight into the output rows
-                        take_rows(src, idx, out=out[span])  # no buffer
-                    else:
-                        out[dst] = take_rows(src, idx)
-                    self.store.count(host_read=sel.size * self.width * 4)
+                    out[rows.dst] = np.asarray(got)[: idx.size]
+                elif rows.code == _CODE[Fate.SSD]:
+                    self._ssd_rows(rows, out)
+                else:  # host RAM (or a recomputed layer's transient): one native pass
+                    take_rows(self._host_array(rows.code), rows.src, out=out, dst=rows.dst)
+                    self.store.count(host_read=rows.size * self.width * 4)
         finally:
             self.store.cache.unpin(keys)
         return out
@@ -280,81 +266,72 @@ class Table:
             return np.asarray(self.device[start:start + rows])
         return self._read_host_or_ssd(block)
 
-    def _ssd_rows(self, owners: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Halo rows held on SSD (``owners`` grouped, ``rows`` ascending within an owner):
-        from cached blocks, else cache the owner block if it fits (a later partition will
-        likely read it too), else read the rows directly, all owners' rows in one coalesced
-        `SSDFile.read_rows` (spans across neighbouring blocks merge)."""
-        out = np.empty((owners.size, self.width), np.float32)
+    def _ssd_rows(self, rows: TierRows, out: np.ndarray) -> None:
+        """Halo rows held on SSD into ``out[rows.dst]``: from cached blocks, else cache the
+        owner block if it fits (a later partition will likely read it too), else read the rows
+        directly, all owners' rows in one coalesced `SSDFile.read_rows` (spans across
+        neighbouring blocks merge)."""
         cache = self.store.cache
-        direct = np.arange(owners.size)
+        direct = [(0, rows.size)]
         if cache.capacity > 0:
-            boundaries = np.flatnonzero(np.diff(owners)) + 1
-            missed = []
-            for seg in np.split(direct, boundaries):
-                b = int(owners[seg[0]])
-                cached = cache.get((self.key, b))
-                if cached is None and cache.fits(self._rows(b) * self.width * 4):
-                    cached = self._ssd_block(b)
+            direct = []
+            for a, b, owner in rows.segments:
+                cached = cache.get((self.key, owner))
+                if cached is None and cache.fits(self._rows(owner) * self.width * 4):
+                    cached = self._ssd_block(owner)
                 if cached is not None:
-                    out[seg] = cached[rows[seg]]
+                    take_rows(cached, rows.src[a:b] - self.layout.file_start[owner], out=out,
+                              dst=rows.dst[a:b])
                 else:
-                    missed.append(seg)
-            direct = np.concatenate(missed) if missed else direct[:0]
-        if direct.size:
-            file_rows = self.ssd.offsets[self.ssd_index[owners[direct]]] + rows[direct]
-            order = np.argsort(file_rows, kind="stable")  # read_rows wants ascending rows
-            out[direct[order]] = self.ssd.read_rows(file_rows[order],
-                                                    per_row=self.store.row_reads)
-            self.store.count(ssd_read=direct.size * self.width * 4)
-        return out
+                    direct.append((a, b))
+        if not direct:
+            return
+        if len(direct) == 1:
+            (a, b), = direct
+            src, dst = rows.src[a:b], rows.dst[a:b]
+        else:
+            src = np.concatenate([rows.src[a:b] for a, b in direct])
+            dst = np.concatenate([rows.dst[a:b] for a, b in direct])
+        self.ssd.read_rows(src, per_row=self.store.row_reads, out=out, dst=dst)
+        self.store.count(ssd_read=src.size * self.width * 4)
 
     def accumulate(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,
                    values) -> None:
         """``G[own rows] += values[:own]`` and ``G[halo rows] += values[own:own+halo]``: halo
         rows are partial gradients of nodes owned by other partitions."""
-        own_rows = self._rows(block)
-        n_in = own_rows + halo_row.size
-        owners = np.concatenate([np.full(own_rows, block), halo_owner]).astype(np.int64)
-        rows = np.concatenate([np.arange(own_rows), halo_row]).astype(np.int64)
-        codes = self.tier[owners]
-        if np.all(codes == _CODE[Fate.DEVICE]):
-            idx = (self.slot[owners] + rows).astype(np.int32)
-            idx = _padded_rows(idx, values.shape[0], self.device.shape[0])
+        route = self.store.routes.get(self.layout, block, self._rows(block), halo_owner,
+                                      halo_row, with_own=True)
+        if route.all_device:
+            (rows,) = route.halo
+            idx = _padded_rows(rows.src.astype(np.int32), values.shape[0], self.device.shape[0])
             with self._device_lock:
                 self.device = _device_add(self.device, idx, values)
             return
-        host_values = np.asarray(values)[:n_in]
-        for code in np.unique(codes):
-            sel = np.flatnonzero(codes == code)
-            if code == _CODE[Fate.DEVICE]:
-                idx = (self.slot[owners[sel]] + rows[sel]).astype(np.int32)
-                n = _bucket_len(idx.size)
+        host_values = np.asarray(values)
+        for rows in route.halo:
+            if rows.code == _CODE[Fate.DEVICE]:
+                n = _bucket_len(rows.size)
                 with self._device_lock:
                     self.device = _device_add(
-                        self.device, _padded_rows(idx, n, self.device.shape[0]),
-                        _pad_to(host_values[sel], n))
-            elif code == _CODE[Fate.SSD]:
-                file_rows = self.ssd.offsets[self.ssd_index[owners[sel]]] + rows[sel]
-                order = np.argsort(file_rows, kind="stable")
-                self.ssd.add_rows(file_rows[order], host_values[sel][order])
-                for b in np.unique(owners[sel]):
-                    self.store.cache.invalidate((self.key, int(b)))
-                moved = sel.size * self.width * 4
+                        self.device,
+                        _padded_rows(rows.src.astype(np.int32), n, self.device.shape[0]),
+                        _pad_to(host_values[rows.dst], n))
+            elif rows.code == _CODE[Fate.SSD]:
+                self.ssd.add_rows(rows.src, host_values, src=rows.dst)
+                for _, _, owner in rows.segments:
+                    self.store.cache.invalidate((self.key, owner))
+                moved = rows.size * self.width * 4
                 self.store.count(ssd_read=moved, ssd_written=moved)
             else:
-                target = self._host_array(code)
-                span = _as_slice(sel)
-                part = host_values[span] if span is not None else host_values[sel]
-                own = int(np.sum(owners[sel] == block)) if self.tier[block] == code else 0
-                if own:  # the block's own rows come first and are contiguous: a slice add
-                    start = int(self.slot[block])
-                    mine = target[start:start + own]
-                    np.add(mine, part[:own], out=mine)
+                target = self._host_array(rows.code)
+                # the block's own rows come first and are contiguous: a slice add
+                own = route.own_rows if route.own_code == rows.code else 0
+                if own:
+                    mine = target[route.own_start:route.own_start + own]
+                    np.add(mine, host_values[:own], out=mine)
                 # rows within one accumulate are unique: one addition per row
-                halo = sel[own:]
-                add_rows(target, self.slot[owners[halo]] + rows[halo], part[own:])
-                self.store.count(host_written=sel.size * self.width * 4)
+                add_rows(target, rows.src[own:], host_values, src=rows.dst[own:])
+                self.store.count(host_written=rows.size * self.width * 4)
 
     def free(self) -> None:
         """Give back every tier's storage (and delete the SSD file), uncharging the accounts."""
@@ -454,6 +431,7 @@ class Store:
         self.run_id = uuid.uuid4().bytes
         self.run_dir: Optional[pathlib.Path] = None
         self.tables: dict[tuple, Table] = {}
+        self.routes = RouteCache()  # where each partition's rows live, per table layout
         if ssd_bytes_needed:
             self.run_dir = make_run_dir(directory, ssd_bytes_needed, self.run_id)
         self.cache = HostCache(0 if row_reads else host_cache_bytes, on_change=self._sample)

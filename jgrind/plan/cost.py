@@ -484,12 +484,9 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
                                 + profile.step_latency, 0.0)
             seconds += halo_bytes * (1.5 / profile.gather_bw + 1.0 / profile.to_host_bw) \
                 + np.where(halo_rows > 0, profile.step_latency, 0.0)
-        elif code in (H, R):
+        elif code in (H, R) or ssd_hits:  # from host arrays (or cached SSD blocks)
             seconds += np.where(mine, own / profile.copy_bw, 0.0)
-            seconds += halo_bytes / profile.gather_bw
-        elif ssd_hits:
-            seconds += np.where(mine, own / profile.copy_bw, 0.0)
-            seconds += halo_bytes / profile.gather_bw
+            seconds += halo_bytes / profile.gather_bw + halo_rows * profile.gather_row_seconds
         else:
             seconds += np.where(mine, _ssd_read(own, 1, profile) + own / profile.copy_bw
                                 + own / profile.checksum_bw, 0.0)  # the block's CRC32
@@ -566,8 +563,10 @@ def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
             seconds += to_device_seconds(nbytes, profile) + 3 * nbytes / profile.gather_bw \
                 + np.where(rows > 0, profile.step_latency, 0.0)
         elif code == H:  # own rows: one slice add (3 streams); halo rows: x[idx] += v
-            own = np.where(active, w.owned * mine, 0) * row
-            seconds += 1.5 * own / profile.copy_bw + (nbytes - own) / profile.scatter_add_bw
+            own_rows = np.where(active, w.owned * mine, 0)
+            own = own_rows * row
+            seconds += 1.5 * own / profile.copy_bw + (nbytes - own) / profile.scatter_add_bw \
+                + (rows - own_rows) * profile.scatter_add_row_seconds
         else:
             calls = w.ssd_calls[w.widths[layer]] @ mine + mine
             span = (w.ssd_rows[w.widths[layer]] @ mine + np.where(active, w.owned * mine, 0)) \

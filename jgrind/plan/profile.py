@@ -48,7 +48,7 @@ from jgrind.buffers import aligned_empty
 from jgrind.plan.cost import SPAN_PIECE_BYTES
 from jgrind.rows import add_rows, take_rows
 
-PROFILE_VERSION = 12  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 13  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
@@ -63,6 +63,9 @@ PROFILE_VERSION = 12  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                     12: page-cache rates in pieces of the SSD tier's size
 #                         (`jgrind.plan.cost.SPAN_PIECE_BYTES`) through one reused buffer,
 #                         writes over cached pages: as the SSD tier moves its spans
+#                     13: native row gathers and scatter-adds (`jgrind.rows`), timed at two
+#                         row widths for a per-row cost beside the per-byte rate; the step
+#                         latency of a call with as many arguments as a layer step has
 
 _MIB = 2**20
 _PAGE = 4096
@@ -82,6 +85,7 @@ class OlderProfileError(ProfileError):
 # ------------------------------------------------------------------------------------------------
 
 _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scatter_add_bw",
+                 "gather_row_seconds", "scatter_add_row_seconds",
                  "copy_bw", "to_device_bw", "to_device_small_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw",
                  "ssd_latency",
                  "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
@@ -110,9 +114,14 @@ class Profile:
     contraction_bw: float  # jitted ``x.T @ g`` over many rows with a narrow ``g`` (a weight
     #                        gradient into few outputs), bytes of ``x`` and ``g`` per second
     spmm_rate: float       # jitted `jgrind.sparse.spmm`, nonzeros * width per second
-    step_latency: float    # seconds per dispatch + sync of a tiny jitted call
-    gather_bw: float       # host `np.take(x, idx, out=)` of sorted random rows, output bytes/s
+    step_latency: float    # seconds per dispatch + sync of a jitted call with a layer step's
+    #                        number of array arguments
+    gather_bw: float       # host `jgrind.rows.take_rows` of sorted random rows into scattered
+    #                        output rows (as the store places halo rows), bytes/s beyond the
+    #                        per-row cost
+    gather_row_seconds: float  # ... and seconds per row beyond the bytes (from two widths)
     scatter_add_bw: float  # host `jgrind.rows.add_rows` of sorted random unique rows, bytes/s
+    scatter_add_row_seconds: float  # ... and seconds per row beyond the bytes
     copy_bw: float         # host `np.copyto` of a large array, bytes/s
     to_device_bw: float    # a fresh store buffer filled and handed to the device (`jax.device_put`),
     #                        beyond the fill itself, bytes/s, of a large array
@@ -177,8 +186,10 @@ class Profile:
                             "narrow output)"),
             ("sparse spmm", f"{self.spmm_rate / 1e9:.2f} G nonzeros*width/s"),
             ("step latency", f"{self.step_latency * 1e3:.3f} ms"),
-            ("host gather", f"{self.gather_bw / 1e9:.2f} GB/s"),
-            ("host scatter-add", f"{self.scatter_add_bw / 1e9:.2f} GB/s"),
+            ("host gather", f"{self.gather_bw / 1e9:.2f} GB/s + "
+                            f"{self.gather_row_seconds * 1e9:.1f} ns per row"),
+            ("host scatter-add", f"{self.scatter_add_bw / 1e9:.2f} GB/s + "
+                                 f"{self.scatter_add_row_seconds * 1e9:.1f} ns per row"),
             ("host copy", f"{self.copy_bw / 1e9:.2f} GB/s"),
             ("CRC32", f"{self.checksum_bw / 1e9:.2f} GB/s"),
             ("host -> device", f"{self.to_device_bw / 1e9:.2f} GB/s at "
@@ -520,8 +531,9 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     for nodes, edges, seconds in fused_steps:
         report(f"whole-graph step {seconds * 1e3:.1f} ms (reference GCN, {nodes} nodes, "
                f"{edges} edges)")
-    gather_bw, scatter_add_bw = _gather_bw(sizes, rng)
-    report(f"host gather {gather_bw / 1e9:.2f} GB/s, scatter-add {scatter_add_bw / 1e9:.2f} GB/s")
+    (gather_bw, gather_row), (scatter_add_bw, scatter_add_row) = _row_rates(sizes, rng)
+    report(f"host gather {gather_bw / 1e9:.2f} GB/s + {gather_row * 1e9:.1f} ns per row, "
+           f"scatter-add {scatter_add_bw / 1e9:.2f} GB/s + {scatter_add_row * 1e9:.1f} ns per row")
     copy_bw = _copy_bw(sizes)
     report(f"host copy {copy_bw / 1e9:.2f} GB/s")
     checksum_bw = _checksum_bw(sizes)
@@ -563,7 +575,8 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         matmul_flops=matmul_flops, contraction_bw=contraction_bw, spmm_rate=spmm_rate,
         step_latency=step_latency,
-        gather_bw=gather_bw, scatter_add_bw=scatter_add_bw, copy_bw=copy_bw,
+        gather_bw=gather_bw, gather_row_seconds=gather_row, scatter_add_bw=scatter_add_bw,
+        scatter_add_row_seconds=scatter_add_row, copy_bw=copy_bw,
         to_device_bw=to_device_bw, to_device_small_bw=to_device_small_bw,
         to_device_bytes=sizes.transfer_bytes, to_device_small_bytes=sizes.small_transfer_bytes,
         to_host_bw=to_host_bw,
@@ -730,18 +743,24 @@ def _fused_step(nodes: int, repeats: int) -> tuple[int, int, float]:
     return graph.num_nodes, graph.num_edges, min(times[1:])
 
 
+STEP_ARGUMENTS = 16  # arrays a layer step takes: parameters, the block's adjacency (A and
+#                     A^T: 3 arrays each), node ids, inputs, key, output gradient, mask, the
+#                     gradient sum
+
+
 def _step_latency(sizes: _Sizes) -> float:
-    """Seconds per call of a trivial jitted function, each call waited for."""
+    """Seconds per call of a trivial jitted function taking `STEP_ARGUMENTS` small arrays (a
+    call's cost grows with its arguments), each call waited for."""
     import jax
 
-    tiny = jax.jit(lambda x: x + 1)
-    x = jax.device_put(np.zeros(8, np.float32))
-    tiny(x).block_until_ready()
+    tiny = jax.jit(lambda args: sum(a[0] for a in args))
+    args = [jax.device_put(np.zeros(8, np.float32)) for _ in range(STEP_ARGUMENTS)]
+    tiny(args).block_until_ready()
     batches = []
     for _ in range(sizes.repeats):
         start = time.perf_counter()
         for _ in range(sizes.latency_calls):
-            tiny(x).block_until_ready()
+            tiny(args).block_until_ready()
         batches.append((time.perf_counter() - start) / sizes.latency_calls)
     return statistics.median(batches)
 
@@ -749,28 +768,50 @@ def _step_latency(sizes: _Sizes) -> float:
 # -- host memory and transfers ---------------------------------------------------------------
 
 def _best_rate(nbytes: int, run: Callable[[], None], repeats: int) -> float:
-    """``nbytes`` over the fastest of ``repeats`` runs of ``run()``, after an untimed warm-up
-    (other work on the machine only ever slows a run down, so the fastest is the cleanest)."""
+    """``nbytes`` over the fastest of ``repeats`` runs of ``run()`` (`_best_seconds`: other
+    work on the machine only ever slows a run down, so the fastest is the cleanest)."""
+    return nbytes / _best_seconds(run, repeats)
+
+
+def _best_seconds(run: Callable[[], None], repeats: int) -> float:
+    """The fastest of ``repeats`` runs of ``run()``, after an untimed warm-up."""
     run()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
         times.append(time.perf_counter() - start)
-    return nbytes / min(times)
+    return min(times)
 
 
-def _gather_bw(sizes: _Sizes, rng: np.random.Generator) -> tuple[float, float]:
-    """Host row gather and scatter-add as the store does them for halo rows (random rows in
-    ascending order): the store's own `jgrind.rows` functions, the gather straight into the
-    output buffer."""
+def _row_rates(sizes: _Sizes, rng: np.random.Generator):
+    """``((gather_bw, gather_row_seconds), (scatter_add_bw, scatter_add_row_seconds))``: host
+    row gathers and scatter-adds as the store does them for halo rows, with the store's own
+    `jgrind.rows` functions: random rows in ascending order, gathered into scattered rows of
+    the output buffer. Timed at two row widths on tables of the same row count; a row then
+    costs ``row_seconds + bytes / bw``. Narrow rows (a few classes wide) cost far more per
+    byte than the bytes alone: each is a cache miss and a call of the copy loop."""
     rows, width, picked = sizes.gather
-    table = np.ones((rows, width), np.float32)
+    narrow = max(1, width // 8)
     idx = np.sort(rng.choice(rows, picked, replace=False))
-    out = np.empty((picked, width), np.float32)
-    nbytes = picked * width * 4
-    gather = _best_rate(nbytes, lambda: take_rows(table, idx, out=out), sizes.repeats)
-    return gather, _best_rate(nbytes, lambda: add_rows(table, idx, out), sizes.repeats)
+    out_rows = picked + picked // 4
+    dst = np.sort(rng.choice(out_rows, picked, replace=False))
+    seconds = {}
+    for w in (narrow, width):
+        table = np.ones((rows, w), np.float32)
+        out = np.empty((out_rows, w), np.float32)
+        seconds[w] = (_best_seconds(lambda: take_rows(table, idx, out=out, dst=dst),
+                                    sizes.repeats),
+                      _best_seconds(lambda: add_rows(table, idx, out, src=dst), sizes.repeats))
+        del table
+
+    def fit(i: int) -> tuple[float, float]:
+        lo, hi = seconds[narrow][i], seconds[width][i]
+        per_byte = max(hi - lo, 1e-12) / (picked * (width - narrow) * 4)
+        per_row = max(lo / picked - narrow * 4 * per_byte, 0.0)
+        return 1.0 / per_byte, per_row
+
+    return fit(0), fit(1)
 
 
 def _copy_bw(sizes: _Sizes) -> float:

@@ -1,0 +1,62 @@
+"""The store's routes: where each row of a partition's gathered input lives, worked out once
+per table layout and partition (`jgrind.engine.routes`)."""
+
+import jax
+import numpy as np
+import optax
+
+from jgrind import models
+from jgrind.engine import OutOfCore
+from jgrind.engine import routes as routes_module
+from jgrind.engine.routes import DEVICE, HOST, SSD, Layout, make_route
+from jgrind.plan import Fate
+
+from helpers import community_graph
+
+
+def test_a_route_groups_rows_by_tier_with_their_sources():
+    # 4 blocks of 5 rows: block 0 host (slot 0), 1 SSD (file rows 0..4), 2 host (slot 5),
+    # 3 SSD (file rows 5..9)
+    layout = Layout(tier=np.array([HOST, SSD, HOST, SSD], np.int8),
+                    slot=np.array([0, 0, 5, 5]), file_start=np.array([-1, 0, -1, 5]))
+    owner = np.array([1, 1, 2, 3, 3], np.int32)   # block 0's halo, owner-major as partitions are
+    row = np.array([0, 4, 2, 1, 3], np.int32)
+    route = make_route(layout, 0, 5, owner, row)
+    assert (route.own_code, route.own_start, route.own_rows) == (HOST, 0, 5)
+    host, ssd = route.tier(HOST), route.tier(SSD)
+    np.testing.assert_array_equal(host.dst, [7])           # input position 5 + halo index 2
+    np.testing.assert_array_equal(host.src, [5 + 2])
+    np.testing.assert_array_equal(ssd.dst, [5, 6, 8, 9])
+    np.testing.assert_array_equal(ssd.src, [0, 4, 5 + 1, 5 + 3])  # file rows, ascending
+    assert ssd.segments == ((0, 2, 1), (2, 4, 3))
+    assert route.ssd_blocks == (1, 3) and route.tier(DEVICE) is None
+    # with the own rows (scatter-adds): positions 0..4 first, in the host group
+    both = make_route(layout, 0, 5, owner, row, with_own=True)
+    np.testing.assert_array_equal(both.tier(HOST).dst, [0, 1, 2, 3, 4, 7])
+    np.testing.assert_array_equal(both.tier(HOST).src, [0, 1, 2, 3, 4, 7])
+
+
+def test_routes_are_made_once_per_layout_and_partition(tmp_path, monkeypatch):
+    made = []
+    real = routes_module.make_route
+
+    def counting(*args, **kwargs):
+        made.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(routes_module, "make_route", counting)
+    g = community_graph(num_nodes=200, seed=3)
+    model = models.gcn(g.num_features, 8, g.num_classes, num_layers=2, dropout=0.5)
+
+    def mixed(info):  # blocks spread over host and SSD, so gathers need routes
+        return Fate.SSD if info.partition % 2 else Fate.HOST
+
+    params = model.init(jax.random.key(0))
+    opt = optax.adam(1e-2)
+    state = opt.init(params)
+    with OutOfCore(g, model, opt, policy=mixed, num_parts=4, store=tmp_path) as ex:
+        params, state, _ = ex.step(params, state, jax.random.key(0))
+        first = len(made)
+        assert first > 0
+        params, state, _ = ex.step(params, state, jax.random.key(1))
+        assert len(made) == first  # the second epoch reuses every route
