@@ -803,7 +803,6 @@ def _row_rates(sizes: _Sizes, rng: np.random.Generator):
         seconds[w] = (_best_seconds(lambda: take_rows(table, idx, out=out, dst=dst),
                                     sizes.repeats),
                       _best_seconds(lambda: add_rows(table, idx, out, src=dst), sizes.repeats))
-        del table
 
     def fit(i: int) -> tuple[float, float]:
         lo, hi = seconds[narrow][i], seconds[width][i]
