@@ -4,8 +4,7 @@ Nothing happens at import: the first call of `load` (or `available`) compiles
 ``csr_spmm.cc`` (the sparse product) and ``rows.cc`` (host row gathers and scatter-adds, see
 `jgrind.rows`) with the system C++ compiler into one library in a cache directory (see
 `build`), loads it with ctypes and registers the FFI target ``CSR_SPMM_TARGET`` for the CPU
-platform. The outcome,
-success or failure, is remembered for the life of the process.
+platform. The outcome, success or failure, is remembered for the life of the process.
 
 Environment:
   JGRIND_DISABLE_NATIVE=1   never build or use the kernels (callers fall back to pure JAX).
