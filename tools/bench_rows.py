@@ -1,0 +1,72 @@
+"""Host row moves: `jgrind.rows` (native loops) against NumPy's fancy indexing, per row.
+
+    python tools/bench_rows.py [--rows 150000] [--picked 8000] [--widths 8,64,128,256]
+
+Gathers ``picked`` sorted random rows of a ``rows``-row float32 table into scattered rows of an
+output buffer (``out[dst] = table[idx]``, as the store places halo rows), and scatter-adds them
+back (``table[idx] += values``), at each row width; prints nanoseconds per row for the native
+path (`jgrind.rows.take_rows` / `add_rows`) and for NumPy (``out[dst] = np.take(...)``;
+take, add and an indexed store). Best of 200 repeats each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main() -> None:
+    import numpy as np
+
+    from jgrind import rows
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=150_000)
+    p.add_argument("--picked", type=int, default=8000)
+    p.add_argument("--widths", default="8,64,128,256")
+    args = p.parse_args()
+    if rows._native() is None:
+        sys.exit("the native kernels are unavailable here; nothing to compare")
+    rng = np.random.default_rng(0)
+
+    def best(run, repeats=200):
+        run()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    print(f"{args.picked} sorted random rows of a {args.rows}-row table, into scattered rows; "
+          "ns per row, best of 200")
+    print(f"{'floats/row':>10} {'gather native':>14} {'gather numpy':>13} {'add native':>11} "
+          f"{'add numpy':>10}")
+    for width in (int(w) for w in args.widths.split(",")):
+        table = rng.standard_normal((args.rows, width)).astype(np.float32)
+        idx = np.sort(rng.choice(args.rows, args.picked, replace=False))
+        out = np.empty((args.picked + args.picked // 4, width), np.float32)
+        dst = np.sort(rng.choice(out.shape[0], args.picked, replace=False))
+        values = out[dst].copy()
+
+        def numpy_gather():
+            out[dst] = np.take(table, idx, axis=0)
+
+        def numpy_add():
+            picked = np.take(table, idx, axis=0)
+            np.add(picked, values, out=picked)
+            table[idx] = picked
+
+        per_row = [best(f) / args.picked * 1e9 for f in (
+            lambda: rows.take_rows(table, idx, out=out, dst=dst), numpy_gather,
+            lambda: rows.add_rows(table, idx, values), numpy_add)]
+        print(f"{width:>10} " + " ".join(f"{t:>{n}.1f}" for t, n in zip(per_row,
+                                                                     (14, 13, 11, 10))))
+
+
+if __name__ == "__main__":
+    main()
