@@ -60,3 +60,12 @@ def test_routes_are_made_once_per_layout_and_partition(tmp_path, monkeypatch):
         assert first > 0
         params, state, _ = ex.step(params, state, jax.random.key(1))
         assert len(made) == first  # the second epoch reuses every route
+
+
+def test_route_cache_reports_its_bytes():
+    layout = Layout(tier=np.array([HOST, HOST], np.int8), slot=np.array([0, 3]),
+                    file_start=np.array([-1, -1]))
+    cache = routes_module.RouteCache()
+    assert cache.nbytes == 0
+    cache.get(layout, 0, 3, np.array([1, 1], np.int32), np.array([0, 2], np.int32))
+    assert cache.nbytes == 2 * 2 * 8          # dst and src, int64, two halo rows

@@ -492,6 +492,7 @@ def wall_child(cfg: dict) -> dict:
         "plan": dataclasses.asdict(ex.memory),
         "peaks": {"device": a.peak_device, "host": a.peak_host, "ssd": a.peak_ssd},
         "moved_total": {k: getattr(a, k) for k in MOVED},
+        "routes_bytes": ex.store.routes.nbytes,
     }
     ex.close()
     return result
@@ -589,7 +590,8 @@ def report_wall_jgrind(j: dict, dev: int, host: int) -> None:
               f"; peak RSS - store peaks (device + host) - graph = "
               f"{fmt(rss - pk['device'] - pk['host'] - graph)}")
     print("  (the constant: JAX/XLA runtime and compiled steps, one partition's working set and "
-          "the next one's prefetched inputs, I/O buffers)")
+          "the next one's prefetched inputs, I/O buffers, the store's routes: "
+          f"{fmt(j.get('routes_bytes', 0))})")
 
 
 # -- driver --------------------------------------------------------------------------------

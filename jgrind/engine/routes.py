@@ -123,6 +123,11 @@ class RouteCache:
     def __init__(self):
         self._routes: dict = {}
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the routes' index arrays (for memory reports)."""
+        return sum(t.dst.nbytes + t.src.nbytes for r in self._routes.values() for t in r.halo)
+
     def get(self, layout: Layout, block: int, own_rows: int, halo_owner: np.ndarray,
             halo_row: np.ndarray, with_own: bool = False) -> Route:
         key = (layout.key, int(block), bool(with_own))
