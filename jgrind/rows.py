@@ -41,8 +41,14 @@ def _native_ok(*arrays: np.ndarray) -> bool:
         a.dtype == np.float32 for a in arrays)
 
 
-def _index(idx: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(idx, np.int64)
+def _indices(*arrays):
+    """``arrays`` (index arrays or None) as one C-contiguous integer type the kernels take:
+    int32 when every one is int32 already (the store's routes), else int64; and that type's
+    name."""
+    given = [a for a in arrays if a is not None]
+    kind = "i32" if all(np.asarray(a).dtype == np.int32 for a in given) else "i64"
+    dtype = np.int32 if kind == "i32" else np.int64
+    return [None if a is None else np.ascontiguousarray(a, dtype) for a in arrays], kind
 
 
 def _check(rc: int, what: str, rows: int, other: str, other_rows: int) -> None:
@@ -68,17 +74,16 @@ def take_rows(table: np.ndarray, idx: np.ndarray, out: Optional[np.ndarray] = No
         out = np.empty((n,) + table.shape[1:], table.dtype)
     lib = _native()
     if lib is not None and table.ndim == 2 and _native_ok(table, out):
-        idx = _index(idx)
-        dst_arr = None if dst is None else _index(dst)
+        (idx, dst_arr), kind = _indices(idx, dst)
         if dst_arr is not None and dst_arr.size != n:
             raise ValueError(f"take_rows: {n} rows but {dst_arr.size} destinations")
         if dst_arr is None and out.shape[0] < n:
             raise ValueError(f"take_rows: {n} rows do not fit an output of {out.shape[0]}")
         if out.shape[1:] != table.shape[1:]:
             raise ValueError(f"take_rows: rows of {table.shape[1:]} into {out.shape[1:]}")
-        rc = lib.jgrind_take_rows_f32(table.ctypes.data, table.shape[0], idx.ctypes.data, n,
-                                      table.shape[1], out.ctypes.data, out.shape[0],
-                                      None if dst_arr is None else dst_arr.ctypes.data)
+        take = getattr(lib, f"jgrind_take_rows_f32_{kind}")
+        rc = take(table.ctypes.data, table.shape[0], idx.ctypes.data, n, table.shape[1],
+                  out.ctypes.data, out.shape[0], None if dst_arr is None else dst_arr.ctypes.data)
         _check(rc, "take_rows", table.shape[0], "destination", out.shape[0])
         return out
     _check_range(idx, table.shape[0], "take_rows: a row index")
@@ -100,15 +105,15 @@ def add_rows(table: np.ndarray, idx: np.ndarray, values: np.ndarray,
         return
     lib = _native()
     if lib is not None and table.ndim == 2 and _native_ok(table, values):
-        idx = _index(idx)
-        src_arr = None if src is None else _index(src)
+        (idx, src_arr), kind = _indices(idx, src)
         if (src_arr.size if src_arr is not None else values.shape[0]) < n \
                 or values.shape[1:] != table.shape[1:]:
             raise ValueError(f"add_rows: {n} rows of {table.shape[1:]} from values "
                              f"{values.shape}")
-        rc = lib.jgrind_add_rows_f32(table.ctypes.data, table.shape[0], idx.ctypes.data, n,
-                                     table.shape[1], values.ctypes.data, values.shape[0],
-                                     None if src_arr is None else src_arr.ctypes.data)
+        add = getattr(lib, f"jgrind_add_rows_f32_{kind}")
+        rc = add(table.ctypes.data, table.shape[0], idx.ctypes.data, n, table.shape[1],
+                 values.ctypes.data, values.shape[0],
+                 None if src_arr is None else src_arr.ctypes.data)
         _check(rc, "add_rows", table.shape[0], "source", values.shape[0])
         return
     _check_range(idx, table.shape[0], "add_rows: a row index")

@@ -68,4 +68,4 @@ def test_route_cache_reports_its_bytes():
     cache = routes_module.RouteCache()
     assert cache.nbytes == 0
     cache.get(layout, 0, 3, np.array([1, 1], np.int32), np.array([0, 2], np.int32))
-    assert cache.nbytes == 2 * 2 * 8          # dst and src, int64, two halo rows
+    assert cache.nbytes == 2 * 2 * 4          # dst and src, int32, two halo rows

@@ -91,3 +91,20 @@ def test_out_of_range_rows_raise_instead_of_touching_memory(monkeypatch):
             take_rows(table, np.array([1, 2]), out=out, dst=np.array([0, 3]))
         with pytest.raises(IndexError, match="outside"):
             add_rows(table, np.array([3, 11]), np.ones((2, 4), np.float32))
+
+
+def test_int32_and_int64_indices_move_the_same_rows():
+    """The store keeps its routes as int32 (half the memory); the kernels take both."""
+    table, idx, dst, values = _scattered_case(16)
+    results = []
+    for dtype in (np.int32, np.int64):
+        out = np.zeros((200, 16), np.float32)
+        take_rows(table, idx.astype(dtype), out=out, dst=dst.astype(dtype))
+        added = table.copy()
+        add_rows(added, idx.astype(dtype), values, src=dst.astype(dtype))
+        results.append((out, added))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    mixed = np.zeros((200, 16), np.float32)                 # one of each: int64 for both
+    take_rows(table, idx.astype(np.int32), out=mixed, dst=dst.astype(np.int64))
+    np.testing.assert_array_equal(mixed, results[0][0])

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 CSR_SPMM_TARGET = "jgrind_csr_spmm_f32"
-_ABI_VERSION = 2  # 2: the row kernels (rows.cc)
+_ABI_VERSION = 3  # 2: the row kernels (rows.cc); 3: with int32 indices too
 
 _lock = threading.Lock()
 _state: Optional["Native"] = None
@@ -86,8 +86,10 @@ def _load() -> Native:
     # (table, rows, idx, n, width, other, other rows, other idx): see rows.cc
     row_args = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                 ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
-    for fn in (lib.jgrind_take_rows_f32, lib.jgrind_add_rows_f32):
-        fn.restype, fn.argtypes = ctypes.c_int, row_args
+    for kind in ("take", "add"):
+        for index in ("i32", "i64"):
+            fn = getattr(lib, f"jgrind_{kind}_rows_f32_{index}")
+            fn.restype, fn.argtypes = ctypes.c_int, row_args
     jax.ffi.register_ffi_target(CSR_SPMM_TARGET, jax.ffi.pycapsule(lib.JgrindCsrSpmmF32),
                                 platform="cpu")
     return Native(path=result.path, isa=lib.jgrind_kernel_isa().decode(),

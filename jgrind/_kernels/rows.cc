@@ -3,7 +3,7 @@
 //   take:  out[dst[i], :]    = src[idx[i], :]      (dst == nullptr: out[i, :])
 //   add:   table[idx[i], :] += values[src[i], :]   (src == nullptr: values[i, :])
 //
-// float32 rows, int64 indices, all arrays C-contiguous. The activation store moves halo rows
+// float32 rows, int32 or int64 indices, all arrays C-contiguous. The activation store moves halo rows
 // with these (`jgrind.rows`), and the hardware profile times them, so the planner prices the
 // code the engine runs.
 //
@@ -25,17 +25,13 @@ namespace {
 
 constexpr int64_t kAhead = 8;  // rows prefetched ahead of the copy
 
-inline bool OutOfRange(int64_t i, int64_t n) { return static_cast<uint64_t>(i) >= static_cast<uint64_t>(n); }
+inline bool OutOfRange(int64_t i, int64_t n) {
+  return static_cast<uint64_t>(i) >= static_cast<uint64_t>(n);
+}
 
-}  // namespace
-
-extern "C" {
-
-// Returns 0 on success, 1 if an index of `idx` is out of range, 2 if one of `dst` is. Nothing
-// is written past the first bad index.
-__attribute__((visibility("default"))) int jgrind_take_rows_f32(
-    const float* src, int64_t src_rows, const int64_t* idx, int64_t n, int64_t width,
-    float* out, int64_t out_rows, const int64_t* dst) {
+template <typename Idx>
+int TakeRows(const float* src, int64_t src_rows, const Idx* idx, int64_t n, int64_t width,
+             float* out, int64_t out_rows, const Idx* dst) {
   const size_t row_bytes = static_cast<size_t>(width) * sizeof(float);
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) {
@@ -44,19 +40,16 @@ __attribute__((visibility("default"))) int jgrind_take_rows_f32(
     }
     const int64_t s = idx[i];
     if (OutOfRange(s, src_rows)) return 1;
-    const int64_t d = dst ? dst[i] : i;
+    const int64_t d = dst ? static_cast<int64_t>(dst[i]) : i;
     if (OutOfRange(d, out_rows)) return 2;
     std::memcpy(out + d * width, src + s * width, row_bytes);
   }
   return 0;
 }
 
-// Returns 0 on success, 1 if an index of `idx` is out of range, 2 if one of `src` is. Indices
-// in `idx` should be unique: a repeated row gets every addition, in order (same float result
-// as adding them one by one).
-__attribute__((visibility("default"))) int jgrind_add_rows_f32(
-    float* table, int64_t table_rows, const int64_t* idx, int64_t n, int64_t width,
-    const float* values, int64_t values_rows, const int64_t* src) {
+template <typename Idx>
+int AddRows(float* table, int64_t table_rows, const Idx* idx, int64_t n, int64_t width,
+            const float* values, int64_t values_rows, const Idx* src) {
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) {
       const int64_t ahead = idx[i + kAhead];
@@ -64,7 +57,7 @@ __attribute__((visibility("default"))) int jgrind_add_rows_f32(
     }
     const int64_t t = idx[i];
     if (OutOfRange(t, table_rows)) return 1;
-    const int64_t v = src ? src[i] : i;
+    const int64_t v = src ? static_cast<int64_t>(src[i]) : i;
     if (OutOfRange(v, values_rows)) return 2;
     float* __restrict row = table + t * width;
     const float* __restrict add = values + v * width;
@@ -72,5 +65,29 @@ __attribute__((visibility("default"))) int jgrind_add_rows_f32(
   }
   return 0;
 }
+
+}  // namespace
+
+extern "C" {
+
+// Row indices as int64 (`_i64`) or int32 (`_i32`: the store keeps its routes as int32, half
+// the memory). Return 0 on success; take: 1 if an index of `idx` is out of range, 2 if one of
+// `dst` is; add: 1 for `idx`, 2 for `src`. Nothing is written past the first bad index.
+// Indices in an add's `idx` should be unique: a repeated row gets every addition, in order
+// (the same float result as adding them one by one).
+#define JGRIND_ROWS(suffix, Idx)                                                               \
+  __attribute__((visibility("default"))) int jgrind_take_rows_f32_##suffix(                    \
+      const float* src, int64_t src_rows, const Idx* idx, int64_t n, int64_t width,            \
+      float* out, int64_t out_rows, const Idx* dst) {                                          \
+    return TakeRows<Idx>(src, src_rows, idx, n, width, out, out_rows, dst);                    \
+  }                                                                                            \
+  __attribute__((visibility("default"))) int jgrind_add_rows_f32_##suffix(                     \
+      float* table, int64_t table_rows, const Idx* idx, int64_t n, int64_t width,              \
+      const float* values, int64_t values_rows, const Idx* src) {                              \
+    return AddRows<Idx>(table, table_rows, idx, n, width, values, values_rows, src);           \
+  }
+
+JGRIND_ROWS(i64, int64_t)
+JGRIND_ROWS(i32, int32_t)
 
 }  // extern "C"

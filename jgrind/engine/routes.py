@@ -42,8 +42,8 @@ class TierRows:
 
     ``dst``: positions in the gathered input (or in the input gradient); ``src``: rows of the
     tier's array (SSD: rows of the file, ascending); ``segments``: ``(start, stop, owner)``
-    runs of one owner block. 16 bytes per row: the routes of a run's few layouts stay small
-    next to the blocks' own structure."""
+    runs of one owner block. 8 bytes per row (int32 indices where they fit), as much as the
+    partition's own halo arrays, per distinct layout."""
 
     code: int
     dst: np.ndarray
@@ -106,13 +106,21 @@ def make_route(layout: Layout, block: int, own_rows: int, halo_owner: np.ndarray
         starts = np.concatenate([[0], cuts])
         stops = np.concatenate([cuts, [o.size]])
         segments = tuple((int(a), int(b), int(o[a])) for a, b in zip(starts, stops))
-        halo.append(TierRows(int(code), first + sel, src, segments))
+        halo.append(TierRows(int(code), _compact(first + sel), _compact(src), segments))
     on_ssd = {int(b) for b in np.unique(owners) if layout.tier[b] == SSD}
     if layout.tier[block] == SSD:
         on_ssd.add(int(block))
     return Route(block=int(block), own_code=int(layout.tier[block]),
                  own_start=int(layout.slot[block]), own_rows=int(own_rows), halo=tuple(halo),
                  ssd_blocks=tuple(sorted(on_ssd)), halo_owner=halo_owner)
+
+
+def _compact(index: np.ndarray) -> np.ndarray:
+    """``index`` as int32 when it fits (it does below 2^31 rows per tier and per partition):
+    half the memory, and the native row kernels take int32 indices as they are."""
+    if index.size == 0 or int(index.max()) < 2**31:
+        return index.astype(np.int32)
+    return index.astype(np.int64)
 
 
 class RouteCache:
