@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,6 +22,7 @@ def main() -> None:
     import numpy as np
 
     from jgrind import rows
+    from jgrind.plan.profile import _best_seconds
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=150_000)
@@ -33,14 +33,8 @@ def main() -> None:
         sys.exit("the native kernels are unavailable here; nothing to compare")
     rng = np.random.default_rng(0)
 
-    def best(run, repeats=200):
-        run()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return min(times)
+    def best(run):
+        return _best_seconds(run, 200)  # the profile's own timer: fastest after a warm-up
 
     print(f"{args.picked} sorted random rows of a {args.rows}-row table, into scattered rows; "
           "ns per row, best of 200")
