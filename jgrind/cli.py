@@ -253,8 +253,8 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    if argv is None:  # the real command line (not a call from Python): see jgrind.hugepages
-        from jgrind.hugepages import relaunch_if_wanted
+    if argv is None:  # the real command line (not a call from Python): see jgrind.allocator
+        from jgrind.allocator import relaunch_if_wanted
         relaunch_if_wanted()
     handlers = {"train": cmd_train, "datasets": cmd_datasets, "partition": cmd_partition,
                 "profile": cmd_profile, "plan": cmd_plan}

@@ -191,7 +191,7 @@ def child(kind: str, path: str, args) -> dict:
 
 
 def main():
-    from jgrind.hugepages import relaunch_if_wanted
+    from jgrind.allocator import relaunch_if_wanted
     relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=1_000_000)
@@ -239,10 +239,10 @@ def report(r: dict, args) -> None:
     print(f"graph: R-MAT, {g['nodes']:,} nodes, {g['edges']:,} directed edges, "
           f"{g['features']} features, {g['classes']} classes; model: 3-layer GCN, hidden "
           f"{args.hidden}; median of {args.epochs} epochs after one warm-up")
-    from jgrind.hugepages import active
+    from jgrind.allocator import summary
     print(f"machine: {os.cpu_count()} cores, "
           f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
-          f"glibc huge pages {'on' if active() else 'off'} (jgrind and PyG alike)")
+          f"{summary()} (jgrind and PyG alike)")
     j = r["jgrind"]
     print(f"  jgrind ({j['spmm_backend']} spmm): median epoch {med(j['epoch_times']):.3f} s, "
           f"peak RSS {j['peak_rss_gib']:.2f} GiB")

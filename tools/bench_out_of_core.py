@@ -94,9 +94,9 @@ def fmt(n) -> str:
 
 def machine() -> str:
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    from jgrind import hugepages
-    return (f"{os.cpu_count()} cores, {ram / 2**30:.1f} GiB RAM, glibc huge pages "
-            f"{'on' if hugepages.active() else 'off'} (every run alike)")
+    from jgrind import allocator
+    return (f"{os.cpu_count()} cores, {ram / 2**30:.1f} GiB RAM, {allocator.summary()} "
+            "(every run alike)")
 
 
 def filesystem(path: str) -> str:
@@ -596,7 +596,7 @@ def report_wall_jgrind(j: dict, dev: int, host: int) -> None:
 
 # -- driver --------------------------------------------------------------------------------
 def main():
-    from jgrind.hugepages import relaunch_if_wanted
+    from jgrind.allocator import relaunch_if_wanted
     relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     if len(sys.argv) >= 2 and sys.argv[1] == "_child":
         fn = {"overhead": overhead_child, "wall": wall_child, "pyg": pyg_child}[sys.argv[2]]

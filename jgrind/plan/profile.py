@@ -43,7 +43,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 import psutil
 
-from jgrind import hugepages
+from jgrind import allocator
 from jgrind.buffers import aligned_empty
 from jgrind.plan.cost import SPAN_PIECE_BYTES
 from jgrind.rows import add_rows, take_rows
@@ -181,6 +181,7 @@ class Profile:
                         f"{_num(m.get('ram_bytes')) / gib:.1f} GiB RAM"),
             ("jax", f"{m.get('jax')} on {m.get('backend')} ({m.get('device_kind')})"),
             ("glibc huge pages", "on" if m.get("huge_pages") else "off"),
+            ("heap reuse", "on" if m.get("heap_reuse") else "off"),
             ("dense matmul", f"{self.matmul_flops / 1e9:.1f} GFLOP/s"),
             ("contraction", f"{self.contraction_bw / 1e9:.2f} GB/s (weight gradient, "
                             "narrow output)"),
@@ -269,7 +270,9 @@ def _stale(profile: Profile) -> Optional[str]:
     hardware = [key for key in ("cpu", "cores") if then.get(key) != now[key]]
     if not abs(_num(then.get("ram_bytes")) - now["ram_bytes"]) <= 0.05 * now["ram_bytes"]:
         hardware.append("ram_bytes")
-    software = [key for key in ("jax", "backend", "device_kind", "huge_pages")
+    # profiles from before heap reuse existed were measured without it
+    then = {"heap_reuse": False, **then}
+    software = [key for key in ("jax", "backend", "device_kind", "huge_pages", "heap_reuse")
                 if then.get(key) != now[key]]
     reasons = []
     if hardware:
@@ -278,9 +281,10 @@ def _stale(profile: Profile) -> Optional[str]:
                        f"; this one has {', '.join(ours[k] for k in hardware)})")
     if software:
         names = {"jax": "jax", "backend": "backend", "device_kind": "device",
-                 "huge_pages": "glibc huge pages"}
+                 "huge_pages": "glibc huge pages", "heap_reuse": "heap reuse"}
+        switches = ("huge_pages", "heap_reuse")
         shown = lambda k, v: ({True: "on", False: "off"}.get(v, "not recorded")  # noqa: E731
-                              if k == "huge_pages" else repr(v))
+                              if k in switches else repr(v))
         reasons.append("was measured with " + ", ".join(
             f"{names[k]} {shown(k, then.get(k))} (now {shown(k, now[k])})" for k in software))
     return " and ".join(reasons) or None
@@ -304,9 +308,10 @@ def machine_fingerprint() -> dict:
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
-        # fresh buffers fault in 2 MiB pages instead of 4 KiB ones: every transfer and step
-        # rate changes (jgrind.hugepages)
-        "huge_pages": hugepages.active(),
+        # fresh buffers fault in 2 MiB pages instead of 4 KiB ones, or are not fresh at all:
+        # every transfer and step rate changes (jgrind.allocator)
+        "huge_pages": allocator.HUGE_PAGES.active(),
+        "heap_reuse": allocator.HEAP_REUSE.active(),
     }
 
 

@@ -1,0 +1,180 @@
+"""Epoch times under each allocator setting, interleaved (README, "Allocator settings").
+
+    python tools/bench_allocator.py --rmat 1000000 10000000 --parts 8 --runs in-memory,host
+    python tools/bench_allocator.py --rmat 1000000 10000000 --settings off,huge --epochs 2
+    python tools/bench_allocator.py --config host-tight --parts 128 --runs ssd
+
+Every run is a fresh interpreter (glibc reads its tunables at start), once per setting of
+``--settings`` in turn (``off``; ``huge``: `jgrind.allocator.HUGE_PAGES`; ``reuse``:
+`HEAP_REUSE`; ``huge+reuse``), ``--reps`` times, so that a slow patch of a noisy machine hits
+every setting alike. Each child builds the graph, partitions it by label propagation (seed 0),
+times ``--epochs`` epochs after a warm-up and reports them with their page faults and the
+child's peak resident memory. The heap-reuse setting pays only once the heap has grown to what
+an epoch needs (the second or third epoch), so give it ``--epochs 4`` or more.
+
+``--rmat``: an R-MAT graph with a 3-layer GCN (hidden 256, dropout 0.5) and no budgets;
+``--config``: a `tools/bench_planner.py` configuration with its budgets (give ``--parts``: the
+planner benchmark's tables say how many partitions it chose).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+RUNS = ("in-memory", "device", "host", "ssd")
+
+
+def child(spec: dict) -> dict:
+    import jax
+    import optax
+
+    import resource
+
+    from jgrind import allocator, models
+    from jgrind.engine import OutOfCore
+    from jgrind.partition import partition_graph
+    from jgrind.partition.partitioners import label_propagation
+    from jgrind.plan import policies
+    from jgrind.train import InMemory
+
+    device_budget = host_budget = None
+    if spec["config"]:
+        import bench_planner
+        cfg = next(c for c in bench_planner.CONFIGS if c.name == spec["config"])
+        graph, model = bench_planner.build(cfg)
+        device_budget, host_budget = cfg.device_budget, cfg.host_budget
+    else:
+        from jgrind.generators import rmat
+        graph = rmat(num_nodes=spec["rmat"][0], num_edges=spec["rmat"][1], num_features=128,
+                     num_classes=47, seed=0)
+        model = models.gcn(128, 256, 47, num_layers=3, dropout=0.5)
+    optimizer = optax.adam(1e-3)
+    run = spec["run"]
+    if run == "in-memory":
+        ex = InMemory(graph, model, optimizer)
+    else:
+        normalized = model.normalize(graph)
+        pg = partition_graph(normalized, label_propagation(normalized, spec["parts"], seed=0),
+                             num_parts=spec["parts"])
+        policy = {"device": policies.in_memory(), "host": policies.host_offload(),
+                  "ssd": policies.ssd_offload(spec["store"])}[run]
+        ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=pg,
+                       store=spec["store"], device_budget=device_budget,
+                       host_budget=host_budget)
+    params = model.init(jax.random.key(0))
+    state = optimizer.init(params)
+    times, faults = [], []
+    for epoch in range(1 + spec["epochs"]):  # the first compiles
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        start = time.perf_counter()
+        params, state, loss = ex.step(params, state, jax.random.key(epoch))
+        jax.block_until_ready(loss)
+        times.append(time.perf_counter() - start)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    if hasattr(ex, "close"):
+        ex.close()
+    return {"active": [s.name for s in allocator.SETTINGS if s.active()],
+            "epochs": times[1:], "faults": faults[1:],
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "_child":
+        print(json.dumps(child(json.loads(sys.argv[2]))))
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--rmat", nargs=2, type=int, metavar=("NODES", "EDGES"))
+    src.add_argument("--config", help="a tools/bench_planner.py configuration name")
+    p.add_argument("--parts", type=int, default=8,
+                   help="partitions (the planner benchmark's tables say how many it chose)")
+    p.add_argument("--runs", default="in-memory,host", help=f"comma-separated, from {RUNS}")
+    p.add_argument("--settings", default="off,reuse",
+                   help="comma-separated, from off, huge, reuse, huge+reuse")
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=4,
+                   help="timed epochs per child, after a warm-up (heap reuse settles by the third)")
+    p.add_argument("--store", default="/tmp")
+    args = p.parse_args()
+
+    if args.config:
+        import bench_planner
+        names = [c.name for c in bench_planner.CONFIGS]
+        if args.config not in names:
+            p.error(f"unknown configuration {args.config!r}; choose from {names}")
+    unknown = set(args.runs.split(",")) - set(RUNS)
+    if unknown:
+        p.error(f"unknown runs {sorted(unknown)}; choose from {list(RUNS)}")
+
+    from jgrind import allocator
+    choices = {"off": (), "huge": (allocator.HUGE_PAGES,), "reuse": (allocator.HEAP_REUSE,),
+               "huge+reuse": (allocator.HUGE_PAGES, allocator.HEAP_REUSE)}
+    settings = args.settings.split(",")
+    unknown = set(settings) - set(choices)
+    if unknown:
+        p.error(f"unknown settings {sorted(unknown)}; choose from {list(choices)}")
+    for name in settings:
+        useless = [s.name for s in choices[name] if not s.can_help()]
+        if useless:
+            p.error(f"{', '.join(useless)} cannot help here (THP mode "
+                    f"{allocator.kernel_mode()!r}, glibc {allocator.glibc_version()}): "
+                    f"nothing to compare for {name!r}")
+    parts = args.parts
+
+    ours = {"GLIBC_TUNABLES"} | {s.opt_in for s in allocator.SETTINGS}
+    base = {k: v for k, v in os.environ.items() if k not in ours}
+    results: dict = {}
+    for rep in range(args.reps):
+        for run in args.runs.split(","):
+            for name in settings:
+                env = allocator.with_settings(choices[name], base)
+                spec = {"run": run, "config": args.config, "rmat": args.rmat, "parts": parts,
+                        "epochs": args.epochs, "store": args.store}
+                proc = subprocess.run([sys.executable, os.path.abspath(__file__), "_child",
+                                       json.dumps(spec)], env=env, capture_output=True,
+                                      text=True)
+                if proc.returncode != 0:
+                    sys.exit(f"{run} ({name}) failed:\n{proc.stderr[-2000:]}")
+                got = json.loads(proc.stdout.strip().splitlines()[-1])
+                assert got["active"] == [s.name for s in choices[name]], \
+                    f"the child did not get the setting {name!r}: {got['active']}"
+                r = results.setdefault((run, name), {"epochs": [], "faults": [], "rss": []})
+                r["epochs"].extend(got["epochs"])
+                r["faults"].extend(got["faults"])
+                r["rss"].append(got["peak_rss"])
+                print(f"rep {rep + 1}: {run:<9} {name:<10} epochs "
+                      f"{', '.join(f'{t:.3f}' for t in got['epochs'])} s; page faults "
+                      f"{', '.join(f'{f:,}' for f in got['faults'])}; peak RSS "
+                      f"{got['peak_rss'] / 2**30:.2f} GiB", flush=True)
+    source = (f"--config {args.config}" if args.config
+              else f"R-MAT {args.rmat[0]:,} nodes, {args.rmat[1]:,} edges")
+    print(f"\n{source}, {parts} partitions; median epoch over {args.reps} x {args.epochs} "
+          f"epochs after a warm-up; {os.cpu_count()} cores")
+    runs = args.runs.split(",")
+    head = f"{'run':<10} {'setting':<11} {'epoch s':>8} {'x off':>6} "
+    head += f"{'x in-memory':>12} " if "in-memory" in runs else ""
+    print(head + f"{'faults/epoch':>13} {'peak RSS GiB':>13}")
+    for run in runs:
+        for name in settings:
+            r = results[(run, name)]
+            t = statistics.median(r["epochs"])
+            line = f"{run:<10} {name:<11} {t:8.3f} "
+            line += f"{statistics.median(results[(run, settings[0])]['epochs']) / t:6.2f} "
+            if "in-memory" in runs:
+                line += f"{t / statistics.median(results[('in-memory', name)]['epochs']):12.2f} "
+            print(line + f"{statistics.median(r['faults']):13,.0f} "
+                         f"{max(r['rss']) / 2**30:13.2f}")
+    print("x off: the first setting's median epoch over this one's; x in-memory: this run's "
+          "median epoch over the in-memory run's under the same setting")
+
+
+if __name__ == "__main__":
+    main()
