@@ -50,6 +50,7 @@ def main() -> None:
     from jgrind import models
     from jgrind.engine import OutOfCore
     from jgrind.engine import store as store_module
+    from jgrind.models.moved_dropout import unwrap
     from jgrind.partition import partition_graph
     from jgrind.partition.partitioners import label_propagation
     from jgrind.plan import cost, policies
@@ -112,7 +113,9 @@ def main() -> None:
 
     def counted_steps(layer, remat=None, input_mask=None):
         steps = plain_steps(layer, remat, input_mask)
-        label = f"{type(layer).__name__} {layer.in_channels}->{getattr(layer, 'out_channels', '')}"
+        inner = unwrap(layer)  # a layer running its consumer's dropout: named "+dropout"
+        label = (f"{type(inner).__name__}{'+dropout' if inner is not layer else ''} "
+                 f"{layer.in_channels}->{getattr(layer, 'out_channels', '')}")
         fields = ("forward", "backward", "backward_params", "top", "masked_backward",
                   "masked_backward_params", "forward_saving", "saved_backward",
                   "saved_backward_params")

@@ -58,6 +58,7 @@ from jgrind.loss import node_weights
 from jgrind.models.block import Block
 from jgrind.models.conv import derivative_from_output
 from jgrind.models.model import GNN, layer_key
+from jgrind.models.moved_dropout import step_key
 from jgrind.models.split import as_executed
 from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.partition.partitioners import label_propagation
@@ -238,8 +239,11 @@ class OutOfCore:
         return self.executed.merge_params(grads), loss
 
     def _key(self, key, l: int):
-        """Executed layer l's dropout key: its model layer's."""
-        return layer_key(key, self.executed.origin[l])
+        """Executed layer l's dropout key: its model layer's; for a layer that runs its
+        consumer's dropout on its output (`DropsOutput`), that and the consumer's."""
+        origin = self.executed.origin
+        consumer = layer_key(key, origin[l + 1]) if l + 1 < len(origin) else None
+        return step_key(self.model.layers[l], layer_key(key, origin[l]), consumer)
 
     def _executed_loss_and_grad(self, params, key):
         L = self.num_layers

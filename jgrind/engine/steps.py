@@ -52,6 +52,8 @@ import numpy as np
 from jgrind.loss import weighted_cross_entropy
 from jgrind.models.block import Block, make_block
 from jgrind.models.conv import aggregation_split, derivative_from_output, without_activation
+from jgrind.models.moved_dropout import (drop_output, output_rate, output_scale, split_key,
+                                         unwrap)
 
 
 def _tree_add(a, b):
@@ -77,9 +79,13 @@ def pack_mask(keep: jax.Array) -> jax.Array:
     return jnp.packbits(keep, axis=1)
 
 
-def masked_cotangent(mask: jax.Array, g_out: jax.Array) -> jax.Array:
+def masked_cotangent(mask: jax.Array, g_out: jax.Array, scale: float = 1.0) -> jax.Array:
+    """The pre-activation's cotangent from the output mask: ``g_out`` where the mask is set
+    (times ``scale``: the output dropout's ``1 / (1 - rate)``, `jgrind.models.moved_dropout`),
+    else 0."""
     keep = jnp.unpackbits(mask, axis=1, count=g_out.shape[1]).astype(bool)
-    return jnp.where(keep, g_out, jnp.zeros((), g_out.dtype))
+    kept = g_out if scale == 1.0 else g_out * jnp.asarray(scale, g_out.dtype)
+    return jnp.where(keep, kept, jnp.zeros((), g_out.dtype))
 
 
 @functools.lru_cache(maxsize=256)
@@ -118,37 +124,56 @@ def layer_steps(layer, remat_policy: Optional[Callable] = None,
         value, (d_params, d_h) = jax.value_and_grad(loss, argnums=(0, 1))(params, h)
         return emit(block, h, value, _tree_add(acc, d_params), d_h)
 
+    # A layer that also runs its consumer's dropout on its output (`DropsOutput`) takes a pair
+    # of keys; its pre-activation and aggregation are the wrapped layer's, keyed by the first.
+    inner, out_rate, scale = unwrap(layer), output_rate(layer), output_scale(layer)
+
+    def finish(block, y, key):
+        """The output from the activation's output: the consumer's dropout, if it moved here."""
+        return drop_output(y, out_rate, split_key(key)[1], block) if out_rate else y
+
+    def own_key(key):
+        return split_key(key)[0] if out_rate else key
+
+    def cot_scale(key) -> float:
+        """The output dropout's scale of kept entries; 1 without a key (nothing dropped). The
+        key's presence is static: jit traces the two cases apart."""
+        return scale if out_rate and split_key(key)[1] is not None else 1.0
+
     masked = masked_params = None
     if derivative_from_output(layer) is not None:
-        pre = checkpointed(without_activation(layer))
+        pre_layer = checkpointed(without_activation(inner))
+
+        def pre(params, block, h, key):
+            return pre_layer(params, block, h, own_key(key))
 
         def masked_backward(params, block, h, key, mask, g_out, acc):
             _, vjp = jax.vjp(lambda p, x: pre(p, block, x, key), params, h)
-            d_params, d_h = vjp(masked_cotangent(mask, g_out))
+            d_params, d_h = vjp(masked_cotangent(mask, g_out, cot_scale(key)))
             return emit(block, h, _tree_add(acc, d_params), d_h)
 
         def masked_backward_params(params, block, h, key, mask, g_out, acc):
             _, vjp = jax.vjp(lambda p: pre(p, block, h, key), params)
-            (d_params,) = vjp(masked_cotangent(mask, g_out))
+            (d_params,) = vjp(masked_cotangent(mask, g_out, cot_scale(key)))
             return _tree_add(acc, d_params)
 
         masked = jax.jit(masked_backward, donate_argnums=6)
         masked_params = jax.jit(masked_backward_params, donate_argnums=6)
 
     saving = saved = saved_params = None
-    split = aggregation_split(layer)
+    split = aggregation_split(inner)
     if split is not None:
         def forward_saving(params, block, h, key):
-            z = split.aggregate(block, h, key)
-            return split.activate(split.update(params, z)), z
+            z = split.aggregate(block, h, own_key(key))
+            return finish(block, split.activate(split.update(params, z)), key), z
 
-        def params_vjp(params, z, mask, g_out, wrt_z):
+        def params_vjp(params, block, key, z, mask, g_out, wrt_z):
             if mask is None:  # no mask: recompute the pre-activation from z
                 def f(p, zz):
-                    return split.activate(split.update(p, zz))
+                    return finish(block, split.activate(split.update(p, zz)), key)
                 cot = g_out
             else:
-                f, cot = split.update, masked_cotangent(mask, g_out)
+                f, cot = split.update, masked_cotangent(mask, g_out, cot_scale(key))
             if wrt_z:
                 _, vjp = jax.vjp(f, params, z)
                 return vjp(cot)
@@ -156,14 +181,14 @@ def layer_steps(layer, remat_policy: Optional[Callable] = None,
             return vjp(cot)[0], None
 
         def saved_backward(params, block, z, key, mask, g_out, acc):
-            d_params, d_z = params_vjp(params, z, mask, g_out, True)
-            zeros = jnp.zeros((block.num_in, layer.in_channels), z.dtype)
-            _, transpose = jax.vjp(lambda h: split.aggregate(block, h, key), zeros)
+            d_params, d_z = params_vjp(params, block, key, z, mask, g_out, True)
+            zeros = jnp.zeros((block.num_in, inner.in_channels), z.dtype)
+            _, transpose = jax.vjp(lambda h: split.aggregate(block, h, own_key(key)), zeros)
             (d_h,) = transpose(d_z)
             return _tree_add(acc, d_params), d_h
 
         def saved_backward_params(params, block, z, key, mask, g_out, acc):
-            return _tree_add(acc, params_vjp(params, z, mask, g_out, False)[0])
+            return _tree_add(acc, params_vjp(params, block, key, z, mask, g_out, False)[0])
 
         saving = jax.jit(forward_saving)
         saved = jax.jit(saved_backward, donate_argnums=6)

@@ -35,6 +35,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from jgrind.models.conv import derivative_from_output
+from jgrind.models.moved_dropout import drops_input, unwrap
 from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate
 
 D, H, S, R = 0, 1, 2, 3           # tier codes, in `Fate` order
@@ -59,6 +60,16 @@ ELEMENTWISE_PASSES = 6.0          # bias, activation, dropout, residual, norm: b
 # rows, and this term dominates narrow layers (`tools/profile_ops.py` shows it: a 256 -> 8 top
 # step over 128 small partitions takes several times what its products alone cost).
 INPUT_PASSES = 2.0
+# The same for a layer whose dropout runs in the layer below (`jgrind.models.moved_dropout`):
+# nothing drops or masks its input rows; the products read them (priced on their own) and the
+# backward writes and zero-pads their gradient.
+UNDROPPED_INPUT_PASSES = 1.0
+
+
+def input_passes(layer) -> float:
+    """`INPUT_PASSES` for a layer that drops its own input rows, else `UNDROPPED_INPUT_PASSES`."""
+    return INPUT_PASSES if drops_input(layer) else UNDROPPED_INPUT_PASSES
+
 # SSD row reads and scatter-adds merge rows less than this many bytes apart into one read call
 # (`jgrind.engine.ssd`): a call costs about as much as reading this much more, so reading a
 # short gap beats a second call. From the page cache a call with its Python around it costs
@@ -285,6 +296,7 @@ def layer_products(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> P
     """The `Products` of one step of ``layer`` on partitions of the given padded shapes."""
     mm, wg = _matmul(profile), _weight_grad(profile)
     sp = lambda width: nnz * float(width) / profile.spmm_rate           # noqa: E731
+    layer = unwrap(layer)  # a layer running its consumer's dropout: the same products
     kind = type(layer).__name__
     first = w_in <= w_out  # the sparse product runs before the matmul, on the narrower side
     if kind in ("GCNConv", "SAGEConv"):
@@ -360,19 +372,20 @@ def backward_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile, *,
 
 
 def kept_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile, *,
-                 input_grad: bool, masked: bool) -> np.ndarray:
+                 input_grad: bool, masked: bool,
+                 input_passes: float = INPUT_PASSES) -> np.ndarray:
     """Seconds of a backward step from a kept aggregation (`jgrind.engine.steps`): the update's
     weight gradient (and ``dz``, and the pre-activation again without a mask), then the
     transposed sparse product into the input rows; no regathered input, no forward product."""
     mm = _matmul(profile)(n_out, w_in, w_out)
     wg = _weight_grad(profile)(n_out, w_in, w_out)
-    if type(layer).__name__ == "SAGEConv":
+    if type(unwrap(layer)).__name__ == "SAGEConv":
         mm, wg = 2 * mm, 2 * wg  # root and neighbour weights
     t = wg + (0.0 if masked else mm) \
         + ELEMENTWISE_PASSES * n_out * w_out * ITEMSIZE / profile.copy_bw
     if input_grad:
         t = t + mm + nnz * float(w_in) / profile.spmm_rate \
-            + INPUT_PASSES * n_in * w_in * ITEMSIZE / profile.copy_bw
+            + input_passes * n_in * w_in * ITEMSIZE / profile.copy_bw
     return t
 
 
@@ -387,16 +400,17 @@ def step_seconds(w: Workload, profile, layer: int, kind: str,
     shape = (w.widths[layer], w.widths[layer + 1], w.pad_out, w.step_inputs(layer),
              w.pad_edges, profile)
     masked = w.masked(layer) if masked is None else masked and w.masked(layer)
+    passes = input_passes(w.layers[layer])
     if kind.startswith("kept"):
         t = kept_seconds(w.layers[layer], *shape, input_grad=kind == "kept backward",
-                         masked=masked)
+                         masked=masked, input_passes=passes)
     elif kind == "forward":
-        t = layer_seconds(w.layers[layer], *shape)
+        t = layer_seconds(w.layers[layer], *shape, input_passes=passes)
     else:  # the top step runs its forward, the loss and its backward: unmasked
         top = kind == "top"
         t = backward_seconds(w.layers[layer], *shape, input_grad=kind != "params",
                              masked=masked and not top,
-                             memory_passes=TOP_PASSES if top else None)
+                             memory_passes=TOP_PASSES if top else None, input_passes=passes)
     active = w.owned > 0
     return float(np.sum(np.where(active, t + profile.step_latency, 0.0)))
 
