@@ -337,7 +337,11 @@ def test_naive_snapshots_cost_exactly_the_gathered_inputs(tmp_path):
             inputs = sum(p.num_inputs for p in ex.pg.partitions)
             snapshots = 4 * inputs * sum(ex.widths[:ex.num_layers - 1])
             activations = sum(i.nbytes for i in ex.inventory if i.name == "activation")
-            assert after.ssd == activations
+            gradients = sum(i.nbytes for i in ex.inventory if i.name == "gradient")
+            # what is left after the epoch: the activations and the gradient files, kept for
+            # the next epoch (`Store.drop`); the snapshots are gone
+            assert after.ssd == activations + gradients
+            assert after.ssd == ex.memory.ssd
             if name == "naive":
                 assert after.peak_ssd >= activations + snapshots
     assert moved["naive"][0] == moved["ssd"][0]
@@ -619,3 +623,28 @@ def test_training_with_kept_aggregations_matches_in_memory(tmp_path):
                 policy=policies.ssd_offload(tmp_path, aggregations=Fate.SSD))
     for a, b in zip(jax.tree.leaves(ooc.params), jax.tree.leaves(ref.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("host_budget", [0, None])
+def test_gradient_files_are_kept_and_zeroed_between_epochs(host_budget, tmp_path):
+    """All-SSD gradient tables keep their files from one epoch to the next (a new file's pages
+    cost as much as fresh memory) and read as zeros again: the second epoch's gradients equal
+    the in-memory ones, with the host cache in front of the SSD tier off and on."""
+    graph = _csbm()
+    model = _models(graph.num_features, graph.num_classes)["gcn"]
+    params = model.init(jax.random.key(0))
+    reference = InMemory(graph, model, optax.sgd(0.1))
+    with OutOfCore(graph, model, optax.sgd(0.1), policy=policies.ssd_offload(tmp_path),
+                   num_parts=3, store=tmp_path, host_budget=host_budget,
+                   partitioner=contiguous) as ex:
+        ex.loss_and_grad(params, jax.random.key(1))
+        files = {key: table.ssd for key, table in ex.store.kept.items()}
+        assert sorted(layer for _, layer in files) == list(range(1, ex.num_layers))
+        grads, loss = ex.loss_and_grad(params, jax.random.key(2))
+        assert {key: table.ssd for key, table in ex.store.kept.items()} == files
+        assert all(ex.store.kept[key].ssd is f for key, f in files.items())
+        assert ex.store.accounts.peak_ssd == ex.memory.ssd
+    ref_loss, ref_grads = reference.loss_and_grad(params, jax.random.key(2))
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    assert_same_gradients(grads, ref_grads)
+    assert list(tmp_path.iterdir()) == []

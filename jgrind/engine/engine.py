@@ -265,8 +265,8 @@ class OutOfCore:
             lower = self._gradient_table(l) if l > 0 else None
             loss, grads[l], masks = self._backward_layer(params, l, key, upper, lower, loss,
                                                          grads[l], masks)
-            if upper is not None:
-                self.store.drop(upper)
+            if upper is not None:  # an all-SSD gradient file is kept for the next epoch
+                self.store.drop(upper, keep=True)
             if l in self._snapshots:
                 self.store.drop(self._snapshots.pop(l))
             if l >= 1 and self.activations[l].recomputed:

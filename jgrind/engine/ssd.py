@@ -75,6 +75,39 @@ class SSDFile:
         self.bytes_read = 0
         self.bytes_written = 0
         self.on_io = on_io  # called as on_io(ssd_read_ops=1) / on_io(ssd_write_ops=1)
+        # blocks whose contents are zeros but still hold old values on disk (`zero_lazily`)
+        self._stale: set[int] = set()
+
+    # -- reuse --------------------------------------------------------------------------------
+    def zero_lazily(self) -> None:
+        """Make every block read as zeros again without writing now: a block is zeroed on disk
+        when rows of it are first read or added to, and not at all when it is first written
+        whole. A file kept from one epoch to the next is rewritten in pages the page cache
+        already holds; a new file's pages are allocated (and zeroed by the kernel) again."""
+        self._stale = set(range(self.offsets.size - 1))
+        self._crc.clear()
+
+    def _unstale(self, blocks) -> None:
+        """Write zeros over the stale ones of ``blocks`` (their first use since `zero_lazily`)."""
+        for b in blocks:
+            b = int(b)
+            if b not in self._stale:
+                continue
+            self._stale.discard(b)
+            start = self.data_start + int(self.offsets[b]) * self.row_bytes
+            stop = self.data_start + int(self.offsets[b + 1]) * self.row_bytes
+            zeros, calls, total = _zeros(), 0, stop - start
+            while start < stop:
+                n = min(zeros.nbytes, stop - start)
+                self._pwrite(zeros[:n], start, count=False)
+                start += n
+                calls += 1
+            if self.on_io is not None:  # real writes: counted with the tier's bytes written
+                self.on_io(ssd_write_ops=calls, ssd_written=total)
+
+    def _unstale_rows(self, rows: np.ndarray) -> None:
+        if self._stale and rows.size:
+            self._unstale(np.unique(np.searchsorted(self.offsets, rows, side="right") - 1))
 
     # -- integrity ----------------------------------------------------------------------------
     def _check_size(self) -> None:
@@ -99,6 +132,7 @@ class SSDFile:
             raise ValueError(f"block {b} of {self.path.name} has shape "
                              f"{(stop - start, self.width)}, got {values.shape}")
         self._pwrite(values, self.data_start + start * self.row_bytes)
+        self._stale.discard(b)
         self._crc[b] = zlib.crc32(values)
 
     def read_block(self, b: int, out: Optional[np.ndarray] = None) -> np.ndarray:
@@ -106,6 +140,7 @@ class SSDFile:
         out = np.empty((stop - start, self.width), self.dtype) if out is None else out
         self._check_size()
         self._check_header()
+        self._unstale([b])
         self._pread(out, self.data_start + start * self.row_bytes)
         expected = self._crc.get(b)
         if expected is not None and zlib.crc32(out) != expected:
@@ -126,6 +161,7 @@ class SSDFile:
         if out is None:
             out, dst = np.empty((rows.size, self.width), self.dtype), None
         self._check_size()
+        self._unstale_rows(rows)
         if per_row:
             for lo, hi, i in _singles(rows):
                 d = i if dst is None else int(dst[i])
@@ -180,6 +216,7 @@ class SSDFile:
         write per span (as `read_rows`). Blocks touched this way lose their checksum (it would
         need the whole block)."""
         self._check_size()
+        self._unstale_rows(rows)
         scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
         start, row_bytes, calls = self.data_start, self.row_bytes, 0
         for lo, hi, first, last in _spans(rows, self._gap_rows()):
@@ -237,6 +274,18 @@ class SSDFile:
 
     def _gap_rows(self) -> int:
         return COALESCE_BYTES // self.row_bytes
+
+
+def _zeros() -> np.ndarray:
+    """A shared read-only buffer of zero bytes (`SCRATCH_BYTES`) to write from."""
+    global _ZEROS
+    if _ZEROS is None:
+        _ZEROS = np.zeros(SCRATCH_BYTES, np.uint8)
+        _ZEROS.flags.writeable = False
+    return _ZEROS
+
+
+_ZEROS: Optional[np.ndarray] = None
 
 
 def _spans(rows: np.ndarray, gap_rows: int):

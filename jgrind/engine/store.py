@@ -144,6 +144,11 @@ class Table:
         return _TIERS[self.tier[block]]
 
     @property
+    def all_ssd(self) -> bool:
+        return self.ssd is not None and self.tier_rows[_CODE[Fate.SSD]] == int(
+            self.store.block_rows.sum())
+
+    @property
     def recomputed(self) -> bool:
         return self.tier_rows[_CODE[Fate.RECOMPUTE]] > 0
 
@@ -431,16 +436,28 @@ class Store:
         self.run_id = uuid.uuid4().bytes
         self.run_dir: Optional[pathlib.Path] = None
         self.tables: dict[tuple, Table] = {}
+        self.kept: dict[tuple, Table] = {}  # dropped with keep=True, for the next epoch
         self.routes = RouteCache()  # where each partition's rows live, per table layout
         if ssd_bytes_needed:
             self.run_dir = make_run_dir(directory, ssd_bytes_needed, self.run_id)
         self.cache = HostCache(0 if row_reads else host_cache_bytes, on_change=self._sample)
 
     def table(self, name: str, layer: int, width: int, fates: list[Fate]) -> Table:
+        """A zeroed table: the one kept by ``drop(..., keep=True)`` under the same name and
+        layer if its width and fates match (zeroed lazily, `SSDFile.zero_lazily`), else new."""
         stale = self.tables.get((name, layer))  # left behind by an epoch that raised
         if stale is not None:
             self.drop(stale)
-        t = Table(self, name, layer, width, fates)
+        t = self.kept.pop((name, layer), None)
+        if t is not None and (t.width != int(width)
+                              or [t.fate(b) for b in range(t.tier.size)] != list(fates)):
+            t.free()
+            t = None
+        if t is not None:
+            t.ssd.zero_lazily()
+            self.cache.drop_table(t.key)  # (every block is also invalidated when next written)
+        else:
+            t = Table(self, name, layer, width, fates)
         self.tables[(name, layer)] = t
         return t
 
@@ -459,9 +476,18 @@ class Store:
             for name, n in moved.items():
                 setattr(self.accounts, name, getattr(self.accounts, name) + int(n))
 
-    def drop(self, table: Table) -> None:
-        """Free a table that is no longer needed (e.g. a gradient buffer after its layer)."""
+    def drop(self, table: Table, keep: bool = False) -> None:
+        """Free a table that is no longer needed (e.g. a gradient buffer after its layer).
+
+        ``keep``: a table whose blocks are all on SSD keeps its file (and its charge in the
+        accounts) for the next `table` of the same name and layer, which rewrites it instead
+        of making a new one: on this tier a new file's pages cost as much as fresh memory (the
+        kernel allocates and zeroes every page again), and the disk space is reserved for the
+        whole run anyway (`jgrind.plan.cost.memory`, ``ssd_needed``)."""
         self.tables.pop(table.key, None)
+        if keep and table.all_ssd:
+            self.kept[table.key] = table
+            return
         table.free()
 
     def _charge(self, device: int = 0, host: int = 0, ssd: int = 0) -> None:
@@ -483,7 +509,7 @@ class Store:
 
     def close(self) -> None:
         """Close every file and remove the run's directory (also on error paths)."""
-        for t in self.tables.values():
+        for t in [*self.tables.values(), *self.kept.values()]:
             t.close()
         if self.run_dir is not None and self.run_dir.exists():
             shutil.rmtree(self.run_dir, ignore_errors=True)

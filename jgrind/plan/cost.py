@@ -588,6 +588,11 @@ def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
             seconds += (span / profile.ssd_read_bw + span / profile.ssd_write_bw
                         + calls * (2 * profile.ssd_latency + profile.update_call_overhead)
                         + 2 * nbytes / profile.gather_bw)
+    # Every SSD block is written once more per epoch before its first addition: zeros into
+    # the file kept from the last epoch (all-SSD tables, `Store.drop`), or fresh pages of a
+    # new file (the others). Priced per block, so the planner's program sees it.
+    seconds = seconds + np.where(active & (codes == S), w.block_bytes(layer), 0) \
+        / profile.ssd_write_bw
     return float(seconds.sum())
 
 
@@ -769,9 +774,16 @@ def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
         return int(np.sum(np.where(codes == code, w.block_bytes(layer), 0)))
 
     acts = {c: sum(tier_bytes(a.activations[l], l, c) for l in range(L)) for c in (D, H, S, R)}
-    pairs = {c: max([tier_bytes(a.gradients[l], l, c) + (tier_bytes(a.gradients[l + 1], l + 1, c)
-                                                         if l + 1 < L else 0)
+    # gradient layers entirely on SSD keep their files from epoch to epoch (`Store.drop`):
+    # charged for the whole run; the others live two at a time
+    whole = [l for l in range(1, L) if np.all(a.gradients[l] == S)]
+    kept_grads = sum(tier_bytes(a.gradients[l], l, S) for l in whole)
+
+    def live(l, c):
+        return 0 if l in whole else tier_bytes(a.gradients[l], l, c)
+    pairs = {c: max([live(l, c) + (live(l + 1, c) if l + 1 < L else 0)
                      for l in range(1, L)] or [0]) for c in (D, H, S)}
+    pairs[S] += kept_grads
     transient = max([tier_bytes(a.activations[l], l, R) for l in range(L)] or [0])
     ssd_grads = sum(tier_bytes(a.gradients[l], l, S) for l in range(1, L))
     # the cache holds SSD activation blocks and the gradient layer being read (a gradient layer
