@@ -12,7 +12,8 @@ times ``--epochs`` epochs after a warm-up and reports them with their page fault
 child's peak resident memory. The heap-reuse setting pays only once the heap has grown to what
 an epoch needs (the second or third epoch), so give it ``--epochs 4`` or more.
 
-``--rmat``: an R-MAT graph with a 3-layer GCN (hidden 256, dropout 0.5) and no budgets;
+``--rmat``: an R-MAT graph with a 3-layer GCN (hidden 256, dropout 0.5) and no budgets (``ssd``:
+host budget 0, so the host cache is off, as in ``tools/bench_out_of_core.py``);
 ``--config``: a `tools/bench_planner.py` configuration with its budgets (give ``--parts``: the
 planner benchmark's tables say how many partitions it chose).
 """
@@ -66,6 +67,8 @@ def child(spec: dict) -> dict:
                              num_parts=spec["parts"])
         policy = {"device": policies.in_memory(), "host": policies.host_offload(),
                   "ssd": policies.ssd_offload(spec["store"])}[run]
+        if run == "ssd" and not spec["config"]:
+            host_budget = 0  # every block through the SSD tier, as bench_out_of_core's "ssd"
         ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=pg,
                        store=spec["store"], device_budget=device_budget,
                        host_budget=host_budget)
