@@ -28,9 +28,10 @@ Both are **opt-in**:
 * they pay where buffers are large; the planner's small-partition graphs run the same;
 * the planner's cost model is calibrated without them (a profile records whether they were on,
   and one measured the other way is measured again);
-* `HEAP_REUSE` raises peak resident memory, which budgets do not cover: measured on the 1M-node
-  GCN, 13.1 GiB against 7.0 in memory and 10.5 against 7.9 with ``host_offload``
-  (docs/results.md, section 4). Leave it off where resident memory is what limits you.
+* `HEAP_REUSE` can raise peak resident memory, which budgets do not cover: on the 1M-node GCN
+  the whole-graph step peaked at 7.05 GiB in one run and 17.9 GiB in another (against 6.97
+  without it), ``host_offload`` at 8.7-9.1 GiB (against 7.6-7.7) (docs/results.md,
+  section 4). Leave it off where resident memory is what limits you.
 
 Nothing changes off glibc, and huge pages change nothing where the kernel's mode is ``always``
 (already on) or ``never`` (the administrator's choice).

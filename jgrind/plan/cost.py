@@ -588,11 +588,11 @@ def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
             seconds += (span / profile.ssd_read_bw + span / profile.ssd_write_bw
                         + calls * (2 * profile.ssd_latency + profile.update_call_overhead)
                         + 2 * nbytes / profile.gather_bw)
-    # Every SSD block is written once more per epoch before its first addition: zeros into
-    # the file kept from the last epoch (all-SSD tables, `Store.drop`), or fresh pages of a
-    # new file (the others). Priced per block, so the planner's program sees it.
-    seconds = seconds + np.where(active & (codes == S), w.block_bytes(layer), 0) \
-        / profile.ssd_write_bw
+    # Not priced: the zeros written into a kept gradient file before a block's first addition
+    # (`SSDFile.zero_lazily`). They rewrite pages the page cache holds, which costs less than
+    # the fresh pages of a new file that they replace and that the model never priced either:
+    # with the zeros priced as a write, the `wide` configuration's ssd_offload came out 33 %
+    # too long (docs/results.md, section 7, run S).
     return float(seconds.sum())
 
 
