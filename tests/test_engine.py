@@ -648,3 +648,28 @@ def test_gradient_files_are_kept_and_zeroed_between_epochs(host_budget, tmp_path
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
     assert_same_gradients(grads, ref_grads)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lazily_zeroed_file_reads_zeros_and_writes_only_what_it_must(tmp_path):
+    """`SSDFile.zero_lazily`: old values never show; a block is zeroed on disk just before
+    rows of it are read or added to, and not at all when it is first written whole."""
+    from jgrind.engine.ssd import SSDFile
+
+    moved = collections.Counter()
+    f = SSDFile(tmp_path / "g.bin", np.array([0, 3, 7, 10]), 2, b"run", on_io=moved.update)
+    old = np.arange(20, dtype=np.float32).reshape(10, 2) + 1
+    for b, (lo, hi) in enumerate([(0, 3), (3, 7), (7, 10)]):
+        f.write_block(b, old[lo:hi])
+    f.zero_lazily()
+    moved.clear()
+    np.testing.assert_array_equal(f.read_rows(np.array([1, 2])), np.zeros((2, 2)))
+    assert moved["ssd_written"] == 3 * 2 * 4                    # block 0 zeroed, only it
+    new = np.full((4, 2), 5.0, np.float32)
+    f.write_block(1, new)                                      # written whole: no zeros first
+    assert moved["ssd_written"] == 3 * 2 * 4
+    f.add_rows(np.array([4, 8]), np.ones((2, 2), np.float32))  # block 1 as written, 2 zeroed
+    np.testing.assert_array_equal(f.read_rows(np.array([4, 8, 9])),
+                                  [[6, 6], [1, 1], [0, 0]])
+    np.testing.assert_array_equal(f.read_block(0), np.zeros((3, 2)))
+    assert moved["ssd_written"] == (3 + 3) * 2 * 4
+    f.close()

@@ -106,8 +106,13 @@ class SSDFile:
                 self.on_io(ssd_write_ops=calls, ssd_written=total)
 
     def _unstale_rows(self, rows: np.ndarray) -> None:
+        """Zero the stale blocks that hold any of ``rows`` (ascending): two binary searches
+        per stale block, not one per row (this runs on every gather and scatter-add)."""
         if self._stale and rows.size:
-            self._unstale(np.unique(np.searchsorted(self.offsets, rows, side="right") - 1))
+            stale = np.fromiter(self._stale, np.int64)
+            first = np.searchsorted(rows, self.offsets[stale])
+            end = np.searchsorted(rows, self.offsets[stale + 1])
+            self._unstale(stale[end > first])
 
     # -- integrity ----------------------------------------------------------------------------
     def _check_size(self) -> None:
