@@ -120,10 +120,6 @@ HEAP_REUSE = Setting(
 
 SETTINGS = (HUGE_PAGES, HEAP_REUSE)
 
-# the names the earlier `jgrind.hugepages` module had
-TUNABLE = HUGE_PAGES.tunables[0]
-OPT_IN = HUGE_PAGES.opt_in
-
 
 def with_settings(settings: Iterable[Setting], environ: Mapping[str, str] = os.environ) -> dict:
     """A copy of ``environ`` whose ``GLIBC_TUNABLES`` holds every tunable of ``settings``
@@ -136,10 +132,6 @@ def with_settings(settings: Iterable[Setting], environ: Mapping[str, str] = os.e
     if wanted:
         env["GLIBC_TUNABLES"] = ":".join(kept + wanted)
     return env
-
-
-def with_huge_pages(environ: Mapping[str, str] = os.environ) -> dict:
-    return with_settings([HUGE_PAGES], environ)
 
 
 def summary() -> str:
@@ -156,6 +148,7 @@ def relaunch_if_wanted(environ: Mapping[str, str] = os.environ) -> None:
 
 
 def relaunch_with_huge_pages(argv: Optional[Sequence[str]] = None) -> None:
+    """`relaunch` with `HUGE_PAGES` (the entry point scripts used before heap reuse existed)."""
     relaunch([HUGE_PAGES], argv)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from jgrind import allocator, cli
 
+HUGE = allocator.HUGE_PAGES.tunables[0]  # glibc.malloc.hugetlb=1
 needs_thp = pytest.mark.skipif(not allocator.HUGE_PAGES.can_help(), reason=(
     "huge pages cannot help here: needs Linux with transparent huge pages in 'madvise' mode "
     f"and glibc >= 2.35 (mode {allocator.kernel_mode()!r}, glibc {allocator.glibc_version()})"))
@@ -28,12 +29,12 @@ def _child(code: str, *args: str, **env_changes) -> str:
 
 def test_with_huge_pages_keeps_other_tunables_and_is_idempotent():
     env = {"GLIBC_TUNABLES": "glibc.malloc.check=0:glibc.malloc.hugetlb=0", "HOME": "/x"}
-    got = allocator.with_huge_pages(env)
+    got = allocator.with_settings([allocator.HUGE_PAGES], env)
     assert got["GLIBC_TUNABLES"] == "glibc.malloc.check=0:glibc.malloc.hugetlb=1"
     assert got["HOME"] == "/x" and env["GLIBC_TUNABLES"].endswith("=0")  # a copy
-    assert allocator.with_huge_pages(got) == got
+    assert allocator.with_settings([allocator.HUGE_PAGES], got) == got
     assert allocator.HUGE_PAGES.requested(got) and not allocator.HUGE_PAGES.requested(env)
-    assert allocator.with_huge_pages({})["GLIBC_TUNABLES"] == allocator.TUNABLE
+    assert allocator.with_settings([allocator.HUGE_PAGES], {})["GLIBC_TUNABLES"] == HUGE
 
 
 def test_with_settings_sets_every_tunable_and_replaces_other_values_of_them():
@@ -62,11 +63,11 @@ def test_kernel_mode_reads_the_bracketed_choice(tmp_path):
 def test_relaunch_restarts_the_interpreter_with_huge_pages():
     code = ("import os, sys, jgrind.allocator as a; a.relaunch_with_huge_pages(); "
             "print(os.environ.get('GLIBC_TUNABLES'), a.HUGE_PAGES.active(), sys.argv[1:])")
-    assert _child(code, "a", "b").split() == [allocator.TUNABLE, "True", "['a',", "'b']"]
+    assert _child(code, "a", "b").split() == [HUGE, "True", "['a',", "'b']"]
     # the command line's hook relaunches only when asked
     hook = code.replace("relaunch_with_huge_pages()", "relaunch_if_wanted()")
     assert _child(hook).split()[:2] == ["None", "False"]
-    assert _child(hook, JGRIND_HUGE_PAGES="1").split()[:2] == [allocator.TUNABLE, "True"]
+    assert _child(hook, JGRIND_HUGE_PAGES="1").split()[:2] == [HUGE, "True"]
 
 
 @needs_glibc
@@ -101,7 +102,7 @@ def test_huge_pages_cut_the_page_faults_of_fresh_buffers():
             "    step(x).block_until_ready()\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)")
     small_pages = int(_child(code))
-    huge_pages = int(_child(code, GLIBC_TUNABLES=allocator.TUNABLE))
+    huge_pages = int(_child(code, GLIBC_TUNABLES=HUGE))
     assert small_pages >= 8 * 16384 * 0.9      # one fault per 4 KiB page of every buffer
     assert huge_pages < small_pages / 8, (huge_pages, small_pages)
 
