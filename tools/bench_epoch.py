@@ -9,7 +9,9 @@ saved to a temporary .npz; jgrind and PyG each run in their own subprocess that 
 each reports its own peak resident memory (``ru_maxrss``, graph included).
 
 PyG runs ``GCNConv(cached=True)`` on a ``torch.sparse_csr`` adjacency, the sparse-matrix path
-of PyG's OGB examples (``adj_t``), with ``torch.set_num_threads`` = the machine's cores.
+of PyG's OGB examples (``adj_t``), with ``torch.set_num_threads`` = the machine's cores. Where
+PyTorch sees a CUDA GPU, PyG runs on it (as JAX does on a GPU machine), timed with
+``torch.cuda.synchronize`` and reporting ``torch.cuda.max_memory_allocated``.
 
 It also prints the machine's *floor* for jgrind's epoch: the sum of the times of the dense
 matmuls and sparse products the epoch performs, each measured alone.
@@ -86,16 +88,19 @@ def run_pyg(path: str, hidden: int, epochs: int) -> dict:
 
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(0)
+    # the same accelerator JAX would use: a GPU where PyTorch sees one
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     d = load(path)
     n = d["indptr"].size - 1
     # adj_t[dst, src]: our CSR rows are destinations, which is PyG's adj_t convention
     adj_t = torch.sparse_csr_tensor(torch.from_numpy(d["indptr"].astype(np.int64)),
                                     torch.from_numpy(d["indices"].astype(np.int64)),
-                                    torch.ones(d["indices"].size), size=(n, n))
-    x = torch.from_numpy(d["features"])
-    y = torch.from_numpy(d["labels"].astype(np.int64))
-    train = torch.from_numpy(d["train_mask"])
+                                    torch.ones(d["indices"].size), size=(n, n)).to(device)
+    x = torch.from_numpy(d["features"]).to(device)
+    y = torch.from_numpy(d["labels"].astype(np.int64)).to(device)
+    train = torch.from_numpy(d["train_mask"]).to(device)
     c = int(d["num_classes"])
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     class GCN(torch.nn.Module):
         def __init__(self):
@@ -112,20 +117,25 @@ def run_pyg(path: str, hidden: int, epochs: int) -> dict:
                     h = h.relu()
             return h
 
-    model = GCN()
+    model = GCN().to(device)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     model.train()
     times = []
     for _ in range(epochs + 1):  # epoch 0 builds the cached normalised adjacency
+        sync()
         t = time.perf_counter()
         opt.zero_grad()
         loss = F.cross_entropy(model(x, adj_t)[train], y[train])
         loss.backward()
         opt.step()
+        sync()
         times.append(time.perf_counter() - t)
+    cuda = device.type == "cuda"
     return {"framework": "pyg", "epoch_times": times[1:], "first_epoch": times[0],
             "loss": float(loss), "peak_rss_gib": peak_rss_gib(),
-            "torch": torch.__version__, "threads": torch.get_num_threads()}
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "device": torch.cuda.get_device_name() if cuda else "cpu",
+            "peak_device_bytes": torch.cuda.max_memory_allocated() if cuda else None}
 
 
 # -- floor -------------------------------------------------------------------------------------

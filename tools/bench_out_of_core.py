@@ -44,7 +44,11 @@ RUNS = ("in-memory", "device", "host", "ssd", "recompute", "naive")
 # ssd-cache: ssd_offload with the host cache on (GriNNder's host caching). *-keep: the same
 # policy keeping every layer's aggregation Z_l in the same tier instead of regathering H_l in
 # backward (jgrind.plan.fates.AGGREGATION).
-OPTIONAL_RUNS = ("ssd-cache", "device-keep", "host-keep", "ssd-keep", "ssd-cache-keep")
+# budgeted: the default policy, grinnder(--device-budget, --host-budget, store), as
+# `jgrind train` runs with budgets. pyg: PyG full-batch (GCNConv, cached), on the GPU where
+# PyTorch sees one, as the peer in the same run.
+OPTIONAL_RUNS = ("ssd-cache", "device-keep", "host-keep", "ssd-keep", "ssd-cache-keep",
+                 "budgeted", "pyg")
 POLICY_TEXT = {"in-memory": "InMemory (one jitted step)", "device": "in_memory()",
                "host": "host_offload()", "ssd": "ssd_offload(store), host_budget=0",
                "recompute": "recompute_activations()", "naive": "naive(store), host_budget=0",
@@ -52,7 +56,9 @@ POLICY_TEXT = {"in-memory": "InMemory (one jitted step)", "device": "in_memory()
                "device-keep": "in_memory(aggregations=DEVICE)",
                "host-keep": "host_offload(aggregations=HOST)",
                "ssd-keep": "ssd_offload(store, aggregations=SSD), host_budget=0",
-               "ssd-cache-keep": "ssd_offload(store, aggregations=SSD), host cache on"}
+               "ssd-cache-keep": "ssd_offload(store, aggregations=SSD), host cache on",
+               "budgeted": "grinnder(budgets, store) (the default)",
+               "pyg": "PyG full-batch (peer)"}
 MOVED = ("ssd_read", "ssd_written", "host_read", "host_written", "ssd_read_ops",
          "ssd_write_ops")
 
@@ -92,11 +98,37 @@ def fmt(n) -> str:
     return f"{n:.0f} B"
 
 
+def gpus() -> str:
+    """The NVIDIA GPUs, from nvidia-smi: asked here, not through JAX, because initialising
+    JAX's GPU backend in the parent would take GPU memory from the runs (its allocator
+    reserves most of the card)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) \
+        if out.returncode == 0 else ""
+
+
 def machine() -> str:
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     from jgrind import allocator
-    return (f"{os.cpu_count()} cores, {ram / 2**30:.1f} GiB RAM, {allocator.summary()} "
-            "(every run alike)")
+    gpu = gpus()
+    return (f"{os.cpu_count()} cores, {ram / 2**30:.1f} GiB RAM, "
+            f"{'GPU ' + gpu if gpu else 'no GPU'}, {allocator.summary()} (every run alike)")
+
+
+def accelerator() -> dict:
+    """The JAX device a child ran on and its allocator's peak bytes in use (None on a CPU,
+    whose 'device' memory is the process's RAM, counted in the peak RSS)."""
+    import jax
+    dev = jax.devices()[0]
+    stats = dev.memory_stats() if dev.platform != "cpu" else None
+    return {"backend": dev.platform, "device_kind": dev.device_kind,
+            "jax": jax.__version__,
+            "peak_device_bytes": stats.get("peak_bytes_in_use") if stats else None}
 
 
 def filesystem(path: str) -> str:
@@ -161,7 +193,7 @@ def child(mode: str, config: dict, rss_cap: int | None = None) -> dict:
     (which may pick another process)."""
     cmd = [sys.executable, os.path.abspath(__file__), "_child", mode, json.dumps(config)]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=child_env())
         start, highest, capped = time.perf_counter(), 0, False
         while proc.poll() is None:
             try:
@@ -189,6 +221,27 @@ def child(mode: str, config: dict, rss_cap: int | None = None) -> dict:
         return {"failed": True, "returncode": proc.returncode, "stderr": stderr[-3000:],
                 "highest_rss_seen": highest}
     return json.loads(stdout.strip().splitlines()[-1])
+
+
+# The parent generates and partitions on the CPU: JAX's GPU backend, once started, reserves
+# most of the card (XLA_PYTHON_CLIENT_PREALLOCATE), and the runs are its children.
+_CHILD_PLATFORMS = "JGRIND_BENCH_CHILD_JAX_PLATFORMS"
+
+
+def keep_parent_off_the_accelerator() -> None:
+    os.environ.setdefault(_CHILD_PLATFORMS, os.environ.get("JAX_PLATFORMS", ""))
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    platforms = env.pop(_CHILD_PLATFORMS, None)
+    if platforms is not None:
+        if platforms:
+            env["JAX_PLATFORMS"] = platforms
+        else:
+            env.pop("JAX_PLATFORMS", None)
+    return env
 
 
 def header(args, extra: str = "") -> list[str]:
@@ -229,10 +282,15 @@ def overhead_child(cfg: dict) -> dict:
                   "ssd": lambda: policies.ssd_offload(store, **keep),
                   "ssd-cache": lambda: policies.ssd_offload(store, **keep),
                   "recompute": policies.recompute_activations,
-                  "naive": lambda: policies.naive(store)}[base]()
+                  "naive": lambda: policies.naive(store),
+                  # None: the engine's default, grinnder(device_budget, host_budget, store)
+                  "budgeted": lambda: None}[base]()
         host_budget = 0 if base in ("ssd", "naive") else None
+        device_budget = None
+        if base == "budgeted":
+            device_budget, host_budget = cfg["device_budget"], cfg["host_budget"]
         ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=pg, store=store,
-                       host_budget=host_budget)
+                       device_budget=device_budget, host_budget=host_budget)
         info = {"num_nodes": graph.num_nodes,
                 "halo": int(sum(p.num_halo for p in pg.partitions)),
                 "widths": ex.widths, "num_layers": ex.num_layers, "local": ex.local,
@@ -256,12 +314,32 @@ def overhead_child(cfg: dict) -> dict:
             moved.append({k: getattr(after, k) - getattr(before, k) for k in MOVED})
     result = {"run": run, "epoch_times": times[1:], "warmup_seconds": times[0],
               "prepare_seconds": prepare, "loss": loss, "peak_rss": peak_rss(),
-              "moved": moved[1:], **info}
+              "moved": moved[1:], "accelerator": accelerator(), **info}
+    if run == "budgeted":
+        result["fates"] = fate_counts(ex)
     if run != "in-memory":
         a = ex.store.accounts
         result["peaks"] = {"device": a.peak_device, "host": a.peak_host, "ssd": a.peak_ssd}
         ex.close()
     return result
+
+
+def fate_counts(ex) -> dict:
+    """How many blocks of each stored tensor got each fate."""
+    fates = {}
+    for (name, _, _), fate in ex.fates.items():
+        fates.setdefault(name, {}).setdefault(fate.value, 0)
+        fates[name][fate.value] += 1
+    return fates
+
+
+def pyg_overhead_child(cfg: dict) -> dict:
+    r = run_pyg(cfg["graph"], cfg["hidden"], cfg["epochs"])
+    return {"run": "pyg", "epoch_times": r["epoch_times"], "warmup_seconds": r["first_epoch"],
+            "loss": r["loss"], "peak_rss": r["peak_rss_gib"] * 2**30, "moved": [],
+            "accelerator": {"backend": r["device"], "device_kind": r["device"],
+                            "torch": r["torch"],
+                            "peak_device_bytes": r["peak_device_bytes"]}}
 
 
 def grinnder_minimum(n: int, halo: int, widths: list, num_layers: int,
@@ -327,12 +405,26 @@ def overhead(args) -> dict:
                    "store": store, "drop_caches": dropping, "runs": {}}
         for run in args.runs:
             print(f"running {run} ...", file=sys.stderr, flush=True)
-            results["runs"][run] = child("overhead", {
+            results["runs"][run] = child("pyg-overhead" if run == "pyg" else "overhead", {
                 "graph": path, "assignment": apath, "run": run, "parts": args.parts,
                 "epochs": args.epochs, "hidden": args.hidden, "store": store,
-                "drop_caches": dropping})
+                "drop_caches": dropping, "device_budget": args.device_budget,
+                "host_budget": args.host_budget})
+            print(f"  {run}: {run_summary(results['runs'][run])}", file=sys.stderr,
+                  flush=True)
     report_overhead(results, args)
     return results
+
+
+def run_summary(v: dict) -> str:
+    """One line per finished run, printed at once: a long benchmark that is stopped early
+    still shows what it measured."""
+    if v.get("failed"):
+        return f"failed (rc {v['returncode']}): {v.get('stderr', '')[-300:]!r}"
+    acc = v.get("accelerator") or {}
+    return (f"epochs {' '.join(f'{t:.3f}' for t in v['epoch_times'])} s (warm-up "
+            f"{v.get('warmup_seconds', 0):.1f} s), loss {v['loss']:.4f}, peak RSS "
+            f"{fmt(v['peak_rss'])}, peak device {fmt(acc.get('peak_device_bytes'))}")
 
 
 def report_overhead(r: dict, args) -> None:
@@ -357,12 +449,13 @@ def report_overhead(r: dict, args) -> None:
     # epochs, faulting fresh pages again, so its median may not be a settled epoch.
     best = min(base_times) if base_times else None
     cols = ("run", "policy", "epoch s", "x in-mem", "x best in-mem", "epochs s", "SSD read",
-            "SSD written", "host read", "host written", "SSD read calls", "peak RSS")
+            "SSD written", "host read", "host written", "SSD read calls", "peak RSS",
+            "peak GPU")
     rows = []
     for name, v in runs.items():
         if v.get("failed"):
             rows.append((name, POLICY_TEXT[name], f"failed (rc {v['returncode']})")
-                        + ("",) * 9)
+                        + ("",) * 10)
             continue
         t = med(v["epoch_times"])
         m = v["moved"][-1] if v.get("moved") else None
@@ -372,13 +465,23 @@ def report_overhead(r: dict, args) -> None:
                      " ".join(f"{x:.2f}" for x in v["epoch_times"]),
                      get("ssd_read"), get("ssd_written"),
                      get("host_read"), get("host_written"),
-                     f"{m['ssd_read_ops']:,}" if m else "-", fmt(v["peak_rss"])))
+                     f"{m['ssd_read_ops']:,}" if m else "-", fmt(v["peak_rss"]),
+                     fmt(v.get("accelerator", {}).get("peak_device_bytes"))))
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
     for row in (cols, *rows):
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
-    print("(the device tier's moves are not counted: on this machine the 'device' is host "
-          "RAM owned by JAX; x best in-mem: this run's median epoch over the in-memory run's "
-          "fastest)")
+    on_gpu = any(v.get("accelerator", {}).get("peak_device_bytes") for v in runs.values())
+    where = ("the device is the GPU; peak GPU: the allocator's peak bytes in use"
+             if on_gpu else "on this machine the 'device' is host RAM owned by JAX")
+    print(f"(the device tier's moves are not counted: {where}; x best in-mem: this run's "
+          "median epoch over the in-memory run's fastest)")
+    for name, v in runs.items():
+        if v.get("fates"):
+            print(f"{name} fates (blocks): {v['fates']}; budgets: device "
+                  f"{fmt(args.device_budget)}, host {fmt(args.host_budget)}")
+    for name, v in runs.items():
+        if v.get("failed"):
+            print(f"{name} failed:\n{v.get('stderr', '')[-1500:]}")
 
     ssd = runs.get("ssd")
     if ssd and not ssd.get("failed"):
@@ -475,10 +578,7 @@ def wall_child(cfg: dict) -> dict:
         stages[f"after epoch {epoch}"] = (current_rss(), epoch_peaks[-1])
     a = ex.store.accounts
     inv = ex.inventory
-    fates = {}
-    for (name, _, _), fate in ex.fates.items():
-        fates.setdefault(name, {}).setdefault(fate.value, 0)
-        fates[name][fate.value] += 1
+    fates = fate_counts(ex)
     partitions = sum(structure_bytes(p.owned, p.halo, p.halo_owner, p.halo_row, p.indptr,
                                      p.indices, p.weight) for p in pg.partitions)
     padded = sum(p.nbytes() + structure_bytes(p.labels, p.weights, p.owned, p.halo_owner,
@@ -500,6 +600,7 @@ def wall_child(cfg: dict) -> dict:
         "peaks": {"device": a.peak_device, "host": a.peak_host, "ssd": a.peak_ssd},
         "moved_total": {k: getattr(a, k) for k in MOVED},
         "routes_bytes": ex.store.routes.nbytes,
+        "accelerator": accelerator(),
     }
     ex.close()
     return result
@@ -508,7 +609,8 @@ def wall_child(cfg: dict) -> dict:
 def pyg_child(cfg: dict) -> dict:
     r = run_pyg(cfg["graph"], cfg["hidden"], 0)  # one epoch (it builds the cached norm)
     return {"epoch_seconds": r["first_epoch"], "peak_rss": r["peak_rss_gib"] * 2**30,
-            "loss": r["loss"], "torch": r["torch"], "threads": r["threads"]}
+            "loss": r["loss"], "torch": r["torch"], "threads": r["threads"],
+            "device": r["device"], "peak_device_bytes": r["peak_device_bytes"]}
 
 
 def memory_wall(args) -> dict:
@@ -538,8 +640,11 @@ def report_wall(r: dict, args) -> None:
         print(line)
     print(f"store: {cfg['store']} on {filesystem(cfg['store'])}")
     dev, host = cfg["device_budget"], cfg["host_budget"]
-    print(f"budgets: device {fmt(dev)} (on this machine the 'device' is host RAM owned by "
-          f"JAX), host {fmt(host)}; policy: grinnder(device, host, store) (the default)")
+    acc = j.get("accelerator") or {}
+    where = (f"the {acc['device_kind']}" if acc.get("peak_device_bytes") is not None else
+             "on this machine the 'device' is host RAM owned by JAX")
+    print(f"budgets: device {fmt(dev)} ({where}), host {fmt(host)}; policy: "
+          "grinnder(device, host, store) (the default)")
     if j.get("failed"):
         print(f"jgrind failed (rc {j['returncode']}):\n{j['stderr']}")
     else:
@@ -558,7 +663,9 @@ def report_wall(r: dict, args) -> None:
               f"{q['stderr'][-800:]}")
     else:
         ratio = "" if j.get("failed") else f" ({q['peak_rss'] / j['peak_rss']:.1f}x jgrind's)"
-        print(f"PyG {q['torch']} full-batch (1 epoch, {q['threads']} threads): "
+        gpu = (f", on {q['device']}, peak GPU memory {fmt(q['peak_device_bytes'])}"
+               if q.get("peak_device_bytes") is not None else "")
+        print(f"PyG {q['torch']} full-batch (1 epoch, {q['threads']} threads{gpu}): "
               f"{q['epoch_seconds']:.1f} s, peak RSS {fmt(q['peak_rss'])}{ratio}")
     print("note: the SSD tier uses pread/pwrite, not mmap, so its files' pages in the OS page "
           "cache are not part of the RSS")
@@ -589,6 +696,10 @@ def report_wall_jgrind(j: dict, dev: int, host: int) -> None:
     times = ", ".join(f"{t:.1f}" for t in j["epoch_times"])
     print(f"jgrind: epochs {times} s (the first compiles), final loss {j['loss']:.4f}, "
           f"peak RSS {fmt(j['peak_rss'])}")
+    acc = j.get("accelerator") or {}
+    if acc.get("peak_device_bytes") is not None:
+        print(f"  on {acc['device_kind']} (JAX {acc['jax']}): peak GPU memory in use "
+              f"{fmt(acc['peak_device_bytes'])} against the device budget {fmt(dev)}")
     print("  RSS by stage: " + ", ".join(f"{k} {fmt(v[0])}" for k, v in j["stages"].items()))
     print("  peak RSS within each epoch: " + ", ".join(fmt(v) for v in j["epoch_peak_rss"])
           + " (the first includes compilation)")
@@ -606,9 +717,11 @@ def main():
     from jgrind.allocator import relaunch_if_wanted
     relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     if len(sys.argv) >= 2 and sys.argv[1] == "_child":
-        fn = {"overhead": overhead_child, "wall": wall_child, "pyg": pyg_child}[sys.argv[2]]
+        fn = {"overhead": overhead_child, "wall": wall_child, "pyg": pyg_child,
+              "pyg-overhead": pyg_overhead_child}[sys.argv[2]]
         print(json.dumps(fn(json.loads(sys.argv[3]))))
         return
+    keep_parent_off_the_accelerator()
     from jgrind.config import parse_bytes
 
     default_store = os.environ.get("JGRIND_STORE", os.path.join(tempfile.gettempdir(),
@@ -637,6 +750,10 @@ def main():
                    f"{','.join(OPTIONAL_RUNS)}")
     o.add_argument("--drop-caches", action="store_true",
                    help="drop the OS page cache before each timed epoch (needs root)")
+    o.add_argument("--device-budget", default=None,
+                   help="the budgeted run's device budget (e.g. 8GiB)")
+    o.add_argument("--host-budget", default=None,
+                   help="the budgeted run's host budget (e.g. 32GiB)")
     w = sub.add_parser("memory-wall", help="peak RSS against budgets, and PyG")
     common(w, 3_000_000, 30_000_000, 16, "contiguous", 2)
     w.add_argument("--device-budget", default="2GiB")
@@ -651,6 +768,11 @@ def main():
         unknown = set(args.runs) - set(RUNS) - set(OPTIONAL_RUNS)
         if unknown:
             p.error(f"unknown runs {sorted(unknown)}; choose from {RUNS + OPTIONAL_RUNS}")
+        args.device_budget = parse_bytes(args.device_budget) if args.device_budget else None
+        args.host_budget = parse_bytes(args.host_budget) if args.host_budget else None
+        if "budgeted" in args.runs and (args.device_budget is None
+                                        or args.host_budget is None):
+            p.error("the budgeted run needs --device-budget and --host-budget")
         results = overhead(args)
     else:
         args.device_budget = parse_bytes(args.device_budget)

@@ -20,6 +20,7 @@ from jgrind.models.block import Block
 from jgrind.models.dropout import dropout as hashed_dropout
 from jgrind.models.init import glorot
 from jgrind.models.norm import layer_norm, layer_norm_init
+from jgrind.models.matmul import matmul
 
 Activation = Optional[Callable[[jax.Array], jax.Array]]
 
@@ -83,7 +84,7 @@ def apply_wrapper(transform: Callable[[jax.Array], jax.Array], params: dict, blo
         y = opts.activation(y)
     if opts.residual:
         own = h[: block.num_out]
-        y = y + (own @ params["skip"] if "skip" in params else own)
+        y = y + (matmul(own, params["skip"]) if "skip" in params else own)
     return y
 
 

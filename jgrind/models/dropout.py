@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-_GOLDEN = jnp.uint32(0x9E3779B9)
+# a NumPy scalar, not a jnp one: a jnp constant at import would start JAX's backend when jgrind
+# is imported (on a GPU, reserving most of its memory before the user could configure JAX)
+_GOLDEN = np.uint32(0x9E3779B9)
 
 
 def _fmix32(x: jax.Array) -> jax.Array:

@@ -21,6 +21,7 @@ from jgrind.models.block import Block
 from jgrind.models.conv import LayerOptions, apply_wrapper, init_wrapper
 from jgrind.models.dropout import dropout as hashed_dropout, edge_ids
 from jgrind.models.init import glorot, zeros
+from jgrind.models.matmul import matmul
 
 
 def segment_softmax(scores: jax.Array, segment_ids: jax.Array, num_segments: int) -> jax.Array:
@@ -64,7 +65,7 @@ class GATConv:
         src, dst = block.edge_src, block.edge_dst
 
         def transform(x):
-            z = (x @ params["weight"]).reshape(x.shape[0], heads, c)          # [n_in, H, C]
+            z = matmul(x, params["weight"]).reshape(x.shape[0], heads, c)    # [n_in, H, C]
             a_src = jnp.sum(z * params["att_src"], -1)                        # [n_in, H]
             a_dst = jnp.sum(z[:n_out] * params["att_dst"], -1)                # [n_out, H]
             e = jax.nn.leaky_relu(a_src[src] + a_dst[dst], self.negative_slope)

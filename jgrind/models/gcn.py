@@ -19,6 +19,7 @@ from jgrind.models.block import Block
 from jgrind.models.conv import LayerOptions, apply_wrapper, init_wrapper
 from jgrind.models.init import glorot, zeros
 from jgrind.sparse import spmm
+from jgrind.models.matmul import matmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +42,9 @@ class GCNConv:
         def transform(x):
             w = params["weight"]
             if self.in_channels <= self.out_channels:
-                y = spmm(block.adj, x) @ w
+                y = matmul(spmm(block.adj, x), w)
             else:
-                y = spmm(block.adj, x @ w)
+                y = spmm(block.adj, matmul(x, w))
             return y + params["bias"] if self.bias else y
         return apply_wrapper(transform, params, block, h, key, self.options)
 
@@ -57,5 +58,5 @@ class GCNConv:
         return spmm(block.adj, x)
 
     def update(self, params: dict, z: jax.Array) -> jax.Array:
-        y = z @ params["weight"]
+        y = matmul(z, params["weight"])
         return y + params["bias"] if self.bias else y

@@ -10,6 +10,7 @@ import jax
 from jgrind.models.block import Block
 from jgrind.models.conv import LayerOptions, apply_wrapper, init_wrapper
 from jgrind.models.init import glorot, zeros
+from jgrind.models.matmul import matmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,6 @@ class Linear:
 
     def __call__(self, params: dict, block: Block, h: jax.Array, key=None) -> jax.Array:
         def transform(x):
-            y = x[: block.num_out] @ params["weight"]
+            y = matmul(x[: block.num_out], params["weight"])
             return y + params["bias"] if self.bias else y
         return apply_wrapper(transform, params, block, h, key, self.options)

@@ -16,6 +16,7 @@ from jgrind.models.block import Block
 from jgrind.models.conv import LayerOptions, apply_wrapper, init_wrapper
 from jgrind.models.init import glorot, zeros
 from jgrind.sparse import spmm
+from jgrind.models.matmul import matmul
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +40,10 @@ class SAGEConv:
         def transform(x):
             w_nbr = params["neighbor_weight"]
             if self.in_channels <= self.out_channels:
-                nbr = spmm(block.adj, x) @ w_nbr
+                nbr = matmul(spmm(block.adj, x), w_nbr)
             else:
-                nbr = spmm(block.adj, x @ w_nbr)
-            y = x[: block.num_out] @ params["root_weight"] + nbr
+                nbr = spmm(block.adj, matmul(x, w_nbr))
+            y = matmul(x[: block.num_out], params["root_weight"]) + nbr
             return y + params["bias"] if self.bias else y
         return apply_wrapper(transform, params, block, h, key, self.options)
 
@@ -57,5 +58,5 @@ class SAGEConv:
 
     def update(self, params: dict, z: jax.Array) -> jax.Array:
         own, nbr = z[:, : self.in_channels], z[:, self.in_channels:]
-        y = own @ params["root_weight"] + nbr @ params["neighbor_weight"]
+        y = matmul(own, params["root_weight"]) + matmul(nbr, params["neighbor_weight"])
         return y + params["bias"] if self.bias else y

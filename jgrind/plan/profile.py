@@ -48,7 +48,7 @@ from jgrind.buffers import aligned_empty
 from jgrind.plan.cost import SPAN_PIECE_BYTES
 from jgrind.rows import add_rows, take_rows
 
-PROFILE_VERSION = 13  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 14  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
@@ -66,6 +66,8 @@ PROFILE_VERSION = 13  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                     13: native row gathers and scatter-adds (`jgrind.rows`), timed at two
 #                         row widths for a per-row cost beside the per-byte rate; the step
 #                         latency of a call with as many arguments as a layer step has
+#                     14: dense products at the layers' precision (`jgrind.models.matmul`:
+#                         full float32 on every backend; a GPU's default was TF32)
 
 _MIB = 2**20
 _PAGE = 4096
@@ -650,6 +652,8 @@ def _matmul_step(sizes: _Sizes, rng: np.random.Generator):
     denormals however many calls follow each other. Returns the step, its input and flops."""
     import jax
 
+    from jgrind.models.matmul import matmul  # the layers' products, at their precision
+
     m, k = sizes.matmul
     chain = sizes.matmul_chain
     w, _ = np.linalg.qr(rng.standard_normal((k, k)))
@@ -660,7 +664,7 @@ def _matmul_step(sizes: _Sizes, rng: np.random.Generator):
     def products(x, w, n):
         # n is traced: a real loop, so the compiler cannot reassociate the chain into
         # x @ (w @ w @ ...), which would do less work than is counted.
-        return jax.lax.fori_loop(0, n, lambda _, y: y @ w, x)
+        return jax.lax.fori_loop(0, n, lambda _, y: matmul(y, w), x)
 
     return (lambda x: products(x, w, chain)), x, 2.0 * m * k * k * chain
 
@@ -673,10 +677,12 @@ def _contraction_bw(sizes: _Sizes, rng: np.random.Generator) -> float:
     it several-fold: a 256 -> 8 top step is mostly this."""
     import jax
 
+    from jgrind.models.matmul import matmul
+
     rows, width, narrow = sizes.contraction
     x = jax.device_put(rng.standard_normal((rows, width), dtype=np.float32))
     g = jax.device_put(rng.standard_normal((rows, narrow), dtype=np.float32))
-    weight_grad = jax.jit(lambda x, g: x.T @ g)
+    weight_grad = jax.jit(lambda x, g: matmul(x.T, g))
     weight_grad(x, g).block_until_ready()
     return _best_rate(4 * rows * (width + narrow),
                       lambda: weight_grad(x, g).block_until_ready(), sizes.repeats)
