@@ -480,3 +480,24 @@ def test_host_gathers_and_scatter_adds_pay_per_row():
         got = accumulate_seconds(w, per_row, layer, host) - accumulate_seconds(w, base, layer,
                                                                              host)
         assert got == pytest.approx(halo_rows * 2e-6)
+
+
+def test_an_ssd_layer_that_fits_the_host_cache_is_priced_as_one_file_read():
+    """When the host cache can hold a layer's whole SSD file (`Table._whole_file`), a gather
+    sweep reads the file once and takes every partition's rows from it as from host RAM: no
+    per-block loads, whatever the cache's hit rate."""
+    from jgrind.plan.cost import H, S, CacheModel, gather_seconds
+    _, _, pg, w = equal_parts_workload(num_parts=4)
+    layer = next(l for l in range(w.num_layers) if not w.local(l))
+    ssd, host = np.full(w.num_parts, S), np.full(w.num_parts, H)
+    p = fixed_profile()
+    file_bytes = float(w.block_bytes(layer).sum())
+    read = file_bytes / p.ssd_read_bw + w.num_parts * (p.ssd_latency + p.read_call_overhead) \
+        + file_bytes / p.checksum_bw
+    for hit_rate in (0.2, 0.9):
+        fits = CacheModel(int(file_bytes), False, hit_rate)
+        assert gather_seconds(w, p, layer, ssd, fits) == pytest.approx(
+            gather_seconds(w, p, layer, host) + read)
+    too_small = CacheModel(int(file_bytes) - 1, False, 0.2)
+    assert gather_seconds(w, p, layer, ssd, too_small) != pytest.approx(
+        gather_seconds(w, p, layer, host) + read)

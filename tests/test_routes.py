@@ -69,3 +69,36 @@ def test_route_cache_reports_its_bytes():
     assert cache.nbytes == 0
     cache.get(layout, 0, 3, np.array([1, 1], np.int32), np.array([0, 2], np.int32))
     assert cache.nbytes == 2 * 2 * 4          # dst and src, int32, two halo rows
+
+
+def test_an_ssd_table_that_fits_the_host_cache_is_cached_whole(tmp_path):
+    """Halo rows of an SSD table come from one cached copy of its whole file when the host
+    cache can hold it: each block is read once, not once per partition that needs rows of it.
+    A write to any block drops the copy, so later gathers see the new rows."""
+    from jgrind.engine.store import WHOLE_FILE, Store
+    sizes = np.array([3, 4, 5])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    full = np.random.default_rng(0).standard_normal((12, 2)).astype(np.float32)
+    store = Store(sizes, tmp_path, host_cache_bytes=1 << 20, ssd_bytes_needed=full.nbytes)
+    try:
+        t = store.table("activation", 1, 2, [Fate.SSD] * 3)
+        for b in range(3):
+            t.write(b, full[starts[b]:starts[b] + sizes[b]])
+        before = store.accounts.ssd_read
+
+        def gather_0():  # partition 0: its own rows, then rows 1 of block 1 and 0, 4 of 2
+            return t.gather(0, np.array([1, 2, 2], np.int32), np.array([1, 0, 4], np.int32), 8)
+
+        got = gather_0()
+        np.testing.assert_array_equal(got[:6], full[[0, 1, 2, 4, 7, 11]])
+        np.testing.assert_array_equal(got[6:], 0)
+        assert (t.key, WHOLE_FILE) in store.cache._entries
+        assert store.accounts.ssd_read - before == full.nbytes      # every block once
+        got = t.gather(1, np.array([0, 2], np.int32), np.array([2, 3], np.int32), 8)
+        np.testing.assert_array_equal(got[:6], full[[3, 4, 5, 6, 2, 10]])
+        assert store.accounts.ssd_read - before == full.nbytes      # nothing read again
+        t.write(2, full[7:12] + 100)
+        assert (t.key, WHOLE_FILE) not in store.cache._entries
+        np.testing.assert_array_equal(gather_0()[3:6], [full[4], full[7] + 100, full[11] + 100])
+    finally:
+        store.close()

@@ -35,6 +35,8 @@ from jgrind.rows import add_rows, take_rows
 
 _TIERS = (Fate.DEVICE, Fate.HOST, Fate.SSD, Fate.RECOMPUTE)
 _CODE = {f: i for i, f in enumerate(_TIERS)}
+# the host-cache key (with the table's) of a table's whole SSD file (`Table._whole_file`)
+WHOLE_FILE = "whole file"
 
 
 class StoreError(RuntimeError):
@@ -189,6 +191,7 @@ class Table:
         if code == _CODE[Fate.SSD]:
             self.ssd.write_block(int(self.ssd_index[block]), host_values)
             self.store.cache.invalidate((self.key, block))
+            self.store.cache.invalidate((self.key, WHOLE_FILE))
             self.store.count(ssd_written=host_values.nbytes)
         else:
             self._host_array(code)[start:start + rows] = host_values
@@ -223,6 +226,10 @@ class Table:
             self.store.count(ssd_read=data.nbytes)
             return data
         cache = self.store.cache
+        whole = cache.get((self.key, WHOLE_FILE)) if cache.capacity > 0 else None
+        if whole is not None:
+            i = int(self.ssd_index[block])
+            return whole[self.ssd.offsets[i]:self.ssd.offsets[i + 1]]
         hit = cache.get((self.key, block))
         if hit is not None:
             return hit
@@ -246,7 +253,7 @@ class Table:
             return _device_take(self.device, _padded_rows(idx, padded_rows,
                                                           self.device.shape[0]))
         out = _padded_buffer(own_rows + halo_row.size, padded_rows, self.width)
-        keys = [(self.key, b) for b in route.ssd_blocks]
+        keys = [(self.key, b) for b in route.ssd_blocks] + [(self.key, WHOLE_FILE)]
         self.store.cache.pin(keys)
         try:
             out[:own_rows] = self._block_rows(block)
@@ -278,6 +285,10 @@ class Table:
         neighbouring blocks merge)."""
         cache = self.store.cache
         direct = [(0, rows.size)]
+        whole = self._whole_file() if cache.capacity > 0 else None
+        if whole is not None:  # one native pass, as from the host tier
+            take_rows(whole, rows.src, out=out, dst=rows.dst)
+            return
         if cache.capacity > 0:
             direct = []
             for a, b, owner in rows.segments:
@@ -299,6 +310,37 @@ class Table:
             dst = np.concatenate([rows.dst[a:b] for a, b in direct])
         self.ssd.read_rows(src, per_row=self.store.row_reads, out=out, dst=dst)
         self.store.count(ssd_read=src.size * self.width * 4)
+
+    def _whole_file(self) -> Optional[np.ndarray]:
+        """The table's whole SSD file as one host-cache entry, when the cache can hold it.
+
+        Halo rows come from many owner blocks: on 128 partitions a sweep's gathers touch 16k
+        (partition, owner) pairs, and a cache lookup and copy per pair cost ~30 us each (the
+        top layer's 8-wide gather of `tools/bench_planner.py`'s host-tight took 0.54 s for
+        5 MB). From one array, a partition's halo rows are one native pass, as from the host
+        tier. The file is read once, block by block with each block's checksum checked (or
+        copied from a cached block), the first time a gather needs it after it was written,
+        and a write to any block drops it. The issue's cache policy: whole layers while they
+        fit, else LRU blocks."""
+        cache, key = self.store.cache, (self.key, WHOLE_FILE)
+        whole = cache.get(key)
+        if whole is not None:
+            return whole
+        if not cache.fits(self.ssd.rows * self.width * 4):
+            return None
+        whole = np.empty((self.ssd.rows, self.width), np.float32)
+        offsets = self.ssd.offsets
+        for i, block in enumerate(self.ssd_blocks):
+            part = whole[offsets[i]:offsets[i + 1]]
+            cached = cache.get((self.key, int(block)))
+            if cached is not None:
+                part[:] = cached
+            else:
+                self.ssd.read_block(i, out=part)
+                self.store.count(ssd_read=part.nbytes)
+        for block in self.ssd_blocks:  # held twice otherwise
+            cache.invalidate((self.key, int(block)))
+        return whole if cache.put(key, whole) else None
 
     def accumulate(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,
                    values) -> None:
@@ -325,6 +367,7 @@ class Table:
                 self.ssd.add_rows(rows.src, host_values, src=rows.dst)
                 for _, _, owner in rows.segments:
                     self.store.cache.invalidate((self.key, owner))
+                self.store.cache.invalidate((self.key, WHOLE_FILE))
                 moved = rows.size * self.width * 4
                 self.store.count(ssd_read=moved, ssd_written=moved)
             else:

@@ -488,6 +488,11 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
                        + (w.pad_in - w.inputs) * row / profile.copy_bw, 0.0)  # padding zeroed
     ssd_hits = cache.holds_everything and reread
     ssd_blocks = cache.capacity > 0 and not cache.holds_everything
+    in_file = np.where(codes == S, w.owned, 0) * row  # the layer's SSD file, block by block
+    file_bytes = float(in_file.sum())
+    whole_file = not ssd_hits and 0 < file_bytes <= cache.capacity
+    whole_read = (_ssd_read(file_bytes, int(np.count_nonzero(in_file)), profile)
+                  + file_bytes / profile.checksum_bw) if whole_file else 0.0
     for code in (D, H, S, R):
         mine = active & (codes == code)
         halo_rows = w.halo @ (codes == code).astype(np.int64)         # [P] rows from tier
@@ -499,6 +504,10 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
             seconds += halo_bytes * (1.5 / profile.gather_bw + 1.0 / profile.to_host_bw) \
                 + np.where(halo_rows > 0, profile.step_latency, 0.0)
         elif code in (H, R) or ssd_hits:  # from host arrays (or cached SSD blocks)
+            seconds += np.where(mine, own / profile.copy_bw, 0.0)
+            seconds += halo_bytes / profile.gather_bw + halo_rows * profile.gather_row_seconds
+        elif whole_file:  # the layer's SSD file read once into the host cache, then taken
+            # from like a host array (`jgrind.engine.store.Table._whole_file`)
             seconds += np.where(mine, own / profile.copy_bw, 0.0)
             seconds += halo_bytes / profile.gather_bw + halo_rows * profile.gather_row_seconds
         else:
@@ -520,7 +529,7 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
                 calls = w.ssd_calls[w.widths[layer]] @ in_ssd
                 span = w.ssd_rows[w.widths[layer]] @ in_ssd * row
                 seconds += _ssd_read(span, calls, profile) + halo_bytes / profile.gather_bw
-    return float(seconds.sum())
+    return float(seconds.sum()) + whole_read
 
 
 def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
