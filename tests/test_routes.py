@@ -102,3 +102,19 @@ def test_an_ssd_table_that_fits_the_host_cache_is_cached_whole(tmp_path):
         np.testing.assert_array_equal(gather_0()[3:6], [full[4], full[7] + 100, full[11] + 100])
     finally:
         store.close()
+
+
+def test_the_host_cache_makes_room_before_an_entry_is_built():
+    """`HostCache.make_room` evicts least-recently-used unpinned entries before a whole-file
+    entry's buffer is filled, so the cache and that buffer stay within the capacity; pinned
+    entries stay, and it says when they leave too little room."""
+    from jgrind.engine.cache import HostCache
+    cache = HostCache(100)
+    for name in "abc":
+        cache.put(name, np.zeros(6, np.float32))                   # 24 bytes each: 72 held
+    cache.get("a")                                                   # b is now the oldest
+    cache.pin(["c"])
+    assert cache.make_room(40)
+    assert cache.bytes + 40 <= 100 and cache.get("b") is None and cache.get("a") is not None
+    assert not cache.make_room(80)                                   # c is pinned: 24 + 80
+    assert cache.get("c") is not None and cache.get("a") is None     # a went trying

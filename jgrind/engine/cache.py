@@ -42,6 +42,21 @@ class HostCache:
             pinned = sum(self._entries[k].nbytes for k in self._pinned if k in self._entries)
             return pinned + nbytes <= self.capacity
 
+    def make_room(self, nbytes: int) -> bool:
+        """Evict least-recently-used unpinned entries until ``nbytes`` more fit; False if
+        pinned entries leave too little. For an entry built in place (`Table._whole_file`):
+        room is made before its buffer is filled, so the cache and the buffer together stay
+        within the capacity."""
+        with self._lock:
+            for old in list(self._entries):
+                if self.bytes + nbytes <= self.capacity:
+                    break
+                if self._pinned[old] == 0:
+                    self.bytes -= self._entries.pop(old).nbytes
+            room = self.bytes + nbytes <= self.capacity
+        self._on_change()
+        return room
+
     def put(self, key, value: np.ndarray) -> bool:
         """Insert, evicting least-recently-used unpinned entries; False if it cannot fit."""
         with self._lock:

@@ -326,7 +326,8 @@ class Table:
         whole = cache.get(key)
         if whole is not None:
             return whole
-        if not cache.fits(self.ssd.rows * self.width * 4):
+        # room first, so that the cache and the buffer being filled stay within the budget
+        if not cache.make_room(self.ssd.rows * self.width * 4):
             return None
         whole = np.empty((self.ssd.rows, self.width), np.float32)
         offsets = self.ssd.offsets
@@ -335,11 +336,10 @@ class Table:
             cached = cache.get((self.key, int(block)))
             if cached is not None:
                 part[:] = cached
+                cache.invalidate((self.key, int(block)))  # held twice otherwise
             else:
                 self.ssd.read_block(i, out=part)
                 self.store.count(ssd_read=part.nbytes)
-        for block in self.ssd_blocks:  # held twice otherwise
-            cache.invalidate((self.key, int(block)))
         return whole if cache.put(key, whole) else None
 
     def accumulate(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,

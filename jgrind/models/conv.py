@@ -19,8 +19,8 @@ import jax
 from jgrind.models.block import Block
 from jgrind.models.dropout import dropout as hashed_dropout
 from jgrind.models.init import glorot
-from jgrind.models.norm import layer_norm, layer_norm_init
 from jgrind.models.matmul import matmul
+from jgrind.models.norm import layer_norm, layer_norm_init
 
 Activation = Optional[Callable[[jax.Array], jax.Array]]
 

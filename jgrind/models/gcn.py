@@ -18,8 +18,8 @@ import jax
 from jgrind.models.block import Block
 from jgrind.models.conv import LayerOptions, apply_wrapper, init_wrapper
 from jgrind.models.init import glorot, zeros
-from jgrind.sparse import spmm
 from jgrind.models.matmul import matmul
+from jgrind.sparse import spmm
 
 
 @dataclasses.dataclass(frozen=True)
