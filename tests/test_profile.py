@@ -295,13 +295,14 @@ def test_profile_command_user_errors(tmp_path, capsys):
     assert "no hardware profile" in capsys.readouterr().err
 
 
-def test_profile_of_an_older_format_is_replaced_not_set_aside(tmp_path):
+def test_profile_of_an_older_format_is_replaced_not_set_aside(measured, tmp_path,
+                                                             quick_measure):
     """A profile written by an older jgrind (a field this version measures is missing) is
     re-measured with a line naming the versions, and replaced: it is not damage to keep."""
     import json
 
     path = tmp_path / "profile.json"
-    fresh = profile.measure(tmp_path, quick=True)
+    fresh, _ = measured
     old = fresh.to_json()
     old["version"] = PROFILE_VERSION - 1
     del old["scatter_add_bw"]
@@ -310,6 +311,7 @@ def test_profile_of_an_older_format_is_replaced_not_set_aside(tmp_path):
     with pytest.raises(profile.OlderProfileError, match=f"version {PROFILE_VERSION - 1}"):
         profile.load(path)
     got = profile.load_or_measure(path, tmp_path, log=lines.append)
+    assert quick_measure == [tmp_path]
     assert got.version == PROFILE_VERSION and profile.load(path).version == PROFILE_VERSION
     assert "is version" in lines[0] and "re-measuring" in lines[0]
     assert not list(tmp_path.glob("*.unreadable*"))

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 3, target 4: the out-of-core benchmarks on a GPU, each under its own time limit, in four
-# parts of under 10 minutes each (a lent GPU often comes in short calls). Every run prints its
+# parts of under 10 minutes each (a lent GPU often comes in short calls), and part 0, which says
+# where host_offload's epoch goes there. Every run prints its
 # line as it finishes (tools/bench_out_of_core.py), so a part cut short still reports what it
 # measured. Logs and JSON go to $OUT (default runs/gpu).
 #
+#   bash tools/bench_gpu.sh 0    # 1M nodes, host_offload: per-thread profile, then serial
 #   bash tools/bench_gpu.sh 1    # 1M nodes, 10M edges: in-memory, PyG, device, host, SSD
 #   bash tools/bench_gpu.sh 2    # ogbn-products size, 8 GiB device budget, beside PyG
 #   bash tools/bench_gpu.sh 3    # the naive scheme beside ssd_offload (target 3)
@@ -26,6 +28,12 @@ run() {  # run LIMIT NAME ARGS...: one benchmark under a time limit, logged to $
 }
 
 case "${1:-1}" in
+0)  # where the ~100x goes: each thread's time in a normal epoch, then each operation alone
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    run 270 profile-overlapped python3 tools/profile_ops.py --rmat 1000000 10000000 \
+        --policy host --parts 8 --overlapped
+    run 270 profile-serial python3 tools/profile_ops.py --rmat 1000000 10000000 \
+        --policy host --parts 8 --skip-model ;;
 1)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     run 560 overhead $bench overhead --parts 8 --epochs 2 \
@@ -42,6 +50,6 @@ case "${1:-1}" in
         --partitioner label_propagation --device-budget 2GiB --host-budget 2GiB --epochs 2 \
         --json "$OUT/memory-wall.json" ;;
 *)
-    echo "usage: bash tools/bench_gpu.sh 1|2|3|4" >&2
+    echo "usage: bash tools/bench_gpu.sh 0|1|2|3|4" >&2
     exit 2 ;;
 esac

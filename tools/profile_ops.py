@@ -13,17 +13,26 @@ epoch here is longer than a normal one. Then it prints the cost model's figure f
 ``--config`` takes a configuration of `tools/bench_planner.py` (graph, model, device budget);
 with ``--policy auto`` the planner's plan for it (its partitions, fates and budgets);
 ``--rmat`` an R-MAT graph with a 3-layer GCN (hidden 256, dropout 0.5) and no budgets.
+
+``--overlapped`` runs a normal epoch instead (the loader and writer threads on) and says where
+each thread spends it: store operations per thread, the steps' dispatch on the main thread,
+the writer's wait for the step whose output it stores, and the main thread's waits for the
+loader (inputs not ready: I/O is the bottleneck) and for the writer (a full write queue)::
+
+    python tools/profile_ops.py --rmat 1000000 10000000 --policy host --parts 8 --overlapped
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures as cf
 import dataclasses
 import functools
 import os
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -41,6 +50,13 @@ def main() -> None:
     p.add_argument("--parts", type=int, help="partitions (required but with --policy auto)")
     p.add_argument("--host-budget", type=int, default=None, help="bytes (0: host cache off)")
     p.add_argument("--store", default=tempfile.gettempdir())
+    p.add_argument("--overlapped", action="store_true",
+                   help="run a normal epoch (prefetch and writer threads on) and say where "
+                        "each thread spends it, and where the main thread waits on the others "
+                        "(implies --skip-model)")
+    p.add_argument("--skip-model", action="store_true",
+                   help="print the measured operations only, without measuring a hardware "
+                        "profile for the cost model's terms (minutes on a fresh machine)")
     args = p.parse_args()
 
     import jax
@@ -92,18 +108,50 @@ def main() -> None:
 
     seconds: dict = collections.defaultdict(float)
 
+    def role() -> str:
+        """Which of the engine's threads runs this: "main", "loader" or "writer"."""
+        name = threading.current_thread().name
+        return name.split("-")[1].split("_")[0] if name.startswith("jgrind-") else "main"
+
     def timed(name, fn):
         @functools.wraps(fn)
         def wrapper(*a, **k):
+            key = name(a) if callable(name) else name
+            if args.overlapped:
+                key = f"{role()}: {key}"
+                if key.startswith("main: step"):  # dispatch only: the step runs on
+                    start = time.perf_counter()
+                    out = fn(*a, **k)
+                    seconds[key + " (dispatch)"] += time.perf_counter() - start
+                    return out
+                if isinstance(a[-1], jax.Array):  # a write's or accumulate's values: wait
+                    # for the step that makes them first, and count that apart
+                    start = time.perf_counter()
+                    jax.block_until_ready(a[-1])
+                    seconds[f"{role()}: (waiting for the step that makes it)"] += \
+                        time.perf_counter() - start
             start = time.perf_counter()
             out = fn(*a, **k)
             jax.block_until_ready(out)
             if a and isinstance(a[0], store_module.Table) and a[0].device is not None:
                 jax.block_until_ready(a[0].device)
-            key = name(a) if callable(name) else name
             seconds[key] += time.perf_counter() - start
             return out
         return wrapper
+
+    if args.overlapped:  # the main thread's waits on the I/O threads
+        plain_result = cf.Future.result
+
+        def result(self, timeout=None):
+            if role() != "main" or self.done():
+                return plain_result(self, timeout)
+            start = time.perf_counter()
+            try:
+                return plain_result(self, timeout)
+            finally:
+                seconds[f"main: waiting for the {getattr(self, 'jgrind_role', '?')} thread"] += \
+                    time.perf_counter() - start
+        cf.Future.result = result
 
     for op in ("gather", "write", "accumulate", "read"):
         setattr(store_module.Table, op,
@@ -128,7 +176,10 @@ def main() -> None:
         normalized, label_propagation(normalized, args.parts, seed=0), num_parts=args.parts)
     ex = OutOfCore(graph, model, optax.adam(1e-3), policy=policy, partitioned=pg,
                    store=args.store, device_budget=device_budget, host_budget=args.host_budget,
-                   prefetch=False)
+                   prefetch=args.overlapped)
+    for pool, name in ((ex.pool, "loader"), (ex.writer, "writer")):
+        if pool is not None:  # tag its futures, for the main thread's waits
+            pool.submit = _tagging(pool.submit, name)
     try:
         params = model.init(jax.random.key(0))
         opt_state = optax.adam(1e-3).init(params)
@@ -139,6 +190,22 @@ def main() -> None:
             jax.block_until_ready(loss)
             total = time.perf_counter() - start
         w = ex.workload
+        if args.overlapped:
+            print(f"normal epoch {total:.3f} s ({args.policy}, {args.parts} parts); seconds "
+                  "per thread, last epoch:")
+            for who in ("main", "loader", "writer"):
+                mine = {k: v for k, v in seconds.items() if k.startswith(who + ":")}
+                print(f"  {who} thread: {sum(mine.values()):.3f} s in these")
+                for key in sorted(mine):
+                    print(f"    {key[len(who) + 2:]:<54} {mine[key]:8.3f}")
+            return
+        if args.skip_model:
+            print(f"serial epoch {total:.3f} s ({args.policy}, {args.parts} parts)")
+            print("measured, last epoch (s):")
+            for key in sorted(seconds):
+                print(f"  {key:<48} {seconds[key]:8.3f}")
+            print(f"  {'(outside these operations)':<48} {total - sum(seconds.values()):8.3f}")
+            return
         a = cost.Assignment.from_fates(ex.fates, w.num_layers, w.num_parts)
         prof = hardware.load_or_measure(log=print)
         pred = cost.predict(w, a, prof, ex.store.cache.capacity)
@@ -179,6 +246,15 @@ def main() -> None:
         print(f"  SSD halo spans at width {width}: {int(w.ssd_calls[width].sum()):,} read calls "
               f"and {int(w.ssd_rows[width].sum()):,} rows per sweep for "
               f"{int(w.halo.sum()):,} halo rows")
+
+
+def _tagging(submit, name: str):
+    """``submit`` whose futures carry ``jgrind_role = name``."""
+    def tagged(*a, **k):
+        future = submit(*a, **k)
+        future.jgrind_role = name
+        return future
+    return tagged
 
 
 if __name__ == "__main__":

@@ -176,8 +176,11 @@ class OutOfCore:
                         if self.memory.device + structure <= self.device_budget else {})
         self._local_blocks = {part.index: jax.device_put(_local_block(part))
                               for part in self.parts} if any(self.local) else {}
-        self.pool = cf.ThreadPoolExecutor(max_workers=2) if prefetch else None
-        self.writer = cf.ThreadPoolExecutor(max_workers=1) if prefetch else None
+        # named threads: profilers (tools/profile_ops.py --overlapped, py-spy) tell them apart
+        self.pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="jgrind-loader") \
+            if prefetch else None
+        self.writer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="jgrind-writer") \
+            if prefetch else None
         self._update = jax.jit(self._apply_update, donate_argnums=(0, 1))
 
     # -- planning helpers ---------------------------------------------------------------------
