@@ -17,7 +17,9 @@ with ``--policy auto`` the planner's plan for it (its partitions, fates and budg
 ``--overlapped`` runs a normal epoch instead (the loader and writer threads on) and says where
 each thread spends it: store operations per thread, the steps' dispatch on the main thread,
 the writer's wait for the step whose output it stores, and the main thread's waits for the
-loader (inputs not ready: I/O is the bottleneck) and for the writer (a full write queue)::
+loader (inputs not ready: I/O is the bottleneck) and for the writer (a full write queue).
+Store operations are still waited for, so a device-tier read on the main thread blocks it
+where a normal epoch would go on dispatching::
 
     python tools/profile_ops.py --rmat 1000000 10000000 --policy host --parts 8 --overlapped
 """
@@ -120,6 +122,7 @@ def main() -> None:
             if args.overlapped:
                 key = f"{role()}: {key}"
                 if key.startswith("main: step"):  # dispatch only: the step runs on
+                    # asynchronously, and the writer's wait for its output counts it
                     start = time.perf_counter()
                     out = fn(*a, **k)
                     seconds[key + " (dispatch)"] += time.perf_counter() - start
