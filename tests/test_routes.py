@@ -104,6 +104,29 @@ def test_an_ssd_table_that_fits_the_host_cache_is_cached_whole(tmp_path):
         store.close()
 
 
+def test_an_ssd_file_too_big_for_the_host_cache_evicts_nothing(tmp_path):
+    """When the whole file cannot be cached, a gather still caches the blocks it reads, and
+    trying for the whole file evicts nothing: not other tables' entries, not the block the
+    gather itself just cached."""
+    from jgrind.engine.store import WHOLE_FILE, Store
+    sizes = np.array([3, 4, 5])
+    full = np.random.default_rng(0).standard_normal((12, 2)).astype(np.float32)  # 96 bytes
+    store = Store(sizes, tmp_path, host_cache_bytes=90, ssd_bytes_needed=full.nbytes)
+    try:
+        t = store.table("activation", 1, 2, [Fate.SSD] * 3)
+        for b, (start, n) in enumerate([(0, 3), (3, 4), (7, 5)]):
+            t.write(b, full[start:start + n])
+        store.cache.put(("another table", 0), np.zeros(2, np.float32))  # 8 bytes
+        # partition 1: its own block (32 bytes), then rows 0 and 4 of block 2 (40 bytes)
+        got = t.gather(1, np.array([2, 2], np.int32), np.array([0, 4], np.int32), 8)
+        np.testing.assert_array_equal(got[:6], full[[3, 4, 5, 6, 7, 11]])
+        entries = store.cache._entries
+        assert (t.key, WHOLE_FILE) not in entries
+        assert ("another table", 0) in entries and (t.key, 1) in entries and (t.key, 2) in entries
+    finally:
+        store.close()
+
+
 def test_the_host_cache_makes_room_before_an_entry_is_built():
     """`HostCache.make_room` evicts least-recently-used unpinned entries before a whole-file
     entry's buffer is filled, so the cache and that buffer stay within the capacity; pinned

@@ -326,8 +326,11 @@ class Table:
         whole = cache.get(key)
         if whole is not None:
             return whole
-        # room first, so that the cache and the buffer being filled stay within the budget
-        if not cache.make_room(self.ssd.rows * self.width * 4):
+        nbytes = self.ssd.rows * self.width * 4
+        # a file the cache cannot hold must not evict anything trying (make_room would empty
+        # it of every unpinned block, on every gather); where it can, room first, so that the
+        # cache and the buffer being filled stay within the budget
+        if not cache.fits(nbytes) or not cache.make_room(nbytes):
             return None
         whole = np.empty((self.ssd.rows, self.width), np.float32)
         offsets = self.ssd.offsets

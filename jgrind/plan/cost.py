@@ -503,11 +503,9 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
                                 + profile.step_latency, 0.0)
             seconds += halo_bytes * (1.5 / profile.gather_bw + 1.0 / profile.to_host_bw) \
                 + np.where(halo_rows > 0, profile.step_latency, 0.0)
-        elif code in (H, R) or ssd_hits:  # from host arrays (or cached SSD blocks)
-            seconds += np.where(mine, own / profile.copy_bw, 0.0)
-            seconds += halo_bytes / profile.gather_bw + halo_rows * profile.gather_row_seconds
-        elif whole_file:  # the layer's SSD file read once into the host cache, then taken
-            # from like a host array (`jgrind.engine.store.Table._whole_file`)
+        elif code in (H, R) or ssd_hits or whole_file:  # from host arrays, cached SSD
+            # blocks, or the layer's SSD file read once into the host cache (`whole_read`,
+            # `jgrind.engine.store.Table._whole_file`)
             seconds += np.where(mine, own / profile.copy_bw, 0.0)
             seconds += halo_bytes / profile.gather_bw + halo_rows * profile.gather_row_seconds
         else:
