@@ -650,6 +650,35 @@ def test_gradient_files_are_kept_and_zeroed_between_epochs(host_budget, tmp_path
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("policy", ["host", "recompute"])
+def test_host_tables_arrays_are_handed_on_between_epochs(policy, tmp_path):
+    """Gradient tables (and recomputed layers' transients) in host RAM take the arrays freed by
+    the epoch before (`HostArrays`), zeroed: with host offload the second epoch allocates no
+    host array at all (the narrow top gradient takes a wider one); the gradients equal the
+    in-memory ones, and the host account, kept arrays included, never passes the plan's
+    peak."""
+    graph = _csbm()
+    model = _models(graph.num_features, graph.num_classes)["gcn"]
+    params = model.init(jax.random.key(0))
+    chosen = _policies(tmp_path)[policy]
+    with OutOfCore(graph, model, optax.sgd(0.1), policy=chosen, num_parts=3,
+                   partitioner=contiguous) as ex:
+        arrays = ex.store.host_arrays
+        ex.loss_and_grad(params, jax.random.key(1))
+        made, reused = arrays.made, arrays.reused
+        grads, loss = ex.loss_and_grad(params, jax.random.key(2))
+        assert arrays.reused - reused >= ex.num_layers - 1  # every gradient table
+        if policy == "host":
+            assert arrays.made == made
+        else:  # transients take only an array of their own size: some are made again
+            assert arrays.made - made < made
+        assert ex.store.accounts.peak_host == ex.memory.stored_peaks[1]
+    ref_loss, ref_grads = InMemory(graph, model, optax.sgd(0.1)).loss_and_grad(
+        params, jax.random.key(2))
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    assert_same_gradients(grads, ref_grads)
+
+
 def test_a_lazily_zeroed_file_reads_zeros_and_writes_only_what_it_must(tmp_path):
     """`SSDFile.zero_lazily`: old values never show; a block is zeroed on disk just before
     rows of it are read or added to, and not at all when it is first written whole."""

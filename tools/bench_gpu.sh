@@ -5,7 +5,9 @@
 # line as it finishes (tools/bench_out_of_core.py), so a part cut short still reports what it
 # measured. Logs and JSON go to $OUT (default runs/gpu).
 #
-#   bash tools/bench_gpu.sh 0    # 1M nodes, host_offload: per-thread profile, then serial
+#   bash tools/bench_gpu.sh 0    # 1M nodes, host_offload: per-thread profile, without and
+#                                # with heap reuse (README, "Allocator settings")
+#   bash tools/bench_gpu.sh 5    # the same, serial: each store operation and step alone
 #   bash tools/bench_gpu.sh 1    # 1M nodes, 10M edges: in-memory, PyG, device, host, SSD
 #   bash tools/bench_gpu.sh 2    # ogbn-products size, 8 GiB device budget, beside PyG
 #   bash tools/bench_gpu.sh 3    # the naive scheme beside ssd_offload (target 3)
@@ -28,11 +30,16 @@ run() {  # run LIMIT NAME ARGS...: one benchmark under a time limit, logged to $
 }
 
 case "${1:-1}" in
-0)  # where the ~100x goes: each thread's time in a normal epoch, then each operation alone
+0)  # where the ~100x goes: each thread's time in a normal epoch. On CPU-2 fresh buffers cost
+    # the store 9.4 s of a serial epoch and heap reuse 2.0 s (docs/results.md, section 4), so
+    # the second run says whether the GPU host's store pays the same page faults
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     run 270 profile-overlapped python3 tools/profile_ops.py --rmat 1000000 10000000 \
         --policy host --parts 8 --overlapped
-    run 270 profile-serial python3 tools/profile_ops.py --rmat 1000000 10000000 \
+    JGRIND_REUSE_HEAP=1 run 270 profile-overlapped-reuse python3 tools/profile_ops.py \
+        --rmat 1000000 10000000 --policy host --parts 8 --overlapped ;;
+5)  # each operation alone (blocks on each, so the sums are not the normal epoch's)
+    run 560 profile-serial python3 tools/profile_ops.py --rmat 1000000 10000000 \
         --policy host --parts 8 --skip-model ;;
 1)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -50,6 +57,6 @@ case "${1:-1}" in
         --partitioner label_propagation --device-budget 2GiB --host-budget 2GiB --epochs 2 \
         --json "$OUT/memory-wall.json" ;;
 *)
-    echo "usage: bash tools/bench_gpu.sh 0|1|2|3|4" >&2
+    echo "usage: bash tools/bench_gpu.sh 0|1|2|3|4|5" >&2
     exit 2 ;;
 esac

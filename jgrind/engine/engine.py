@@ -152,7 +152,9 @@ class OutOfCore:
         self.store = Store(pg.offsets[1:] - pg.offsets[:-1],
                            store if store is not None else store_directory(self.policy),
                            host_cache_bytes=host_cache, ssd_bytes_needed=self.memory.ssd_needed,
-                           row_reads=self.io.row_reads)
+                           row_reads=self.io.row_reads,
+                           # freed tables' arrays are kept within the plan's peak
+                           host_tables_bytes=self.memory.stored_peaks[1])
         self._snapshots: dict[int, Snapshot] = {}
         try:
             self.activations = [self.store.table(ACTIVATION, l, self.widths[l],
@@ -278,8 +280,20 @@ class OutOfCore:
         return tuple(grads), loss
 
     def _gradient_table(self, layer: int) -> Table:
+        """``G_layer``, made at the start of backward sweep ``layer`` and freed after sweep
+        ``layer - 1``. Made while it lives: ``G_{layer-1}`` and recomputed layers' transients,
+        the ``reserve`` that lets it take a larger freed host array (`HostArrays`)."""
+        reserve = self._host_bytes(GRADIENT, layer - 1) if layer >= 2 else 0
+        reserve += sum(self._host_bytes(ACTIVATION, l, Fate.RECOMPUTE)
+                       for l in range(self.num_layers))
         return self.store.table(GRADIENT, layer, self.widths[layer],
-                                self._fates(GRADIENT, layer))
+                                self._fates(GRADIENT, layer), reserve=reserve)
+
+    def _host_bytes(self, name: str, layer: int, fate: Fate = Fate.HOST) -> int:
+        """Bytes of layer ``layer``'s blocks of ``name`` that ``fate`` puts in host RAM."""
+        rows = sum(p.num_owned for p in self.pg.partitions
+                   if self.fates.get((name, layer, p.index), Fate.HOST) is fate)
+        return 4 * rows * self.widths[layer]
 
     def _ensure_materialized(self, params, layer: int, key) -> None:
         """Recompute a RECOMPUTE-fated activation layer from the layer below (recursively)."""

@@ -28,6 +28,7 @@ import numpy as np
 
 from jgrind.buffers import aligned_empty, aligned_zeros
 from jgrind.engine.cache import HostCache
+from jgrind.engine.host_arrays import HostArrays
 from jgrind.engine.routes import Layout, RouteCache, TierRows
 from jgrind.engine.ssd import SSDFile
 from jgrind.plan.fates import Fate
@@ -102,7 +103,8 @@ def _padded_rows(rows: np.ndarray, length: int, fill: int) -> np.ndarray:
 class Table:
     """One ``[N, width]`` tensor in partition-major order, its blocks spread over the tiers."""
 
-    def __init__(self, store: "Store", name: str, layer: int, width: int, fates: list[Fate]):
+    def __init__(self, store: "Store", name: str, layer: int, width: int, fates: list[Fate],
+                 reserve: Optional[int] = None):
         self.store, self.name, self.layer, self.width = store, name, layer, int(width)
         self.key = (name, layer)
         sizes = store.block_rows
@@ -123,9 +125,9 @@ class Table:
             self.device = jnp.zeros((self.tier_rows[_CODE[Fate.DEVICE]], self.width),
                                     jnp.float32)
             store._charge(device=nbytes(_CODE[Fate.DEVICE]))
-        if self.tier_rows[_CODE[Fate.HOST]]:
-            self.host = np.zeros((self.tier_rows[_CODE[Fate.HOST]], self.width), np.float32)
-            store._charge(host=nbytes(_CODE[Fate.HOST]))
+        if self.tier_rows[_CODE[Fate.HOST]]:  # charged by the store's `HostArrays`
+            self.host = store.host_arrays.take(self.tier_rows[_CODE[Fate.HOST]], self.width,
+                                               reserve)
         if self.tier_rows[_CODE[Fate.SSD]]:
             members = self.tier == _CODE[Fate.SSD]
             offsets = np.concatenate([[0], np.cumsum(sizes[members])])
@@ -168,12 +170,11 @@ class Table:
     def materialize(self) -> None:
         rows = self.tier_rows[_CODE[Fate.RECOMPUTE]]
         if rows and self.transient is None:
-            self.transient = np.zeros((rows, self.width), np.float32)
-            self.store._charge(host=self.transient.nbytes)
+            self.transient = self.store.host_arrays.take(rows, self.width)
 
     def release(self) -> None:
         if self.transient is not None:
-            self.store._charge(host=-self.transient.nbytes)
+            self.store.host_arrays.give(self.transient)
             self.transient = None
 
     # -- whole blocks ----------------------------------------------------------------------
@@ -390,7 +391,7 @@ class Table:
         if self.device is not None:
             charge["device"] = -int(self.device.size) * 4
         if self.host is not None:
-            charge["host"] = -self.host.nbytes
+            self.store.host_arrays.give(self.host)
         if self.ssd is not None:
             charge["ssd"] = -self.ssd.rows * self.ssd.width * 4
             self.ssd.close()
@@ -470,10 +471,13 @@ class Store:
       host_cache_bytes: capacity of the host cache in front of the SSD tier.
       row_reads: read SSD rows one at a time, with no whole-block reads and no host cache (the
         naive scheme, see `jgrind.plan.policies.IOStrategy`).
+      host_tables_bytes: the most host RAM the tables may hold, freed arrays kept for the next
+        table included (`HostArrays`; the engine passes the plan's peak). 0 keeps none.
     """
 
     def __init__(self, block_rows: np.ndarray, directory: Optional[str | os.PathLike],
-                 host_cache_bytes: int, ssd_bytes_needed: int = 0, row_reads: bool = False):
+                 host_cache_bytes: int, ssd_bytes_needed: int = 0, row_reads: bool = False,
+                 host_tables_bytes: int = 0):
         self.block_rows = np.asarray(block_rows, np.int64)
         self.row_reads = bool(row_reads)
         self.accounts = Accounts()
@@ -484,13 +488,17 @@ class Store:
         self.tables: dict[tuple, Table] = {}
         self.kept: dict[tuple, Table] = {}  # dropped with keep=True, for the next epoch
         self.routes = RouteCache()  # where each partition's rows live, per table layout
+        self.host_arrays = HostArrays(host_tables_bytes,
+                                      on_change=lambda delta: self._charge(host=delta))
         if ssd_bytes_needed:
             self.run_dir = make_run_dir(directory, ssd_bytes_needed, self.run_id)
         self.cache = HostCache(0 if row_reads else host_cache_bytes, on_change=self._sample)
 
-    def table(self, name: str, layer: int, width: int, fates: list[Fate]) -> Table:
+    def table(self, name: str, layer: int, width: int, fates: list[Fate],
+              reserve: Optional[int] = None) -> Table:
         """A zeroed table: the one kept by ``drop(..., keep=True)`` under the same name and
-        layer if its width and fates match (zeroed lazily, `SSDFile.zero_lazily`), else new."""
+        layer if its width and fates match (zeroed lazily, `SSDFile.zero_lazily`), else new.
+        ``reserve``: the most host bytes of tables made while this one lives (`HostArrays`)."""
         stale = self.tables.get((name, layer))  # left behind by an epoch that raised
         if stale is not None:
             self.drop(stale)
@@ -503,7 +511,7 @@ class Store:
             t.ssd.zero_lazily()
             self.cache.drop_table(t.key)  # (every block is also invalidated when next written)
         else:
-            t = Table(self, name, layer, width, fates)
+            t = Table(self, name, layer, width, fates, reserve)
         self.tables[(name, layer)] = t
         return t
 
@@ -557,6 +565,7 @@ class Store:
         """Close every file and remove the run's directory (also on error paths)."""
         for t in [*self.tables.values(), *self.kept.values()]:
             t.close()
+        self.host_arrays.clear()
         if self.run_dir is not None and self.run_dir.exists():
             shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir = None
