@@ -30,6 +30,7 @@ transient, and the host cache holds SSD blocks within what is left of the host b
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional, Sequence
 
 import numpy as np
@@ -191,8 +192,22 @@ class Workload:
 
     # -- sizes ------------------------------------------------------------------------------
     def block_bytes(self, layer: int) -> np.ndarray:
-        """``[P]`` bytes of every partition's block of ``H_layer`` / ``G_layer``."""
-        return self.owned * self.widths[layer] * ITEMSIZE
+        """``[P]`` bytes of every partition's block of ``H_layer`` / ``G_layer`` (read-only:
+        made once per workload, the planner asks for them millions of times)."""
+        return self._block_bytes[layer]
+
+    @functools.cached_property
+    def _block_bytes(self) -> tuple:
+        out = tuple(self.owned * width * ITEMSIZE for width in self.widths)
+        for array in out:
+            array.setflags(write=False)
+        return out
+
+    def tier_bytes(self, layer: int, codes: np.ndarray) -> list[int]:
+        """Bytes of layer ``layer``'s blocks in each tier, indexed by tier code (D, H, S, R),
+        for the blocks' codes ``codes``."""
+        return [int(b) for b in np.bincount(codes, weights=self.block_bytes(layer),
+                                            minlength=4)]
 
     def aggregation_bytes(self, layer: int) -> np.ndarray:
         """``[P]`` bytes of every partition's block of ``Z_layer`` (0 without one)."""
@@ -241,6 +256,10 @@ class Workload:
         """Device bytes one partition step needs beyond stored blocks: padded inputs (and their
         gradient), outputs with about two more tensors of intermediates, the block structure;
         plus the output masks (`mask_bytes`)."""
+        return self._working_set
+
+    @functools.cached_property
+    def _working_set(self) -> int:
         return self._step_bytes() + self.mask_bytes()
 
     def _step_bytes(self) -> int:
@@ -711,6 +730,7 @@ class Memory:
     ssd: int
     ssd_needed: int   # SSD bytes the store reserves up front (free-space check)
     stored_peaks: tuple = (0, 0, 0)  # predicted peak stored bytes (device, host, SSD) over time
+    cacheable: int = 0  # host cache bytes that would hold every SSD block read between writes
 
     @property
     def device(self) -> int:
@@ -736,14 +756,17 @@ class Memory:
         return self.stored_peaks[2]
 
 
-def _stored_bytes(w: Workload, a: Assignment) -> list[tuple[int, int, int]]:
+def _stored_bytes(w: Workload, a: Assignment, acts=None, grads=None
+                  ) -> list[tuple[int, int, int]]:
     """Stored bytes per tier (device, host, SSD) at the start of the epoch and during each sweep
     of `sweep_order`: activation blocks all epoch; ``G_l`` from backward l to backward l-1; a
-    recomputed layer from its (re)computation to its last use (forward, or its backward)."""
+    recomputed layer from its (re)computation to its last use (forward, or its backward).
+    ``acts``, ``grads``: the layers' `Workload.tier_bytes`, if already worked out."""
     L = w.num_layers
-    by = lambda codes, l, c: int(np.sum(np.where(codes == c, w.block_bytes(l), 0)))  # noqa
-    base = [sum(by(a.activations[l], l, c) for l in range(L)) + kept_bytes(w, a, c)
-            for c in (D, H, S)]
+    acts = acts or [w.tier_bytes(l, a.activations[l]) for l in range(L)]
+    grads = grads or [w.tier_bytes(l, a.gradients[l]) for l in range(L)]
+    kept = _kept_by_tier(w, a)
+    base = [sum(acts[l][c] for l in range(L)) + kept[c] for c in (D, H, S)]
     rset = a.recomputed
     live_transient: set = set()
     live_grads: set = set()
@@ -753,9 +776,8 @@ def _stored_bytes(w: Workload, a: Assignment) -> list[tuple[int, int, int]]:
             live_transient.add(l + 1)
         if kind == "backward" and l >= 1:
             live_grads.add(l)
-        now = [base[i] + sum(by(a.gradients[g], g, c) for g in live_grads)
-               for i, c in enumerate((D, H, S))]
-        now[1] += sum(by(a.activations[j], j, R) for j in live_transient)
+        now = [base[i] + sum(grads[g][c] for g in live_grads) for i, c in enumerate((D, H, S))]
+        now[1] += sum(acts[j][R] for j in live_transient)
         out.append(tuple(now))
         if (kind == "forward" and l >= 1) or kind == "backward":
             live_transient.discard(l)
@@ -767,8 +789,15 @@ def _stored_bytes(w: Workload, a: Assignment) -> list[tuple[int, int, int]]:
 def kept_bytes(w: Workload, a: Assignment, code: int) -> int:
     """Bytes of the kept aggregations in tier ``code``. The store holds their tables for the
     whole run (each is written in its forward sweep and read in its backward one)."""
-    return sum(int(np.sum(np.where(codes == code, w.aggregation_bytes(l), 0)))
-               for l, codes in a.aggregations.items())
+    return _kept_by_tier(w, a)[code]
+
+
+def _kept_by_tier(w: Workload, a: Assignment) -> list[int]:
+    """`kept_bytes` of every tier, indexed by tier code."""
+    total = np.zeros(4)
+    for l, codes in a.aggregations.items():
+        total += np.bincount(codes, weights=w.aggregation_bytes(l), minlength=4)
+    return [int(b) for b in total]
 
 
 def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
@@ -776,32 +805,31 @@ def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
     """Bytes per tier of assignment ``a`` at its peak, by the engine's own accounting (kept
     aggregations, `kept_bytes`, for the whole epoch)."""
     L = w.num_layers
-
-    def tier_bytes(codes, layer, code):
-        return int(np.sum(np.where(codes == code, w.block_bytes(layer), 0)))
-
-    acts = {c: sum(tier_bytes(a.activations[l], l, c) for l in range(L)) for c in (D, H, S, R)}
+    acts_by_layer = [w.tier_bytes(l, a.activations[l]) for l in range(L)]
+    grads_by_layer = [w.tier_bytes(l, a.gradients[l]) for l in range(L)]
+    acts = {c: sum(t[c] for t in acts_by_layer) for c in (D, H, S, R)}
     # gradient layers entirely on SSD keep their files from epoch to epoch (`Store.drop`):
     # charged for the whole run; the others live two at a time
     whole = [l for l in range(1, L) if np.all(a.gradients[l] == S)]
-    kept_grads = sum(tier_bytes(a.gradients[l], l, S) for l in whole)
+    kept_grads = sum(grads_by_layer[l][S] for l in whole)
 
     def live(l, c):
-        return 0 if l in whole else tier_bytes(a.gradients[l], l, c)
+        return 0 if l in whole else grads_by_layer[l][c]
     pairs = {c: max([live(l, c) + (live(l + 1, c) if l + 1 < L else 0)
                      for l in range(1, L)] or [0]) for c in (D, H, S)}
     pairs[S] += kept_grads
-    transient = max([tier_bytes(a.activations[l], l, R) for l in range(L)] or [0])
-    ssd_grads = sum(tier_bytes(a.gradients[l], l, S) for l in range(1, L))
+    transient = max([t[R] for t in acts_by_layer] or [0])
+    ssd_grads = sum(grads_by_layer[l][S] for l in range(1, L))
     # the cache holds SSD activation blocks and the gradient layer being read (a gradient layer
     # is read once, in the backward sweep below it, and dropped with its blocks right after)
-    cached = acts[S] + max([tier_bytes(a.gradients[l], l, S) for l in range(1, L)] or [0])
-    kd, kh, ks = (kept_bytes(w, a, c) for c in (D, H, S))
+    cached = acts[S] + max([grads_by_layer[l][S] for l in range(1, L)] or [0])
+    kd, kh, ks = _kept_by_tier(w, a)[:3]
+    stored = _stored_bytes(w, a, acts_by_layer, grads_by_layer)
     return Memory(device_tables=acts[D] + pairs[D] + kd, device_working_set=w.working_set(),
                   host_tables=acts[H] + pairs[H] + kh, host_transient=2 * transient,
                   host_cache=min(cache_capacity, cached + ks), ssd=acts[S] + pairs[S] + ks,
                   ssd_needed=acts[S] + ssd_grads + snapshot_bytes + ks,
-                  stored_peaks=tuple(max(col) for col in zip(*_stored_bytes(w, a))))
+                  stored_peaks=tuple(max(col) for col in zip(*stored)), cacheable=cached + ks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -867,11 +895,12 @@ def with_page_cache(profile, cached: bool):
     return types.SimpleNamespace(**{**vars(profile), **figures})
 
 
-def cache_model(w: Workload, a: Assignment, capacity: int) -> CacheModel:
-    """Whether a host cache of ``capacity`` bytes holds every SSD block read between writes."""
-    m = memory(w, a, capacity)
-    need = m.host_cache if capacity >= m.ssd else (
-        memory(w, a, 1 << 62).host_cache)  # what holding every SSD block read would take
+def cache_model(w: Workload, a: Assignment, capacity: int,
+                m: Optional[Memory] = None) -> CacheModel:
+    """Whether a host cache of ``capacity`` bytes holds every SSD block read between writes
+    (``m``: ``memory(w, a)`` if already worked out)."""
+    m = memory(w, a) if m is None else m
+    need = min(capacity, m.cacheable) if capacity >= m.ssd else m.cacheable
     block = max((int(w.block_bytes(l).max(initial=0)) for l in range(w.num_layers)), default=0)
     if capacity < block:
         return CacheModel(0, False)
@@ -883,8 +912,9 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
     """Predicted epoch of assignment ``a`` on workload ``w`` with a host cache of
     ``cache_capacity`` bytes in front of the SSD tier."""
     L = w.num_layers
-    cache = cache_model(w, a, cache_capacity)
-    mem = memory(w, a, cache.capacity if cache.capacity else 0)
+    mem = memory(w, a)
+    cache = cache_model(w, a, cache_capacity, mem)
+    mem = dataclasses.replace(mem, host_cache=min(cache.capacity, mem.cacheable))
     profile = with_page_cache(profile, page_cached(profile, mem))
     sweeps = []
     tier_name = {D: "device", H: "host", S: "ssd", R: "host"}
