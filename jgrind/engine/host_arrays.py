@@ -8,8 +8,7 @@ same cores. Keeping the freed arrays, and zeroing one in a single pass when the 
 it, took the median ``host_offload`` epoch of a 1M-node GCN (8 partitions, 2.3 GiB of gradient
 tables) from 17.0 s to 15.4 s on the 2-core test machine, in an interleaved A/B
 (docs/results.md, section 4, "Host tables hand their memory on"). The SSD tier keeps its
-gradient *files* for the same reason
-(`jgrind.engine.store.Store.drop`).
+gradient *files* for the same reason (`jgrind.engine.store.Store.drop`).
 
 A kept array is resident memory, so it is counted: `HostArrays.resident` is every array the pool
 holds, in use or kept, and the store's host account charges exactly that. Kept arrays are given
