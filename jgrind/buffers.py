@@ -33,12 +33,3 @@ def aligned_zeros(shape, dtype=np.float32) -> np.ndarray:
     out = aligned_empty(shape, dtype)
     out.fill(0)
     return out
-
-
-def aligned_copy(array) -> np.ndarray:
-    """``array`` copied into an `aligned_empty` buffer (for host arrays handed to JAX again and
-    again, such as a partition's block structure)."""
-    array = np.asarray(array)
-    out = aligned_empty(array.shape, array.dtype)
-    out[...] = array
-    return out

@@ -42,22 +42,3 @@ def test_host_gathers_and_reads_hand_over_aligned_buffers():
     read = table.read(2, 8)
     assert read.ctypes.data % ALIGNMENT == 0 and read[:5].min() == 2 and not read[5:].any()
     store.close()
-
-
-def test_padded_partitions_hand_over_aligned_block_structure():
-    """A partition's block structure, labels and loss weights are moved to the device for every
-    step where the device budget cannot keep them; aligned, the CPU client uses them in place."""
-    from jgrind.engine.steps import pad_partition
-    from jgrind.partition import contiguous, partition_graph, shape_groups
-    from helpers import community_graph
-
-    graph = community_graph(num_nodes=120)
-    pg = partition_graph(graph, contiguous(graph, 3), num_parts=3)
-    shapes = shape_groups(pg.partitions, 2)
-    for needs_edges in (False, True):
-        part = pad_partition(pg.partitions[1], shapes[1], labels=graph.labels,
-                             weights=np.ones(graph.num_nodes, np.float32),
-                             needs_edges=needs_edges, needs_adjacency=True)
-        leaves = jax.tree.leaves((part.block, part.labels, part.weights))
-        assert len(leaves) >= 5
-        assert all(np.asarray(a).ctypes.data % ALIGNMENT == 0 for a in leaves)

@@ -12,6 +12,14 @@ times ``--epochs`` epochs after a warm-up and reports them with their page fault
 child's peak resident memory. The heap-reuse setting pays only once the heap has grown to what
 an epoch needs (the second or third epoch), so give it ``--epochs 4`` or more.
 
+``--against COMMIT`` also runs every child on that commit's code (``git archive`` into a temporary
+directory, put first on the child's ``PYTHONPATH``), alternating with the working tree's in
+each repetition: an interleaved A/B of a change, as in docs/results.md, section 4, "Host tables
+hand their memory on"::
+
+    python tools/bench_allocator.py --rmat 1000000 10000000 --runs host --settings off \
+        --against 113da89 --reps 2 --epochs 4
+
 ``--rmat``: an R-MAT graph with a 3-layer GCN (hidden 256, dropout 0.5) and no budgets (``ssd``:
 host budget 0, so the host cache is off, as in ``tools/bench_out_of_core.py``);
 ``--config``: a `tools/bench_planner.py` configuration with its budgets (give ``--parts``: the
@@ -106,6 +114,9 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=4,
                    help="timed epochs per child, after a warm-up (heap reuse settles by the third)")
     p.add_argument("--store", default="/tmp")
+    p.add_argument("--against", metavar="COMMIT",
+                   help="also run every child on this commit's code, alternating with the "
+                        "working tree's")
     args = p.parse_args()
 
     if args.config:
@@ -134,26 +145,33 @@ def main() -> None:
 
     ours = {"GLIBC_TUNABLES"} | {s.opt_in for s in allocator.SETTINGS}
     base = {k: v for k, v in os.environ.items() if k not in ours}
+    trees = {"": None}  # version label -> the jgrind tree its children import (None: ours)
+    if args.against:
+        trees = {"tree": None, args.against: _archive(args.against)}
     results: dict = {}
     for rep in range(args.reps):
         for run in args.runs.split(","):
-            for name in settings:
+            for name, version in _alternating(settings, list(trees), rep):
                 env = allocator.with_settings(choices[name], base)
+                if trees[version] is not None:
+                    env["PYTHONPATH"] = os.pathsep.join(
+                        [trees[version]] + [x for x in [env.get("PYTHONPATH")] if x])
                 spec = {"run": run, "config": args.config, "rmat": args.rmat, "parts": parts,
                         "epochs": args.epochs, "store": args.store}
                 proc = subprocess.run([sys.executable, os.path.abspath(__file__), "_child",
                                        json.dumps(spec)], env=env, capture_output=True,
                                       text=True)
                 if proc.returncode != 0:
-                    sys.exit(f"{run} ({name}) failed:\n{proc.stderr[-2000:]}")
+                    sys.exit(f"{run} ({name} {version}) failed:\n{proc.stderr[-2000:]}")
                 got = json.loads(proc.stdout.strip().splitlines()[-1])
                 assert got["active"] == [s.name for s in choices[name]], \
                     f"the child did not get the setting {name!r}: {got['active']}"
-                r = results.setdefault((run, name), {"epochs": [], "faults": [], "rss": []})
+                r = results.setdefault((run, name, version),
+                                       {"epochs": [], "faults": [], "rss": []})
                 r["epochs"].extend(got["epochs"])
                 r["faults"].extend(got["faults"])
                 r["rss"].append(got["peak_rss"])
-                print(f"rep {rep + 1}: {run:<9} {name:<10} epochs "
+                print(f"rep {rep + 1}: {run:<9} {name:<10} {version:<8} epochs "
                       f"{', '.join(f'{t:.3f}' for t in got['epochs'])} s; page faults "
                       f"{', '.join(f'{f:,}' for f in got['faults'])}; peak RSS "
                       f"{got['peak_rss'] / 2**30:.2f} GiB", flush=True)
@@ -162,21 +180,51 @@ def main() -> None:
     print(f"\n{source}, {parts} partitions; median epoch over {args.reps} x {args.epochs} "
           f"epochs after a warm-up; {os.cpu_count()} cores")
     runs = args.runs.split(",")
-    head = f"{'run':<10} {'setting':<11} {'epoch s':>8} {'x off':>6} "
+    head = f"{'run':<10} {'setting':<11} {'code':<8} {'epoch s':>8} {'x off':>6} "
     head += f"{'x in-memory':>12} " if "in-memory" in runs else ""
     print(head + f"{'faults/epoch':>13} {'peak RSS GiB':>13}")
     for run in runs:
         for name in settings:
-            r = results[(run, name)]
-            t = statistics.median(r["epochs"])
-            line = f"{run:<10} {name:<11} {t:8.3f} "
-            line += f"{statistics.median(results[(run, settings[0])]['epochs']) / t:6.2f} "
-            if "in-memory" in runs:
-                line += f"{t / statistics.median(results[('in-memory', name)]['epochs']):12.2f} "
-            print(line + f"{statistics.median(r['faults']):13,.0f} "
-                         f"{max(r['rss']) / 2**30:13.2f}")
+            for version in trees:
+                r = results[(run, name, version)]
+                t = statistics.median(r["epochs"])
+                first = results[(run, settings[0], version)]
+                line = f"{run:<10} {name:<11} {version:<8} {t:8.3f} "
+                line += f"{statistics.median(first['epochs']) / t:6.2f} "
+                if "in-memory" in runs:
+                    mem = results[("in-memory", name, version)]
+                    line += f"{t / statistics.median(mem['epochs']):12.2f} "
+                print(line + f"{statistics.median(r['faults']):13,.0f} "
+                             f"{max(r['rss']) / 2**30:13.2f}")
     print("x off: the first setting's median epoch over this one's; x in-memory: this run's "
-          "median epoch over the in-memory run's under the same setting")
+          "median epoch over the in-memory run's under the same setting"
+          + ("; code: the working tree, or the commit of --against" if args.against else ""))
+
+
+def _alternating(settings: list, versions: list, rep: int) -> list:
+    """Every (setting, version) pair; versions in turn, their order swapped in every other
+    repetition, so that neither always runs first after the other."""
+    order = versions if rep % 2 == 0 else versions[::-1]
+    return [(name, version) for name in settings for version in order]
+
+
+def _archive(commit: str) -> str:
+    """``commit``'s tree, extracted by ``git archive`` into a temporary directory."""
+    import tarfile
+    import tempfile
+    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
+                          text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+    if root.returncode != 0:
+        sys.exit("--against needs the jgrind git repository (run from a clone)")
+    out = tempfile.mkdtemp(prefix=f"jgrind-{commit}-")
+    proc = subprocess.run(["git", "archive", commit], capture_output=True,
+                          cwd=root.stdout.strip())
+    if proc.returncode != 0:
+        sys.exit(f"--against {commit}: {proc.stderr.decode().strip()}")
+    import io
+    with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
+        tar.extractall(out, filter="data")
+    return out
 
 
 if __name__ == "__main__":

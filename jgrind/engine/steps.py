@@ -49,7 +49,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgrind.buffers import aligned_copy
 from jgrind.loss import weighted_cross_entropy
 from jgrind.models.block import Block, make_block
 from jgrind.models.conv import aggregation_split, derivative_from_output, without_activation
@@ -257,12 +256,6 @@ def pad_partition(part, shape: tuple, *, labels: np.ndarray, weights: np.ndarray
     lab[:n_own] = labels[part.owned]
     w = np.zeros(n_out_pad, np.float32)
     w[:n_own] = weights[part.owned]
-    # Where the device budget cannot hold the blocks' structure, it is moved to the device
-    # for every step (`OutOfCore._device_block`). On the CPU backend an aligned array is used
-    # in place instead of copied (`jgrind.buffers`): alone, a 7-array put took 0.33-0.40 ms
-    # aligned against 0.65-1.5 ms not; in host-tight's epochs the difference was within the
-    # noise (docs/results.md, section 7, "host-tight `auto`, thread by thread").
-    block, lab, w = jax.tree.map(aligned_copy, (block, lab, w))
     return PaddedPartition(index=part.index, block=block, num_owned=n_own, num_inputs=n_in,
                            halo_owner=np.asarray(part.halo_owner, np.int64),
                            halo_row=np.asarray(part.halo_row, np.int64), labels=lab,
