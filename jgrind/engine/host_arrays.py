@@ -19,6 +19,10 @@ whole array still counted) where the caller says which tables will be made while
 they still fit (`HostArrays._kept_for`). The engine says so for gradient tables: their
 lives are nested, so a 47-wide ``G_3`` can take a 256-wide array that ``G_1`` takes back
 after ``G_3`` is freed.
+
+The store's accounts never pass the plan's peak, but the process's resident memory can: kept
+arrays stay resident through the forward sweep, next to XLA's buffers, where freed ones were
+not (docs/engine.md, "Host tables hand their memory on").
 """
 
 from __future__ import annotations
