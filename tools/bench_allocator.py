@@ -15,7 +15,8 @@ an epoch needs (the second or third epoch), so give it ``--epochs 4`` or more.
 ``--against COMMIT`` also runs every child on that commit's code (``git archive`` into a temporary
 directory, put first on the child's ``PYTHONPATH``), alternating with the working tree's in
 each repetition: an interleaved A/B of a change, as in docs/results.md, section 4, "Host tables
-hand their memory on"::
+hand their memory on". The harness (this file's child) is the working tree's for both, so the
+commit must have the engine API it calls::
 
     python tools/bench_allocator.py --rmat 1000000 10000000 --runs host --settings off \
         --against 113da89 --reps 2 --epochs 4
@@ -29,11 +30,16 @@ planner benchmark's tables say how many partitions it chose).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -141,13 +147,24 @@ def main() -> None:
             p.error(f"{', '.join(useless)} cannot help here (THP mode "
                     f"{allocator.kernel_mode()!r}, glibc {allocator.glibc_version()}): "
                     f"nothing to compare for {name!r}")
-    parts = args.parts
 
     ours = {"GLIBC_TUNABLES"} | {s.opt_in for s in allocator.SETTINGS}
     base = {k: v for k, v in os.environ.items() if k not in ours}
     trees = {"": None}  # version label -> the jgrind tree its children import (None: ours)
     if args.against:
         trees = {"tree": None, args.against: _archive(args.against)}
+    try:
+        results = _run_all(args, settings, choices, base, trees)
+    finally:
+        for tree in trees.values():
+            if tree is not None:
+                shutil.rmtree(tree, ignore_errors=True)
+    _report(args, settings, trees, results)
+
+
+def _run_all(args, settings, choices, base, trees) -> dict:
+    """Every child, in the interleaved order; results by (run, setting, version)."""
+    from jgrind import allocator
     results: dict = {}
     for rep in range(args.reps):
         for run in args.runs.split(","):
@@ -156,7 +173,8 @@ def main() -> None:
                 if trees[version] is not None:
                     env["PYTHONPATH"] = os.pathsep.join(
                         [trees[version]] + [x for x in [env.get("PYTHONPATH")] if x])
-                spec = {"run": run, "config": args.config, "rmat": args.rmat, "parts": parts,
+                spec = {"run": run, "config": args.config, "rmat": args.rmat,
+                        "parts": args.parts,
                         "epochs": args.epochs, "store": args.store}
                 proc = subprocess.run([sys.executable, os.path.abspath(__file__), "_child",
                                        json.dumps(spec)], env=env, capture_output=True,
@@ -175,9 +193,13 @@ def main() -> None:
                       f"{', '.join(f'{t:.3f}' for t in got['epochs'])} s; page faults "
                       f"{', '.join(f'{f:,}' for f in got['faults'])}; peak RSS "
                       f"{got['peak_rss'] / 2**30:.2f} GiB", flush=True)
+    return results
+
+
+def _report(args, settings, trees, results) -> None:
     source = (f"--config {args.config}" if args.config
               else f"R-MAT {args.rmat[0]:,} nodes, {args.rmat[1]:,} edges")
-    print(f"\n{source}, {parts} partitions; median epoch over {args.reps} x {args.epochs} "
+    print(f"\n{source}, {args.parts} partitions; median epoch over {args.reps} x {args.epochs} "
           f"epochs after a warm-up; {os.cpu_count()} cores")
     runs = args.runs.split(",")
     head = f"{'run':<10} {'setting':<11} {'code':<8} {'epoch s':>8} {'x off':>6} "
@@ -209,19 +231,18 @@ def _alternating(settings: list, versions: list, rep: int) -> list:
 
 
 def _archive(commit: str) -> str:
-    """``commit``'s tree, extracted by ``git archive`` into a temporary directory."""
-    import tarfile
-    import tempfile
+    """``commit``'s tree, extracted by ``git archive`` into a temporary directory (removed
+    when the runs are done)."""
     root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
                           text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
     if root.returncode != 0:
         sys.exit("--against needs the jgrind git repository (run from a clone)")
-    out = tempfile.mkdtemp(prefix=f"jgrind-{commit}-")
     proc = subprocess.run(["git", "archive", commit], capture_output=True,
                           cwd=root.stdout.strip())
     if proc.returncode != 0:
-        sys.exit(f"--against {commit}: {proc.stderr.decode().strip()}")
-    import io
+        sys.exit(f"--against {commit}: {proc.stderr.decode().strip()} (give a commit, branch "
+                 "or tag of this repository)")
+    out = tempfile.mkdtemp(prefix="jgrind-" + re.sub(r"[^A-Za-z0-9._-]", "_", commit) + "-")
     with tarfile.open(fileobj=io.BytesIO(proc.stdout)) as tar:
         tar.extractall(out, filter="data")
     return out

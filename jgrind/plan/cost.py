@@ -765,7 +765,7 @@ def _stored_bytes(w: Workload, a: Assignment, acts=None, grads=None
     L = w.num_layers
     acts = acts or [w.tier_bytes(l, a.activations[l]) for l in range(L)]
     grads = grads or [w.tier_bytes(l, a.gradients[l]) for l in range(L)]
-    kept = _kept_by_tier(w, a)
+    kept = kept_bytes(w, a)
     base = [sum(acts[l][c] for l in range(L)) + kept[c] for c in (D, H, S)]
     rset = a.recomputed
     live_transient: set = set()
@@ -786,14 +786,10 @@ def _stored_bytes(w: Workload, a: Assignment, acts=None, grads=None
     return out
 
 
-def kept_bytes(w: Workload, a: Assignment, code: int) -> int:
-    """Bytes of the kept aggregations in tier ``code``. The store holds their tables for the
-    whole run (each is written in its forward sweep and read in its backward one)."""
-    return _kept_by_tier(w, a)[code]
-
-
-def _kept_by_tier(w: Workload, a: Assignment) -> list[int]:
-    """`kept_bytes` of every tier, indexed by tier code."""
+def kept_bytes(w: Workload, a: Assignment) -> list[int]:
+    """Bytes of the kept aggregations in each tier, indexed by tier code. The store holds their
+    tables for the whole run (each is written in its forward sweep and read in its backward
+    one)."""
     total = np.zeros(4)
     for l, codes in a.aggregations.items():
         total += np.bincount(codes, weights=w.aggregation_bytes(l), minlength=4)
@@ -823,7 +819,7 @@ def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
     # the cache holds SSD activation blocks and the gradient layer being read (a gradient layer
     # is read once, in the backward sweep below it, and dropped with its blocks right after)
     cached = acts[S] + max([grads_by_layer[l][S] for l in range(1, L)] or [0])
-    kd, kh, ks = _kept_by_tier(w, a)[:3]
+    kd, kh, ks = kept_bytes(w, a)[:3]
     stored = _stored_bytes(w, a, acts_by_layer, grads_by_layer)
     return Memory(device_tables=acts[D] + pairs[D] + kd, device_working_set=w.working_set(),
                   host_tables=acts[H] + pairs[H] + kh, host_transient=2 * transient,
