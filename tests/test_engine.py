@@ -680,25 +680,36 @@ def test_host_tables_arrays_are_handed_on_between_epochs(policy, tmp_path):
 
 
 def test_a_lazily_zeroed_file_reads_zeros_and_writes_only_what_it_must(tmp_path):
-    """`SSDFile.zero_lazily`: old values never show; a block is zeroed on disk just before
-    rows of it are read or added to, and not at all when it is first written whole."""
+    """`SSDFile.zero_lazily`: old values never show, and no zeros are written on their own.
+    A whole-block write makes a block current; an addition writes back its span (rows between
+    the added ones as zeros), reading the disk only where the span holds current rows."""
     from jgrind.engine.ssd import SSDFile
 
-    moved = collections.Counter()
-    f = SSDFile(tmp_path / "g.bin", np.array([0, 3, 7, 10]), 2, b"run", on_io=moved.update)
+    f = SSDFile(tmp_path / "g.bin", np.array([0, 3, 7, 10]), 2, b"run")
     old = np.arange(20, dtype=np.float32).reshape(10, 2) + 1
     for b, (lo, hi) in enumerate([(0, 3), (3, 7), (7, 10)]):
         f.write_block(b, old[lo:hi])
     f.zero_lazily()
-    moved.clear()
+    written, read = f.bytes_written, f.bytes_read
     np.testing.assert_array_equal(f.read_rows(np.array([1, 2])), np.zeros((2, 2)))
-    assert moved["ssd_written"] == 3 * 2 * 4                    # block 0 zeroed, only it
+    np.testing.assert_array_equal(f.read_block(2), np.zeros((3, 2)))
+    assert f.bytes_written == written                           # nothing zeroed on disk
     new = np.full((4, 2), 5.0, np.float32)
-    f.write_block(1, new)                                      # written whole: no zeros first
-    assert moved["ssd_written"] == 3 * 2 * 4
-    f.add_rows(np.array([4, 8]), np.ones((2, 2), np.float32))  # block 1 as written, 2 zeroed
+    f.write_block(1, new)                                       # block 1 current
+    # one span, rows 4..8: 4-6 current (read and kept), 7 and 8 old (zeroed, then added to)
+    assert f.add_rows(np.array([4, 8]), np.ones((2, 2), np.float32)) == 2
     np.testing.assert_array_equal(f.read_rows(np.array([4, 8, 9])),
                                   [[6, 6], [1, 1], [0, 0]])
-    np.testing.assert_array_equal(f.read_block(0), np.zeros((3, 2)))
-    assert moved["ssd_written"] == (3 + 3) * 2 * 4
+    np.testing.assert_array_equal(f.read_block(2), [[0, 0], [1, 1], [0, 0]])
+    # a span with no current row is added into zeros without reading the disk
+    read = f.bytes_read
+    assert f.add_rows(np.array([0, 2]), np.full((2, 2), 3.0, np.float32)) == 0
+    assert f.bytes_read == read
+    np.testing.assert_array_equal(f.read_block(0), [[3, 3], [0, 0], [3, 3]])
+    assert f.bytes_written == written + (4 + 5 + 3) * 2 * 4     # the block, two spans
+    on_disk = f.as_memmap()
+    np.testing.assert_array_equal(on_disk[9], old[9])           # still old: read as zeros
+    np.testing.assert_array_equal(on_disk[1], [0, 0])           # a gap row, written back
+    f.zero_lazily()                                             # the next epoch: all old again
+    np.testing.assert_array_equal(f.read_block(1), np.zeros((4, 2)))
     f.close()

@@ -500,8 +500,9 @@ def report_overhead(r: dict, args) -> None:
               f"+ gradient scatter-adds and block writes {fmt(p['gradient scatter-adds'])}")
         print(f"  ssd measured: read {fmt(m['ssd_read'])}, written {fmt(m['ssd_written'])}; "
               f"measured - minimum: read {fmt(m['ssd_read'] - mn['read'])} (the scatter-adds "
-              f"read G back: read-modify-write on SSD, {fmt(mn['scatter_add_readback'])}), "
-              f"written {fmt(m['ssd_written'] - mn['written'])}")
+              f"read back what G already holds: read-modify-write on SSD, at most "
+              f"{fmt(mn['scatter_add_readback'])}), written "
+              f"{fmt(m['ssd_written'] - mn['written'])}")
     naive = runs.get("naive")
     if ssd and naive and not ssd.get("failed") and not naive.get("failed"):
         a, b = ssd["moved"][-1], naive["moved"][-1]

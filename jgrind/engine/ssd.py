@@ -75,44 +75,44 @@ class SSDFile:
         self.bytes_read = 0
         self.bytes_written = 0
         self.on_io = on_io  # called as on_io(ssd_read_ops=1) / on_io(ssd_write_ops=1)
-        # blocks whose contents are zeros but still hold old values on disk (`zero_lazily`)
+        # After `zero_lazily`: the blocks that still hold old values on disk, and per row
+        # whether it holds its current value (a row that does not reads as zeros).
         self._stale: set[int] = set()
+        self._current: Optional[np.ndarray] = None
 
     # -- reuse --------------------------------------------------------------------------------
     def zero_lazily(self) -> None:
-        """Make every block read as zeros again without writing now: a block is zeroed on disk
-        when rows of it are first read or added to, and not at all when it is first written
-        whole. A file kept from one epoch to the next is rewritten in pages the page cache
-        already holds; a new file's pages are allocated (and zeroed by the kernel) again."""
+        """Make every row read as zeros again without writing anything now.
+
+        A file kept from one epoch to the next is rewritten in pages the page cache already
+        holds; a new file's pages are allocated (and zeroed by the kernel) again. Which rows
+        hold current values is kept per row: a whole-block write makes a block current, an
+        addition makes current every row of the spans it rewrites (rows between the added ones
+        are written back as zeros), and reads show a row that is not current as zeros. So no
+        zeros are written on their own, and an addition whose span holds no current row adds
+        into zeros without reading the disk."""
         self._stale = set(range(self.offsets.size - 1))
+        if self._current is None:
+            self._current = np.zeros(self.rows, bool)
+        else:
+            self._current.fill(False)
         self._crc.clear()
 
-    def _unstale(self, blocks) -> None:
-        """Write zeros over the stale ones of ``blocks`` (their first use since `zero_lazily`)."""
+    def _settle(self, blocks) -> None:
+        """Forget the staleness of those ``blocks`` whose every row is now current."""
         for b in blocks:
             b = int(b)
-            if b not in self._stale:
-                continue
-            self._stale.discard(b)
-            start = self.data_start + int(self.offsets[b]) * self.row_bytes
-            stop = self.data_start + int(self.offsets[b + 1]) * self.row_bytes
-            zeros, calls, total = _zeros(), 0, stop - start
-            while start < stop:
-                n = min(zeros.nbytes, stop - start)
-                self._pwrite(zeros[:n], start, count=False)
-                start += n
-                calls += 1
-            if self.on_io is not None:  # real writes: counted with the tier's bytes written
-                self.on_io(ssd_write_ops=calls, ssd_written=total)
+            if b in self._stale and self._current[self.offsets[b]:self.offsets[b + 1]].all():
+                self._stale.discard(b)
 
-    def _unstale_rows(self, rows: np.ndarray) -> None:
-        """Zero the stale blocks that hold any of ``rows`` (ascending): two binary searches
-        per stale block, not one per row (this runs on every gather and scatter-add)."""
+    def _zero_old(self, out: np.ndarray, rows: np.ndarray,
+                  dst: Optional[np.ndarray] = None) -> None:
+        """Zero the rows of ``out`` (``out[i]``, or ``out[dst[i]]``) read from ``rows`` that do
+        not hold current values (disk still has an old epoch's there)."""
         if self._stale and rows.size:
-            stale = np.fromiter(self._stale, np.int64)
-            first = np.searchsorted(rows, self.offsets[stale])
-            end = np.searchsorted(rows, self.offsets[stale + 1])
-            self._unstale(stale[end > first])
+            old = ~self._current[rows]
+            if old.any():
+                out[np.flatnonzero(old) if dst is None else dst[old]] = 0
 
     # -- integrity ----------------------------------------------------------------------------
     def _check_size(self) -> None:
@@ -137,7 +137,9 @@ class SSDFile:
             raise ValueError(f"block {b} of {self.path.name} has shape "
                              f"{(stop - start, self.width)}, got {values.shape}")
         self._pwrite(values, self.data_start + start * self.row_bytes)
-        self._stale.discard(b)
+        if b in self._stale:
+            self._current[start:stop] = True
+            self._stale.discard(b)
         self._crc[b] = zlib.crc32(values)
 
     def read_block(self, b: int, out: Optional[np.ndarray] = None) -> np.ndarray:
@@ -145,7 +147,14 @@ class SSDFile:
         out = np.empty((stop - start, self.width), self.dtype) if out is None else out
         self._check_size()
         self._check_header()
-        self._unstale([b])
+        if b in self._stale:
+            current = self._current[start:stop]
+            if not current.any():  # nothing written since `zero_lazily`
+                out[...] = 0
+                return out
+            self._pread(out, self.data_start + start * self.row_bytes)
+            out[~current] = 0
+            return out
         self._pread(out, self.data_start + start * self.row_bytes)
         expected = self._crc.get(b)
         if expected is not None and zlib.crc32(out) != expected:
@@ -166,11 +175,11 @@ class SSDFile:
         if out is None:
             out, dst = np.empty((rows.size, self.width), self.dtype), None
         self._check_size()
-        self._unstale_rows(rows)
         if per_row:
             for lo, hi, i in _singles(rows):
                 d = i if dst is None else int(dst[i])
                 self._pread(out[d:d + 1], self.data_start + lo * self.row_bytes)
+            self._zero_old(out, rows, dst)
             return out
         # The loop below runs once per span (hundreds of thousands per sweep), so it keeps its
         # per-iteration work small: one scratch buffer for the call, the counters added once.
@@ -192,6 +201,7 @@ class SSDFile:
                 calls += 1
         if self.on_io is not None and calls:
             self.on_io(ssd_read_ops=calls)
+        self._zero_old(out, rows, dst)
         return out
 
     def _pieces(self, rows: np.ndarray, lo: int, hi: int, first: int, last: int):
@@ -216,27 +226,43 @@ class SSDFile:
         return raw[:nbytes].view(self.dtype).reshape(rows, self.width)
 
     def add_rows(self, rows: np.ndarray, values: np.ndarray,
-                 src: Optional[np.ndarray] = None) -> None:
+                 src: Optional[np.ndarray] = None) -> int:
         """``file[rows] += values`` (or ``values[src]``; rows ascending, unique): read, add,
-        write per span (as `read_rows`). Blocks touched this way lose their checksum (it would
-        need the whole block)."""
+        write per span (as `read_rows`). Returns how many of ``rows`` were read from disk: a
+        span with no current row (`zero_lazily`) is added into zeros instead. Blocks touched
+        this way lose their checksum (it would need the whole block)."""
         self._check_size()
-        self._unstale_rows(rows)
         scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
-        start, row_bytes, calls = self.data_start, self.row_bytes, 0
+        start, row_bytes, reads, writes, read_rows = self.data_start, self.row_bytes, 0, 0, 0
+        current = self._current if self._stale else None
         for lo, hi, first, last in _spans(rows, self._gap_rows()):
             for c_lo, c_hi, i, j in self._pieces(rows, lo, hi, first, last):
                 buf = scratch[: c_hi - c_lo]
                 offset = start + c_lo * row_bytes
-                self._pread(buf, offset, count=False)
+                here = None if current is None else current[c_lo:c_hi]
+                if here is None or here.all():
+                    self._pread(buf, offset, count=False)
+                    reads, read_rows = reads + 1, read_rows + j - i
+                elif here.any():  # some rows current, the others an old epoch's
+                    self._pread(buf, offset, count=False)
+                    buf[~here] = 0
+                    reads, read_rows = reads + 1, read_rows + j - i
+                else:
+                    buf[...] = 0
                 add_rows(buf, rows[i:j] - c_lo, values if src is not None else values[i:j],
                          src=None if src is None else src[i:j])
                 self._pwrite(buf, offset, count=False)
-                calls += 1
-        if self.on_io is not None and calls:
-            self.on_io(ssd_read_ops=calls, ssd_write_ops=calls)
-        for b in np.unique(np.searchsorted(self.offsets, rows, side="right") - 1):
+                writes += 1
+                if here is not None:
+                    here[...] = True  # the whole piece went back: its gaps as zeros
+        if self.on_io is not None and writes:
+            self.on_io(ssd_read_ops=reads, ssd_write_ops=writes)
+        blocks = np.unique(np.searchsorted(self.offsets, rows, side="right") - 1)
+        for b in blocks:
             self._crc[int(b)] = None
+        if current is not None:
+            self._settle(blocks)
+        return read_rows
 
     # -- raw I/O ------------------------------------------------------------------------------
     def _pread(self, out: np.ndarray, offset: int, count: bool = True) -> None:
@@ -279,18 +305,6 @@ class SSDFile:
 
     def _gap_rows(self) -> int:
         return COALESCE_BYTES // self.row_bytes
-
-
-def _zeros() -> np.ndarray:
-    """A shared read-only buffer of zero bytes (`SCRATCH_BYTES`) to write from."""
-    global _ZEROS
-    if _ZEROS is None:
-        _ZEROS = np.zeros(SCRATCH_BYTES, np.uint8)
-        _ZEROS.flags.writeable = False
-    return _ZEROS
-
-
-_ZEROS: Optional[np.ndarray] = None
 
 
 def _spans(rows: np.ndarray, gap_rows: int):

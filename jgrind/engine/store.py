@@ -368,12 +368,12 @@ class Table:
                         _padded_rows(rows.src.astype(np.int32), n, self.device.shape[0]),
                         _pad_to(host_values[rows.dst], n))
             elif rows.code == _CODE[Fate.SSD]:
-                self.ssd.add_rows(rows.src, host_values, src=rows.dst)
+                read = self.ssd.add_rows(rows.src, host_values, src=rows.dst)
                 for _, _, owner in rows.segments:
                     self.store.cache.invalidate((self.key, owner))
                 self.store.cache.invalidate((self.key, WHOLE_FILE))
-                moved = rows.size * self.width * 4
-                self.store.count(ssd_read=moved, ssd_written=moved)
+                row_bytes = self.width * 4
+                self.store.count(ssd_read=read * row_bytes, ssd_written=rows.size * row_bytes)
             else:
                 target = self._host_array(rows.code)
                 # the block's own rows come first and are contiguous: a slice add
