@@ -32,6 +32,7 @@ import concurrent.futures as cf
 import dataclasses
 import functools
 import os
+import resource
 import sys
 import tempfile
 import threading
@@ -109,6 +110,9 @@ def main() -> None:
                   "recompute": policies.recompute_activations()}[args.policy]
 
     seconds: dict = collections.defaultdict(float)
+    # minor page faults of the whole process while each operation runs (serial profile only:
+    # XLA's steps run on its own threads, and nothing else runs beside an operation there)
+    faults: dict = collections.defaultdict(int)
 
     def role() -> str:
         """Which of the engine's threads runs this: "main", "loader" or "writer"."""
@@ -133,12 +137,13 @@ def main() -> None:
                     jax.block_until_ready(a[-1])
                     seconds[f"{role()}: (waiting for the step that makes it)"] += \
                         time.perf_counter() - start
-            start = time.perf_counter()
+            start, flt = time.perf_counter(), _minor_faults()
             out = fn(*a, **k)
             jax.block_until_ready(out)
             if a and isinstance(a[0], store_module.Table) and a[0].device is not None:
                 jax.block_until_ready(a[0].device)
             seconds[key] += time.perf_counter() - start
+            faults[key] += _minor_faults() - flt
             return out
         return wrapper
 
@@ -188,10 +193,11 @@ def main() -> None:
         opt_state = optax.adam(1e-3).init(params)
         for epoch in range(3):
             seconds.clear()
-            start = time.perf_counter()
+            faults.clear()
+            start, flt = time.perf_counter(), _minor_faults()
             params, opt_state, loss = ex.step(params, opt_state, jax.random.key(epoch))
             jax.block_until_ready(loss)
-            total = time.perf_counter() - start
+            total, total_faults = time.perf_counter() - start, _minor_faults() - flt
         w = ex.workload
         if args.overlapped:
             print(f"normal epoch {total:.3f} s ({args.policy}, {args.parts} parts); seconds "
@@ -204,10 +210,7 @@ def main() -> None:
             return
         if args.skip_model:
             print(f"serial epoch {total:.3f} s ({args.policy}, {args.parts} parts)")
-            print("measured, last epoch (s):")
-            for key in sorted(seconds):
-                print(f"  {key:<48} {seconds[key]:8.3f}")
-            print(f"  {'(outside these operations)':<48} {total - sum(seconds.values()):8.3f}")
+            _print_measured(seconds, faults, total, total_faults)
             return
         a = cost.Assignment.from_fates(ex.fates, w.num_layers, w.num_parts)
         prof = hardware.load_or_measure(log=print)
@@ -220,9 +223,7 @@ def main() -> None:
     print(f"serial epoch {total:.3f} s ({args.policy}, {args.parts} parts, output masks "
           f"{'on' if w.masks else 'off'}); the model's normal (overlapped) epoch "
           f"{pred.epoch_seconds:.3f} s, SSD priced {'from the page cache' if cached else 'from disk'}")
-    print("measured, last epoch (s):")
-    for key in sorted(seconds):
-        print(f"  {key:<48} {seconds[key]:8.3f}")
+    _print_measured(seconds, faults, total, total_faults)
     L = w.num_layers
     print("the cost model's terms (s per sweep):")
     for l in range(L):
@@ -249,6 +250,21 @@ def main() -> None:
         print(f"  SSD halo spans at width {width}: {int(w.ssd_calls[width].sum()):,} read calls "
               f"and {int(w.ssd_rows[width].sum()):,} rows per sweep for "
               f"{int(w.halo.sum()):,} halo rows")
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _print_measured(seconds: dict, faults: dict, total: float, total_faults: int) -> None:
+    """The serial profile's table: seconds and the process's minor page faults per operation
+    (a fault costs microseconds on a VM: fresh buffers can cost more than the work in them)."""
+    print("measured, last epoch:")
+    print(f"  {'':<48} {'seconds':>8} {'faults':>10}")
+    for key in sorted(seconds):
+        print(f"  {key:<48} {seconds[key]:8.3f} {faults[key]:>10,}")
+    print(f"  {'(outside these operations)':<48} {total - sum(seconds.values()):8.3f} "
+          f"{total_faults - sum(faults.values()):>10,}")
 
 
 def _tagging(submit, name: str):
