@@ -614,11 +614,11 @@ def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
             seconds += (span / profile.ssd_read_bw + span / profile.ssd_write_bw
                         + calls * (2 * profile.ssd_latency + profile.update_call_overhead)
                         + 2 * nbytes / profile.gather_bw)
-    # Not priced: the zeros written into a kept gradient file before a block's first addition
-    # (`SSDFile.zero_lazily`). They rewrite pages the page cache holds, which costs less than
-    # the fresh pages of a new file that they replace and that the model never priced either:
-    # with the zeros priced as a write, the `wide` configuration's ssd_offload came out 33 %
-    # too long (docs/results.md, section 7, run S).
+    # A kept gradient file writes no zeros of its own (`SSDFile.zero_lazily`), and the spans
+    # that the sweep adds to first, with no current row yet, are not read. Every span is
+    # priced as read and written, which overestimates the reads: on the 1M-node graph the
+    # scatter-adds read back 1.65 GiB per epoch, not 1.88 (docs/results.md, section 4, "Rows,
+    # not blocks, go current"). Which spans go unread depends on the partitions' order.
     return float(seconds.sum())
 
 
