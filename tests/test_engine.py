@@ -679,6 +679,29 @@ def test_host_tables_arrays_are_handed_on_between_epochs(policy, tmp_path):
     assert_same_gradients(grads, ref_grads)
 
 
+def test_ssd_epochs_write_no_zeros_and_move_the_same_bytes(tmp_path):
+    """Gradient files are new in the first epoch and kept after it (`Store.drop`): every
+    epoch writes and reads exactly the same SSD bytes, so neither a new file's holes nor a kept
+    file's old values cost a byte of their own, and the gradients stay exact."""
+    graph = _csbm()
+    model = models.gcn(8, 16, graph.num_classes, num_layers=3, dropout=0.5)
+    params = model.init(jax.random.key(0))
+    moved = []
+    with OutOfCore(graph, model, optax.sgd(0.1), policy=policies.ssd_offload(tmp_path),
+                   num_parts=3, store=tmp_path, host_budget=0, partitioner=contiguous) as ex:
+        for _ in range(3):
+            before = dataclasses.replace(ex.store.accounts)
+            grads, loss = ex.loss_and_grad(params, jax.random.key(2))
+            after = ex.store.accounts
+            moved.append((after.ssd_written - before.ssd_written,
+                          after.ssd_read - before.ssd_read))
+    assert moved[0][0] > 0 and moved[0] == moved[1] == moved[2]
+    ref_loss, ref_grads = InMemory(graph, model, optax.sgd(0.1)).loss_and_grad(
+        params, jax.random.key(2))
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    assert_same_gradients(grads, ref_grads)
+
+
 def test_a_lazily_zeroed_file_reads_zeros_and_writes_only_what_it_must(tmp_path):
     """`SSDFile.zero_lazily`: old values never show, and no zeros are written on their own.
     A whole-block write makes a block current; an addition writes back its span (rows between
@@ -686,6 +709,9 @@ def test_a_lazily_zeroed_file_reads_zeros_and_writes_only_what_it_must(tmp_path)
     from jgrind.engine.ssd import SSDFile
 
     f = SSDFile(tmp_path / "g.bin", np.array([0, 3, 7, 10]), 2, b"run")
+    assert f.add_rows(np.array([5]), np.ones((1, 2), np.float32)) == 0  # a new file: no read
+    assert f.bytes_read == 0
+    np.testing.assert_array_equal(f.read_block(1), [[0, 0], [0, 0], [1, 1], [0, 0]])
     old = np.arange(20, dtype=np.float32).reshape(10, 2) + 1
     for b, (lo, hi) in enumerate([(0, 3), (3, 7), (7, 10)]):
         f.write_block(b, old[lo:hi])

@@ -75,22 +75,23 @@ class SSDFile:
         self.bytes_read = 0
         self.bytes_written = 0
         self.on_io = on_io  # called as on_io(ssd_read_ops=1) / on_io(ssd_write_ops=1)
-        # After `zero_lazily`: the blocks that still hold old values on disk, and per row
-        # whether it holds its current value (a row that does not reads as zeros).
+        # The blocks that still hold old values (or a new file's holes), and per row whether it
+        # holds its current value (a row that does not reads as zeros): see `zero_lazily`.
         self._stale: set[int] = set()
         self._current: Optional[np.ndarray] = None
+        self.zero_lazily()  # a new file's rows are zeros too: its first additions read nothing
 
     # -- reuse --------------------------------------------------------------------------------
     def zero_lazily(self) -> None:
         """Make every row read as zeros again without writing anything now.
 
         A file kept from one epoch to the next is rewritten in pages the page cache already
-        holds; a new file's pages are allocated (and zeroed by the kernel) again. Which rows
-        hold current values is kept per row: a whole-block write makes a block current, an
-        addition makes current every row of the spans it rewrites (rows between the added ones
-        are written back as zeros), and reads show a row that is not current as zeros. So no
-        zeros are written on their own, and an addition whose span holds no current row adds
-        into zeros without reading the disk."""
+        holds; a new file's pages are allocated (and zeroed by the kernel) again. A new file
+        starts in this state too. Which rows hold current values is kept per row: a whole-block
+        write makes a block current, an addition makes current every row of the spans it
+        rewrites (rows between the added ones are written back as zeros), and reads show a row
+        that is not current as zeros. So no zeros are written on their own, and an addition
+        whose span holds no current row adds into zeros without reading the disk."""
         self._stale = set(range(self.offsets.size - 1))
         if self._current is None:
             self._current = np.zeros(self.rows, bool)
