@@ -3,7 +3,8 @@
 Layout: a 4096-byte-aligned header (magic, format version, run id, rows, width, dtype, block
 offsets), then ``rows x width`` values, so a partition's block is one contiguous range and reading
 it is one sequential read. The data region is a plain C-order array: ``as_memmap()`` views it with
-``np.memmap`` for inspection.
+``np.memmap`` for inspection. A row that this epoch has not written yet reads as zeros through
+the file's methods but may hold an earlier epoch's values on disk (`SSDFile.zero_lazily`).
 
 I/O goes through ``os.preadv`` / ``os.pwritev`` into NumPy buffers rather than through a mapping:
 mapped pages count towards the process's resident memory, and the whole point of this tier is to
@@ -109,7 +110,7 @@ class SSDFile:
     def _zero_old(self, out: np.ndarray, rows: np.ndarray,
                   dst: Optional[np.ndarray] = None) -> None:
         """Zero the rows of ``out`` (``out[i]``, or ``out[dst[i]]``) read from ``rows`` that do
-        not hold current values (disk still has an old epoch's there)."""
+        not hold current values (the disk has an earlier epoch's there, or a new file's hole)."""
         if self._stale and rows.size:
             old = ~self._current[rows]
             if old.any():
