@@ -127,6 +127,37 @@ def test_an_ssd_file_too_big_for_the_host_cache_evicts_nothing(tmp_path):
         store.close()
 
 
+
+def test_an_uncached_ssd_block_is_read_straight_into_the_step_input(tmp_path):
+    """With the host cache off, a block read from SSD (a node-wise layer's input, or a
+    gather's own rows) lands in the padded step input in one pass, not in a fresh array that
+    is then copied. A block the cache keeps is still read on its own (the cache holds it)."""
+    from jgrind.engine.store import Store
+    sizes = np.array([3, 4, 5])
+    full = np.random.default_rng(0).standard_normal((12, 2)).astype(np.float32)
+    for cache_bytes, in_place in ((0, True), (1 << 20, False)):
+        store = Store(sizes, tmp_path, host_cache_bytes=cache_bytes,
+                      ssd_bytes_needed=full.nbytes)
+        try:
+            t = store.table("activation", 1, 2, [Fate.SSD] * 3)
+            for b, (start, n) in enumerate([(0, 3), (3, 4), (7, 5)]):
+                t.write(b, full[start:start + n])
+            targets = []
+            read_block = t.ssd.read_block
+            t.ssd.read_block = lambda i, out=None: targets.append(out) or read_block(i, out)
+            got = t.read(1, 6)
+            np.testing.assert_array_equal(got, np.concatenate([full[3:7], np.zeros((2, 2))]))
+            gathered = t.gather(2, np.array([0], np.int32), np.array([1], np.int32), 8)
+            np.testing.assert_array_equal(gathered[:6], full[[7, 8, 9, 10, 11, 1]])
+            np.testing.assert_array_equal(gathered[6:], 0)
+            if in_place:
+                assert [np.shares_memory(o, a) for o, a in zip(targets, (got, gathered))] \
+                    == [True, True]
+            else:
+                assert targets[:2] == [None, None]
+        finally:
+            store.close()
+
 def test_the_host_cache_makes_room_before_an_entry_is_built():
     """`HostCache.make_room` evicts least-recently-used unpinned entries before a whole-file
     entry's buffer is filled, so the cache and that buffer stay within the capacity; pinned

@@ -208,18 +208,28 @@ class Table:
             return _device_take(self.device, _padded_rows(idx, padded_rows,
                                                           self.device.shape[0]))
         out = _padded_buffer(rows, padded_rows, self.width)
-        out[:rows] = self._read_host_or_ssd(block)
+        self._fill(out[:rows], self._read_host_or_ssd(block, out[:rows]))
         return out
 
-    def _read_host_or_ssd(self, block: int) -> np.ndarray:
+    @staticmethod
+    def _fill(dst: np.ndarray, src: np.ndarray) -> None:
+        if src is not dst:  # not read in place already
+            dst[...] = src
+
+    def _read_host_or_ssd(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
+        """Block ``block``'s rows from host RAM or SSD: a view of a host array or a cached
+        block, or ``into`` itself when the block was read from SSD straight into it."""
         code, rows = self.tier[block], self._rows(block)
         if code == _CODE[Fate.SSD]:
-            return self._ssd_block(block)
+            return self._ssd_block(block, into)
         start = int(self.slot[block])
         self.store.count(host_read=rows * self.width * 4)
         return self._host_array(code)[start:start + rows]
 
-    def _ssd_block(self, block: int) -> np.ndarray:
+    def _ssd_block(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
+        """Block ``block`` from the host cache or its SSD file. A block the cache will not keep
+        is read into ``into`` when given (the caller's padded step input): one pass from the
+        page cache, not a fresh array and a copy."""
         if self.store.row_reads:
             i = int(self.ssd_index[block])
             rows = np.arange(self.ssd.offsets[i], self.ssd.offsets[i + 1])
@@ -234,9 +244,11 @@ class Table:
         hit = cache.get((self.key, block))
         if hit is not None:
             return hit
-        data = self.ssd.read_block(int(self.ssd_index[block]))
+        keep = cache.fits(self._rows(block) * self.width * 4)
+        data = self.ssd.read_block(int(self.ssd_index[block]),
+                                   out=None if keep else into)
         self.store.count(ssd_read=data.nbytes)
-        if cache.fits(data.nbytes):
+        if keep:
             cache.put((self.key, block), data)
         return data
 
@@ -257,7 +269,7 @@ class Table:
         keys = [(self.key, b) for b in route.ssd_blocks] + [(self.key, WHOLE_FILE)]
         self.store.cache.pin(keys)
         try:
-            out[:own_rows] = self._block_rows(block)
+            self._fill(out[:own_rows], self._block_rows(block, out[:own_rows]))
             for rows in route.halo:
                 if rows.code == _CODE[Fate.DEVICE]:
                     idx = rows.src.astype(np.int32)
@@ -273,11 +285,11 @@ class Table:
             self.store.cache.unpin(keys)
         return out
 
-    def _block_rows(self, block: int) -> np.ndarray:
+    def _block_rows(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
         if self.tier[block] == _CODE[Fate.DEVICE]:
             start, rows = int(self.slot[block]), self._rows(block)
             return np.asarray(self.device[start:start + rows])
-        return self._read_host_or_ssd(block)
+        return self._read_host_or_ssd(block, into)
 
     def _ssd_rows(self, rows: TierRows, out: np.ndarray) -> None:
         """Halo rows held on SSD into ``out[rows.dst]``: from cached blocks, else cache the
