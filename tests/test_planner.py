@@ -376,6 +376,22 @@ def test_ssd_block_checksums_are_priced():
     assert write_seconds(w, slow, 1, on_host) == write_seconds(w, fast, 1, on_host)
 
 
+def test_an_uncached_ssd_block_is_priced_without_a_copy():
+    """A whole SSD block the host cache cannot keep is read straight into the step input
+    (`Table._ssd_block`), so the model charges no host copy for it; one the cache keeps is read
+    and then copied, as before."""
+    from jgrind.plan.cost import CacheModel, gather_seconds, read_block_seconds
+    _, _, _, w = equal_parts_workload(num_parts=3)
+    on_ssd = np.full(w.num_parts, S, np.int8)
+    cheap, dear = fixed_profile(copy_bw=1e12), fixed_profile(copy_bw=1e9)
+    off, keeps = CacheModel(0), CacheModel(1 << 40)
+    own = int(np.sum(w.owned)) * w.widths[1] * 4
+    for seconds in (lambda p, c: read_block_seconds(w, p, 1, on_ssd, c),
+                    lambda p, c: gather_seconds(w, p, 1, on_ssd, c)):
+        assert seconds(dear, keeps) - seconds(cheap, keeps) >= own / 1e9 - own / 1e12
+        assert seconds(dear, off) - seconds(cheap, off) < own / 1e9 - own / 1e12
+
+
 def test_auto_composes_with_a_user_policy(tmp_path):
     graph, model, pg, w = equal_parts_workload(num_parts=3, num_layers=3)
     composed = policies.ByKind(activations=policies.auto(profile=fixed_profile()),

@@ -466,6 +466,13 @@ class CacheModel:
     hit_rate: float = 0.0
 
 
+def _uncached_copy(own, cache: CacheModel, profile):
+    """Seconds to copy own blocks of ``own`` bytes read from SSD into the step input: a block
+    the cache keeps is read on its own and copied; one it cannot keep is read straight into
+    the step input (`jgrind.engine.store.Table._ssd_block`), with no copy."""
+    return np.where(own <= cache.capacity, own / profile.copy_bw, 0.0)
+
+
 def to_device_seconds(nbytes, profile):
     """Seconds to move buffers of ``nbytes`` each to the device. The profile has the rate at
     two sizes (it depends on size: on the CPU backend a large buffer lands in freshly mapped
@@ -528,7 +535,8 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
             seconds += np.where(mine, own / profile.copy_bw, 0.0)
             seconds += halo_bytes / profile.gather_bw + halo_rows * profile.gather_row_seconds
         else:
-            seconds += np.where(mine, _ssd_read(own, 1, profile) + own / profile.copy_bw
+            seconds += np.where(mine, _ssd_read(own, 1, profile)
+                                + _uncached_copy(own, cache, profile)
                                 + own / profile.checksum_bw, 0.0)  # the block's CRC32
             if ssd_blocks:  # halo owners' whole blocks are loaded; some are still cached
                 # (without their CRC32: this counts more whole-block loads than the engine
@@ -575,7 +583,7 @@ def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
     pad = np.where(w.owned > 0, w.pad_out * row, 0)
     onto_device = to_device_seconds(pad, profile) + (pad - own) / profile.copy_bw
     ssd = (own / profile.copy_bw if cache.holds_everything
-           else _ssd_read(own, 1, profile) + own / profile.copy_bw
+           else _ssd_read(own, 1, profile) + _uncached_copy(own, cache, profile)
            + (own / profile.checksum_bw if verified else 0.0))
     per_tier = {D: pad / profile.gather_bw + profile.step_latency,
                 H: own / profile.copy_bw + onto_device,
