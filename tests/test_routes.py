@@ -128,11 +128,16 @@ def test_an_ssd_file_too_big_for_the_host_cache_evicts_nothing(tmp_path):
 
 
 
-def test_an_uncached_ssd_block_is_read_straight_into_the_step_input(tmp_path):
+def test_an_uncached_ssd_block_is_read_straight_into_the_step_input(tmp_path, monkeypatch):
     """With the host cache off, a block read from SSD (a node-wise layer's input, or a
     gather's own rows) lands in the padded step input in one pass, not in a fresh array that
-    is then copied. A block the cache keeps is still read on its own (the cache holds it)."""
-    from jgrind.engine.store import Store
+    is then copied (nor copied onto itself). A block the cache keeps is still read on its own
+    (the cache holds it)."""
+    from jgrind.engine.store import Store, Table
+    copies = []
+    fill = Table._fill
+    monkeypatch.setattr(Table, "_fill", staticmethod(
+        lambda dst, src: copies.append(src is not dst) or fill(dst, src)))
     sizes = np.array([3, 4, 5])
     full = np.random.default_rng(0).standard_normal((12, 2)).astype(np.float32)
     for cache_bytes, in_place in ((0, True), (1 << 20, False)):
@@ -153,8 +158,11 @@ def test_an_uncached_ssd_block_is_read_straight_into_the_step_input(tmp_path):
             if in_place:
                 assert [np.shares_memory(o, a) for o, a in zip(targets, (got, gathered))] \
                     == [True, True]
+                assert copies == [False, False]
             else:
                 assert targets[:2] == [None, None]
+                assert copies == [True, True]
+            copies.clear()
         finally:
             store.close()
 

@@ -208,7 +208,8 @@ class Table:
             return _device_take(self.device, _padded_rows(idx, padded_rows,
                                                           self.device.shape[0]))
         out = _padded_buffer(rows, padded_rows, self.width)
-        self._fill(out[:rows], self._read_host_or_ssd(block, out[:rows]))
+        own = out[:rows]  # one view: `_fill` tells an in-place read by identity
+        self._fill(own, self._read_host_or_ssd(block, own))
         return out
 
     @staticmethod
@@ -269,7 +270,8 @@ class Table:
         keys = [(self.key, b) for b in route.ssd_blocks] + [(self.key, WHOLE_FILE)]
         self.store.cache.pin(keys)
         try:
-            self._fill(out[:own_rows], self._block_rows(block, out[:own_rows]))
+            own = out[:own_rows]
+            self._fill(own, self._block_rows(block, own))
             for rows in route.halo:
                 if rows.code == _CODE[Fate.DEVICE]:
                     idx = rows.src.astype(np.int32)
