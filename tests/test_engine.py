@@ -463,14 +463,26 @@ def test_masks_give_way_when_the_device_budget_is_tight(tmp_path):
         assert ex.workload.masks and ex.steps[1].emits_mask
 
 
+def _span_loops(native: bool, monkeypatch) -> None:
+    """Run the SSD tier's span loops natively (`spans.cc`) or in Python (no kernels)."""
+    from jgrind import _kernels
+    if native and _kernels.library() is None:
+        pytest.skip(f"native kernels unavailable: {_kernels.unavailable_reason()}")
+    if not native:
+        monkeypatch.setattr(_kernels, "library", lambda: None)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
 @pytest.mark.parametrize("scratch_rows", [1, 3, 1000])
-def test_ssd_row_spans_through_a_small_scratch_buffer(scratch_rows, tmp_path, monkeypatch):
+def test_ssd_row_spans_through_a_small_scratch_buffer(scratch_rows, native, tmp_path,
+                                                      monkeypatch):
     """Row reads and scatter-adds of the SSD tier go through a reused scratch buffer in pieces;
     whatever the piece size, they equal the same operations on an in-memory array."""
     from jgrind.engine import ssd
 
     import threading
 
+    _span_loops(native, monkeypatch)
     width = 5
     monkeypatch.setattr(ssd, "SCRATCH_BYTES", scratch_rows * width * 4)
     monkeypatch.setattr(ssd, "_scratch", threading.local())
@@ -483,10 +495,24 @@ def test_ssd_row_spans_through_a_small_scratch_buffer(scratch_rows, tmp_path, mo
     rows = np.sort(rng.choice(130, 57, replace=False))
     np.testing.assert_array_equal(f.read_rows(rows), data[rows])
     np.testing.assert_array_equal(f.read_rows(rows, per_row=True), data[rows])
+    dst = rng.permutation(80)[:rows.size]  # into scattered rows of a larger output
+    placed = np.full((80, width), 7.0, np.float32)
+    f.read_rows(rows, out=placed, dst=dst)
+    expected = np.full((80, width), 7.0, np.float32)
+    expected[dst] = data[rows]
+    np.testing.assert_array_equal(placed, expected)
     add = rng.standard_normal((rows.size, width)).astype(np.float32)
     f.add_rows(rows, add)
     data[rows] += add
     np.testing.assert_array_equal(f.read_rows(np.arange(130)), data)
+    src = rng.permutation(rows.size)  # values taken from scattered rows
+    f.add_rows(rows, add, src=src)
+    data[rows] += add[src]
+    np.testing.assert_array_equal(f.read_rows(np.arange(130)), data)
+    with pytest.raises(IndexError):
+        f.read_rows(np.array([3, 130]))
+    with pytest.raises(IndexError):
+        f.add_rows(np.array([5, 2]), add[:2])
     # the reads went through this thread's one scratch buffer, bounded by SCRATCH_BYTES
     assert ssd._scratch.raw.size == ssd.SCRATCH_BYTES
     f.close()

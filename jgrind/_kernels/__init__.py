@@ -1,10 +1,12 @@
 """Native CPU kernels, compiled on first use and registered as XLA FFI targets.
 
 Nothing happens at import: the first call of `load` (or `available`) compiles
-``csr_spmm.cc`` (the sparse product) and ``rows.cc`` (host row gathers and scatter-adds, see
-`jgrind.rows`) with the system C++ compiler into one library in a cache directory (see
-`build`), loads it with ctypes and registers the FFI target ``CSR_SPMM_TARGET`` for the CPU
-platform. The outcome, success or failure, is remembered for the life of the process.
+``csr_spmm.cc`` (the sparse product), ``rows.cc`` (host row gathers and scatter-adds, see
+`jgrind.rows`), ``spans.cc`` (the SSD tier's row reads and read-add-writes, see
+`jgrind.engine.ssd`) and ``checksum.cc`` (CRC32C, see `jgrind.checksum`) with the system C++
+compiler into one library in a cache directory (see `build`), loads it with ctypes and
+registers the FFI target ``CSR_SPMM_TARGET`` for the CPU platform. The outcome, success or
+failure, is remembered for the life of the process.
 
 Environment:
   JGRIND_DISABLE_NATIVE=1   never build or use the kernels (callers fall back to pure JAX).
@@ -24,7 +26,8 @@ from pathlib import Path
 from typing import Optional
 
 CSR_SPMM_TARGET = "jgrind_csr_spmm_f32"
-_ABI_VERSION = 3  # 2: the row kernels (rows.cc); 3: with int32 indices too
+_ABI_VERSION = 4  # 2: the row kernels (rows.cc); 3: with int32 indices too;
+#                  4: SSD row spans (spans.cc), the CRC32C checksum (checksum.cc)
 
 _lock = threading.Lock()
 _state: Optional["Native"] = None
@@ -90,6 +93,18 @@ def _load() -> Native:
         for index in ("i32", "i64"):
             fn = getattr(lib, f"jgrind_{kind}_rows_f32_{index}")
             fn.restype, fn.argtypes = ctypes.c_int, row_args
+    # (fd, data start, file rows, width, rows, n, gap rows, table, its rows, its index,
+    #  scratch, scratch rows, [current,] stats): see spans.cc
+    span_args = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                 ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    lib.jgrind_read_spans_f32.restype = ctypes.c_int
+    lib.jgrind_read_spans_f32.argtypes = span_args + [ctypes.c_void_p]
+    lib.jgrind_add_spans_f32.restype = ctypes.c_int
+    lib.jgrind_add_spans_f32.argtypes = span_args + [ctypes.c_void_p, ctypes.c_void_p]
+    lib.jgrind_crc32c.restype = ctypes.c_uint32
+    lib.jgrind_crc32c.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int64]
+    lib.jgrind_crc32c_hardware.restype = ctypes.c_int
     jax.ffi.register_ffi_target(CSR_SPMM_TARGET, jax.ffi.pycapsule(lib.JgrindCsrSpmmF32),
                                 platform="cpu")
     return Native(path=result.path, isa=lib.jgrind_kernel_isa().decode(),
@@ -114,6 +129,14 @@ def load() -> Native:
         if _state is None:
             raise RuntimeError(f"native kernels unavailable: {_error}")
         return _state
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The loaded library, or None when the kernels are disabled or could not be built."""
+    try:
+        return load().lib
+    except RuntimeError:
+        return None
 
 
 def available() -> bool:

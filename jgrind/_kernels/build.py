@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # compiled together into one shared library
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("csr_spmm.cc", "rows.cc"))
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("csr_spmm.cc", "rows.cc", "spans.cc", "checksum.cc"))
 BASE_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c++17", "-pthread")
 COMPILE_TIMEOUT_S = 300
 

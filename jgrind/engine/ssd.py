@@ -9,8 +9,9 @@ the file's methods but may hold an earlier epoch's values on disk (`SSDFile.zero
 I/O goes through ``os.preadv`` / ``os.pwritev`` into NumPy buffers rather than through a mapping:
 mapped pages count towards the process's resident memory, and the whole point of this tier is to
 keep activations out of RAM. Integrity: the file size is checked before every read (truncation),
-and every whole-block write records a CRC32 that whole-block reads verify (corruption between the
-forward write and the backward read raises instead of yielding wrong gradients).
+and every whole-block write records a checksum (`jgrind.checksum`: CRC32C) that whole-block
+reads verify (corruption between the forward write and the backward read raises instead of
+yielding wrong gradients).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import os
 import pathlib
 import struct
 import threading
-import zlib
 from typing import Callable, Optional
 
 import numpy as np
 
+from jgrind import _kernels
+from jgrind.checksum import checksum
 from jgrind.plan.cost import COALESCE_BYTES, SPAN_PIECE_BYTES
 from jgrind.rows import add_rows, take_rows
 
@@ -142,7 +144,7 @@ class SSDFile:
         if b in self._stale:
             self._current[start:stop] = True
             self._stale.discard(b)
-        self._crc[b] = zlib.crc32(values)
+        self._crc[b] = checksum(values)
 
     def read_block(self, b: int, out: Optional[np.ndarray] = None) -> np.ndarray:
         start, stop = self.offsets[b], self.offsets[b + 1]
@@ -159,7 +161,7 @@ class SSDFile:
             return out
         self._pread(out, self.data_start + start * self.row_bytes)
         expected = self._crc.get(b)
-        if expected is not None and zlib.crc32(out) != expected:
+        if expected is not None and checksum(out) != expected:
             raise StoreCorruptedError(
                 f"block {b} of store file {self.path} does not match what was written "
                 "(checksum mismatch): the file was modified during the epoch or the disk "
@@ -183,9 +185,16 @@ class SSDFile:
                 self._pread(out[d:d + 1], self.data_start + lo * self.row_bytes)
             self._zero_old(out, rows, dst)
             return out
+        scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
+        if self._native_spans(out):
+            stats = self._spans_native("read", rows, out, dst, scratch)
+            if self.on_io is not None and stats[0]:
+                self.on_io(ssd_read_ops=int(stats[0]))
+            self._zero_old(out, rows, dst)
+            return out
+        self._check_rows(rows)
         # The loop below runs once per span (hundreds of thousands per sweep), so it keeps its
         # per-iteration work small: one scratch buffer for the call, the counters added once.
-        scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
         start, row_bytes, calls = self.data_start, self.row_bytes, 0
         for lo, hi, first, last in _spans(rows, self._gap_rows()):
             if dst is None and hi - lo == last - first:
@@ -237,7 +246,14 @@ class SSDFile:
         scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
         start, row_bytes, reads, writes, read_rows = self.data_start, self.row_bytes, 0, 0, 0
         current = self._current if self._stale else None
-        for lo, hi, first, last in _spans(rows, self._gap_rows()):
+        if self._native_spans(values):
+            stats = self._spans_native("add", rows, values, src, scratch, current)
+            reads, writes, read_rows = int(stats[0]), int(stats[1]), int(stats[2])
+            spans = ()
+        else:
+            self._check_rows(rows)
+            spans = _spans(rows, self._gap_rows())
+        for lo, hi, first, last in spans:
             for c_lo, c_hi, i, j in self._pieces(rows, lo, hi, first, last):
                 buf = scratch[: c_hi - c_lo]
                 offset = start + c_lo * row_bytes
@@ -265,6 +281,54 @@ class SSDFile:
         if current is not None:
             self._settle(blocks)
         return read_rows
+
+    def _check_rows(self, rows: np.ndarray) -> None:
+        """The Python span loops' check of what the native ones check row by row."""
+        if rows.size and (rows[0] < 0 or rows[-1] >= self.rows or np.any(np.diff(rows) < 0)):
+            raise IndexError(f"rows of {self.path.name}: not ascending or outside "
+                             f"[0, {self.rows})")
+
+    # -- native span loops --------------------------------------------------------------------
+    def _native_spans(self, table: np.ndarray) -> bool:
+        """Whether the span loops can run natively (`jgrind/_kernels/spans.cc`) on ``table``
+        (the output of a read, the values of an addition)."""
+        return (self.dtype == np.float32 and table.dtype == np.float32 and table.ndim == 2
+                and table.shape[1] == self.width and table.flags.c_contiguous
+                and _kernels.library() is not None)
+
+    def _spans_native(self, kind: str, rows: np.ndarray, table: np.ndarray,
+                      index: Optional[np.ndarray], scratch: np.ndarray,
+                      current: Optional[np.ndarray] = None) -> np.ndarray:
+        """Run the native ``kind`` ("read" or "add") span loop; its counters
+        ``[read calls, write calls, rows read, bytes read, bytes written]``."""
+        rows = np.ascontiguousarray(rows, np.int64)
+        index = None if index is None else np.ascontiguousarray(index, np.int64)
+        stats = np.zeros(5, np.int64)
+        args = [self.fd, self.data_start, self.rows, self.width, rows.ctypes.data, rows.size,
+                self._gap_rows(), table.ctypes.data, table.shape[0],
+                None if index is None else index.ctypes.data, scratch.ctypes.data,
+                scratch.shape[0]]
+        lib = _kernels.library()
+        if kind == "read":
+            rc = lib.jgrind_read_spans_f32(*args, stats.ctypes.data)
+        else:
+            rc = lib.jgrind_add_spans_f32(
+                *args, None if current is None else current.ctypes.data, stats.ctypes.data)
+        self.bytes_read += int(stats[3])
+        self.bytes_written += int(stats[4])
+        if rc == 3:
+            raise StoreCorruptedError(f"store file {self.path} ended inside a row span: it was "
+                                      "truncated")
+        if rc < 0:
+            raise OSError(-rc, f"{os.strerror(-rc)} while moving rows of store file "
+                               f"{self.path}", str(self.path))
+        if rc == 1:
+            raise IndexError(f"rows of {self.path.name}: not ascending or outside "
+                             f"[0, {self.rows})")
+        if rc == 2:
+            raise IndexError(f"rows of {self.path.name}: an index into the "
+                             f"{'output' if kind == 'read' else 'values'} is out of range")
+        return stats
 
     # -- raw I/O ------------------------------------------------------------------------------
     def _pread(self, out: np.ndarray, offset: int, count: bool = True) -> None:

@@ -72,12 +72,16 @@ def input_passes(layer) -> float:
     return INPUT_PASSES if drops_input(layer) else UNDROPPED_INPUT_PASSES
 
 # SSD row reads and scatter-adds merge rows less than this many bytes apart into one read call
-# (`jgrind.engine.ssd`): a call costs about as much as reading this much more, so reading a
-# short gap beats a second call. From the page cache a call with its Python around it costs
-# ~10 us here, from an NVMe disk ~100 us (200-300 KiB of reading). Measured on the planner
-# benchmark's `ssd` configuration (docs/results.md, section 7): 128 KiB made the gathers and
-# scatter-adds 15-25 % faster than 32 KiB, and 4 KiB twice as slow.
-COALESCE_BYTES = 128 << 10
+# (`jgrind.engine.ssd`): reading a gap shorter than this costs less than a second call. The
+# span loops run natively (`jgrind/_kernels/spans.cc`), where a call from the page cache costs
+# its system call, ~1-4 us here. Measured on the 1M-node R-MAT graph's halos (8 partitions,
+# 2026-11-23, docs/results.md, section 4): a sweep of 256-wide halo reads took 0.72 s at a
+# 128 KiB gap, 0.46 s at 16 KiB, 0.43 s at 8 KiB and 0.48 s at 4 KiB; read-add-writes were
+# even from 128 to 16 KiB (1.21-1.26 s) and slower below (a page-cache write call costs more).
+# The Python loops this replaced cost ~10 us a call, which had made 128 KiB the best gap.
+# A cold NVMe disk (~100 us a read) would want a longer gap (200-300 KiB): this one is tuned
+# for files the page cache holds, as it does on the benchmarks here.
+COALESCE_BYTES = 16 << 10
 # The SSD tier moves row spans through one per-thread scratch buffer in pieces of at most this
 # (`jgrind.engine.ssd`), and `jgrind profile` times the page cache in pieces of this size, so
 # the rates the model charges are the ones the engine gets. Larger pieces fall out of the CPU
@@ -537,9 +541,9 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
         else:
             seconds += np.where(mine, _ssd_read(own, 1, profile)
                                 + _uncached_copy(own, cache, profile)
-                                + own / profile.checksum_bw, 0.0)  # the block's CRC32
+                                + own / profile.checksum_bw, 0.0)  # the block's checksum
             if ssd_blocks:  # halo owners' whole blocks are loaded; some are still cached
-                # (without their CRC32: this counts more whole-block loads than the engine
+                # (without their checksums: this counts more whole-block loads than the engine
                 # makes, since once pinned blocks fill the cache the rest are read as rows, and
                 # charging checks on it overpriced SSD plans 1.5-2.7x; an instrumented epoch
                 # of the `ssd` configuration checked 1.1 GB, writes included, in 0.44 s)
@@ -567,7 +571,7 @@ def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
                 H: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
                 R: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
                 S: nbytes / profile.to_host_bw + nbytes / profile.ssd_write_bw
-                + nbytes / profile.checksum_bw + profile.ssd_latency}  # + its CRC32
+                + nbytes / profile.checksum_bw + profile.ssd_latency}  # + its checksum
     return float(sum(np.sum(np.where(codes == c, t, 0.0)) for c, t in per_tier.items()))
 
 
@@ -576,7 +580,7 @@ def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
                        verified: bool = False) -> float:
     """Seconds to read every partition's own block of ``G_layer`` (or of a tensor ``width``
     wide, e.g. ``Z_layer``), padded, onto the device. ``verified``: SSD blocks are checked
-    against their CRC32 (blocks written whole are; gradient blocks, updated row by row, are
+    against their checksums (blocks written whole are; gradient blocks, updated row by row, are
     not)."""
     row = (w.widths[layer] if width is None else width) * ITEMSIZE
     own = np.where(w.owned > 0, w.owned * row, 0)

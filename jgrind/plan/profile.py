@@ -37,18 +37,18 @@ import sys
 import tempfile
 import threading
 import time
-import zlib
 from typing import Any, Callable, Optional
 
 import numpy as np
 import psutil
 
-from jgrind import allocator
+from jgrind import _kernels, allocator
 from jgrind.buffers import aligned_empty
+from jgrind.checksum import checksum
 from jgrind.plan.cost import SPAN_PIECE_BYTES
 from jgrind.rows import add_rows, take_rows
 
-PROFILE_VERSION = 14  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 15  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
@@ -68,6 +68,9 @@ PROFILE_VERSION = 14  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                         latency of a call with as many arguments as a layer step has
 #                     14: dense products at the layers' precision (`jgrind.models.matmul`:
 #                         full float32 on every backend; a GPU's default was TF32)
+#                     15: the checksum is `jgrind.checksum` (CRC32C with the CPU's
+#                         instruction, ~4x zlib's CRC-32 on the test machine); row-span
+#                         calls timed in the native loops (`jgrind/_kernels/spans.cc`)
 
 _MIB = 2**20
 _PAGE = 4096
@@ -143,7 +146,7 @@ class Profile:
     overlap: float         # latency-hiding factor in [0, 1]
     io_parallel: float     # share of a sweep's reads (prefetch thread) and writes (writer
     #                        thread) that run side by side, measured beside compute, in [0, 1]
-    checksum_bw: float     # `zlib.crc32` of a large array, bytes/s (the SSD tier checks blocks)
+    checksum_bw: float     # `jgrind.checksum` of a large array, bytes/s (the SSD tier checks blocks)
     fused_steps: tuple     # [nodes, edges, seconds] of one jitted whole-graph training step
     #                        of the reference GCN (`jgrind.plan.cost.FUSED_REFERENCE`) on
     #                        generated graphs of two sizes, fastest of the repeats
@@ -194,7 +197,7 @@ class Profile:
             ("host scatter-add", f"{self.scatter_add_bw / 1e9:.2f} GB/s + "
                                  f"{self.scatter_add_row_seconds * 1e9:.1f} ns per row"),
             ("host copy", f"{self.copy_bw / 1e9:.2f} GB/s"),
-            ("CRC32", f"{self.checksum_bw / 1e9:.2f} GB/s"),
+            ("checksum", f"{self.checksum_bw / 1e9:.2f} GB/s"),
             ("host -> device", f"{self.to_device_bw / 1e9:.2f} GB/s at "
                                f"{self.to_device_bytes / _MIB:.0f} MiB, "
                                f"{self.to_device_small_bw / 1e9:.2f} GB/s at "
@@ -544,7 +547,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     copy_bw = _copy_bw(sizes)
     report(f"host copy {copy_bw / 1e9:.2f} GB/s")
     checksum_bw = _checksum_bw(sizes)
-    report(f"CRC32 {checksum_bw / 1e9:.2f} GB/s")
+    report(f"checksum {checksum_bw / 1e9:.2f} GB/s")
     overlap = _overlap(matmul_step, matmul_x, matmul_work / matmul_flops, sizes, rng)
     report(f"overlap {overlap:.2f} (a row gather on a thread beside the matmul)")
     io_parallel = _io_parallel(matmul_step, matmul_x, matmul_work / matmul_flops, overlap,
@@ -831,11 +834,10 @@ def _copy_bw(sizes: _Sizes) -> float:
 
 
 def _checksum_bw(sizes: _Sizes) -> float:
-    """`zlib.crc32` bytes/s: the SSD tier checksums every whole block it writes and checks it
-    on every whole-block read (`jgrind.engine.ssd`), a pass over the data at about a third of
-    the copy rate on a CPU without a hardware CRC path in zlib."""
+    """`jgrind.checksum` bytes/s: the SSD tier checksums every whole block it writes and checks
+    it on every whole-block read (`jgrind.engine.ssd`)."""
     data = np.random.default_rng(0).integers(0, 255, sizes.transfer_bytes, np.uint8)
-    return _best_rate(data.nbytes, lambda: zlib.crc32(data), sizes.repeats)
+    return _best_rate(data.nbytes, lambda: checksum(data), sizes.repeats)
 
 
 def _transfer_bw(sizes: _Sizes) -> tuple[float, float, float]:
@@ -955,10 +957,10 @@ def _page_cache(fd: int, name: str, sizes: _Sizes,
 
 def _row_call_overheads(fd: int, sizes: _Sizes, cached_latency: float) -> tuple[float, float]:
     """Seconds per call, beyond the system calls, of the work the SSD tier does for each span
-    of rows (`jgrind.engine.ssd`, `SSDFile.read_rows` / `add_rows`): the read into a reused
-    scratch buffer and a take of the wanted rows into the output; or the read, a scatter-add
-    and the write back. Measured on a page-cached file with one-row spans of a 256-wide
-    float32 table, so the I/O is minimal."""
+    of rows (`jgrind.engine.ssd`, `SSDFile.read_rows` / `add_rows`, natively where the kernels
+    build): the read into a reused scratch buffer and a copy of the wanted rows into the
+    output; or the read, an addition and the write back. Measured on a page-cached file with
+    one-row spans of a 256-wide float32 table, so the I/O is minimal."""
     row = 256 * 4
     rows = min(4000, sizes.ssd_bytes // row // 4)
     offsets = np.arange(rows, dtype=np.int64) * 4 * row
@@ -967,19 +969,33 @@ def _row_call_overheads(fd: int, sizes: _Sizes, cached_latency: float) -> tuple[
     scratch = np.empty((1, 256), np.float32)
     pick = np.zeros(1, np.int64)
 
-    def read() -> None:
-        for i in range(rows):
-            buf = scratch[:1]
-            os.preadv(fd, [buf], int(offsets[i]))
-            buf.take(pick, axis=0, out=out[i:i + 1], mode="clip")
+    lib = _kernels.library()
+    if lib is not None:  # the native span loops (`jgrind/_kernels/spans.cc`), one row a span
+        span_rows = offsets // row  # kept alive: the kernel reads it through a pointer
+        spans = (fd, 0, 4 * rows, 256, span_rows.ctypes.data, rows, 0)
+        stats = np.zeros(5, np.int64)
 
-    def update() -> None:
-        with np.errstate(all="ignore"):  # the file holds random bytes, not numbers
+        def read() -> None:
+            lib.jgrind_read_spans_f32(*spans, out.ctypes.data, rows, None, scratch.ctypes.data,
+                                      1, stats.ctypes.data)
+
+        def update() -> None:
+            lib.jgrind_add_spans_f32(*spans, values.ctypes.data, rows, None, scratch.ctypes.data,
+                                     1, None, stats.ctypes.data)
+    else:  # the Python loops the SSD tier falls back to
+        def read() -> None:
             for i in range(rows):
                 buf = scratch[:1]
                 os.preadv(fd, [buf], int(offsets[i]))
-                add_rows(buf, pick, values[i:i + 1])
-                os.pwritev(fd, [buf], int(offsets[i]))
+                buf.take(pick, axis=0, out=out[i:i + 1], mode="clip")
+
+        def update() -> None:
+            with np.errstate(all="ignore"):  # the file holds random bytes, not numbers
+                for i in range(rows):
+                    buf = scratch[:1]
+                    os.preadv(fd, [buf], int(offsets[i]))
+                    add_rows(buf, pick, values[i:i + 1])
+                    os.pwritev(fd, [buf], int(offsets[i]))
 
     read_seconds = rows * row / _best_rate(rows * row, read, sizes.repeats)
     update_seconds = rows * row / _best_rate(rows * row, update, sizes.repeats)
