@@ -69,6 +69,11 @@ from jgrind.plan.policies import (BindContext, Policy, bind, grinnder, io_strate
                                   store_directory)
 
 UNLIMITED = 1 << 62
+
+
+@jax.jit
+def _first_element(tree):
+    return jax.tree.leaves(tree)[0].reshape(-1)[:1]
 MAX_PENDING_WRITES = 1  # writes queued behind the compute (see OutOfCore._write)
 
 
@@ -183,6 +188,7 @@ class OutOfCore:
             if prefetch else None
         self.writer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="jgrind-writer") \
             if prefetch else None
+        self._in_flight: collections.deque = collections.deque()  # see `_loaded`
         self._update = jax.jit(self._apply_update, donate_argnums=(0, 1))
 
     # -- planning helpers ---------------------------------------------------------------------
@@ -322,6 +328,7 @@ class OutOfCore:
                 self._write(pending, kept.write, part.index, z)
             else:
                 out = steps.forward(p_l, self._step_block(part, l), h_in, k_l)
+            self._dispatched(out)
             self._write(pending, dst.write, part.index, out)
         self._wait(pending)
         if snap is not None:
@@ -353,10 +360,12 @@ class OutOfCore:
                     acc = (steps.backward_params(p_l, block, h_in, k_l, g_out, acc)
                            if mask is None else
                            steps.masked_backward_params(p_l, block, h_in, k_l, mask, g_out, acc))
+                    self._dispatched(acc)
                     continue
                 out = (steps.backward(p_l, block, h_in, k_l, g_out, acc) if mask is None else
                        steps.masked_backward(p_l, block, h_in, k_l, mask, g_out, acc))
             acc, d_h = out[0], out[1]
+            self._dispatched(acc)
             if made is not None:
                 made[part.index] = out[2]
             if lower is not None:
@@ -377,8 +386,10 @@ class OutOfCore:
             mask = masks.pop(part.index) if masks is not None else None
             if lower is None:
                 acc = steps.saved_backward_params(p_l, block, z, k_l, mask, g_out, acc)
+                self._dispatched(acc)
                 continue
             acc, d_h = steps.saved_backward(p_l, block, z, k_l, mask, g_out, acc)
+            self._dispatched(acc)
             self._write(pending, lower.accumulate, part.index, part.halo_owner,
                         part.halo_row, d_h)
         self._wait(pending)
@@ -410,17 +421,31 @@ class OutOfCore:
         return self._loaded(load)
 
     def _loaded(self, load: Callable):
-        """Yield ``(part, load(part))`` while the next partition's loads in the background."""
-        if self.pool is None:
-            for part in self.parts:
-                yield part, load(part)
-            return
-        future = self.pool.submit(load, self.parts[0]) if self.parts else None
+        """Yield ``(part, load(part))`` while the next partition's loads in the background.
+
+        The consumer dispatches each partition's step (asynchronously) and registers it with
+        `_dispatched`. Before the next load starts, the step before the one just dispatched must
+        have finished: so at most two partitions' inputs are alive, the running step's and the
+        queued or loading one's, as the working-set bound assumes. Without that wait a loader
+        faster than the compute lets the main thread queue step after step, each holding its
+        input (seen: peak RSS 2 GiB over the bound on the 3M-node memory wall once the SSD
+        tier's span loops went native)."""
+        in_flight = self._in_flight = collections.deque()
+        future = self.pool.submit(load, self.parts[0]) if self.pool and self.parts else None
         for i, part in enumerate(self.parts):
-            h_in = future.result()
-            if i + 1 < len(self.parts):
-                future = self.pool.submit(load, self.parts[i + 1])
+            h_in = load(part) if self.pool is None else future.result()
             yield part, h_in
+            while len(in_flight) > 1:  # step i-1 finishes before load i+1 starts
+                jax.block_until_ready(in_flight.popleft())
+            if self.pool is not None and i + 1 < len(self.parts):
+                future = self.pool.submit(load, self.parts[i + 1])
+
+    def _dispatched(self, step_output) -> None:
+        """Register a dispatched step (any of its outputs) with the running `_loaded`. What is
+        kept is a one-element slice of it, ready when the step is: the output itself may be
+        donated to the next step (the weight-gradient accumulator is) and then cannot be
+        waited on."""
+        self._in_flight.append(_first_element(step_output))
 
     def _device_block(self, part: PaddedPartition):
         cached = self._blocks.get(part.index)
@@ -458,6 +483,7 @@ class OutOfCore:
         steps, p_top = self.steps[-1], params[-1]
         for part, h_in in self._inputs(L - 1, self.activations[L - 1]):
             out = steps.forward(p_top, self._step_block(part, L - 1), h_in, None)
+            self._dispatched(out)
             logits[part.owned] = np.asarray(out)[: part.num_owned]
         for l in range(1, L):
             if self.activations[l].recomputed:
