@@ -240,6 +240,37 @@ def test_store_damaged_between_forward_and_backward(damage, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "serial"])
+def test_a_step_finishes_before_the_load_two_partitions_on_starts(prefetch, monkeypatch):
+    """`OutOfCore._loaded` bounds the inputs alive to two partitions' (the working-set model):
+    partition i's load starts only once the step of partition i-2 has finished. Steps are
+    dispatched asynchronously, so without this wait a fast loader lets them queue up."""
+    graph = community_graph(num_nodes=200)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    events = []
+    plain_wait = jax.block_until_ready
+
+    def waiting(x):
+        events.append(("finished", int(np.asarray(x)[0])))
+        return plain_wait(x)
+    with OutOfCore(graph, model, optax.sgd(0.1), policy=policies.host_offload(), num_parts=5,
+                   prefetch=prefetch) as ex:
+        def load(part):
+            events.append(("load", part.index))
+            return part.index
+        monkeypatch.setattr(jax, "block_until_ready", waiting)
+        for part, got in ex._loaded(load):
+            assert got == part.index
+            events.append(("dispatch", part.index))
+            ex._dispatched(jnp.full(3, float(part.index)))
+        monkeypatch.undo()
+        n = len(ex.parts)
+    assert n == 5
+    for i in range(2, n):
+        assert events.index(("finished", i - 2)) < events.index(("load", i))
+        assert events.index(("dispatch", i - 1)) < events.index(("finished", i - 2))
+
+
 def test_two_runs_share_a_directory_without_colliding(tmp_path):
     graph = community_graph(num_nodes=200)
     model = models.gcn(graph.num_features, 8, graph.num_classes)
