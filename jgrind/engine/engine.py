@@ -69,12 +69,14 @@ from jgrind.plan.policies import (BindContext, Policy, bind, grinnder, io_strate
                                   store_directory)
 
 UNLIMITED = 1 << 62
+MAX_PENDING_WRITES = 1  # writes queued behind the compute (see OutOfCore._write)
 
 
 @jax.jit
 def _first_element(tree):
+    """A one-element slice of a step's first output: something to wait on (see
+    `OutOfCore._dispatched`)."""
     return jax.tree.leaves(tree)[0].reshape(-1)[:1]
-MAX_PENDING_WRITES = 1  # writes queued behind the compute (see OutOfCore._write)
 
 
 class OutOfCore:

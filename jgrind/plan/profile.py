@@ -146,7 +146,7 @@ class Profile:
     overlap: float         # latency-hiding factor in [0, 1]
     io_parallel: float     # share of a sweep's reads (prefetch thread) and writes (writer
     #                        thread) that run side by side, measured beside compute, in [0, 1]
-    checksum_bw: float     # `jgrind.checksum` of a large array, bytes/s (the SSD tier checks blocks)
+    checksum_bw: float     # `jgrind.checksum` of a large array, bytes/s (SSD blocks are checked)
     fused_steps: tuple     # [nodes, edges, seconds] of one jitted whole-graph training step
     #                        of the reference GCN (`jgrind.plan.cost.FUSED_REFERENCE`) on
     #                        generated graphs of two sizes, fastest of the repeats
