@@ -3,10 +3,10 @@
 The SSD tier (`jgrind.engine.ssd`) checksums every whole block it writes and verifies the
 checksum when it reads the block back, so that a file damaged between the forward write and the
 backward read raises instead of giving wrong gradients. That is a pass over every byte the tier
-moves whole. zlib's CRC-32 runs at ~2.3 GB/s on the 2-core test machine, and on the 1M-node
-benchmark it took about half of the SSD tier's CPU time. CRC32C has an instruction on x86
-(SSE4.2) and ARMv8; the native kernel (``jgrind/_kernels/checksum.cc``) runs it at ~9.7 GB/s
-there from memory, ~14 GB/s from the cache.
+moves whole, and with zlib's CRC-32 it took about half of the SSD tier's CPU time on the
+1M-node benchmark. CRC32C has an instruction on x86 (SSE4.2) and ARMv8; the native kernel
+(``jgrind/_kernels/checksum.cc``) runs it at 11.8 GB/s on the 2-core test machine, against
+3.7 GB/s for zlib (``python tools/bench_span_gap.py``, 32 MiB, docs/results.md, section 4).
 
 The checksums live in memory beside the files, never in them, so which function a process uses
 is its own business: it is chosen once per process, the kernel when it built and the CPU has the

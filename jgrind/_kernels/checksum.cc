@@ -3,13 +3,14 @@
 //   crc = jgrind_crc32c(crc, data, n)     chained like zlib.crc32: crc32c(AB) = f(f(0, A), B)
 //
 // Why: the SSD tier checksums every whole block it writes and verifies every whole block it
-// reads back (`jgrind.checksum`). zlib's CRC-32 runs at ~2.3 GB/s on the 2-core test machine,
-// and on the 1M-node benchmark the checksums were about half of the SSD tier's CPU time. The
-// CRC32C polynomial has an instruction on x86 (SSE4.2 `crc32`) and ARMv8 (`crc32c*`): 8 bytes
-// per instruction, latency 3 cycles, throughput 1 per cycle. One dependency chain would run at a
-// third of the throughput, so the data goes through three chains over three adjacent lanes,
-// whose registers are then combined with the GF(2) algebra of CRCs (shifting a register over
-// n zero bytes is a multiplication by x^(8n) mod P). The result is the standard CRC32C
+// reads back (`jgrind.checksum`). zlib's CRC-32 ran at 3.7 GB/s on the 2-core test machine
+// (this kernel: 11.8, tools/bench_span_gap.py), and on the 1M-node benchmark the checksums
+// were about half of the SSD tier's CPU time. The CRC32C polynomial has an instruction on x86
+// (SSE4.2 `crc32`) and ARMv8 (`crc32c*`): 8 bytes per instruction, latency 3 cycles,
+// throughput 1 per cycle. One dependency chain would run at a third of the throughput, so the
+// data goes through three chains over three adjacent lanes, whose registers are then combined
+// with the GF(2) algebra of CRCs (shifting a register over n zero bytes is a multiplication by
+// x^(8n) mod P). The result is the standard CRC32C
 // (check value: "123456789" -> 0xE3069283) whatever the path, so the tests can pin it.
 
 #include <cstdint>

@@ -11,9 +11,9 @@
 // Why native: the SSD tier reads halo rows scattered over other partitions' blocks. Each span
 // costs a system call plus, in Python, ~5-10 us of interpreter and NumPy work, which made it
 // cheaper to read long gaps than to issue more calls: with the 128 KiB gap that paid off, a
-// 1M-node R-MAT graph's halo gathers read 9x the bytes they needed. Here a span costs the
-// system call only, so the gap can be a few KiB, and the loop runs with the GIL released on
-// the store's prefetch and writer threads.
+// 1M-node R-MAT graph's halo gathers read 9x the bytes they needed (tools/bench_span_gap.py).
+// Here a span costs the system call only, so the gap can be a few KiB, and the loop runs with
+// the GIL released on the store's prefetch and writer threads.
 //
 // Every index is checked before it is used: a bad one returns an error code and touches nothing
 // outside the arrays (what was read or written up to it stays).

@@ -432,10 +432,11 @@ class OutOfCore:
         faster than the compute lets the main thread queue step after step, each holding its
         input (seen: peak RSS 2 GiB over the bound on the 3M-node memory wall once the SSD
         tier's span loops went native)."""
-        in_flight = self._in_flight = collections.deque()
+        in_flight: collections.deque = collections.deque()
         future = self.pool.submit(load, self.parts[0]) if self.pool and self.parts else None
         for i, part in enumerate(self.parts):
             h_in = load(part) if self.pool is None else future.result()
+            self._in_flight = in_flight  # set each time: another sweep may have run between
             yield part, h_in
             while len(in_flight) > 1:  # step i-1 finishes before load i+1 starts
                 jax.block_until_ready(in_flight.popleft())

@@ -6,7 +6,8 @@ it is one sequential read. The data region is a plain C-order array: ``as_memmap
 ``np.memmap`` for inspection. A row that this epoch has not written yet reads as zeros through
 the file's methods but may hold an earlier epoch's values on disk (`SSDFile.zero_lazily`).
 
-I/O goes through ``os.preadv`` / ``os.pwritev`` into NumPy buffers rather than through a mapping:
+I/O goes through ``pread`` / ``pwrite`` into NumPy buffers (``os.preadv`` / ``os.pwritev``, and
+for row spans the native loops of ``jgrind/_kernels/spans.cc``) rather than through a mapping:
 mapped pages count towards the process's resident memory, and the whole point of this tier is to
 keep activations out of RAM. Integrity: the file size is checked before every read (truncation),
 and every whole-block write records a checksum (`jgrind.checksum`: CRC32C) that whole-block

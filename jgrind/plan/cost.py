@@ -74,10 +74,11 @@ def input_passes(layer) -> float:
 # SSD row reads and scatter-adds merge rows less than this many bytes apart into one read call
 # (`jgrind.engine.ssd`): reading a gap shorter than this costs less than a second call. The
 # span loops run natively (`jgrind/_kernels/spans.cc`), where a call from the page cache costs
-# its system call, ~1-4 us here. Measured on the 1M-node R-MAT graph's halos (8 partitions,
-# 2026-11-23, docs/results.md, section 4): a sweep of 256-wide halo reads took 0.72 s at a
-# 128 KiB gap, 0.46 s at 16 KiB, 0.43 s at 8 KiB and 0.48 s at 4 KiB; read-add-writes were
-# even from 128 to 16 KiB (1.21-1.26 s) and slower below (a page-cache write call costs more).
+# its system call, ~1-4 us here. `python tools/bench_span_gap.py` on the 1M-node R-MAT graph's
+# halos (8 partitions, 2026-11-23, docs/results.md, section 4): a sweep of 256-wide halo reads
+# took 0.69 s at a 128 KiB gap, 0.41 s at 16 KiB, 0.39 s at 8 KiB and 0.52 s at 4 KiB;
+# read-add-writes 1.02-1.18 s from 128 to 16 KiB and slower below (a page-cache write call
+# costs more).
 # The Python loops this replaced cost ~10 us a call, which had made 128 KiB the best gap.
 # A cold NVMe disk (~100 us a read) would want a longer gap (200-300 KiB): this one is tuned
 # for files the page cache holds, as it does on the benchmarks here.

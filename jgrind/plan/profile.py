@@ -69,7 +69,7 @@ PROFILE_VERSION = 15  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                     14: dense products at the layers' precision (`jgrind.models.matmul`:
 #                         full float32 on every backend; a GPU's default was TF32)
 #                     15: the checksum is `jgrind.checksum` (CRC32C with the CPU's
-#                         instruction, ~4x zlib's CRC-32 on the test machine); row-span
+#                         instruction, ~3x zlib's CRC-32 on the test machine); row-span
 #                         calls timed in the native loops (`jgrind/_kernels/spans.cc`)
 
 _MIB = 2**20
@@ -975,13 +975,17 @@ def _row_call_overheads(fd: int, sizes: _Sizes, cached_latency: float) -> tuple[
         spans = (fd, 0, 4 * rows, 256, span_rows.ctypes.data, rows, 0)
         stats = np.zeros(5, np.int64)
 
+        def checked(rc: int) -> None:  # a failed call would time nothing
+            if rc != 0:
+                raise RuntimeError(f"row-span timing: the native span loop failed ({rc})")
+
         def read() -> None:
-            lib.jgrind_read_spans_f32(*spans, out.ctypes.data, rows, None, scratch.ctypes.data,
-                                      1, stats.ctypes.data)
+            checked(lib.jgrind_read_spans_f32(*spans, out.ctypes.data, rows, None,
+                                              scratch.ctypes.data, 1, stats.ctypes.data))
 
         def update() -> None:
-            lib.jgrind_add_spans_f32(*spans, values.ctypes.data, rows, None, scratch.ctypes.data,
-                                     1, None, stats.ctypes.data)
+            checked(lib.jgrind_add_spans_f32(*spans, values.ctypes.data, rows, None,
+                                             scratch.ctypes.data, 1, None, stats.ctypes.data))
     else:  # the Python loops the SSD tier falls back to
         def read() -> None:
             for i in range(rows):

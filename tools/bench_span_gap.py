@@ -1,0 +1,107 @@
+"""How the SSD tier's span gap and checksum cost on a graph's real halos.
+
+Partitions an R-MAT graph (label propagation, as the overhead benchmark does), writes a page-cached
+SSD-tier file as wide as a hidden layer, and times one sweep of every partition's halo rows
+through it: `SSDFile.read_rows` (a gather) and `SSDFile.add_rows` (a gradient scatter-add),
+with rows less than each gap apart merged into one call (`jgrind.plan.cost.COALESCE_BYTES` is
+the engine's choice). It also times the same read sweep through the Python span loops (native
+kernels off) at each gap, and the block checksum (`jgrind.checksum`) against zlib's CRC-32.
+
+    python tools/bench_span_gap.py --rmat 1000000 10000000 --parts 8
+
+Prints, per width and gap, the best of ``--repeats`` sweeps in seconds and the bytes the calls
+moved against the halo bytes asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import tempfile
+import time
+import zlib
+
+import numpy as np
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rmat", nargs=2, type=int, default=(1_000_000, 10_000_000),
+                   metavar=("NODES", "EDGES"))
+    p.add_argument("--parts", type=int, default=8)
+    p.add_argument("--widths", default="256,128", help="row widths (floats), comma-separated")
+    p.add_argument("--gaps", default="128,32,16,8,4", help="gaps in KiB, comma-separated")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--store", default=None, help="directory for the file (default: a temp dir)")
+    args = p.parse_args()
+
+    from jgrind import _kernels, models
+    from jgrind.checksum import checksum, method
+    from jgrind.engine import ssd
+    from jgrind.generators import rmat
+    from jgrind.partition import partition_graph
+    from jgrind.partition.partitioners import label_propagation
+    from jgrind.plan.cost import COALESCE_BYTES
+
+    graph = rmat(num_nodes=args.rmat[0], num_edges=args.rmat[1], num_features=128,
+                 num_classes=47, seed=0)
+    normalized = models.gcn(128, 256, 47, num_layers=3).normalize(graph)
+    pg = partition_graph(normalized, label_propagation(normalized, args.parts, seed=0),
+                         num_parts=args.parts)
+    halos = [np.sort(pg.position[part.halo]).astype(np.int64) for part in pg.partitions]
+    print(f"R-MAT {args.rmat[0]:,} nodes, {args.rmat[1]:,} edges, {args.parts} partitions: "
+          f"{sum(h.size for h in halos):,} halo rows; engine gap {COALESCE_BYTES >> 10} KiB; "
+          f"native kernels: {'yes' if _kernels.library() is not None else 'no'}")
+    plain_library = _kernels.library
+    with tempfile.TemporaryDirectory(dir=args.store) as directory:
+        for width in (int(w) for w in args.widths.split(",")):
+            f = ssd.SSDFile(pathlib.Path(directory) / f"h{width}", pg.offsets, width, b"bench")
+            rng = np.random.default_rng(0)
+            for b in range(args.parts):
+                rows = int(pg.offsets[b + 1] - pg.offsets[b])
+                f.write_block(b, rng.standard_normal((rows, width), np.float32))
+            out = np.empty((max(h.size for h in halos), width), np.float32)
+            values = rng.standard_normal(out.shape, np.float32)
+            asked = sum(h.size for h in halos) * width * 4
+
+            def sweep(kind: str) -> tuple[float, int]:
+                best, moved = float("inf"), 0
+                for _ in range(args.repeats):  # every row current: written whole above
+                    before = f.bytes_read
+                    start = time.perf_counter()
+                    for h in halos:
+                        if kind == "read":
+                            f.read_rows(h, out=out[:h.size])
+                        else:
+                            f.add_rows(h, values[:h.size])
+                    best = min(best, time.perf_counter() - start)
+                    moved = f.bytes_read - before
+                return best, moved
+
+            for gap_kib in (int(g) for g in args.gaps.split(",")):
+                f._gap_rows = lambda g=gap_kib, w=width: (g << 10) // (w * 4)
+                read_s, read_bytes = sweep("read")
+                add_s, _ = sweep("add")
+                _kernels.library = lambda: None  # the Python span loops
+                try:
+                    python_s, _ = sweep("read")
+                finally:
+                    _kernels.library = plain_library
+                print(f"width {width:4d}, gap {gap_kib:4d} KiB: read {read_s:.3f} s "
+                      f"({read_bytes / 2**30:.2f} GiB read for {asked / 2**30:.2f} GiB of "
+                      f"halo rows), read-add-write {add_s:.3f} s, Python read {python_s:.3f} s")
+            f.close()
+    data = np.random.default_rng(1).standard_normal((1 << 25) // 4, np.float32)  # 32 MiB
+    for name, fn in ((method(), lambda: checksum(data)), ("zlib.crc32", lambda: zlib.crc32(data))):
+        best = min(_timed(fn) for _ in range(5))
+        print(f"checksum {name}: {data.nbytes / best / 1e9:.2f} GB/s (32 MiB, best of 5)")
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+if __name__ == "__main__":
+    main()
