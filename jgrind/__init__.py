@@ -7,12 +7,13 @@ The data flow, one module group per stage (no module imports a later stage):
     ->  engine (store, out-of-core executor)  ->  train (trainer, trials, checkpoints)
 """
 
-from jgrind import datasets, generators, interop, models, transforms
+from jgrind import caches, datasets, generators, interop, models, transforms
 from jgrind.graph import Graph, GraphError
 from jgrind.plan import Fate, TensorInfo, policies
 from jgrind.train import TrainResult, Trials, run_trials, train
 
 __version__ = "0.1.0"
 
-__all__ = ["Fate", "Graph", "GraphError", "TensorInfo", "TrainResult", "Trials", "datasets",
-           "generators", "interop", "models", "policies", "run_trials", "train", "transforms"]
+__all__ = ["Fate", "Graph", "GraphError", "TensorInfo", "TrainResult", "Trials", "caches",
+           "datasets", "generators", "interop", "models", "policies", "run_trials", "train",
+           "transforms"]

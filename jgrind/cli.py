@@ -7,6 +7,7 @@ User mistakes (a missing file, an unknown dataset or setting) print one line sta
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -79,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", default="runs/latest",
                        help="output directory for logs, plots and checkpoints [runs/latest]")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.add_argument("--no-compile-cache", action="store_true",
+                       help="compile everything afresh instead of reusing the compiled "
+                       "programs of earlier runs (kept in $JGRIND_CACHE/xla, else "
+                       "~/.cache/jgrind/xla, or $JAX_COMPILATION_CACHE_DIR when set)")
 
     part = sub.add_parser(
         "partition", help="partition a graph and report its quality",
@@ -175,7 +180,9 @@ def cmd_train(args) -> int:
                                            "host_budget", "store")
              if getattr(args, k) is not None}
     cfg = dataclasses.replace(cfg, **flags).with_overrides(args.overrides)
-    summary = run_config(cfg, out=pathlib.Path(args.out), progress=not args.no_progress)
+    from jgrind.caches import compilation_cache
+    with compilation_cache() if not args.no_compile_cache else contextlib.nullcontext():
+        summary = run_config(cfg, out=pathlib.Path(args.out), progress=not args.no_progress)
     print(summary["line"])
     print(f"wrote {args.out}/ (summary.json, metrics-seed*.jsonl, training.png)")
     return 0

@@ -8,6 +8,10 @@ the engine's choice). It also times the same read sweep through the Python span 
 kernels off) at each gap, and the block checksum (`jgrind.checksum`) against zlib's CRC-32.
 
     python tools/bench_span_gap.py --rmat 1000000 10000000 --parts 8
+    python tools/bench_span_gap.py --cold --skip-python --parts 32 --gaps 128,64,32,16
+
+``--cold`` drops the file from the page cache before every partition's call, so the reads
+come from the disk, as when the store's files outgrow the RAM left for the page cache.
 
 Prints, per width and gap, the best of ``--repeats`` sweeps in seconds and the bytes the calls
 moved against the halo bytes asked for.
@@ -16,6 +20,7 @@ moved against the halo bytes asked for.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import tempfile
 import time
@@ -33,6 +38,11 @@ def main() -> None:
     p.add_argument("--gaps", default="128,32,16,8,4", help="gaps in KiB, comma-separated")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--store", default=None, help="directory for the file (default: a temp dir)")
+    p.add_argument("--cold", action="store_true",
+                   help="drop the file from the page cache before every partition's "
+                        "call, untimed (fsync, then posix_fadvise DONTNEED): reads come from the disk, as "
+                        "when the store's files outgrow the RAM left for the page cache")
+    p.add_argument("--skip-python", action="store_true", help="do not time the Python loops")
     args = p.parse_args()
 
     from jgrind import _kernels, models
@@ -67,14 +77,18 @@ def main() -> None:
             def sweep(kind: str) -> tuple[float, int]:
                 best, moved = float("inf"), 0
                 for _ in range(args.repeats):  # every row current: written whole above
-                    before = f.bytes_read
-                    start = time.perf_counter()
+                    before, elapsed = f.bytes_read, 0.0
                     for h in halos:
+                        if args.cold:
+                            os.fsync(f.fd)
+                            os.posix_fadvise(f.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                        start = time.perf_counter()
                         if kind == "read":
                             f.read_rows(h, out=out[:h.size])
                         else:
                             f.add_rows(h, values[:h.size])
-                    best = min(best, time.perf_counter() - start)
+                        elapsed += time.perf_counter() - start
+                    best = min(best, elapsed)
                     moved = f.bytes_read - before
                 return best, moved
 
@@ -82,14 +96,16 @@ def main() -> None:
                 f._gap_rows = lambda g=gap_kib, w=width: (g << 10) // (w * 4)
                 read_s, read_bytes = sweep("read")
                 add_s, _ = sweep("add")
-                _kernels.library = lambda: None  # the Python span loops
-                try:
-                    python_s, _ = sweep("read")
-                finally:
-                    _kernels.library = plain_library
+                python = ""
+                if not args.skip_python:
+                    _kernels.library = lambda: None  # the Python span loops
+                    try:
+                        python = f", Python read {sweep('read')[0]:.3f} s"
+                    finally:
+                        _kernels.library = plain_library
                 print(f"width {width:4d}, gap {gap_kib:4d} KiB: read {read_s:.3f} s "
                       f"({read_bytes / 2**30:.2f} GiB read for {asked / 2**30:.2f} GiB of "
-                      f"halo rows), read-add-write {add_s:.3f} s, Python read {python_s:.3f} s")
+                      f"halo rows), read-add-write {add_s:.3f} s{python}", flush=True)
             f.close()
     data = np.random.default_rng(1).standard_normal((1 << 25) // 4, np.float32)  # 32 MiB
     for name, fn in ((method(), lambda: checksum(data)), ("zlib.crc32", lambda: zlib.crc32(data))):

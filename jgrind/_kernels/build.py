@@ -41,11 +41,8 @@ class BuildResult:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("JGRIND_CACHE")
-    if root:
-        return Path(root).expanduser() / "kernels"
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "jgrind" / "kernels"
+    from jgrind.caches import cache_root
+    return cache_root() / "kernels"
 
 
 def compiler() -> str:

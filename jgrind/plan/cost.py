@@ -80,8 +80,12 @@ def input_passes(layer) -> float:
 # read-add-writes 1.02-1.18 s from 128 to 16 KiB and slower below (a page-cache write call
 # costs more).
 # The Python loops this replaced cost ~10 us a call, which had made 128 KiB the best gap.
-# A cold NVMe disk (~100 us a read) would want a longer gap (200-300 KiB): this one is tuned
-# for files the page cache holds, as it does on the benchmarks here.
+# From a cold disk (`--cold`: every partition's reads miss the page cache, as when the store's
+# files outgrow the RAM left for it) no gap between 16 and 128 KiB won everywhere on CPU-2's
+# virtual disk (~50 us a 4 KiB read, 0.3-2 GB/s): with 8 partitions 16 KiB was the slowest
+# (6.9 s a 256-wide sweep against 4.0-5.1 s), with 32 the fastest (19.2 s against 23-25 s),
+# because fewer but denser halos make calls the cost and many sparse ones make bytes the cost.
+# So the gap stays tuned for the page cache (docs/results.md, section 4).
 COALESCE_BYTES = 16 << 10
 # The SSD tier moves row spans through one per-thread scratch buffer in pieces of at most this
 # (`jgrind.engine.ssd`), and `jgrind profile` times the page cache in pieces of this size, so

@@ -338,14 +338,11 @@ def _cpu_model() -> str:
 def default_path() -> pathlib.Path:
     """``$JGRIND_PROFILE``, else ``$JGRIND_CACHE/profile.json``, else
     ``${XDG_CACHE_HOME:-~/.cache}/jgrind/profile.json`` (beside the compiled kernels)."""
+    from jgrind.caches import cache_root
     explicit = os.environ.get("JGRIND_PROFILE")
     if explicit:
         return pathlib.Path(explicit).expanduser()
-    root = os.environ.get("JGRIND_CACHE")
-    if root:
-        return pathlib.Path(root).expanduser() / "profile.json"
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(xdg) / "jgrind" / "profile.json"
+    return cache_root() / "profile.json"
 
 
 def save(profile: Profile, path: str | os.PathLike | None = None) -> pathlib.Path:

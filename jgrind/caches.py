@@ -1,0 +1,83 @@
+"""Where jgrind keeps what it can reuse across runs, and the persistent XLA compilation cache.
+
+Everything lives under one root, ``$JGRIND_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/jgrind``:
+the compiled native kernels (``kernels/``), the hardware profile (``profile.json``) and, when
+`compilation_cache` is in effect (``jgrind train`` runs in it), XLA's compiled
+executables (``xla/``).
+
+Why a compilation cache: an out-of-core run compiles every layer's forward and backward steps
+for each padded partition shape, and a GPU also autotunes them: on an H100 the 1M-node
+benchmark's first host-tier epoch took 83.7 s against 6.4-6.8 s for the later ones
+(docs/results.md, section 8). Seeded trials in new processes and reruns of an experiment
+compile the same programs again. JAX's persistent cache keys an executable by its program, the compile
+options, the backend and the jax / jaxlib versions, so a stale entry is never used; a changed
+native kernel keeps its FFI target name and is looked up by that name when the program runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import warnings
+from typing import Iterator, Optional
+
+
+def cache_root() -> pathlib.Path:
+    """``$JGRIND_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/jgrind``."""
+    root = os.environ.get("JGRIND_CACHE")
+    if root:
+        return pathlib.Path(root).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(xdg) / "jgrind"
+
+
+@contextlib.contextmanager
+def compilation_cache(directory: Optional[os.PathLike | str] = None,
+                      min_compile_seconds: float = 0.0) -> Iterator[Optional[pathlib.Path]]:
+    """Within the block, XLA's compiled executables are kept on disk and later processes load
+    them instead of compiling again; yields the directory, or None when none can be used.
+    JAX's settings are restored on exit, so the cache stays this block's business::
+
+        with jgrind.caches.compilation_cache():
+            result = jgrind.train(key, graph, model, optimizer, policy=..., num_parts=16)
+
+    Args:
+      directory: where; default ``$JAX_COMPILATION_CACHE_DIR`` when the user set it (JAX's own
+        setting wins), else ``cache_root() / "xla"``.
+      min_compile_seconds: programs that compiled faster than this are not written (JAX's
+        default is 1 s). jgrind's default, 0, keeps every partition step: most compile in
+        well under a second each on a CPU, but a run compiles dozens of them.
+
+    An unwritable directory leaves the cache off (and says so with a warning) rather than
+    failing the run: the cache only saves time.
+    """
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+    if directory is None:
+        directory = os.environ.get("JAX_COMPILATION_CACHE_DIR") or cache_root() / "xla"
+    path = pathlib.Path(directory).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        writable = os.access(path, os.W_OK | os.X_OK)
+    except OSError:
+        writable = False
+    if not writable:
+        warnings.warn(f"jgrind: the compilation cache directory {path} is not writable; "
+                      "compiling without a persistent cache (set JGRIND_CACHE to move it)",
+                      stacklevel=3)
+        yield None
+        return
+    settings = {"jax_compilation_cache_dir": str(path),
+                "jax_persistent_cache_min_compile_time_secs": float(min_compile_seconds)}
+    before = {name: getattr(jax.config, name) for name in settings}
+    for name, value in settings.items():
+        jax.config.update(name, value)
+    jax_cache.reset_cache()  # JAX opens its cache once per process: make it see the new one
+    try:
+        yield path
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        jax_cache.reset_cache()
