@@ -2,23 +2,26 @@
 
 Everything lives under one root, ``$JGRIND_CACHE``, else ``${XDG_CACHE_HOME:-~/.cache}/jgrind``:
 the compiled native kernels (``kernels/``), the hardware profile (``profile.json``) and, when
-`compilation_cache` is in effect (``jgrind train`` runs in it), XLA's compiled
-executables (``xla/``).
+`compilation_cache` is in effect (``jgrind train`` runs in it), XLA's compiled executables
+(``xla/``, one directory per CPU).
 
 Why a compilation cache: an out-of-core run compiles every layer's forward and backward steps
 for each padded partition shape, and a GPU also autotunes them: on an H100 the 1M-node
 benchmark's first host-tier epoch took 83.7 s against 6.4-6.8 s for the later ones
 (docs/results.md, section 8). Seeded trials in new processes and reruns of an experiment
-compile the same programs again. JAX's persistent cache keys an executable by its program, the compile
-options, the backend and the jax / jaxlib versions, so a stale entry is never used; a changed
-native kernel keeps its FFI target name and is looked up by that name when the program runs.
+compile the same programs again. JAX's persistent cache keys an executable by its program,
+the compile options, the backend and the jax / jaxlib versions, so a stale entry is never
+used; a rebuilt native kernel keeps its FFI target name, and a loaded program finds it by
+that name when it runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pathlib
+import platform
 import warnings
 from typing import Iterator, Optional
 
@@ -32,6 +35,34 @@ def cache_root() -> pathlib.Path:
     return pathlib.Path(xdg) / "jgrind"
 
 
+def cpu_identity() -> str:
+    """The machine and this CPU's model and ISA flags: what code compiled for the host CPU
+    (``-march=native``, XLA's CPU backend) depends on."""
+    ident = [platform.machine()]
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key = line.split(":", 1)[0].strip()
+                if key in ("flags", "model name", "Features", "CPU part"):
+                    ident.append(line.strip())
+                if line.strip() == "":
+                    break  # first processor only
+    except OSError:
+        pass
+    return "\n".join(ident)
+
+
+def default_compilation_cache_dir() -> pathlib.Path:
+    """``$JAX_COMPILATION_CACHE_DIR`` when set, else ``cache_root() / "xla" / <this CPU>``: a
+    cache root shared by machines with different CPUs (a home directory on NFS) keeps their
+    programs apart, since programs for the CPU backend are compiled for the host's ISA."""
+    explicit = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if explicit:
+        return pathlib.Path(explicit).expanduser()
+    tag = hashlib.sha256(cpu_identity().encode()).hexdigest()[:12]
+    return cache_root() / "xla" / f"{platform.machine()}-{tag}"
+
+
 @contextlib.contextmanager
 def compilation_cache(directory: Optional[os.PathLike | str] = None,
                       min_compile_seconds: float = 0.0) -> Iterator[Optional[pathlib.Path]]:
@@ -43,8 +74,8 @@ def compilation_cache(directory: Optional[os.PathLike | str] = None,
             result = jgrind.train(key, graph, model, optimizer, policy=..., num_parts=16)
 
     Args:
-      directory: where; default ``$JAX_COMPILATION_CACHE_DIR`` when the user set it (JAX's own
-        setting wins), else ``cache_root() / "xla"``.
+      directory: where; default `default_compilation_cache_dir` (JAX's own
+        ``$JAX_COMPILATION_CACHE_DIR`` when the user set it).
       min_compile_seconds: programs that compiled faster than this are not written (JAX's
         default is 1 s). jgrind's default, 0, keeps every partition step: most compile in
         well under a second each on a CPU, but a run compiles dozens of them.
@@ -59,9 +90,7 @@ def compilation_cache(directory: Optional[os.PathLike | str] = None,
     import jax
     from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
-    if directory is None:
-        directory = os.environ.get("JAX_COMPILATION_CACHE_DIR") or cache_root() / "xla"
-    path = pathlib.Path(directory).expanduser()
+    path = pathlib.Path(directory or default_compilation_cache_dir()).expanduser()
     try:
         path.mkdir(parents=True, exist_ok=True)
         writable = os.access(path, os.W_OK | os.X_OK)

@@ -82,8 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     train.add_argument("--no-compile-cache", action="store_true",
                        help="compile everything afresh instead of reusing the compiled "
-                       "programs of earlier runs (kept in $JGRIND_CACHE/xla, else "
-                       "~/.cache/jgrind/xla, or $JAX_COMPILATION_CACHE_DIR when set)")
+                       "programs of earlier runs (kept under $JGRIND_CACHE/xla, else "
+                       "~/.cache/jgrind/xla, or in $JAX_COMPILATION_CACHE_DIR when set)")
 
     part = sub.add_parser(
         "partition", help="partition a graph and report its quality",

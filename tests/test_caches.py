@@ -86,6 +86,13 @@ def test_cache_root_follows_jgrind_cache_then_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("JGRIND_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert caches.cache_root() == tmp_path / "xdg" / "jgrind"
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    per_cpu = caches.default_compilation_cache_dir()
+    assert per_cpu.parent == tmp_path / "xdg" / "jgrind" / "xla"
+    monkeypatch.setattr(caches, "cpu_identity", lambda: "another CPU")
+    assert caches.default_compilation_cache_dir() != per_cpu  # other ISA, other programs
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax's"))
+    assert caches.default_compilation_cache_dir() == tmp_path / "jax's"
     from jgrind._kernels import build
     from jgrind.plan import profile
     monkeypatch.delenv("JGRIND_PROFILE", raising=False)

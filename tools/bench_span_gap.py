@@ -39,9 +39,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--store", default=None, help="directory for the file (default: a temp dir)")
     p.add_argument("--cold", action="store_true",
-                   help="drop the file from the page cache before every partition's "
-                        "call, untimed (fsync, then posix_fadvise DONTNEED): reads come from the disk, as "
-                        "when the store's files outgrow the RAM left for the page cache")
+                   help="drop the file from the page cache before every partition's call, "
+                        "untimed (fsync, then posix_fadvise DONTNEED): reads come from the "
+                        "disk, as when the store's files outgrow the RAM left for the page "
+                        "cache")
     p.add_argument("--skip-python", action="store_true", help="do not time the Python loops")
     args = p.parse_args()
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from jgrind.caches import cache_root, cpu_identity
 
 # compiled together into one shared library
 SOURCES = tuple(Path(__file__).with_name(name)
@@ -41,7 +42,6 @@ class BuildResult:
 
 
 def cache_dir() -> Path:
-    from jgrind.caches import cache_root
     return cache_root() / "kernels"
 
 
@@ -51,22 +51,6 @@ def compiler() -> str:
     if path is None:
         raise BuildError(f"no C++ compiler: {cxx!r} is not on PATH (set CXX, or install g++)")
     return path
-
-
-def _cpu_identity() -> str:
-    """What ``-march=native`` depends on: the ISA flags and model of this CPU."""
-    ident = [platform.machine()]
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key = line.split(":", 1)[0].strip()
-                if key in ("flags", "model name", "Features", "CPU part"):
-                    ident.append(line.strip())
-                if line.strip() == "":
-                    break  # first processor only
-    except OSError:
-        pass
-    return "\n".join(ident)
 
 
 def _flags(include_dir: str) -> list[str]:
@@ -86,7 +70,7 @@ def library_path(cxx: str, include_dir: str) -> Path:
     for part in (*(src.read_bytes() for src in SOURCES), jax.__version__.encode(),
                  jaxlib.__version__.encode(),
                  cxx.encode(), version.encode(), " ".join(BASE_FLAGS).encode(),
-                 _cpu_identity().encode()):
+                 cpu_identity().encode()):
         h.update(part)
         h.update(b"\0")
     return cache_dir() / f"kernels-{h.hexdigest()[:24]}.so"
