@@ -85,7 +85,8 @@ def compilation_cache(directory: Optional[os.PathLike | str] = None,
     (bytes; needs the ``filelock`` package) makes JAX evict the least recently used.
 
     An unwritable directory leaves the cache off (and says so with a warning) rather than
-    failing the run: the cache only saves time.
+    failing the run: the cache only saves time. A damaged entry (truncated, overwritten) is
+    the same: JAX warns and compiles that program again (`tests/test_caches.py`).
     """
     import jax
     from jax.experimental.compilation_cache import compilation_cache as jax_cache

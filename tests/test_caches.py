@@ -60,6 +60,13 @@ def test_a_second_process_loads_the_compiled_steps_and_trains_identically(tmp_pa
     assert second["losses"] == first["losses"]  # bit for bit: the same programs
     if _kernels.available():  # the cached steps call the native sparse product (an FFI target)
         assert first["spmm"] == second["spmm"] == "native"
+    # entries truncated or overwritten (a full disk, another program): JAX warns, compiles
+    # those programs again, and the run is the same
+    for i, entry in enumerate(written):
+        data = entry.read_bytes()
+        entry.write_bytes(data[: len(data) // 2] if i % 2 else b"not a program")
+    third = _train_in_new_process(cache_dir)
+    assert third["hits"] == 0 and third["losses"] == first["losses"]
     assert first["dir_after"] is None and second["dir_after"] is None  # settings restored
 
 
