@@ -93,6 +93,8 @@ def main() -> None:
                     moved = f.bytes_read - before
                 return best, moved
 
+            if args.cold:
+                print(f"width {width:4d}, the file from the disk: {_cold_disk(f.fd, f.size)}")
             for gap_kib in (int(g) for g in args.gaps.split(",")):
                 f._gap_rows = lambda g=gap_kib, w=width: (g << 10) // (w * 4)
                 read_s, read_bytes = sweep("read")
@@ -112,6 +114,31 @@ def main() -> None:
     for name, fn in ((method(), lambda: checksum(data)), ("zlib.crc32", lambda: zlib.crc32(data))):
         best = min(_timed(fn) for _ in range(5))
         print(f"checksum {name}: {data.nbytes / best / 1e9:.2f} GB/s (32 MiB, best of 5)")
+
+
+def _cold_disk(fd: int, size: int, reads: int = 300) -> str:
+    """Random 4 KiB and 128 KiB reads and one sequential pass over the file, each after
+    dropping it from the page cache: what the disk under the store gives a cold read."""
+    def drop():
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    rng = np.random.default_rng(2)
+    parts = []
+    for span in (4 << 10, 128 << 10):
+        drop()
+        offsets = rng.integers(0, (size - span) // 4096, reads) * 4096
+        start = time.perf_counter()
+        for offset in offsets:
+            os.pread(fd, span, int(offset))
+        parts.append(f"{(time.perf_counter() - start) / reads * 1e6:.0f} us per random "
+                     f"{span >> 10} KiB read")
+    drop()
+    start, offset = time.perf_counter(), 0
+    while chunk := os.pread(fd, 16 << 20, offset):
+        offset += len(chunk)
+    parts.append(f"{offset / (time.perf_counter() - start) / 1e9:.2f} GB/s sequential")
+    return ", ".join(parts)
 
 
 def _timed(fn) -> float:
