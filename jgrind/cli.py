@@ -23,6 +23,7 @@ jgrind: exact full-graph GNN training in JAX.
 Commands:
   train      train GCN / GraphSAGE / GAT on the full graph and report val/test metrics
   datasets   list the datasets jgrind knows and where it reads them from
+  convert    save a dataset as a folder of .npy files that loads memory-mapped, at once
   partition  partition a graph and print the partition quality report
   profile    measure this machine's compute, memory and disk speeds for the planner
   plan       plan an out-of-core run: a fate per tensor, predicted memory and epoch time
@@ -103,6 +104,27 @@ def build_parser() -> argparse.ArgumentParser:
                                     "and the folder they are read from ($JGRIND_DATA or "
                                     "../shared/datasets).")
     ds.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+    conv = sub.add_parser(
+        "convert", help="save a dataset as a memory-mapped folder",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Load a dataset (any name or prefix `jgrind train --dataset` takes, with "
+                    "its --set settings applied) and save it to --out as one .npy file per "
+                    "array plus graph.json. `--dataset npy:FOLDER` then loads it in "
+                    "milliseconds, memory-mapped: nothing is read until it is used, and the "
+                    "out-of-core engine copies the features into its store partition by "
+                    "partition.",
+        epilog="examples:\n"
+               "  jgrind convert --dataset ogb:/data/ogbn-products --out /data/products\n"
+               "  jgrind convert --dataset rmat --set num_nodes=3000000 --out /data/rmat3m\n"
+               "  jgrind train --dataset npy:/data/products --policy auto --store /mnt/nvme")
+    conv.add_argument("--dataset", required=True, help="dataset name or prefix:path")
+    conv.add_argument("--out", required=True, help="folder to write (must not exist, or be "
+                      "empty, unless --overwrite)")
+    conv.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="KEY=VALUE", help="dataset settings, as for `jgrind train`")
+    conv.add_argument("--overwrite", action="store_true",
+                      help="replace --out if it holds a saved graph")
 
     prof = sub.add_parser(
         "profile", help="measure this machine for the planner",
@@ -203,6 +225,20 @@ def cmd_partition(args) -> int:
     return 0
 
 
+def cmd_convert(args) -> int:
+    from jgrind.config import load_graph
+    from jgrind.datasets import save_graph
+    from jgrind.datasets.stored import check_target
+    cfg = dataclasses.replace(RunConfig(), dataset=args.dataset).with_overrides(args.overrides)
+    check_target(args.out, args.overwrite)  # before a large graph is loaded for nothing
+    graph = load_graph(cfg)
+    print(graph)
+    folder = save_graph(graph, args.out, overwrite=args.overwrite)
+    print(f"saved {graph.nbytes() / 2**20:,.1f} MiB to {folder}; load it with "
+          f"--dataset npy:{folder}")
+    return 0
+
+
 def cmd_datasets(args) -> int:
     from jgrind import datasets
     from jgrind.datasets import generated  # noqa: F401 - registers csbm and rmat
@@ -220,6 +256,8 @@ def cmd_datasets(args) -> int:
         print(f"  {r['name']:<13} {r['format']:<15} {state:<8} {where}")
         if r.get("description"):
             print(textwrap.indent(r["description"], " " * 16))
+    print("also by path: ogb:FOLDER (an OGB download), npz:FILE (gnn-benchmark), "
+          "edgelist:FILE, npy:FOLDER (saved by `jgrind convert`)")
     return 0
 
 
@@ -264,7 +302,7 @@ def main(argv=None) -> int:
         from jgrind.allocator import relaunch_if_wanted
         relaunch_if_wanted()
     handlers = {"train": cmd_train, "datasets": cmd_datasets, "partition": cmd_partition,
-                "profile": cmd_profile, "plan": cmd_plan}
+                "profile": cmd_profile, "plan": cmd_plan, "convert": cmd_convert}
     try:
         return handlers[args.command](args)
     except (ConfigError, GraphError, FileNotFoundError, NotADirectoryError, PermissionError,

@@ -92,3 +92,20 @@ def test_permute_nodes_relabels_consistently():
     p = transforms.permute_nodes(g, perm)
     np.testing.assert_array_equal(p.features, g.features[perm])
     np.testing.assert_array_equal(dense_adjacency(p), dense_adjacency(g)[np.ix_(perm, perm)])
+
+
+def test_nan_rows_are_found_slice_by_slice(monkeypatch):
+    # the check reads features a slice of rows at a time (a memory-mapped file is not read
+    # whole, no [N, F] mask is made); rows in every slice, the last one short, are found
+    import jgrind.graph as graph_module
+    monkeypatch.setattr(graph_module, "_CHECK_BYTES", 3 * 2 * 4)  # 3 rows of 2 floats a slice
+    features = np.ones((10, 2), np.float32)
+    bad = [1, 2, 5, 9]
+    features[bad, [0, 1, 1, 0]] = [np.nan, np.inf, np.nan, -np.inf]
+    np.testing.assert_array_equal(graph_module._non_finite_rows(features), bad)
+    g = dict(indptr=np.zeros(11, np.int64), indices=np.zeros(0, np.int64),
+             labels=np.zeros(10, np.int32), train_mask=np.zeros(10, bool),
+             val_mask=np.zeros(10, bool), test_mask=np.zeros(10, bool), num_classes=1)
+    with pytest.raises(GraphError, match=r"NaN or inf in 4 rows \(first: node 1\)"):
+        Graph(features=features, **g)
+    assert Graph(features=np.ones((10, 2), np.float32), **g).num_nodes == 10

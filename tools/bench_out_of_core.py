@@ -24,9 +24,11 @@ full-batch on the same graph (``--skip-pyg`` to leave it out).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import pathlib
 import resource
 import shlex
 import subprocess
@@ -160,6 +162,9 @@ def drop_caches() -> bool:
 
 def load_graph(path: str):
     from jgrind.graph import Graph
+    if path.startswith("npy:"):  # saved by `mapped_copy`: every array a read-only memory map
+        from jgrind.datasets import load as load_dataset
+        return load_dataset(path)
     d = load(path)
     n = d["indptr"].size - 1
     return Graph(indptr=d["indptr"], indices=d["indices"], features=d["features"],
@@ -185,15 +190,56 @@ def save_graph(args, directory: str) -> tuple[str, float]:
     return path, seconds
 
 
-def child(mode: str, config: dict, rss_cap: int | None = None) -> dict:
+def mapped_copy(npz_path: str, directory: str) -> str:
+    """The graph at ``npz_path`` saved as a jgrind ``.npy`` folder; its ``npy:`` name."""
+    from jgrind.datasets import save_graph
+    return "npy:" + str(save_graph(load_graph(npz_path), os.path.join(directory, "graph")))
+
+
+@contextlib.contextmanager
+def memory_cgroup(limit: int | None):
+    """Yield a function that moves a process into a new memory cgroup capped at ``limit``
+    bytes (cgroup v2 ``memory.max``, else v1 ``memory.limit_in_bytes``; needs root), or None
+    without a limit. The kernel charges the cgroup for its processes' anonymous memory and for
+    the page cache they fill, and reclaims the clean page cache when the cap is reached; past
+    what it can reclaim, its OOM killer stops the process. The cgroup is removed afterwards."""
+    if limit is None:
+        yield None
+        return
+    root = pathlib.Path("/sys/fs/cgroup")
+    v2 = (root / "cgroup.controllers").exists()
+    base = (root if v2 else root / "memory") / f"jgrind-bench-{os.getpid()}"
+    try:
+        base.mkdir()
+        (base / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit))
+    except OSError as e:
+        sys.exit(f"--memory-limit needs a writable cgroup memory controller ({e}); run as "
+                 "root on Linux")
+    try:
+        yield lambda pid: (base / "cgroup.procs").write_text(str(pid))
+    finally:
+        for _ in range(50):  # removable once its last process has exited
+            try:
+                base.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def child(mode: str, config: dict, rss_cap: int | None = None,
+          memory_limit: int | None = None) -> dict:
     """Run ``mode`` in a fresh interpreter; its last stdout line is the JSON result.
 
     With ``rss_cap``, the child is killed as soon as its resident memory passes the cap: a peer
     that would need more RAM than the machine has must fail cleanly, not wake the OOM killer
-    (which may pick another process)."""
+    (which may pick another process). With ``memory_limit``, it runs in a memory cgroup of that
+    size (`memory_cgroup`), as on a machine with that much RAM."""
     cmd = [sys.executable, os.path.abspath(__file__), "_child", mode, json.dumps(config)]
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+            memory_cgroup(memory_limit) as join_cgroup:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=child_env())
+        if join_cgroup is not None:  # before it has allocated much: it is still starting
+            join_cgroup(proc.pid)
         start, highest, capped = time.perf_counter(), 0, False
         while proc.poll() is None:
             try:
@@ -552,18 +598,18 @@ def wall_child(cfg: dict) -> dict:
 
     stages = {}
     graph = load_graph(cfg["graph"])
-    stages["graph loaded"] = (current_rss(), peak_rss())
+    stages["graph loaded"] = (current_rss(), peak_rss(), current_rss("RssAnon"))
     model = gcn(graph, cfg["hidden"])
     normalized = model.normalize(graph)
     t0 = time.perf_counter()
     assignment = PARTITIONERS[cfg["partitioner"]](normalized, cfg["parts"], seed=0)
     part_seconds = time.perf_counter() - t0
     pg = partition_graph(normalized, assignment, num_parts=cfg["parts"])
-    stages["partitioned"] = (current_rss(), peak_rss())
+    stages["partitioned"] = (current_rss(), peak_rss(), current_rss("RssAnon"))
     optimizer = optax.adam(0.01)
     ex = OutOfCore(graph, model, optimizer, partitioned=pg, store=cfg["store"],
                    device_budget=cfg["device_budget"], host_budget=cfg["host_budget"])
-    stages["engine built"] = (current_rss(), peak_rss())
+    stages["engine built"] = (current_rss(), peak_rss(), current_rss("RssAnon"))
     window_peak_rss()
     epoch_peaks = []
     params = model.init(jax.random.key(0))
@@ -576,7 +622,8 @@ def wall_child(cfg: dict) -> dict:
         jax.block_until_ready(params)
         times.append(time.perf_counter() - t)
         epoch_peaks.append(window_peak_rss())
-        stages[f"after epoch {epoch}"] = (current_rss(), epoch_peaks[-1])
+        stages[f"after epoch {epoch}"] = (current_rss(), epoch_peaks[-1],
+                                          current_rss("RssAnon"))
     a = ex.store.accounts
     inv = ex.inventory
     fates = fate_counts(ex)
@@ -618,15 +665,20 @@ def memory_wall(args) -> dict:
     os.makedirs(args.store, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         path, gen_seconds = save_graph(args, tmp)
-        cfg = {"graph": path, "hidden": args.hidden, "parts": args.parts,
+        cfg = {"graph": mapped_copy(path, tmp) if args.mapped else path, "hidden": args.hidden, "parts": args.parts,
                "partitioner": args.partitioner, "store": args.store,
                "device_budget": args.device_budget, "host_budget": args.host_budget,
                "epochs": args.epochs}
+        if args.memory_limit:  # page cache is charged to whoever reads a page first: with
+            # the graph's files still cached from writing them, the child's cgroup would not
+            # be charged for the pages it maps (nor for the libraries the parent loaded)
+            drop_caches()
         print("running jgrind ...", file=sys.stderr, flush=True)
         results = {"graph": {"nodes": args.nodes, "edges": args.edges,
                              "features": args.features, "classes": args.classes,
                              "generate_seconds": gen_seconds},
-                   "config": cfg, "jgrind": child("wall", cfg)}
+                   "config": cfg,
+                   "jgrind": child("wall", cfg, memory_limit=args.memory_limit)}
         if not args.skip_pyg:
             print("running PyG ...", file=sys.stderr, flush=True)
             results["pyg"] = child("pyg", {"graph": path, "hidden": args.hidden},
@@ -646,8 +698,15 @@ def report_wall(r: dict, args) -> None:
              "on this machine the 'device' is host RAM owned by JAX")
     print(f"budgets: device {fmt(dev)} ({where}), host {fmt(host)}; policy: "
           "grinnder(device, host, store) (the default)")
+    print("graph: " + ("memory-mapped from a saved .npy folder (--mapped)" if args.mapped
+                       else "loaded into memory") + "; memory limit: "
+          + (f"{fmt(args.memory_limit)} (a cgroup: page cache counted)" if args.memory_limit
+             else "none"))
     if j.get("failed"):
-        print(f"jgrind failed (rc {j['returncode']}):\n{j['stderr']}")
+        killed = " (SIGKILL: over --memory-limit, the OOM killer)" \
+            if args.memory_limit and j["returncode"] == -9 else ""
+        print(f"jgrind failed (rc {j['returncode']}){killed}; highest RSS seen "
+              f"{fmt(j.get('highest_rss_seen'))}:\n{j['stderr']}")
     else:
         report_wall_jgrind(j, dev, host)
     q = r.get("pyg")
@@ -702,6 +761,8 @@ def report_wall_jgrind(j: dict, dev: int, host: int) -> None:
         print(f"  on {acc['device_kind']} (JAX {acc['jax']}): peak GPU memory in use "
               f"{fmt(acc['peak_device_bytes'])} against the device budget {fmt(dev)}")
     print("  RSS by stage: " + ", ".join(f"{k} {fmt(v[0])}" for k, v in j["stages"].items()))
+    print("  of which anonymous (not file pages, which the kernel can drop): "
+          + ", ".join(f"{k} {fmt(v[2])}" for k, v in j["stages"].items() if len(v) > 2))
     print("  peak RSS within each epoch: " + ", ".join(fmt(v) for v in j["epoch_peak_rss"])
           + " (the first includes compilation)")
     for what, rss in (("whole run", j["peak_rss"]), ("last epoch", j["epoch_peak_rss"][-1])):
@@ -760,6 +821,12 @@ def main():
     w.add_argument("--device-budget", default="2GiB")
     w.add_argument("--host-budget", default="2GiB")
     w.add_argument("--skip-pyg", action="store_true")
+    w.add_argument("--memory-limit", default=None,
+                   help="run jgrind in a memory cgroup of this size (e.g. 5GiB; needs root): "
+                   "as on a machine with that much RAM, page cache included")
+    w.add_argument("--mapped", action="store_true",
+                   help="jgrind reads the graph memory-mapped from a saved .npy folder "
+                   "(`jgrind convert`, `npy:`) instead of loading it into memory")
     w.add_argument("--pyg-rss-cap", default="20GiB",
                    help="stop PyG when its resident memory passes this (default 20GiB), so a "
                    "peer that needs more RAM than the machine has fails cleanly")
@@ -779,6 +846,7 @@ def main():
         args.device_budget = parse_bytes(args.device_budget)
         args.host_budget = parse_bytes(args.host_budget)
         args.pyg_rss_cap = parse_bytes(args.pyg_rss_cap)
+        args.memory_limit = parse_bytes(args.memory_limit) if args.memory_limit else None
         results = memory_wall(args)
     results["command"] = shlex.join([sys.executable] + sys.argv)
     results["machine"] = machine()

@@ -224,8 +224,9 @@ def main() -> None:
           f"{'on' if w.masks else 'off'}); the model's normal (overlapped) epoch "
           f"{pred.epoch_seconds:.3f} s, SSD priced {'from the page cache' if cached else 'from disk'}")
     _print_measured(seconds, faults, total, total_faults)
+    _print_prediction(pred, seconds)
     L = w.num_layers
-    print("the cost model's terms (s per sweep):")
+    print("the cost model's terms (s per sweep, with no host cache in front of the SSD tier):")
     for l in range(L):
         print(f"  gather activation {l:<30} {cost.gather_seconds(w, prof, l, a.activations[l]):8.3f}")
     for l in range(1, L):
@@ -250,6 +251,29 @@ def main() -> None:
         print(f"  SSD halo spans at width {width}: {int(w.ssd_calls[width].sum()):,} read calls "
               f"and {int(w.ssd_rows[width].sum()):,} rows per sweep for "
               f"{int(w.halo.sum()):,} halo rows")
+
+
+def _print_prediction(pred, seconds: dict) -> None:
+    """The prediction sweep by sweep (with the run's host cache and page-cache pricing, as the
+    planner sees it), and its serial totals beside the measured ones: steps against compute,
+    gathers and reads against reads, writes and scatter-adds against writes."""
+    print("the prediction, sweep by sweep (s; serial: compute + reads + writes):")
+    print(f"  {'sweep':<14} {'compute':>8} {'reads':>8} {'writes':>8}  moves")
+    for s in pred.sweeps:
+        print(f"  {s.label:<14} {s.compute:8.3f} {s.reads:8.3f} {s.writes:8.3f}  "
+              f"{'; '.join(s.moves)}")
+    measured = {"compute": sum(v for k, v in seconds.items() if k.startswith("step ")),
+                "reads": sum(v for k, v in seconds.items()
+                             if k.startswith(("gather ", "read "))),
+                "writes": sum(v for k, v in seconds.items()
+                              if k.startswith(("write ", "accumulate ")))}
+    predicted = {"compute": sum(s.compute for s in pred.sweeps),
+                 "reads": sum(s.reads for s in pred.sweeps),
+                 "writes": sum(s.writes for s in pred.sweeps)}
+    print(f"  {'':<14} {'measured':>8} {'predicted':>9} {'ratio':>6}")
+    for key in ("compute", "reads", "writes"):
+        ratio = predicted[key] / measured[key] if measured[key] else float("nan")
+        print(f"  {key:<14} {measured[key]:8.3f} {predicted[key]:9.3f} {ratio:6.2f}")
 
 
 def _minor_faults() -> int:

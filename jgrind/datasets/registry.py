@@ -2,7 +2,8 @@
 
 Built-in names map to a loader and a path under the data root. Besides names, `load` takes
 ``"ogb:/dir"`` (`load_ogb_raw`), ``"npz:/file.npz"`` (`load_gnn_benchmark`) and
-``"edgelist:/edges.txt"`` (`load_edge_list`, with features_path= and labels_path=).
+``"edgelist:/edges.txt"`` (`load_edge_list`, with features_path= and labels_path=) and
+``"npy:/folder"`` (`load_saved`: a graph saved by `save_graph`, memory-mapped).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from jgrind.datasets.heterophilous import load_heterophilous
 from jgrind.datasets.ogb import load_ogb_raw
 from jgrind.datasets.paths import data_root, require_root
 from jgrind.datasets.planetoid import PARTS, load_planetoid
+from jgrind.datasets.stored import load_saved
 from jgrind.graph import Graph
 
 
@@ -67,7 +69,8 @@ _BUILTIN = {
 
 _GENERATED: dict[str, tuple[Callable[..., Graph], str]] = {}
 
-_PREFIXES = {"ogb": load_ogb_raw, "npz": load_gnn_benchmark, "edgelist": load_edge_list}
+_PREFIXES = {"ogb": load_ogb_raw, "npz": load_gnn_benchmark, "edgelist": load_edge_list,
+             "npy": load_saved}
 
 
 def register(name: str, fn: Callable[..., Graph], description: str) -> None:
@@ -86,7 +89,7 @@ def names() -> list[str]:
 
 def load(name: str, /, root=None, **kwargs) -> Graph:
     """The graph called `name` (case-insensitive), or at ``"ogb:/dir"``, ``"npz:/file.npz"``,
-    ``"edgelist:/edges.txt"``. `root` overrides the data root for built-in names; `kwargs` go
+    ``"edgelist:/edges.txt"``, ``"npy:/folder"``. `root` overrides the data root for built-in names; `kwargs` go
     to the loader or generator."""
     prefix, sep, rest = name.partition(":")
     if sep and prefix.lower() in _PREFIXES:

@@ -1,0 +1,197 @@
+"""A `Graph` saved as a folder of ``.npy`` files, and read back memory-mapped.
+
+Parsing a large graph's text files (an OGB download, an edge list) or generating one takes
+minutes; its features may not fit in RAM beside the activations. Saved once with `save_graph`
+(or ``jgrind convert``), it loads with ``load("npy:/folder")`` with no parsing and no copy:
+every array is a read-only ``np.memmap`` of its file. Loading validates the graph as any
+other (ids in range, features finite), which reads each file once, a slice at a time; after
+that, pages are read when they are used. The out-of-core engine copies the features into its
+store partition by partition (`jgrind.engine`), so they go from disk to the store without the
+whole matrix ever being in the process's own memory: the pages read are file pages of the
+OS's page cache, which it drops again when memory is short.
+
+The folder holds one standard ``.npy`` file per `Graph` field (NumPy, or any reader of the
+format, opens them without jgrind) and ``graph.json``: the format's name and version, the
+graph's name and counts, and every array's dtype and shape, checked on loading so that a
+file replaced or cut short since is an error, not a different graph::
+
+  graph.json  indptr.npy  indices.npy  features.npy  labels.npy
+  train_mask.npy  val_mask.npy  test_mask.npy  [edge_weight.npy]
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from jgrind.datasets.errors import DatasetError, require_file
+from jgrind.graph import Graph
+
+FORMAT = "jgrind-graph"
+VERSION = 1
+META = "graph.json"
+ARRAYS = ("indptr", "indices", "features", "labels", "train_mask", "val_mask", "test_mask")
+OPTIONAL = ("edge_weight",)
+# beyond the arrays' bytes: .npy headers and graph.json, with room to spare
+_SLACK_BYTES = 1 << 20
+
+_HINT = "save the graph again (jgrind.datasets.save_graph, or `jgrind convert`)"
+
+
+def save_graph(graph: Graph, directory, *, overwrite: bool = False) -> Path:
+    """Write ``graph`` to the folder ``directory`` (see the module docstring); returns it.
+
+    The files are written into a hidden folder beside ``directory`` and renamed into place
+    when complete, so an error (a full disk, an interrupt) leaves nothing half-written and
+    an existing folder as it was. Free space is checked first. An existing ``directory`` is
+    replaced only with ``overwrite`` and only if it is an empty folder or a saved graph:
+    anything else in it is never deleted.
+    """
+    target = Path(directory).expanduser().absolute()
+    state = check_target(target, overwrite)
+    parent = target.parent
+    if not parent.is_dir():
+        raise DatasetError(f"cannot save the graph to {target}: its parent folder {parent} "
+                           "does not exist; create it first")
+    arrays = {k: getattr(graph, k) for k in ARRAYS}
+    if graph.edge_weight is not None:
+        arrays["edge_weight"] = graph.edge_weight
+    need = sum(int(a.nbytes) for a in arrays.values()) + _SLACK_BYTES
+    free = shutil.disk_usage(parent).free
+    if need > free:
+        raise DatasetError(f"cannot save the graph to {target}: it needs {_gib(need)} and the "
+                           f"disk holding {parent} has {_gib(free)} free; free some space or "
+                           "choose a folder on another disk")
+    # renames within one folder are atomic (POSIX): the target is whole or absent
+    partial = parent / f".{target.name}.partial-{uuid.uuid4().hex[:8]}"
+    old = parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    try:
+        partial.mkdir()
+        for key, a in arrays.items():
+            with open(partial / f"{key}.npy", "wb") as fh:
+                np.save(fh, a, allow_pickle=False)
+                fh.flush()
+                os.fsync(fh.fileno())  # on disk before the rename makes the folder visible
+        meta = {"format": FORMAT, "version": VERSION, "name": graph.name,
+                "num_nodes": graph.num_nodes, "num_edges": graph.num_edges,
+                "num_features": graph.num_features, "num_classes": graph.num_classes,
+                "num_splits": graph.num_splits,
+                "arrays": {k: {"dtype": a.dtype.str, "shape": list(a.shape)}
+                           for k, a in arrays.items()}}
+        (partial / META).write_text(json.dumps(meta, indent=2) + "\n")
+        if state == "empty":
+            target.rmdir()
+        elif state == "replace":  # the old folder goes only once the new one is complete
+            target.rename(old)
+        partial.rename(target)
+    except BaseException as e:
+        shutil.rmtree(partial, ignore_errors=True)
+        if old.exists() and not target.exists():
+            old.rename(target)  # put the graph that was there back
+        if isinstance(e, OSError):
+            raise DatasetError(f"cannot save the graph to {target}: {e}; nothing was "
+                               "written there") from e
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def check_target(target, overwrite: bool = False) -> str:
+    """Whether `save_graph` may write to the folder ``target``: ``"absent"``, ``"empty"`` (an
+    empty folder) or ``"replace"`` (a saved graph, with ``overwrite``); raises `DatasetError`
+    if it may not. Changes nothing (callers check before loading a large graph)."""
+    target = Path(target).expanduser().absolute()
+    if not target.exists():
+        return "absent"
+    if not target.is_dir():
+        raise DatasetError(f"cannot save the graph to {target}: it is a file; choose a "
+                           "folder name")
+    if not any(target.iterdir()):
+        return "empty"
+    if not overwrite:
+        raise DatasetError(f"cannot save the graph to {target}: the folder exists; pass "
+                           "overwrite=True (`jgrind convert --overwrite`) to replace it, or "
+                           "choose a new folder")
+    if not (target / META).is_file():
+        raise DatasetError(f"will not overwrite {target}: it is not a saved graph (no "
+                           f"{META}) and is not empty; choose a new folder")
+    return "replace"
+
+
+def load_saved(directory, *, mmap: bool = True, name=None) -> Graph:
+    """The graph saved in ``directory`` by `save_graph`. With ``mmap`` (the default) every
+    array is a read-only memory map of its file; without, the arrays are read into memory.
+    Raises `DatasetError` naming the file for a missing folder or file, a folder that is not
+    a saved graph, or a file whose dtype or shape differs from ``graph.json`` (changed or
+    truncated since it was saved)."""
+    folder = Path(directory).expanduser()
+    if not folder.is_dir():
+        raise DatasetError(f"saved graph folder {folder} does not exist; write one with "
+                           "jgrind.datasets.save_graph or `jgrind convert`")
+    meta = _read_meta(require_file(folder / META, "saved graph description",
+                                   f"{folder} is not a saved graph; {_HINT}"))
+    specs = meta["arrays"]
+    arrays = {k: _read_array(folder / f"{k}.npy", specs[k], mmap)
+              for k in (*ARRAYS, *OPTIONAL) if k in specs or k in ARRAYS}
+    return Graph(**arrays, num_classes=meta["num_classes"],
+                 name=name if name is not None else meta["name"])
+
+
+def _read_meta(path: Path) -> dict:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DatasetError(f"cannot read {path}: {e}; {_HINT}") from e
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise DatasetError(f"{path} does not describe a saved graph (its format is "
+                           f"{meta.get('format') if isinstance(meta, dict) else None!r}, "
+                           f"expected {FORMAT!r}); {_HINT}")
+    if meta.get("version") != VERSION:
+        raise DatasetError(f"{path} is version {meta.get('version')} of the saved graph "
+                           f"format; this jgrind reads version {VERSION}; {_HINT} with this "
+                           "jgrind")
+    arrays = meta.get("arrays")
+    missing = [k for k in ARRAYS if not isinstance(arrays, dict) or k not in arrays]
+    if missing or not isinstance(meta.get("num_classes"), int):
+        raise DatasetError(f"{path} is incomplete (no entry for "
+                           f"{', '.join(missing) or 'num_classes'}); {_HINT}")
+    return meta
+
+
+def _read_array(path: Path, spec: dict, mmap: bool) -> np.ndarray:
+    require_file(path, "saved graph file", _HINT)
+    try:
+        a = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise DatasetError(f"cannot read {path}: truncated or not a .npy file "
+                           f"({type(e).__name__}: {e}); {_HINT}") from e
+    expected = (np.dtype(spec.get("dtype")), tuple(spec.get("shape", ())))
+    if (a.dtype, a.shape) != expected:
+        raise DatasetError(f"{path} holds {a.dtype.name} {list(a.shape)} but {META} says "
+                           f"{expected[0].name} {list(expected[1])}: the file was replaced after "
+                           f"the graph was saved; {_HINT}")
+    return a
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def is_memory_mapped(a: np.ndarray) -> bool:
+    """Whether ``a`` is a view of a memory-mapped file (as `load_saved` returns arrays)."""
+    while a is not None:
+        if isinstance(a, np.memmap):
+            return True
+        base = getattr(a, "base", None)
+        if base is not None and not isinstance(base, np.ndarray):
+            return isinstance(base, mmap.mmap)
+        a = base
+    return False
+
+

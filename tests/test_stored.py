@@ -1,0 +1,205 @@
+"""Graphs saved as .npy folders (`jgrind.datasets.stored`): round trips, memory maps, exact
+out-of-core training from a mapped graph, and every way a save or a load can go wrong."""
+
+import json
+import pathlib
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import jgrind
+import jgrind.datasets as D
+from jgrind.cli import main
+from jgrind.datasets import stored
+from jgrind.datasets.stored import is_memory_mapped
+from jgrind.graph import GraphError
+from jgrind.plan import policies
+
+from helpers import community_graph
+
+FIELDS = ("indptr", "indices", "features", "labels", "train_mask", "val_mask", "test_mask")
+
+
+def assert_same(a, b):
+    for f in FIELDS:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.dtype == y.dtype and x.shape == y.shape, f
+        np.testing.assert_array_equal(x, y, err_msg=f)
+    assert a.num_classes == b.num_classes and a.name == b.name
+
+
+def test_cora_round_trip_is_memory_mapped(data_file, tmp_path):
+    data_file("planetoid/ind.cora.x")
+    cora = D.load("cora")
+    folder = D.save_graph(cora, tmp_path / "cora")
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [f"{f}.npy" for f in FIELDS] + ["graph.json"])
+    mapped = D.load(f"npy:{folder}")
+    assert_same(cora, mapped)
+    assert all(is_memory_mapped(getattr(mapped, f)) for f in FIELDS)
+    assert not mapped.features.flags.writeable
+    read = D.load_saved(folder, mmap=False, name="copy")
+    assert not is_memory_mapped(read.features) and read.name == "copy"
+    np.testing.assert_array_equal(read.features, cora.features)
+    # standard .npy files: NumPy reads them without jgrind
+    np.testing.assert_array_equal(np.load(folder / "labels.npy"), cora.labels)
+
+
+def test_round_trip_keeps_weights_splits_and_wide_dtypes(tmp_path):
+    g = community_graph(num_nodes=300, splits=3, name="toy-3")
+    rng = np.random.default_rng(0)
+    g = g.replace(edge_weight=rng.random(g.num_edges).astype(np.float32))
+    back = D.load_saved(D.save_graph(g, tmp_path / "g"))
+    assert_same(g, back)
+    np.testing.assert_array_equal(back.edge_weight, g.edge_weight)
+    assert back.num_splits == 3 and is_memory_mapped(back.edge_weight)
+    assert not is_memory_mapped(g.features)
+
+
+def test_out_of_core_training_from_a_mapped_graph_is_exact(tmp_path):
+    g = community_graph(num_nodes=500, num_features=16)
+    mapped = D.load_saved(D.save_graph(g, tmp_path / "g"))
+    model = jgrind.models.gcn(g.num_features, 16, g.num_classes, dropout=0.5)
+    runs = []
+    for graph in (g, mapped):
+        for policy in (policies.host_offload(), policies.ssd_offload(str(tmp_path))):
+            r = jgrind.train(jax.random.key(3), graph, model, optax.adam(0.01), epochs=3,
+                             policy=policy, num_parts=3, progress=False)
+            runs.append([h["loss"] for h in r.history])
+    assert runs[0] == runs[2] and runs[1] == runs[3]  # same bits, mapped or in memory
+    assert np.allclose(runs[0], runs[1], rtol=1e-5)
+
+
+def _saved(tmp_path, **graph_kwargs):
+    g = community_graph(num_nodes=120, **graph_kwargs)
+    return g, D.save_graph(g, tmp_path / "g")
+
+
+def test_damaged_folders_are_named_errors(tmp_path):
+    g, folder = _saved(tmp_path)
+    with pytest.raises(D.DatasetError, match="does not exist; write one"):
+        D.load("npy:" + str(tmp_path / "nothing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(D.DatasetError, match="graph.json.*is not a saved graph"):
+        D.load_saved(tmp_path / "empty")
+
+    meta = json.loads((folder / "graph.json").read_text())
+    (folder / "graph.json").write_text(json.dumps({**meta, "version": 99}))
+    with pytest.raises(D.DatasetError, match="version 99.*reads version 1"):
+        D.load_saved(folder)
+    (folder / "graph.json").write_text("{not json")
+    with pytest.raises(D.DatasetError, match="cannot read .*graph.json"):
+        D.load_saved(folder)
+    (folder / "graph.json").write_text(json.dumps(meta))
+    assert_same(g, D.load_saved(folder))
+
+    features = folder / "features.npy"
+    whole = features.read_bytes()
+    features.write_bytes(whole[: len(whole) // 2])  # cut short, e.g. a copy that stopped
+    for mmap in (True, False):
+        with pytest.raises(D.DatasetError, match="features.npy: truncated"):
+            D.load_saved(folder, mmap=mmap)
+    features.write_bytes(whole)
+    np.save(folder / "labels.npy", np.zeros(7, np.int32))  # replaced by another array
+    with pytest.raises(D.DatasetError, match=r"labels.npy holds int32 \[7\] but graph.json "
+                                             r"says int32 \[120\]"):
+        D.load_saved(folder)
+    (folder / "labels.npy").unlink()
+    with pytest.raises(D.DatasetError, match="labels.npy does not exist"):
+        D.load_saved(folder)
+
+
+def test_nan_written_into_a_saved_file_is_found(tmp_path):
+    _, folder = _saved(tmp_path)
+    x = np.load(folder / "features.npy", mmap_mode="r+")
+    x[77, 3] = np.nan
+    x.flush()
+    del x
+    with pytest.raises(GraphError, match="NaN or inf in 1 rows .first: node 77"):
+        D.load_saved(folder)
+
+
+def test_save_never_loses_what_is_there(tmp_path, monkeypatch):
+    g, folder = _saved(tmp_path)
+    other = community_graph(num_nodes=90, name="other")
+    with pytest.raises(D.DatasetError, match="the folder exists; pass overwrite=True"):
+        D.save_graph(other, folder)
+    D.save_graph(other, folder, overwrite=True)
+    assert_same(other, D.load_saved(folder))
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(D.DatasetError, match="will not overwrite .*not a saved graph"):
+        D.save_graph(g, mine, overwrite=True)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    with pytest.raises(D.DatasetError, match="is a file"):
+        D.save_graph(g, mine / "notes.txt")
+    with pytest.raises(D.DatasetError, match="parent folder .* does not exist"):
+        D.save_graph(g, tmp_path / "no" / "such")
+    (tmp_path / "blank").mkdir()  # an empty folder is taken
+    assert_same(g, D.load_saved(D.save_graph(g, tmp_path / "blank")))
+
+    # a full disk is found before anything is written
+    usage = stored.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(stored.shutil, "disk_usage",
+                        lambda p: usage._replace(free=1000))
+    with pytest.raises(D.DatasetError, match=r"needs 0.00 GiB and the disk .* has 0.00 GiB "
+                                             "free"):
+        D.save_graph(g, tmp_path / "full")
+    monkeypatch.undo()
+
+    # a write that fails half way (here: the third file) leaves no partial folder, and an
+    # existing graph as it was
+    real_save, calls = np.save, []
+
+    def failing_save(path, *a, **k):
+        calls.append(path)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real_save(path, *a, **k)
+    monkeypatch.setattr(stored.np, "save", failing_save)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for target, overwrite in ((tmp_path / "new", False), (folder, True)):
+        calls.clear()
+        with pytest.raises(D.DatasetError, match="No space left on device.*nothing was "
+                                                 "written"):
+            D.save_graph(g, target, overwrite=overwrite)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+    monkeypatch.undo()
+    assert_same(other, D.load_saved(folder))
+
+    # the last step failing (moving the new folder into place) puts the old graph back
+    real_rename = pathlib.Path.rename
+
+    def failing_rename(self, target):
+        if ".partial-" in self.name:
+            raise OSError(5, "Input/output error")
+        return real_rename(self, target)
+    monkeypatch.setattr(pathlib.Path, "rename", failing_rename)
+    with pytest.raises(D.DatasetError, match="Input/output error"):
+        D.save_graph(g, folder, overwrite=True)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert_same(other, D.load_saved(folder))
+
+
+def test_convert_command_then_train_from_the_folder(tmp_path, capsys):
+    out = tmp_path / "csbm"
+    assert main(["convert", "--dataset", "csbm", "--set", "num_nodes=400",
+                 "--out", str(out)]) == 0
+    assert f"--dataset npy:{out}" in capsys.readouterr().out
+    assert D.load_saved(out).num_nodes == 400
+    # refused before the dataset is loaded; with --overwrite replaced
+    assert main(["convert", "--dataset", "nope", "--out", str(out)]) == 2
+    assert "the folder exists" in capsys.readouterr().err
+    assert main(["convert", "--dataset", "csbm", "--set", "num_nodes=300", "--out", str(out),
+                 "--overwrite"]) == 0
+    assert D.load_saved(out).num_nodes == 300
+    run = tmp_path / "run"
+    assert main(["train", "--dataset", f"npy:{out}", "--epochs", "3", "--policy", "host",
+                 "--parts", "2", "--out", str(run), "--no-progress"]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["graph"]["nodes"] == 300
