@@ -23,7 +23,7 @@ jgrind: exact full-graph GNN training in JAX.
 Commands:
   train      train GCN / GraphSAGE / GAT on the full graph and report val/test metrics
   datasets   list the datasets jgrind knows and where it reads them from
-  convert    save a dataset as a folder of .npy files that loads memory-mapped, at once
+  convert    save a dataset as a folder of .npy files, read back memory-mapped
   partition  partition a graph and print the partition quality report
   profile    measure this machine's compute, memory and disk speeds for the planner
   plan       plan an out-of-core run: a fate per tensor, predicted memory and epoch time
@@ -110,10 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Load a dataset (any name or prefix `jgrind train --dataset` takes, with "
                     "its --set settings applied) and save it to --out as one .npy file per "
-                    "array plus graph.json. `--dataset npy:FOLDER` then loads it in "
-                    "milliseconds, memory-mapped: nothing is read until it is used, and the "
-                    "out-of-core engine copies the features into its store partition by "
-                    "partition.",
+                    "array plus graph.json. `--dataset npy:FOLDER` then maps the files instead "
+                    "of parsing them or reading them into memory; the out-of-core engine "
+                    "copies the features into its store partition by partition.",
         epilog="examples:\n"
                "  jgrind convert --dataset ogb:/data/ogbn-products --out /data/products\n"
                "  jgrind convert --dataset rmat --set num_nodes=3000000 --out /data/rmat3m\n"
