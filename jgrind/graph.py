@@ -7,6 +7,7 @@ whole point of jgrind, so device copies are made explicitly, per partition, by l
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from typing import Optional
 
@@ -121,8 +122,15 @@ class Graph:
         return int(sum(a.nbytes for a in arrays))
 
     def replace(self, **changes) -> "Graph":
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed (validated again; features that are carried over
+        unchanged are not scanned for NaN again)."""
+        if "features" in changes:
+            return dataclasses.replace(self, **changes)
+        token = _CHECKED_FEATURES.set(self.features)
+        try:
+            return dataclasses.replace(self, **changes)
+        finally:
+            _CHECKED_FEATURES.reset(token)
 
     def __repr__(self) -> str:
         return (f"Graph(name={self.name!r}, nodes={self.num_nodes:,}, edges={self.num_edges:,}, "
@@ -145,9 +153,10 @@ class Graph:
         if self.features.ndim != 2 or self.features.shape[0] != n:
             raise GraphError(f"{name}: features have shape {self.features.shape}, expected "
                              f"[{n}, F] (one row per node)")
-        bad_rows = _non_finite_rows(self.features)
-        if bad_rows.size:
-            raise GraphError(f"{name}: features contain NaN or inf in {bad_rows.size} rows "
+        bad_rows = _non_finite_rows(self.features) \
+            if self.features is not _CHECKED_FEATURES.get() else ()
+        if len(bad_rows):
+            raise GraphError(f"{name}: features contain NaN or inf in {len(bad_rows)} rows "
                              f"(first: node {int(bad_rows[0])}); impute or drop them before "
                              "loading")
         if self.labels.shape != (n,):
@@ -182,6 +191,13 @@ class Graph:
             if not np.isfinite(self.edge_weight).all():
                 raise GraphError(f"{name}: edge weights contain NaN or inf")
 
+
+# The features array `Graph.replace` carries over unchanged, from a graph that has checked it:
+# not scanned for NaN again. Preparing a model's graph replaces it several times (GCN: drop
+# the weights, add self loops, normalise), and for a memory-mapped feature file
+# (`jgrind.datasets.stored`) every scan is a pass over the file.
+_CHECKED_FEATURES: contextvars.ContextVar = contextvars.ContextVar("checked_features",
+                                                                  default=None)
 
 # Rows of features checked for NaN at a time: `np.isfinite` of the whole array would allocate
 # a boolean per entry, 12.8 GB for 100M nodes x 128 features, and a memory-mapped feature file

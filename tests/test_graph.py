@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -109,3 +111,21 @@ def test_nan_rows_are_found_slice_by_slice(monkeypatch):
     with pytest.raises(GraphError, match=r"NaN or inf in 4 rows \(first: node 1\)"):
         Graph(features=features, **g)
     assert Graph(features=np.ones((10, 2), np.float32), **g).num_nodes == 10
+
+
+def test_replace_does_not_scan_unchanged_features_again(monkeypatch):
+    import jgrind.graph as graph_module
+    scans = []
+    real = graph_module._non_finite_rows
+    monkeypatch.setattr(graph_module, "_non_finite_rows", lambda f: scans.append(f) or real(f))
+    g = _tiny()
+    assert len(scans) == 1
+    h = transforms.gcn_norm(g.replace(name="other"))  # replace, add self loops, normalise
+    assert h.features is g.features and len(scans) == 1
+    with pytest.raises(GraphError, match="NaN"):  # new features are checked
+        g.replace(features=np.array([[1, 2], [np.nan, 0], [0, 0]], np.float32))
+    g.replace(features=np.zeros((3, 2), np.float32))
+    assert len(scans) == 3
+    Graph(**{f.name: getattr(g, f.name) for f in dataclasses.fields(g)})  # made anew: checked
+    g.validate()  # asked for: checked
+    assert len(scans) == 5
