@@ -17,9 +17,67 @@ native against 12.0 with NumPy at 8 floats per row, 21.3 against 73.7 at 128; sc
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import os
+import threading
 from typing import Optional
 
 import numpy as np
+
+# Threads one large row move is split across (`set_threads`, or $JGRIND_ROW_THREADS when the
+# module loads). One by default: on a CPU backend the steps use every core, and the store's
+# moves run beside them on the loader and writer threads. Where the compute is elsewhere (a
+# GPU), the host's cores are otherwise idle during the moves. On the 2-core test machine two
+# threads moved rows 1.3-1.9x as fast as one, alone, and made a host-tier epoch no faster
+# (docs/results.md, section 4, "Row moves on more than one thread").
+_threads = 1
+# Below this many bytes a part, the split costs more than it saves (a pool hand-off is ~10 us)
+MIN_BYTES_PER_THREAD = 1 << 20
+_pool: Optional[cf.ThreadPoolExecutor] = None
+_pool_lock = threading.Lock()
+
+
+def set_threads(n: int) -> int:
+    """Split each large `take_rows` / `add_rows` across ``n`` threads (the caller's and
+    ``n - 1`` from a pool); returns the previous number. Results are the same bits: every row
+    is copied or added once, whichever thread does it."""
+    global _threads, _pool
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"row threads must be at least 1, got {n}")
+    with _pool_lock:
+        previous, _threads = _threads, n
+        if _pool is not None and _pool._max_workers != n - 1:
+            _pool.shutdown(wait=True)
+            _pool = None
+    return previous
+
+
+def threads() -> int:
+    """The number of threads a large row move is split across (see `set_threads`)."""
+    return _threads
+
+
+def _parts(n: int, row_bytes: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` slices of ``n`` rows, one per thread that is worth its part."""
+    k = min(_threads, max(1, (n * row_bytes) // MIN_BYTES_PER_THREAD))
+    bounds = [n * i // k for i in range(k + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _run_parts(parts, call) -> list[int]:
+    """``call(start, stop)`` for every part, the first on this thread; their return codes."""
+    global _pool
+    if len(parts) == 1:
+        return [call(*parts[0])]
+    with _pool_lock:
+        if _pool is None:
+            _pool = cf.ThreadPoolExecutor(max_workers=_threads - 1,
+                                          thread_name_prefix="jgrind-rows")
+        pool = _pool
+    futures = [pool.submit(call, a, b) for a, b in parts[1:]]
+    codes = [call(*parts[0])]
+    return codes + [f.result() for f in futures]
 
 
 def _native():
@@ -83,9 +141,18 @@ def take_rows(table: np.ndarray, idx: np.ndarray, out: Optional[np.ndarray] = No
         if out.shape[1:] != table.shape[1:]:
             raise ValueError(f"take_rows: rows of {table.shape[1:]} into {out.shape[1:]}")
         take = getattr(lib, f"jgrind_take_rows_f32_{kind}")
-        rc = take(table.ctypes.data, table.shape[0], idx.ctypes.data, n, table.shape[1],
-                  out.ctypes.data, out.shape[0], None if dst_arr is None else dst_arr.ctypes.data)
-        _check(rc, "take_rows", table.shape[0], "destination", out.shape[0])
+        width, step = table.shape[1], idx.itemsize
+
+        def part(a: int, b: int) -> int:  # rows idx[a:b]; the kernel releases the GIL
+            if dst_arr is None:
+                into, into_rows, where = out.ctypes.data + a * width * 4, out.shape[0] - a, None
+            else:
+                into, into_rows, where = out.ctypes.data, out.shape[0], \
+                    dst_arr.ctypes.data + a * step
+            return take(table.ctypes.data, table.shape[0], idx.ctypes.data + a * step, b - a,
+                        width, into, into_rows, where)
+        for rc in _run_parts(_parts(n, width * 4), part):
+            _check(rc, "take_rows", table.shape[0], "destination", out.shape[0])
         return out
     _check_range(idx, table.shape[0], "take_rows: a row index")
     if dst is not None:
@@ -112,10 +179,19 @@ def add_rows(table: np.ndarray, idx: np.ndarray, values: np.ndarray,
             raise ValueError(f"add_rows: {n} rows of {table.shape[1:]} from values "
                              f"{values.shape}")
         add = getattr(lib, f"jgrind_add_rows_f32_{kind}")
-        rc = add(table.ctypes.data, table.shape[0], idx.ctypes.data, n, table.shape[1],
-                 values.ctypes.data, values.shape[0],
-                 None if src_arr is None else src_arr.ctypes.data)
-        _check(rc, "add_rows", table.shape[0], "source", values.shape[0])
+        width, step = table.shape[1], idx.itemsize
+
+        def part(a: int, b: int) -> int:  # unique rows: parts touch disjoint rows of table
+            if src_arr is None:
+                frm, frm_rows, where = values.ctypes.data + a * width * 4, \
+                    values.shape[0] - a, None
+            else:
+                frm, frm_rows, where = values.ctypes.data, values.shape[0], \
+                    src_arr.ctypes.data + a * step
+            return add(table.ctypes.data, table.shape[0], idx.ctypes.data + a * step, b - a,
+                       width, frm, frm_rows, where)
+        for rc in _run_parts(_parts(n, width * 4), part):
+            _check(rc, "add_rows", table.shape[0], "source", values.shape[0])
         return
     _check_range(idx, table.shape[0], "add_rows: a row index")
     if src is not None:
@@ -124,3 +200,14 @@ def add_rows(table: np.ndarray, idx: np.ndarray, values: np.ndarray,
     rows = np.take(table, idx, axis=0)
     np.add(rows, picked, out=rows)
     table[idx] = rows
+
+
+def _threads_from_environment() -> int:
+    text = os.environ.get("JGRIND_ROW_THREADS", "").strip() or "1"
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"JGRIND_ROW_THREADS={text!r}: set it to a whole number of threads, "
+                         "at least 1 (or unset it for 1)")
+    return int(text)
+
+
+set_threads(_threads_from_environment())

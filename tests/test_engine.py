@@ -90,6 +90,25 @@ def test_generated_graph_every_policy(model, policy, tmp_path):
            tmp_path, partitioner=random_partition)
 
 
+@pytest.mark.parametrize("policy", ["host", "ssd"])
+def test_row_moves_split_across_threads_are_exact(policy, tmp_path, monkeypatch):
+    # every gather and scatter-add of the store in parts of a few rows, on 3 threads
+    import jgrind.rows as rows
+    graph = _csbm()
+    monkeypatch.setattr(rows, "MIN_BYTES_PER_THREAD", 256)
+    calls = []
+    real_run_parts = rows._run_parts
+    monkeypatch.setattr(rows, "_run_parts", lambda parts, call: calls.append(len(parts))
+                        or real_run_parts(parts, call))
+    previous = rows.set_threads(3)
+    try:
+        _check(graph, _models(8, graph.num_classes)["gcn-res-ln"], _policies(tmp_path)[policy],
+               7, tmp_path, partitioner=random_partition)
+    finally:
+        rows.set_threads(previous)
+    assert calls and max(calls) == 3  # the store's moves were really split
+
+
 @pytest.mark.parametrize("parts", PARTS)
 @pytest.mark.parametrize("model", MODELS)
 def test_generated_graph_every_partition_count(model, parts, tmp_path):

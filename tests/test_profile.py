@@ -202,6 +202,11 @@ def test_stale_reason(measured):
     assert "glibc huge pages" in dataclasses.replace(
         got, machine={**got.machine, "huge_pages": flipped}).stale_reason()
     assert "version 0" in dataclasses.replace(got, version=0).stale_reason()
+    # the store's row moves on more threads change the gather and scatter-add rates
+    assert "row threads 3 (now 1)" in dataclasses.replace(
+        got, machine={**got.machine, "row_threads": 3}).stale_reason()
+    older = {k: v for k, v in got.machine.items() if k != "row_threads"}
+    assert dataclasses.replace(got, machine=older).stale_reason() is None
 
 
 def test_load_or_measure_remeasures_a_stale_file(measured, tmp_path, quick_measure):

@@ -108,3 +108,62 @@ def test_int32_and_int64_indices_move_the_same_rows():
     mixed = np.zeros((200, 16), np.float32)                 # one of each: int64 for both
     take_rows(table, idx.astype(np.int32), out=mixed, dst=dst.astype(np.int64))
     np.testing.assert_array_equal(mixed, results[0][0])
+
+
+def test_large_moves_split_across_threads_move_the_same_rows(monkeypatch):
+    import threading
+
+    import pytest
+
+    import jgrind.rows as rows
+    from jgrind import _kernels
+    if not _kernels.available():
+        pytest.skip("the native kernels did not build here")
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((5000, 16)).astype(np.float32)
+    idx = rng.permutation(5000)[:3001]
+    dst = rng.permutation(4000)[:3001]
+    values = rng.standard_normal((4000, 16)).astype(np.float32)
+    single = (take_rows(table, idx), take_rows(table, idx, out=np.zeros((4000, 16), np.float32),
+                                              dst=dst))
+    added = [table.copy(), table.copy()]
+    add_rows(added[0], idx, values)
+    add_rows(added[1], idx, values, src=dst)
+
+    seen = []  # the threads the native kernels run on
+    lib = rows._native()
+
+    class Spy:
+        def __getattr__(self, name):
+            fn = getattr(lib, name)
+            return lambda *a: seen.append(threading.get_ident()) or fn(*a)
+    monkeypatch.setattr(rows, "_kernels_lib", Spy())
+    monkeypatch.setattr(rows, "MIN_BYTES_PER_THREAD", 1000 * 16 * 4)  # parts of >= 1000 rows
+    previous = rows.set_threads(4)
+    try:
+        assert rows.threads() == 4
+        np.testing.assert_array_equal(take_rows(table, idx), single[0])
+        assert len(seen) == 3 and len(set(seen)) > 1  # 3001 rows: 3 parts, not 4
+        seen.clear()
+        out = take_rows(table, idx, out=np.zeros((4000, 16), np.float32), dst=dst)
+        np.testing.assert_array_equal(out, single[1])
+        mine = [table.copy(), table.copy()]
+        add_rows(mine[0], idx, values)
+        add_rows(mine[1], idx, values, src=dst)
+        for got, want in zip(mine, added):
+            np.testing.assert_array_equal(got, want)  # bitwise: one addition per row
+        assert len(seen) == 9
+        seen.clear()
+        take_rows(table, idx[:999])  # under one part's worth: on this thread, whole
+        assert seen == [threading.get_ident()]
+        bad = idx.copy()
+        bad[2500] = 5000  # in the last part
+        with pytest.raises(IndexError, match="outside"):
+            take_rows(table, bad)
+        with pytest.raises(IndexError, match="outside"):
+            add_rows(table.copy(), bad, values)
+        with pytest.raises(ValueError, match="at least 1"):
+            rows.set_threads(0)
+    finally:
+        rows.set_threads(previous)
+    assert rows.threads() == previous

@@ -8,6 +8,8 @@
 #   bash tools/bench_gpu.sh 0    # 1M nodes, host_offload: per-thread profile, without and
 #                                # with heap reuse (README, "Allocator settings")
 #   bash tools/bench_gpu.sh 5    # the same, serial: each store operation and step alone
+#   bash tools/bench_gpu.sh 6    # part 0's first profile with the store's row moves split
+#                                # across 4, then 12 threads (jgrind.rows.set_threads)
 #   bash tools/bench_gpu.sh 1    # 1M nodes, 10M edges: in-memory, PyG, device, host, SSD
 #   bash tools/bench_gpu.sh 2    # ogbn-products size, 8 GiB device budget, beside PyG
 #   bash tools/bench_gpu.sh 3    # the naive scheme beside ssd_offload (target 3)
@@ -44,6 +46,12 @@ case "${1:-1}" in
         --policy host --parts 8 --overlapped
     JGRIND_REUSE_HEAP=1 run 270 profile-overlapped-reuse python3 tools/profile_ops.py \
         --rmat 1000000 10000000 --policy host --parts 8 --overlapped ;;
+6)  # the host's cores are idle while the GPU computes: do the gathers and scatter-adds
+    # (about 14 GiB per epoch here) go faster split across threads? Compare with part 0
+    for t in 4 12; do
+        JGRIND_ROW_THREADS=$t run 270 profile-overlapped-threads$t python3 tools/profile_ops.py \
+            --rmat 1000000 10000000 --policy host --parts 8 --overlapped
+    done ;;
 5)  # each operation alone (blocks on each, so the sums are not the normal epoch's)
     run 560 profile-serial python3 tools/profile_ops.py --rmat 1000000 10000000 \
         --policy host --parts 8 --skip-model ;;
@@ -63,6 +71,6 @@ case "${1:-1}" in
         --partitioner label_propagation --device-budget 2GiB --host-budget 2GiB --epochs 2 \
         --json "$OUT/memory-wall.json" ;;
 *)
-    echo "usage: bash tools/bench_gpu.sh 0|1|2|3|4|5" >&2
+    echo "usage: bash tools/bench_gpu.sh 0|1|2|3|4|5|6" >&2
     exit 2 ;;
 esac

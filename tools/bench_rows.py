@@ -1,12 +1,15 @@
 """Host row moves: `jgrind.rows` (native loops) against NumPy's fancy indexing, per row.
 
     python tools/bench_rows.py [--rows 150000] [--picked 8000] [--widths 8,64,128,256]
+                               [--threads 1]
 
 Gathers ``picked`` sorted random rows of a ``rows``-row float32 table into scattered rows of an
 output buffer (``out[dst] = table[idx]``, as the store places halo rows), and scatter-adds them
 back (``table[idx] += values``), at each row width; prints nanoseconds per row for the native
 path (`jgrind.rows.take_rows` / `add_rows`) and for NumPy (``out[dst] = np.take(...)``;
-take, add and an indexed store). Best of 200 repeats each.
+take, add and an indexed store). Best of 200 repeats each. ``--threads N`` splits the native
+moves of at least `jgrind.rows.MIN_BYTES_PER_THREAD` a part across N threads
+(`jgrind.rows.set_threads`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=150_000)
     p.add_argument("--picked", type=int, default=8000)
     p.add_argument("--widths", default="8,64,128,256")
+    p.add_argument("--threads", type=int, default=1,
+                   help="threads a native move is split across [1]")
     args = p.parse_args()
+    rows.set_threads(args.threads)
     if rows._native() is None:
         sys.exit("the native kernels are unavailable here; nothing to compare")
     rng = np.random.default_rng(0)
@@ -37,7 +43,7 @@ def main() -> None:
         return _best_seconds(run, 200)  # the profile's own timer: fastest after a warm-up
 
     print(f"{args.picked} sorted random rows of a {args.rows}-row table, into scattered rows; "
-          "ns per row, best of 200")
+          f"ns per row, best of 200; native moves on up to {args.threads} thread(s)")
     print(f"{'floats/row':>10} {'gather native':>14} {'gather numpy':>13} {'add native':>11} "
           f"{'add numpy':>10}")
     for width in (int(w) for w in args.widths.split(",")):

@@ -47,6 +47,7 @@ from jgrind.buffers import aligned_empty
 from jgrind.checksum import checksum
 from jgrind.plan.cost import SPAN_PIECE_BYTES
 from jgrind.rows import add_rows, take_rows
+from jgrind.rows import threads as row_threads
 
 PROFILE_VERSION = 15  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
@@ -187,6 +188,7 @@ class Profile:
             ("jax", f"{m.get('jax')} on {m.get('backend')} ({m.get('device_kind')})"),
             ("glibc huge pages", "on" if m.get("huge_pages") else "off"),
             ("heap reuse", "on" if m.get("heap_reuse") else "off"),
+            ("row threads", f"{m.get('row_threads', 1)}"),
             ("dense matmul", f"{self.matmul_flops / 1e9:.1f} GFLOP/s"),
             ("contraction", f"{self.contraction_bw / 1e9:.2f} GB/s (weight gradient, "
                             "narrow output)"),
@@ -275,9 +277,10 @@ def _stale(profile: Profile) -> Optional[str]:
     hardware = [key for key in ("cpu", "cores") if then.get(key) != now[key]]
     if not abs(_num(then.get("ram_bytes")) - now["ram_bytes"]) <= 0.05 * now["ram_bytes"]:
         hardware.append("ram_bytes")
-    # profiles from before heap reuse existed were measured without it
-    then = {"heap_reuse": False, **then}
-    software = [key for key in ("jax", "backend", "device_kind", "huge_pages", "heap_reuse")
+    # profiles from before heap reuse or row threads existed were measured without them
+    then = {"heap_reuse": False, "row_threads": 1, **then}
+    software = [key for key in ("jax", "backend", "device_kind", "huge_pages", "heap_reuse",
+                                "row_threads")
                 if then.get(key) != now[key]]
     reasons = []
     if hardware:
@@ -286,7 +289,8 @@ def _stale(profile: Profile) -> Optional[str]:
                        f"; this one has {', '.join(ours[k] for k in hardware)})")
     if software:
         names = {"jax": "jax", "backend": "backend", "device_kind": "device",
-                 "huge_pages": "glibc huge pages", "heap_reuse": "heap reuse"}
+                 "huge_pages": "glibc huge pages", "heap_reuse": "heap reuse",
+                 "row_threads": "row threads"}
         switches = ("huge_pages", "heap_reuse")
         shown = lambda k, v: ({True: "on", False: "off"}.get(v, "not recorded")  # noqa: E731
                               if k in switches else repr(v))
@@ -317,6 +321,8 @@ def machine_fingerprint() -> dict:
         # every transfer and step rate changes (jgrind.allocator)
         "huge_pages": allocator.HUGE_PAGES.active(),
         "heap_reuse": allocator.HEAP_REUSE.active(),
+        # the store's gathers and scatter-adds, split across threads (jgrind.rows)
+        "row_threads": row_threads(),
     }
 
 
