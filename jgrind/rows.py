@@ -124,6 +124,26 @@ def _check_range(idx: np.ndarray, rows: int, what: str) -> None:
         raise IndexError(f"{what} is outside [0, {rows})")
 
 
+def _in_parts(kernel, table: np.ndarray, idx: np.ndarray, n: int, other: np.ndarray,
+              other_idx: Optional[np.ndarray], what: str, other_name: str) -> None:
+    """Run a native row kernel (``rows.cc``: ``kernel(table, table_rows, idx, n, width, other,
+    other_rows, other_idx)``) over ``idx[:n]`` in parts (`_parts`), one per thread; the kernel
+    releases the GIL. Part ``[a, b)`` passes ``idx[a:b]`` and, for ``other`` (a take's output,
+    an add's values), ``other_idx[a:b]``, or without ``other_idx`` the rows of ``other`` from
+    ``a`` on. Raises for the first part that found an index out of range."""
+    width, step = table.shape[1], idx.itemsize
+
+    def part(a: int, b: int) -> int:
+        if other_idx is None:
+            at, rows, where = other.ctypes.data + a * width * 4, other.shape[0] - a, None
+        else:
+            at, rows, where = other.ctypes.data, other.shape[0], other_idx.ctypes.data + a * step
+        return kernel(table.ctypes.data, table.shape[0], idx.ctypes.data + a * step, b - a,
+                      width, at, rows, where)
+    for rc in _run_parts(_parts(n, width * 4), part):
+        _check(rc, what, table.shape[0], other_name, other.shape[0])
+
+
 def take_rows(table: np.ndarray, idx: np.ndarray, out: Optional[np.ndarray] = None,
               dst: Optional[np.ndarray] = None) -> np.ndarray:
     """``table[idx]`` (rows), into ``out`` when given: ``out[dst] = table[idx]`` with ``dst``,
@@ -140,19 +160,8 @@ def take_rows(table: np.ndarray, idx: np.ndarray, out: Optional[np.ndarray] = No
             raise ValueError(f"take_rows: {n} rows do not fit an output of {out.shape[0]}")
         if out.shape[1:] != table.shape[1:]:
             raise ValueError(f"take_rows: rows of {table.shape[1:]} into {out.shape[1:]}")
-        take = getattr(lib, f"jgrind_take_rows_f32_{kind}")
-        width, step = table.shape[1], idx.itemsize
-
-        def part(a: int, b: int) -> int:  # rows idx[a:b]; the kernel releases the GIL
-            if dst_arr is None:
-                into, into_rows, where = out.ctypes.data + a * width * 4, out.shape[0] - a, None
-            else:
-                into, into_rows, where = out.ctypes.data, out.shape[0], \
-                    dst_arr.ctypes.data + a * step
-            return take(table.ctypes.data, table.shape[0], idx.ctypes.data + a * step, b - a,
-                        width, into, into_rows, where)
-        for rc in _run_parts(_parts(n, width * 4), part):
-            _check(rc, "take_rows", table.shape[0], "destination", out.shape[0])
+        _in_parts(getattr(lib, f"jgrind_take_rows_f32_{kind}"), table, idx, n, out, dst_arr,
+                  "take_rows", "destination")
         return out
     _check_range(idx, table.shape[0], "take_rows: a row index")
     if dst is not None:
@@ -178,20 +187,9 @@ def add_rows(table: np.ndarray, idx: np.ndarray, values: np.ndarray,
                 or values.shape[1:] != table.shape[1:]:
             raise ValueError(f"add_rows: {n} rows of {table.shape[1:]} from values "
                              f"{values.shape}")
-        add = getattr(lib, f"jgrind_add_rows_f32_{kind}")
-        width, step = table.shape[1], idx.itemsize
-
-        def part(a: int, b: int) -> int:  # unique rows: parts touch disjoint rows of table
-            if src_arr is None:
-                frm, frm_rows, where = values.ctypes.data + a * width * 4, \
-                    values.shape[0] - a, None
-            else:
-                frm, frm_rows, where = values.ctypes.data, values.shape[0], \
-                    src_arr.ctypes.data + a * step
-            return add(table.ctypes.data, table.shape[0], idx.ctypes.data + a * step, b - a,
-                       width, frm, frm_rows, where)
-        for rc in _run_parts(_parts(n, width * 4), part):
-            _check(rc, "add_rows", table.shape[0], "source", values.shape[0])
+        # unique rows: the parts add into disjoint rows of the table
+        _in_parts(getattr(lib, f"jgrind_add_rows_f32_{kind}"), table, idx, n, values, src_arr,
+                  "add_rows", "source")
         return
     _check_range(idx, table.shape[0], "add_rows: a row index")
     if src is not None:
