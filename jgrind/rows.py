@@ -40,14 +40,15 @@ _pool_lock = threading.Lock()
 def set_threads(n: int) -> int:
     """Split each large `take_rows` / `add_rows` across ``n`` threads (the caller's and
     ``n - 1`` from a pool); returns the previous number. Results are the same bits: every row
-    is copied or added once, whichever thread does it."""
+    is copied or added once, whichever thread does it. Call it between runs, not while a
+    store is moving rows (its pool is replaced)."""
     global _threads, _pool
     n = int(n)
     if n < 1:
         raise ValueError(f"row threads must be at least 1, got {n}")
     with _pool_lock:
         previous, _threads = _threads, n
-        if _pool is not None and _pool._max_workers != n - 1:
+        if _pool is not None and previous != n:  # the pool has previous - 1 workers
             _pool.shutdown(wait=True)
             _pool = None
     return previous
