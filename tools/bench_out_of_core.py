@@ -665,10 +665,10 @@ def memory_wall(args) -> dict:
     os.makedirs(args.store, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         path, gen_seconds = save_graph(args, tmp)
-        cfg = {"graph": mapped_copy(path, tmp) if args.mapped else path, "hidden": args.hidden, "parts": args.parts,
-               "partitioner": args.partitioner, "store": args.store,
-               "device_budget": args.device_budget, "host_budget": args.host_budget,
-               "epochs": args.epochs}
+        cfg = {"graph": mapped_copy(path, tmp) if args.mapped else path,
+               "hidden": args.hidden, "parts": args.parts, "partitioner": args.partitioner,
+               "store": args.store, "device_budget": args.device_budget,
+               "host_budget": args.host_budget, "epochs": args.epochs}
         if args.memory_limit:  # page cache is charged to whoever reads a page first: with
             # the graph's files still cached from writing them, the child's cgroup would not
             # be charged for the pages it maps (nor for the libraries the parent loaded)
@@ -708,7 +708,7 @@ def report_wall(r: dict, args) -> None:
         print(f"jgrind failed (rc {j['returncode']}){killed}; highest RSS seen "
               f"{fmt(j.get('highest_rss_seen'))}:\n{j['stderr']}")
     else:
-        report_wall_jgrind(j, dev, host)
+        report_wall_jgrind(j, dev, host, mapped=args.mapped)
     q = r.get("pyg")
     if q is None:
         print("PyG full-batch: skipped (--skip-pyg)")
@@ -731,7 +731,7 @@ def report_wall(r: dict, args) -> None:
           "cache are not part of the RSS")
 
 
-def report_wall_jgrind(j: dict, dev: int, host: int) -> None:
+def report_wall_jgrind(j: dict, dev: int, host: int, mapped: bool = False) -> None:
     inv = j["inventory"]
     total = inv["activations"] + inv["gradients"]
     print(f"stored tensors (inventory): activations {fmt(inv['activations'])} + gradients "
@@ -747,7 +747,10 @@ def report_wall_jgrind(j: dict, dev: int, host: int) -> None:
           f"cache), SSD {fmt(pk['ssd'])}")
     gb = j["graph_bytes"]
     graph = sum(gb.values())
-    print(f"graph in RAM: {fmt(graph)} = " + " + ".join(f"{k} {fmt(v)}" for k, v in gb.items()))
+    where = ("(the raw graph memory-mapped: page cache, which the RSS counts once touched)"
+             if mapped else "in RAM")
+    print(f"graph {where}: {fmt(graph)} = "
+          + " + ".join(f"{k} {fmt(v)}" for k, v in gb.items()))
     mv = j["moved_total"]
     print(f"moved over {len(j['epoch_times'])} epochs: SSD read {fmt(mv['ssd_read'])}, written "
           f"{fmt(mv['ssd_written'])}; host read {fmt(mv['host_read'])}, written "
