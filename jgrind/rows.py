@@ -133,6 +133,13 @@ def _in_parts(kernel, table: np.ndarray, idx: np.ndarray, n: int, other: np.ndar
     an add's values), ``other_idx[a:b]``, or without ``other_idx`` the rows of ``other`` from
     ``a`` on. Raises for the first part that found an index out of range."""
     width, step = table.shape[1], idx.itemsize
+    if _threads == 1 or n * width * 4 < 2 * MIN_BYTES_PER_THREAD:  # one part: no pool, no
+        # closure (small moves are frequent, e.g. a cached block's rows, and per-call costs add)
+        rc = kernel(table.ctypes.data, table.shape[0], idx.ctypes.data, n, width,
+                    other.ctypes.data, other.shape[0],
+                    None if other_idx is None else other_idx.ctypes.data)
+        _check(rc, what, table.shape[0], other_name, other.shape[0])
+        return
 
     def part(a: int, b: int) -> int:
         if other_idx is None:
