@@ -31,7 +31,7 @@ import numpy as np
 # threads moved rows 1.3-1.9x as fast as one, alone, and made a host-tier epoch no faster
 # (docs/results.md, section 4, "Row moves on more than one thread").
 _threads = 1
-# Below this many bytes a part, the split costs more than it saves (a pool hand-off is ~10 us)
+# Below this many bytes a part, a thread's share is not worth handing to the pool
 MIN_BYTES_PER_THREAD = 1 << 20
 _pool: Optional[cf.ThreadPoolExecutor] = None
 _pool_lock = threading.Lock()
@@ -67,10 +67,9 @@ def _parts(n: int, row_bytes: int) -> list[tuple[int, int]]:
 
 
 def _run_parts(parts, call) -> list[int]:
-    """``call(start, stop)`` for every part, the first on this thread; their return codes."""
+    """``call(start, stop)`` for every part (at least two), the first on this thread; their
+    return codes."""
     global _pool
-    if len(parts) == 1:
-        return [call(*parts[0])]
     with _pool_lock:
         if _pool is None:
             _pool = cf.ThreadPoolExecutor(max_workers=_threads - 1,

@@ -167,3 +167,16 @@ def test_large_moves_split_across_threads_move_the_same_rows(monkeypatch):
     finally:
         rows.set_threads(previous)
     assert rows.threads() == previous
+
+
+def test_row_threads_from_the_environment(monkeypatch):
+    import pytest
+
+    import jgrind.rows as rows
+    for text, want in (("", 1), ("3", 3), (" 2 ", 2)):
+        monkeypatch.setenv("JGRIND_ROW_THREADS", text)
+        assert rows._threads_from_environment() == want
+    for text in ("0", "two", "-1", "1.5"):
+        monkeypatch.setenv("JGRIND_ROW_THREADS", text)
+        with pytest.raises(ValueError, match="JGRIND_ROW_THREADS=.*whole number"):
+            rows._threads_from_environment()

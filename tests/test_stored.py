@@ -89,6 +89,13 @@ def test_damaged_folders_are_named_errors(tmp_path):
     (folder / "graph.json").write_text(json.dumps({**meta, "version": 99}))
     with pytest.raises(D.DatasetError, match="version 99.*reads version 1"):
         D.load_saved(folder)
+    for bad in ({"dtype": "float99", "shape": [120, 12]}, {"dtype": "<f4", "shape": "120"},
+                ["<f4", [120, 12]]):
+        arrays = {**meta["arrays"], "features": bad}
+        (folder / "graph.json").write_text(json.dumps({**meta, "arrays": arrays}))
+        with pytest.raises(D.DatasetError, match="entry for features .* is not a dtype and a "
+                                                 "shape"):
+            D.load_saved(folder)
     (folder / "graph.json").write_text("{not json")
     with pytest.raises(D.DatasetError, match="cannot read .*graph.json"):
         D.load_saved(folder)

@@ -128,7 +128,7 @@ def load_saved(directory, *, mmap: bool = True, name=None) -> Graph:
     """The graph saved in ``directory`` by `save_graph`. With ``mmap`` (the default) every
     array is a read-only memory map of its file; without, the arrays are read into memory.
     Raises `DatasetError` naming the file for a missing folder or file, a folder that is not
-    a saved graph, or a file whose dtype or shape differs from ``graph.json`` (changed or
+    a saved graph, or a file whose dtype or shape differs from ``graph.json`` (replaced or
     truncated since it was saved)."""
     folder = Path(directory).expanduser()
     if not folder.is_dir():
@@ -138,7 +138,7 @@ def load_saved(directory, *, mmap: bool = True, name=None) -> Graph:
                                    f"{folder} is not a saved graph; {_HINT}"))
     specs = meta["arrays"]
     arrays = {k: _read_array(folder / f"{k}.npy", specs[k], mmap)
-              for k in (*ARRAYS, *OPTIONAL) if k in specs or k in ARRAYS}
+              for k in (*ARRAYS, *OPTIONAL) if k in specs}
     return Graph(**arrays, num_classes=meta["num_classes"],
                  name=name if name is not None else meta["name"])
 
@@ -161,7 +161,23 @@ def _read_meta(path: Path) -> dict:
     if missing or not isinstance(meta.get("num_classes"), int):
         raise DatasetError(f"{path} is incomplete (no entry for "
                            f"{', '.join(missing) or 'num_classes'}); {_HINT}")
+    for key, spec in arrays.items():
+        if not _valid_spec(spec):
+            raise DatasetError(f"{path}: the entry for {key} ({spec!r}) is not a dtype and a "
+                               f"shape; {_HINT}")
     return meta
+
+
+def _valid_spec(spec) -> bool:
+    """Whether an array's entry in ``graph.json`` is ``{"dtype": ..., "shape": [ints]}``."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("shape"), list) \
+            or not all(isinstance(d, int) and d >= 0 for d in spec["shape"]):
+        return False
+    try:
+        np.dtype(spec.get("dtype"))
+    except TypeError:
+        return False
+    return isinstance(spec.get("dtype"), str)
 
 
 def _read_array(path: Path, spec: dict, mmap: bool) -> np.ndarray:
@@ -171,7 +187,7 @@ def _read_array(path: Path, spec: dict, mmap: bool) -> np.ndarray:
     except (OSError, ValueError, EOFError) as e:
         raise DatasetError(f"cannot read {path}: truncated or not a .npy file "
                            f"({type(e).__name__}: {e}); {_HINT}") from e
-    expected = (np.dtype(spec.get("dtype")), tuple(spec.get("shape", ())))
+    expected = (np.dtype(spec["dtype"]), tuple(spec["shape"]))
     if (a.dtype, a.shape) != expected:
         raise DatasetError(f"{path} holds {a.dtype.name} {list(a.shape)} but {META} says "
                            f"{expected[0].name} {list(expected[1])}: the file was replaced after "
