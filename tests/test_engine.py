@@ -365,13 +365,16 @@ def test_naive_scheme_is_exact_and_moves_more_bytes(model, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_naive_snapshots_cost_exactly_the_gathered_inputs(tmp_path):
-    """With the host cache off, snapshots add exactly one write of every partition's gathered
+@pytest.mark.parametrize("layer_norm", [True, False], ids=["all-gather", "node-wise"])
+def test_naive_snapshots_cost_exactly_the_step_inputs(layer_norm, tmp_path):
+    """With the host cache off, snapshots add exactly one write of every partition's step
     input of layers 0..L-2 per epoch; reading them back replaces the regather byte for byte.
-    They are freed by the end of the epoch. (A model whose layers all gather: the regathering
-    scheme reads only the own rows of a node-wise layer's input, the naive one snapshots all.)"""
+    They are freed by the end of the epoch. Without LayerNorm the narrowing last layer runs as
+    a node-wise transform (`jgrind.models.split`), whose input both schemes read, and the
+    naive one snapshots, as own rows only: the same reads, not a halo's more."""
     graph = _csbm()
-    model = models.gcn(8, 16, graph.num_classes, num_layers=3, dropout=0.5, layer_norm=True)
+    model = models.gcn(8, 16, graph.num_classes, num_layers=3, dropout=0.5,
+                       layer_norm=layer_norm)
     params = model.init(jax.random.key(0))
     moved = {}
     for name, policy in {"ssd": policies.ssd_offload(tmp_path),
@@ -384,8 +387,12 @@ def test_naive_snapshots_cost_exactly_the_gathered_inputs(tmp_path):
             after = ex.store.accounts
             moved[name] = (after.ssd_read - before.ssd_read,
                            after.ssd_written - before.ssd_written)
+            assert any(ex.local) is not layer_norm
+            owned = sum(p.num_owned for p in ex.pg.partitions)
             inputs = sum(p.num_inputs for p in ex.pg.partitions)
-            snapshots = 4 * inputs * sum(ex.widths[:ex.num_layers - 1])
+            assert inputs > owned
+            snapshots = 4 * sum((owned if ex.local[l] else inputs) * ex.widths[l]
+                                for l in range(ex.num_layers - 1))
             activations = sum(i.nbytes for i in ex.inventory if i.name == "activation")
             gradients = sum(i.nbytes for i in ex.inventory if i.name == "gradient")
             # what is left after the epoch: the activations and the gradient files, kept for

@@ -149,6 +149,25 @@ def filesystem(path: str) -> str:
     return f"{best[0]} ({best[1]}, mounted at {best[2] or '?'})"
 
 
+# /proc/self/io, summed over the process's threads: rchar / wchar are the bytes passed to read
+# and write calls (a coalesced span's gap rows included), read_bytes / write_bytes what the
+# kernel fetched from or sent to the storage device (page cache misses, whole pages; writes
+# counted when a page is first dirtied).
+KERNEL_IO = {"rchar": "file_read", "wchar": "file_written", "read_bytes": "device_read",
+             "write_bytes": "device_written", "syscr": "read_calls"}
+
+
+def kernel_io() -> dict:
+    """This process's I/O counters as the kernel keeps them (`KERNEL_IO`); {} where there is
+    no /proc/self/io."""
+    try:
+        with open("/proc/self/io") as f:
+            fields = dict(line.split(":") for line in f if ":" in line)
+    except OSError:
+        return {}
+    return {name: int(fields[k]) for k, name in KERNEL_IO.items() if k in fields}
+
+
 def drop_caches() -> bool:
     """Flush dirty pages and drop the OS page cache; False if not permitted."""
     os.sync()
@@ -345,22 +364,26 @@ def overhead_child(cfg: dict) -> dict:
     params = model.init(jax.random.key(0))
     opt_state = optimizer.init(params)
     key = jax.random.key(1)
-    times, moved, loss = [], [], None
+    times, moved, kernel, loss = [], [], [], None
     for epoch in range(1 + cfg["epochs"]):  # epoch 0 compiles
         if epoch and cfg["drop_caches"]:
             drop_caches()
         before = dataclasses.replace(ex.store.accounts) if run != "in-memory" else None
+        io_before = kernel_io()
         t = time.perf_counter()
         params, opt_state, loss = ex.step(params, opt_state, jax.random.fold_in(key, epoch))
         loss = float(loss)
         jax.block_until_ready(params)
         times.append(time.perf_counter() - t)
+        io_after = kernel_io()
+        kernel.append({k: io_after[k] - io_before[k] for k in io_after})
         if before is not None:
             after = ex.store.accounts
             moved.append({k: getattr(after, k) - getattr(before, k) for k in MOVED})
     result = {"run": run, "epoch_times": times[1:], "warmup_seconds": times[0],
               "prepare_seconds": prepare, "loss": loss, "peak_rss": peak_rss(),
-              "moved": moved[1:], "accelerator": accelerator(), **info}
+              "moved": moved[1:], "kernel_io": kernel[1:], "accelerator": accelerator(),
+              **info}
     if run == "budgeted":
         result["fates"] = fate_counts(ex)
     if run != "in-memory":
@@ -418,8 +441,8 @@ def grinnder_minimum(n: int, halo: int, widths: list, num_layers: int,
             "written": parts["activation writes"] + parts["gradient scatter-adds"],
             # the SSD tier adds to G_l by read-modify-write, so the scatter-adds are read too
             "scatter_add_readback": readback,
-            # what `naive` adds: one write of every gathered input of layers 0..L-2
-            "snapshots": 4 * sum((n + halo) * w[l] for l in range(L - 1))}
+            # what `naive` adds: one write of every step input of layers 0..L-2
+            "snapshots": 4 * sum(rows[l] * w[l] for l in range(L - 1))}
 
 
 def overhead(args) -> dict:
@@ -449,13 +472,16 @@ def overhead(args) -> dict:
                    "parts": args.parts, "partitioner": args.partitioner,
                    "partition_seconds": part_seconds, "epochs": args.epochs,
                    "store": store, "drop_caches": dropping, "runs": {}}
+        results["memory_limit"] = args.memory_limit
         for run in args.runs:
             print(f"running {run} ...", file=sys.stderr, flush=True)
+            if args.memory_limit:  # each run's cgroup is charged for the pages it caches
+                drop_caches()
             results["runs"][run] = child("pyg-overhead" if run == "pyg" else "overhead", {
                 "graph": path, "assignment": apath, "run": run, "parts": args.parts,
                 "epochs": args.epochs, "hidden": args.hidden, "store": store,
                 "drop_caches": dropping, "device_budget": args.device_budget,
-                "host_budget": args.host_budget})
+                "host_budget": args.host_budget}, memory_limit=args.memory_limit)
             print(f"  {run}: {run_summary(results['runs'][run])}", file=sys.stderr,
                   flush=True)
     report_overhead(results, args)
@@ -471,6 +497,29 @@ def run_summary(v: dict) -> str:
     return (f"epochs {' '.join(f'{t:.3f}' for t in v['epoch_times'])} s (warm-up "
             f"{v.get('warmup_seconds', 0):.1f} s), loss {v['loss']:.4f}, peak RSS "
             f"{fmt(v['peak_rss'])}, peak device {fmt(acc.get('peak_device_bytes'))}")
+
+
+def last_kernel_io(v: dict) -> Optional[dict]:
+    io = v.get("kernel_io")
+    return io[-1] if io and io[-1] else None
+
+
+def report_kernel_io(runs: dict) -> None:
+    """Per run, the last timed epoch's I/O as the kernel counted it (`kernel_io`): what the
+    store asked of its files, and what reached the storage device past the page cache."""
+    rows = [(name, fmt(io["file_read"]), fmt(io["file_written"]), f"{io['read_calls']:,}",
+             fmt(io["device_read"]), fmt(io["device_written"]))
+            for name, v in runs.items() if not v.get("failed")
+            for io in [last_kernel_io(v)] if io]
+    if not rows:
+        return
+    print()
+    print("I/O per epoch as the kernel counted it (/proc/self/io, all threads): file bytes "
+          "passed to read / write calls, and bytes the storage device read / was sent")
+    cols = ("run", "file read", "file written", "read calls", "device read", "device written")
+    widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
+    for row in (cols, *rows):
+        print("  " + "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
 
 
 def report_overhead(r: dict, args) -> None:
@@ -500,7 +549,8 @@ def report_overhead(r: dict, args) -> None:
     rows = []
     for name, v in runs.items():
         if v.get("failed"):
-            rows.append((name, POLICY_TEXT[name], f"failed (rc {v['returncode']})")
+            oom = " OOM-killed" if r.get("memory_limit") and v["returncode"] == -9 else ""
+            rows.append((name, POLICY_TEXT[name], f"failed (rc {v['returncode']}{oom})")
                         + ("",) * 10)
             continue
         t = med(v["epoch_times"])
@@ -521,6 +571,7 @@ def report_overhead(r: dict, args) -> None:
              if on_gpu else "on this machine the 'device' is host RAM owned by JAX")
     print(f"(the device tier's moves are not counted: {where}; x best in-mem: this run's "
           "median epoch over the in-memory run's fastest)")
+    report_kernel_io(runs)
     for name, v in runs.items():
         if v.get("fates"):
             print(f"{name} fates (blocks): {v['fates']}; budgets: device "
@@ -560,9 +611,20 @@ def report_overhead(r: dict, args) -> None:
               f"{b['ssd_read_ops'] / max(a['ssd_read_ops'], 1):.1f}x; epoch time "
               f"{med(naive['epoch_times']):.3f} / {med(ssd['epoch_times']):.3f} s = "
               f"{med(naive['epoch_times']) / med(ssd['epoch_times']):.2f}x")
-        print(f"  naive writes every gathered input of layers 0..L-2 once more (snapshots, "
+        print(f"  naive writes every step input of layers 0..L-2 once more (snapshots, "
               f"{fmt(mn['snapshots'])}); reading them back replaces the regather byte for "
               "byte, and its gathers read SSD rows one call per row")
+        ka, kb = last_kernel_io(ssd), last_kernel_io(naive)
+        if ka and kb:
+            for what, (rd, wr) in (("file bytes read + written (read/write calls)",
+                                    ("file_read", "file_written")),
+                                   ("storage device bytes read + written",
+                                    ("device_read", "device_written"))):
+                tot_a, tot_b = ka[rd] + ka[wr], kb[rd] + kb[wr]
+                ratio = f"{tot_b / tot_a:.2f}x" if tot_a else "-"
+                print(f"  as the kernel counted them, {what}: {fmt(tot_b)} / {fmt(tot_a)} = "
+                      f"{ratio} (read {fmt(kb[rd])} / {fmt(ka[rd])}, written "
+                      f"{fmt(kb[wr])} / {fmt(ka[wr])})")
     cached = runs.get("ssd-cache")
     if cached and naive and not cached.get("failed") and not naive.get("failed"):
         a, b = cached["moved"][-1], naive["moved"][-1]
@@ -573,15 +635,21 @@ def report_overhead(r: dict, args) -> None:
               f"{med(naive['epoch_times']) / med(cached['epoch_times']):.2f}x")
     print()
     print("notes:")
+    if r.get("memory_limit"):
+        print(f"  - every run ran in a memory cgroup of {fmt(r['memory_limit'])}, page cache "
+              "included (the page cache was dropped before each run)")
     print("  - ssd and naive run with host_budget=0: the host cache in front of the SSD tier "
           "is off, so every read of an SSD block goes to the file")
     if r["drop_caches"]:
         print("  - the OS page cache was dropped (sync; echo 3 > /proc/sys/vm/drop_caches) "
               "before each timed epoch; data written during an epoch is still read back "
               "from the page cache within it")
+    elif r.get("memory_limit"):
+        print("  - the OS page cache serves file reads within what the cgroup leaves of it; "
+              "the rest come from the storage device (the kernel's device counts)")
     else:
         print("  - the OS page cache still serves file reads (the files fit in RAM here); "
-              "--drop-caches drops it before each timed epoch")
+              "--drop-caches drops it before each timed epoch, --memory-limit caps it")
 
 
 # -- memory wall ---------------------------------------------------------------------------
@@ -815,6 +883,10 @@ def main():
                    f"{','.join(OPTIONAL_RUNS)}")
     o.add_argument("--drop-caches", action="store_true",
                    help="drop the OS page cache before each timed epoch (needs root)")
+    o.add_argument("--memory-limit", default=None,
+                   help="run every run in a memory cgroup of this size (e.g. 4GiB; needs "
+                   "root), page cache included: files larger than what is left of it are read "
+                   "from the storage device, as the kernel's counts then show")
     o.add_argument("--device-budget", default=None,
                    help="the budgeted run's device budget (e.g. 8GiB)")
     o.add_argument("--host-budget", default=None,
@@ -841,6 +913,7 @@ def main():
             p.error(f"unknown runs {sorted(unknown)}; choose from {RUNS + OPTIONAL_RUNS}")
         args.device_budget = parse_bytes(args.device_budget) if args.device_budget else None
         args.host_budget = parse_bytes(args.host_budget) if args.host_budget else None
+        args.memory_limit = parse_bytes(args.memory_limit) if args.memory_limit else None
         if "budgeted" in args.runs and (args.device_budget is None
                                         or args.host_budget is None):
             p.error("the budgeted run needs --device-budget and --host-budget")

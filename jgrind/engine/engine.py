@@ -32,8 +32,9 @@ The GriNNder scheme in JAX (see docs/architecture.md):
   block of ``G_l``, not scatter-added (no other layer adds to it).
 
 The `naive` policy (for comparison only) changes the I/O, not the numbers: it keeps an SSD
-snapshot of every gathered input from forward to backward instead of regathering, and reads SSD
-rows one at a time (`jgrind.plan.policies.IOStrategy`).
+snapshot of every step input (gathered, or a node-wise layer's own block) from forward to
+backward instead of regathering, and reads SSD rows one at a time
+(`jgrind.plan.policies.IOStrategy`).
 
 I/O overlaps compute: while partition p runs, a background thread gathers partition p+1's inputs,
 and a writer thread stores p-1's outputs. JAX dispatch is asynchronous, so the main thread only
@@ -141,11 +142,10 @@ class OutOfCore:
         # layers whose aggregation is kept (all blocks, or none: then the layer regathers)
         kept = {l: self._fates(AGGREGATION, l) for l in aggregation_widths(model)}
         self.kept = {l: fates for l, fates in kept.items() if Fate.RECOMPUTE not in fates}
+        # node-wise layers read own blocks (the naive scheme snapshots those)
+        self.local = [not getattr(layer, "aggregates", True) for layer in model.layers]
         self.memory = self._memory_plan()
         self._check_budgets()
-        # node-wise layers read own blocks (the naive scheme keeps its gathered snapshots)
-        self.local = [not getattr(layer, "aggregates", True) and not self.io.snapshots
-                      for layer in model.layers]
         # layer l+1's backward steps hand layer l's backward the mask of l's output
         rules = [derivative_from_output(layer) if self.workload.masked(l) else None
                  for l, layer in enumerate(model.layers)]
@@ -209,9 +209,9 @@ class OutOfCore:
         """Peak bytes per tier by the store's accounting (`jgrind.plan.cost.memory`, the same
         function the planner predicts with)."""
         snapshot = 0
-        if self.io.snapshots:  # gathered inputs of layers 0..L-2, forward to backward
-            inputs = sum(p.num_inputs for p in self.pg.partitions)
-            snapshot = 4 * inputs * sum(self.widths[:self.num_layers - 1])
+        if self.io.snapshots:  # step inputs of layers 0..L-2, forward to backward
+            snapshot = 4 * sum(int(self._snapshot_rows(l).sum()) * self.widths[l]
+                               for l in range(self.num_layers - 1))
         assignment = Assignment.from_fates(self.fates, self.num_layers, self.pg.num_parts)
         return memory(self.workload, assignment, snapshot_bytes=snapshot)
 
@@ -262,8 +262,8 @@ class OutOfCore:
         L = self.num_layers
         for l in range(L - 1):
             if self.io.snapshots:  # the naive scheme: filled by this forward, read by backward
-                self._snapshots[l] = self.store.snapshot(
-                    l, self.widths[l], [p.num_inputs for p in self.pg.partitions])
+                self._snapshots[l] = self.store.snapshot(l, self.widths[l],
+                                                         self._snapshot_rows(l))
             self._forward_layer(params, l, key)
             if l >= 1:
                 self.activations[l].release()  # no-op unless the layer is recomputed
@@ -286,6 +286,13 @@ class OutOfCore:
                 self.activations[l].release()
             upper = lower
         return tuple(grads), loss
+
+    def _snapshot_rows(self, l: int) -> np.ndarray:
+        """Rows of each partition's snapshot of layer l's step input (the naive scheme): its
+        own and halo rows, or its own rows only for a node-wise layer."""
+        parts = self.pg.partitions
+        return np.array([p.num_owned if self.local[l] else p.num_inputs for p in parts],
+                        np.int64)
 
     def _gradient_table(self, layer: int) -> Table:
         """``G_layer``, made at the start of backward sweep ``layer`` and freed after sweep
@@ -313,8 +320,8 @@ class OutOfCore:
 
     def _forward_layer(self, params, l: int, key, keep: bool = True) -> None:
         """``H_{l+1}`` from ``H_l``, and ``Z_l`` if it is kept (and ``keep``). If an unfilled
-        snapshot of layer l exists (the naive scheme), every partition's gathered input is
-        also written to it."""
+        snapshot of layer l exists (the naive scheme), every partition's step input is also
+        written to it."""
         src, dst = self.activations[l], self.activations[l + 1]
         dst.materialize()
         steps, p_l, k_l = self.steps[l], params[l], self._key(key, l)
@@ -408,8 +415,11 @@ class OutOfCore:
     # -- overlapped I/O -----------------------------------------------------------------------
     def _inputs(self, l: int, table: Table, snapshot: Optional[Snapshot] = None):
         """Yield ``(part, layer l's step input)``: the partition's own block of ``table`` for a
-        node-wise layer, else its gathered own and halo rows (see `_gathered`)."""
-        if self.local[l] and snapshot is None:
+        node-wise layer, else its gathered own and halo rows (see `_gathered`); read back from
+        ``snapshot`` instead when one is given (the naive scheme's backward)."""
+        if self.local[l]:
+            if snapshot is not None:
+                return self._loaded(lambda part: snapshot.read(part.index, part.num_out))
             return self._loaded(lambda part: table.read(part.index, part.num_out))
         return self._gathered(table, snapshot)
 

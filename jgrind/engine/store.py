@@ -432,10 +432,10 @@ def _pad_to(values: np.ndarray, n: int) -> np.ndarray:
 
 
 class Snapshot:
-    """The gathered inputs (owned + halo rows) of every partition of one layer, kept on SSD
-    from the forward sweep to backward: the naive scheme's redundant copy of data the stored
-    layer outputs already hold (GriNNder regathers instead). Block ``p`` is partition ``p``'s
-    ``input_rows[p]`` rows, written and read whole."""
+    """The step inputs (owned + halo rows, or a node-wise layer's owned rows) of every
+    partition of one layer, kept on SSD from the forward sweep to backward: the naive scheme's
+    redundant copy of data the stored layer outputs already hold (GriNNder regathers instead).
+    Block ``p`` is partition ``p``'s ``input_rows[p]`` rows, written and read whole."""
 
     def __init__(self, store: "Store", layer: int, width: int, input_rows: np.ndarray):
         if store.run_dir is None:
@@ -530,7 +530,7 @@ class Store:
         return t
 
     def snapshot(self, layer: int, width: int, input_rows: np.ndarray) -> Snapshot:
-        """A fresh `Snapshot` of layer ``layer``'s gathered inputs (replacing a stale one)."""
+        """A fresh `Snapshot` of layer ``layer``'s step inputs (replacing a stale one)."""
         stale = self.tables.get(("snapshot", layer))
         if stale is not None:
             self.drop(stale)

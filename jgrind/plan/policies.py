@@ -94,8 +94,9 @@ class IOStrategy:
     through the host cache. A policy changes it by having an ``io`` attribute (see `naive`).
 
     Attributes:
-      snapshots: write every partition's gathered input (owned + halo rows) to an SSD snapshot
-        in the forward sweep and read it back in backward instead of regathering.
+      snapshots: write every partition's step input (owned + halo rows; a node-wise layer's
+        owned rows) to an SSD snapshot in the forward sweep and read it back in backward
+        instead of regathering.
       row_reads: read SSD rows one node at a time (one read call per row, no whole-block
         reads, no host cache).
     """
@@ -114,7 +115,7 @@ def io_strategy(policy: Policy) -> IOStrategy:
 @dataclasses.dataclass(frozen=True)
 class Naive:
     """For comparison only: every block on SSD (as `ssd_offload`), plus the I/O of a naive
-    out-of-core scheme: snapshots of the gathered inputs kept from forward to backward, and
+    out-of-core scheme: snapshots of the step inputs kept from forward to backward, and
     inputs read node by node. It computes the same gradients and moves more bytes."""
 
     directory: str
