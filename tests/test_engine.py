@@ -778,11 +778,41 @@ def test_ssd_epochs_write_no_zeros_and_move_the_same_bytes(tmp_path):
             after = ex.store.accounts
             moved.append((after.ssd_written - before.ssd_written,
                           after.ssd_read - before.ssd_read))
+            # the file bytes add the coalesced spans' gap rows to the rows used
+            assert after.ssd_file_read - before.ssd_file_read >= moved[-1][1]
+            assert after.ssd_file_written - before.ssd_file_written >= moved[-1][0]
     assert moved[0][0] > 0 and moved[0] == moved[1] == moved[2]
     ref_loss, ref_grads = InMemory(graph, model, optax.sgd(0.1)).loss_and_grad(
         params, jax.random.key(2))
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
     assert_same_gradients(grads, ref_grads)
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-spans", "python-spans"])
+def test_file_bytes_count_what_every_call_passes(native, tmp_path, monkeypatch):
+    """The store's ``ssd_file_read`` / ``ssd_file_written`` (reported through ``on_io``) are
+    the bytes every read and write call passes: a coalesced span's gap rows included, per-row
+    and whole-block calls too, from the native span loops and the Python ones alike."""
+    from jgrind.engine.ssd import SSDFile
+
+    if not native:
+        monkeypatch.setattr(SSDFile, "_native_spans", lambda self, table: False)
+    counted = collections.Counter()
+    f = SSDFile(tmp_path / "g.bin", np.array([0, 50, 100]), 4, b"run",
+                on_io=lambda **moved: counted.update(moved))
+    row = 4 * 4
+    f.write_block(0, np.ones((50, 4), np.float32))
+    f.write_block(1, np.ones((50, 4), np.float32))
+    rows = np.array([1, 3, 10, 60])  # gaps far under COALESCE_BYTES: one span, rows 1..60
+    f.read_rows(rows)
+    f.add_rows(rows, np.ones((4, 4), np.float32))
+    f.read_rows(rows, per_row=True)
+    f.read_block(1)
+    span = 60 * row
+    assert counted["ssd_file_read"] == f.bytes_read == span + span + 4 * row + 50 * row
+    assert counted["ssd_file_written"] == f.bytes_written == 100 * row + span
+    assert counted["ssd_read_ops"] == 1 + 1 + 4 + 1
+    np.testing.assert_array_equal(f.read_rows(rows, per_row=True), np.full((4, 4), 2.0))
 
 
 def test_a_lazily_zeroed_file_reads_zeros_and_writes_only_what_it_must(tmp_path):

@@ -62,7 +62,7 @@ POLICY_TEXT = {"in-memory": "InMemory (one jitted step)", "device": "in_memory()
                "budgeted": "grinnder(budgets, store) (the default)",
                "pyg": "PyG full-batch (peer)"}
 MOVED = ("ssd_read", "ssd_written", "host_read", "host_written", "ssd_read_ops",
-         "ssd_write_ops")
+         "ssd_write_ops", "ssd_file_read", "ssd_file_written")
 
 
 # -- small helpers -------------------------------------------------------------------------
@@ -506,17 +506,25 @@ def last_kernel_io(v: dict) -> Optional[dict]:
 
 def report_kernel_io(runs: dict) -> None:
     """Per run, the last timed epoch's I/O as the kernel counted it (`kernel_io`): what the
-    store asked of its files, and what reached the storage device past the page cache."""
-    rows = [(name, fmt(io["file_read"]), fmt(io["file_written"]), f"{io['read_calls']:,}",
+    store asked of its files, and what reached the storage device past the page cache; beside
+    it the store's own count of its file bytes (rows used plus coalesced gaps)."""
+    def store_file(v, k):
+        m = v["moved"][-1] if v.get("moved") else None
+        return fmt(m[k]) if m and k in m else "-"
+    rows = [(name, store_file(v, "ssd_file_read"), store_file(v, "ssd_file_written"),
+             fmt(io["file_read"]), fmt(io["file_written"]), f"{io['read_calls']:,}",
              fmt(io["device_read"]), fmt(io["device_written"]))
             for name, v in runs.items() if not v.get("failed")
             for io in [last_kernel_io(v)] if io]
     if not rows:
         return
     print()
-    print("I/O per epoch as the kernel counted it (/proc/self/io, all threads): file bytes "
-          "passed to read / write calls, and bytes the storage device read / was sent")
-    cols = ("run", "file read", "file written", "read calls", "device read", "device written")
+    print("SSD file I/O per epoch: the store's count of the bytes its read / write calls passed "
+          "(rows used plus the gap rows of coalesced spans), and the kernel's "
+          "(/proc/self/io, all threads: file bytes passed to read / write calls, and bytes the "
+          "storage device read / was sent)")
+    cols = ("run", "store: file read", "file written", "kernel: file read", "file written",
+            "read calls", "device read", "device written")
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
     for row in (cols, *rows):
         print("  " + "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())

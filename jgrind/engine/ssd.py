@@ -78,7 +78,9 @@ class SSDFile:
         self.fd = fd
         self.bytes_read = 0
         self.bytes_written = 0
-        self.on_io = on_io  # called as on_io(ssd_read_ops=1) / on_io(ssd_write_ops=1)
+        # called as on_io(ssd_read_ops=calls, ssd_file_read=bytes) and on_io(ssd_write_ops=...,
+        # ssd_file_written=...): the calls made and the bytes they passed, gap rows included
+        self.on_io = on_io
         # The blocks that still hold old values (or a new file's holes), and per row whether it
         # holds its current value (a row that does not reads as zeros): see `zero_lazily`.
         self._stale: set[int] = set()
@@ -190,18 +192,18 @@ class SSDFile:
         if self._native_spans(out):
             stats = self._spans_native("read", rows, out, dst, scratch)
             if self.on_io is not None and stats[0]:
-                self.on_io(ssd_read_ops=int(stats[0]))
+                self.on_io(ssd_read_ops=int(stats[0]), ssd_file_read=int(stats[3]))
             self._zero_old(out, rows, dst)
             return out
         self._check_rows(rows)
         # The loop below runs once per span (hundreds of thousands per sweep), so it keeps its
         # per-iteration work small: one scratch buffer for the call, the counters added once.
-        start, row_bytes, calls = self.data_start, self.row_bytes, 0
+        start, row_bytes, calls, nbytes = self.data_start, self.row_bytes, 0, 0
         for lo, hi, first, last in _spans(rows, self._gap_rows()):
             if dst is None and hi - lo == last - first:
                 # a run of consecutive rows: read straight into out
                 self._pread(out[first:last], start + lo * row_bytes, count=False)
-                calls += 1
+                calls, nbytes = calls + 1, nbytes + (hi - lo) * row_bytes
                 continue
             for c_lo, c_hi, i, j in self._pieces(rows, lo, hi, first, last):
                 buf = scratch[: c_hi - c_lo]
@@ -210,9 +212,9 @@ class SSDFile:
                     take_rows(buf, rows[i:j] - c_lo, out=out[i:j])
                 else:
                     take_rows(buf, rows[i:j] - c_lo, out=out, dst=dst[i:j])
-                calls += 1
+                calls, nbytes = calls + 1, nbytes + buf.nbytes
         if self.on_io is not None and calls:
-            self.on_io(ssd_read_ops=calls)
+            self.on_io(ssd_read_ops=calls, ssd_file_read=nbytes)
         self._zero_old(out, rows, dst)
         return out
 
@@ -246,10 +248,12 @@ class SSDFile:
         self._check_size()
         scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
         start, row_bytes, reads, writes, read_rows = self.data_start, self.row_bytes, 0, 0, 0
+        read_bytes = written_bytes = 0
         current = self._current if self._stale else None
         if self._native_spans(values):
             stats = self._spans_native("add", rows, values, src, scratch, current)
             reads, writes, read_rows = int(stats[0]), int(stats[1]), int(stats[2])
+            read_bytes, written_bytes = int(stats[3]), int(stats[4])
             spans = ()
         else:
             self._check_rows(rows)
@@ -262,20 +266,23 @@ class SSDFile:
                 if here is None or here.all():
                     self._pread(buf, offset, count=False)
                     reads, read_rows = reads + 1, read_rows + j - i
+                    read_bytes += buf.nbytes
                 elif here.any():  # some rows current, the others an old epoch's
                     self._pread(buf, offset, count=False)
                     buf[~here] = 0
                     reads, read_rows = reads + 1, read_rows + j - i
+                    read_bytes += buf.nbytes
                 else:
                     buf[...] = 0
                 add_rows(buf, rows[i:j] - c_lo, values if src is not None else values[i:j],
                          src=None if src is None else src[i:j])
                 self._pwrite(buf, offset, count=False)
-                writes += 1
+                writes, written_bytes = writes + 1, written_bytes + buf.nbytes
                 if here is not None:
                     here[...] = True  # the whole piece went back: its gaps as zeros
         if self.on_io is not None and writes:
-            self.on_io(ssd_read_ops=reads, ssd_write_ops=writes)
+            self.on_io(ssd_read_ops=reads, ssd_write_ops=writes, ssd_file_read=read_bytes,
+                       ssd_file_written=written_bytes)
         blocks = np.unique(np.searchsorted(self.offsets, rows, side="right") - 1)
         for b in blocks:
             self._crc[int(b)] = None
@@ -347,7 +354,7 @@ class SSDFile:
                 done += n
         self.bytes_read += nbytes
         if count and self.on_io is not None:
-            self.on_io(ssd_read_ops=1)
+            self.on_io(ssd_read_ops=1, ssd_file_read=nbytes)
 
     def _pwrite(self, values: np.ndarray, offset: int, count: bool = True) -> None:
         values = np.ascontiguousarray(values)
@@ -359,7 +366,7 @@ class SSDFile:
                 done += os.pwritev(self.fd, [view[done:]], offset + done)
         self.bytes_written += nbytes
         if count and self.on_io is not None:
-            self.on_io(ssd_write_ops=1)
+            self.on_io(ssd_write_ops=1, ssd_file_written=nbytes)
 
     def as_memmap(self) -> np.memmap:
         return np.memmap(self.path, self.dtype, "r", self.data_start, (self.rows, self.width))

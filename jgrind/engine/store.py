@@ -65,6 +65,11 @@ class Accounts:
     host_written: int = 0
     ssd_read_ops: int = 0       # read / write calls on SSD files (row-by-row I/O shows here)
     ssd_write_ops: int = 0
+    # Bytes those calls passed. ssd_read / ssd_written count the rows the engine used; a
+    # coalesced span (`jgrind.plan.cost.COALESCE_BYTES`) also reads, and a scatter-add writes
+    # back, the rows between them, so these are larger (fewer calls, more bytes).
+    ssd_file_read: int = 0
+    ssd_file_written: int = 0
     timeline: list = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict:
