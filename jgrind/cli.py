@@ -205,7 +205,10 @@ def cmd_train(args) -> int:
     with compilation_cache() if not args.no_compile_cache else contextlib.nullcontext():
         summary = run_config(cfg, out=pathlib.Path(args.out), progress=not args.no_progress)
     print(summary["line"])
-    print(f"wrote {args.out}/ (summary.json, metrics-seed*.jsonl, training.png)")
+    if summary["store_line"]:
+        print(summary["store_line"])
+    plots = "training.png, memory.png" if summary["store_line"] else "training.png"
+    print(f"wrote {args.out}/ (summary.json, metrics-seed*.jsonl, {plots})")
     return 0
 
 

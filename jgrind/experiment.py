@@ -1,7 +1,8 @@
 """Run a `RunConfig` for several seeds and write its artefacts (what ``jgrind train`` does).
 
 Artefacts in ``out``: ``config.json``, ``metrics-seed{S}.jsonl`` (one JSON object per epoch),
-``training.png`` (loss and metric curves), ``summary.json`` (per-seed and mean +- std), and
+``training.png`` (loss and metric curves), ``summary.json`` (per-seed and mean +- std),
+``memory.png`` (bytes per tier over the first seed's run) for an out-of-core run, and
 ``checkpoints/seed{S}/`` when checkpointing is on.
 """
 
@@ -16,6 +17,7 @@ import jax
 
 from jgrind.config import (RunConfig, build_model, build_optimizer, build_policy, load_graph,
                            split_for)
+from jgrind.plan.cost import format_bytes
 from jgrind.plots import plot_memory, plot_training
 from jgrind.train import run_trials, train
 
@@ -65,6 +67,22 @@ def run_config(cfg: RunConfig, out: pathlib.Path, progress: bool = True) -> dict
         "memory": None if memory is None else {k: v for k, v in memory.items()
                                                if k != "timeline"},
         "line": f"{cfg.model} on {graph.name}: {trials.summary()}",
+        "store_line": None if memory is None else store_line(
+            memory, len(trials.results[0].history), cfg.seed),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def store_line(memory: dict, epochs: int, seed: int) -> str:
+    """One line on an out-of-core run's store (`jgrind.engine.store.Accounts`): peak bytes per
+    tier, and the bytes moved over the run, evaluation sweeps included. SSD bytes are the rows
+    used, then what the read and write calls passed (coalesced gap rows included)."""
+    f = format_bytes
+    return (f"store, seed {seed}: peak device {f(memory['peak_device'])}, host "
+            f"{f(memory['peak_host'])}, SSD {f(memory['peak_ssd'])}; moved in {epochs} epochs "
+            f"and their evaluations: host read {f(memory['host_read'])}, written "
+            f"{f(memory['host_written'])}; SSD read {f(memory['ssd_read'])}, written "
+            f"{f(memory['ssd_written'])} (file calls: {memory['ssd_read_ops']:,} reads of "
+            f"{f(memory['ssd_file_read'])}, {memory['ssd_write_ops']:,} writes of "
+            f"{f(memory['ssd_file_written'])})")

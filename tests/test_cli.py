@@ -80,11 +80,14 @@ def test_sizes_and_out_of_core_settings(tmp_path):
         build_policy(RunConfig().with_overrides(["policy=host", "keep_aggregations=gpu"]))
 
 
-def test_out_of_core_training_from_the_command_line(tmp_path):
+def test_out_of_core_training_from_the_command_line(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["train", "--epochs", "3", "--set", "num_nodes=600", "--policy", "ssd",
                  "--store", str(tmp_path), "--parts", "3", "--out", str(out), "--no-progress"])
     assert code == 0 and (out / "summary.json").exists()
+    printed = capsys.readouterr().out
+    assert "store, seed 0: peak device" in printed and "SSD read" in printed
+    assert "memory.png" in printed
     assert [p.name for p in tmp_path.iterdir()] == ["run"]  # the store's run dir is gone
     summary = json.loads((out / "summary.json").read_text())
     assert summary["memory"]["peak_ssd"] > 0 and summary["memory"]["ssd_written"] > 0
