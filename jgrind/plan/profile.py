@@ -40,9 +40,8 @@ import time
 from typing import Any, Callable, Optional
 
 import numpy as np
-import psutil
 
-from jgrind import _kernels, allocator
+from jgrind import _kernels, allocator, host_memory
 from jgrind.buffers import aligned_empty
 from jgrind.checksum import checksum
 from jgrind.plan.cost import SPAN_PIECE_BYTES
@@ -152,7 +151,7 @@ class Profile:
     #                        of the reference GCN (`jgrind.plan.cost.FUSED_REFERENCE`) on
     #                        generated graphs of two sizes, fastest of the repeats
     device_free: int       # bytes free on the default device (host RAM on the CPU backend)
-    host_free: int         # available host RAM, bytes
+    host_free: int         # available host RAM, bytes (within a cgroup's limit: `host_memory`)
     ssd_free: int          # free bytes on the disk of `directory`
     directory: str         # where the SSD figures were measured (absolute)
 
@@ -313,7 +312,8 @@ def machine_fingerprint() -> dict:
         "platform": platform.platform(),
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),
-        "ram_bytes": int(psutil.virtual_memory().total),
+        # a cgroup's limit where there is one (a container, a Slurm job): the RAM there is
+        "ram_bytes": host_memory.total(),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
@@ -600,7 +600,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         checksum_bw=checksum_bw,
         fused_steps=fused_steps,
         device_free=_device_free(jax.devices()[0]),
-        host_free=int(psutil.virtual_memory().available),
+        host_free=host_memory.available(),
         ssd_free=int(shutil.disk_usage(root).free),
         directory=str(root))
 
@@ -629,7 +629,7 @@ def _device_free(device) -> int:
         stats = None
     if stats and "bytes_limit" in stats and "bytes_in_use" in stats:
         return max(0, int(stats["bytes_limit"]) - int(stats["bytes_in_use"]))
-    return int(psutil.virtual_memory().available)
+    return host_memory.available()
 
 
 # -- compute -------------------------------------------------------------------------------------
