@@ -852,3 +852,29 @@ def test_a_lazily_zeroed_file_reads_zeros_and_writes_only_what_it_must(tmp_path)
     f.zero_lazily()                                             # the next epoch: all old again
     np.testing.assert_array_equal(f.read_block(1), np.zeros((4, 2)))
     f.close()
+
+
+def test_without_a_host_budget_the_host_cache_fits_the_free_ram(tmp_path, monkeypatch):
+    """No host budget: the host cache in front of the SSD tier would hold every SSD block.
+    It takes at most half of the host RAM free (`jgrind.host_memory`, a cgroup's limit
+    included), so in a small container it shrinks instead of running the job out of memory;
+    the gradients stay exact either way."""
+    from jgrind import host_memory
+
+    graph = _csbm()
+    model = models.gcn(8, 16, graph.num_classes, num_layers=3, dropout=0.5)
+    params = model.init(jax.random.key(0))
+    ref_loss, ref_grads = InMemory(graph, model, optax.sgd(0.1)).loss_and_grad(
+        params, jax.random.key(2))
+    capacities = []
+    for free in (None, 64 << 10):
+        if free is not None:
+            monkeypatch.setattr(host_memory, "available", lambda: free)
+        with OutOfCore(graph, model, optax.sgd(0.1), policy=policies.ssd_offload(tmp_path),
+                       num_parts=3, store=tmp_path, partitioner=contiguous) as ex:
+            everything = sum(i.nbytes for i in ex.inventory)
+            capacities.append(ex.store.cache.capacity)
+            grads, loss = ex.loss_and_grad(params, jax.random.key(2))
+        assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+        assert_same_gradients(grads, ref_grads)
+    assert capacities == [everything, 32 << 10]

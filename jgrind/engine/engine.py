@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jgrind import host_memory
 from jgrind.engine.steps import LayerSteps, PaddedPartition, layer_steps, pad_partition
 from jgrind.engine.store import BudgetError, Snapshot, Store, Table
 from jgrind.graph import Graph
@@ -92,7 +93,10 @@ class OutOfCore:
       partitioner: ``(graph, k, seed=) -> assignment``; default label propagation.
       partitioned: a ready `PartitionedGraph` of the *normalised* graph.
       store: directory for the SSD tier (a private subdirectory is made and removed).
-      device_budget, host_budget: bytes; None = unlimited.
+      device_budget, host_budget: bytes; None = unlimited. Without a host budget, the host
+        cache in front of the SSD tier holds at most half the host RAM free when the engine
+        starts (`jgrind.host_memory`: within a container's or job's memory limit), not every
+        SSD block regardless of the RAM there is.
       remat_policy: ``jax.checkpoint`` policy for intermediates inside a layer step.
       prefetch: overlap gathers and writes with compute on background threads.
       max_shapes: at most this many padded block shapes (compilations per layer step).
@@ -153,7 +157,8 @@ class OutOfCore:
             layer_steps(layer, remat_policy, rules[l - 1] if l >= 1 else None)
             for l, layer in enumerate(model.layers)]
         host_cache = max(self.host_budget - self.memory.host, 0) \
-            if self.host_budget < UNLIMITED else sum(i.nbytes for i in self.inventory)
+            if self.host_budget < UNLIMITED else \
+            min(sum(i.nbytes for i in self.inventory), host_memory.available() // 2)
         if not self.io.cache:
             host_cache = 0
         self.store = Store(pg.offsets[1:] - pg.offsets[:-1],
