@@ -14,7 +14,10 @@ subprocess that loads it, so each reports its own peak resident memory (``ru_max
 out-of-core engine under each built-in policy, all on the same partitioning (computed once), with
 the bytes each epoch reads and writes per tier (from the store's accounts), the GriNNder
 scheme's analytic minimum next to the SSD run, and the naive scheme (snapshots kept, inputs read
-node by node: `jgrind.plan.policies.naive`) against it.
+node by node: `jgrind.plan.policies.naive`) against it. Beside the store's accounts it prints the
+kernel's I/O counts per epoch (``/proc/self/io``: file bytes passed to calls, and what reached
+the storage device); ``--memory-limit`` runs the out-of-core runs in a memory cgroup whose page
+cache cannot hold the store's files.
 
 ``memory-wall``: a graph whose stored activations and gradients are several times the host
 budget, trained with the default budgeted policy; peak RSS against budgets + graph, and PyG
