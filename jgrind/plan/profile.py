@@ -400,7 +400,8 @@ def _read(path: pathlib.Path) -> Profile:
 def load_or_measure(path: str | os.PathLike | None = None,
                     directory: str | os.PathLike | None = None, *, remeasure: bool = False,
                     log: Optional[Callable[[str], None]] = None) -> Profile:
-    """The saved profile if it is current, else a fresh measurement (saved for next time).
+    """The saved profile if it is current (with today's free memory,
+    `with_current_free_memory`), else a fresh measurement (saved for next time).
 
     Re-measures when asked (``remeasure``), when there is no readable profile at ``path``, when
     it is stale (`Profile.stale_reason`), or when ``directory`` is given and is not where the
@@ -433,7 +434,7 @@ def load_or_measure(path: str | os.PathLike | None = None,
                 why = (f"profile {path} measured the SSD in {profile.directory}, not in "
                        f"{_where(directory)}; re-measuring")
             else:
-                return profile
+                return with_current_free_memory(profile)
     if log is not None:
         log(why)
     profile = measure(directory)
@@ -444,6 +445,15 @@ def load_or_measure(path: str | os.PathLike | None = None,
             log(f"could not save the hardware profile to {path} ({err}); using it for this "
                 "run only")
     return profile
+
+
+def with_current_free_memory(profile: Profile) -> Profile:
+    """``profile`` with the host RAM free *now* (`jgrind.host_memory`), not when it was
+    measured: other processes, or a job's smaller memory limit, may have taken some since, and
+    budgets default to half of it. On the CPU backend the device's free memory is that RAM."""
+    free = host_memory.available()
+    device = free if profile.machine.get("backend") == "cpu" else profile.device_free
+    return dataclasses.replace(profile, host_free=free, device_free=device)
 
 
 def _set_aside(path: pathlib.Path) -> pathlib.Path:
