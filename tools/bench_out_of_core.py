@@ -27,11 +27,9 @@ full-batch on the same graph (``--skip-pyg`` to leave it out).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
-import pathlib
 import resource
 import shlex
 import subprocess
@@ -44,6 +42,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_epoch import load, run_pyg  # noqa: E402  (tools/ is not a package)
+from memory_cgroup import drop_caches, joining, memory_cgroup  # noqa: E402
 
 RUNS = ("in-memory", "device", "host", "ssd", "recompute", "naive")
 # ssd-cache: ssd_offload with the host cache on (GriNNder's host caching). *-keep: the same
@@ -173,17 +172,6 @@ def kernel_io() -> dict:
     return {name: int(fields[k]) for k, name in KERNEL_IO.items() if k in fields}
 
 
-def drop_caches() -> bool:
-    """Flush dirty pages and drop the OS page cache; False if not permitted."""
-    os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
-
-
 def load_graph(path: str):
     from jgrind.graph import Graph
     if path.startswith("npy:"):  # saved by `mapped_copy`: every array a read-only memory map
@@ -220,36 +208,6 @@ def mapped_copy(npz_path: str, directory: str) -> str:
     return "npy:" + str(save_graph(load_graph(npz_path), os.path.join(directory, "graph")))
 
 
-@contextlib.contextmanager
-def memory_cgroup(limit: int | None):
-    """Yield a function that moves a process into a new memory cgroup capped at ``limit``
-    bytes (cgroup v2 ``memory.max``, else v1 ``memory.limit_in_bytes``; needs root), or None
-    without a limit. The kernel charges the cgroup for its processes' anonymous memory and for
-    the page cache they fill, and reclaims the clean page cache when the cap is reached; past
-    what it can reclaim, its OOM killer stops the process. The cgroup is removed afterwards."""
-    if limit is None:
-        yield None
-        return
-    root = pathlib.Path("/sys/fs/cgroup")
-    v2 = (root / "cgroup.controllers").exists()
-    base = (root if v2 else root / "memory") / f"jgrind-bench-{os.getpid()}"
-    try:
-        base.mkdir()
-        (base / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit))
-    except OSError as e:
-        sys.exit(f"--memory-limit needs a writable cgroup memory controller ({e}); run as "
-                 "root on Linux")
-    try:
-        yield lambda pid: (base / "cgroup.procs").write_text(str(pid))
-    finally:
-        for _ in range(50):  # removable once its last process has exited
-            try:
-                base.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
-
-
 def child(mode: str, config: dict, rss_cap: int | None = None,
           memory_limit: int | None = None) -> dict:
     """Run ``mode`` in a fresh interpreter; its last stdout line is the JSON result.
@@ -260,10 +218,10 @@ def child(mode: str, config: dict, rss_cap: int | None = None,
     size (`memory_cgroup`), as on a machine with that much RAM."""
     cmd = [sys.executable, os.path.abspath(__file__), "_child", mode, json.dumps(config)]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
-            memory_cgroup(memory_limit) as join_cgroup:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=child_env())
-        if join_cgroup is not None:  # before it has allocated much: it is still starting
-            join_cgroup(proc.pid)
+            memory_cgroup(memory_limit) as procs:
+        # in the cgroup before Python starts (`joining`); the pid stays the child's
+        proc = subprocess.Popen(joining(procs, cmd), stdout=out, stderr=err, text=True,
+                                env=child_env())
         start, highest, capped = time.perf_counter(), 0, False
         while proc.poll() is None:
             try:
@@ -655,8 +613,8 @@ def report_overhead(r: dict, args) -> None:
         free = [name for name in runs if name in UNCAPPED_RUNS]
         print(f"  - {', '.join(capped)} ran in a memory cgroup of {fmt(r['memory_limit'])}, "
               "page cache included (the page cache was dropped before each run)"
-              + (f"; {', '.join(free)} ran without it: they hold every activation"
-                 if free else ""))
+              + (f"; {', '.join(free)} ran without it (a whole-graph run holds every "
+                 "activation)" if free else ""))
     print("  - ssd and naive run with host_budget=0: the host cache in front of the SSD tier "
           "is off, so every read of an SSD block goes to the file")
     if r["drop_caches"]:
