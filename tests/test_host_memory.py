@@ -120,8 +120,9 @@ def test_inside_a_real_memory_cgroup_the_profile_sees_its_limit(tmp_path):
         v2 = (root / "cgroup.controllers").exists()
         (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(GIB))
         script = ("from jgrind import host_memory; from jgrind.plan import profile; "
-                  "print(host_memory.total(), host_memory.available(), "
-                  "profile.machine_fingerprint()['ram_bytes'])")
+                  "m = profile.machine_fingerprint(); "
+                  "print(host_memory.total(), host_memory.available(), m['ram_bytes'], "
+                  "m['memory_cgroup'])")
         # the shell joins the cgroup, then becomes Python (no preexec_fn: forking a process
         # that runs JAX's threads is unsafe, and JAX warns)
         out = subprocess.run(
@@ -129,8 +130,9 @@ def test_inside_a_real_memory_cgroup_the_profile_sees_its_limit(tmp_path):
              str(group / "cgroup.procs"), sys.executable, script],
             capture_output=True, text=True, check=True,
             env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=120).stdout
-        total, available, ram = map(int, out.split())
-        assert total == GIB and ram == GIB
+        *figures, where = out.split()
+        total, available, ram = map(int, figures)
+        assert total == GIB and ram == GIB and where == str(group)
         assert 0 < available < GIB
     finally:
         for _ in range(50):  # removable once the child has gone

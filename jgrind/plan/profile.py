@@ -183,7 +183,9 @@ class Profile:
         gib = 2**30
         rows = [
             ("machine", f"{m.get('cpu')!s}, {m.get('cores')} cores, "
-                        f"{_num(m.get('ram_bytes')) / gib:.1f} GiB RAM"),
+                        f"{_num(m.get('ram_bytes')) / gib:.1f} GiB RAM"
+                        + (f" (the limit of memory cgroup {m['memory_cgroup']})"
+                           if m.get("memory_cgroup") else "")),
             ("jax", f"{m.get('jax')} on {m.get('backend')} ({m.get('device_kind')})"),
             ("glibc huge pages", "on" if m.get("huge_pages") else "off"),
             ("heap reuse", "on" if m.get("heap_reuse") else "off"),
@@ -303,6 +305,12 @@ def _describe(fingerprint: dict) -> dict:
             "ram_bytes": f"{_num(fingerprint.get('ram_bytes')) / 2**30:.1f} GiB RAM"}
 
 
+def _binding_cgroup() -> Optional[str]:
+    """The memory cgroup whose limit is the process's RAM, if one is below the machine's."""
+    limits = host_memory.cgroup_memory()
+    return limits.path if limits is not None and limits.limit == host_memory.total() else None
+
+
 def machine_fingerprint() -> dict:
     """What identifies the hardware and software a profile was measured with."""
     import jax
@@ -314,6 +322,7 @@ def machine_fingerprint() -> dict:
         "cores": os.cpu_count(),
         # a cgroup's limit where there is one (a container, a Slurm job): the RAM there is
         "ram_bytes": host_memory.total(),
+        "memory_cgroup": _binding_cgroup(),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
