@@ -32,7 +32,7 @@ class CgroupMemory:
 
     limit: int      # the least limit, bytes
     headroom: int   # the least of (limit - usage that is not page cache), bytes
-    path: str       # the cgroup directory whose limit is the least
+    path: str       # the cgroup directory whose limit is the least (the RAM there is)
 
 
 def _mounts(proc: pathlib.Path) -> list[tuple[str, str, str, str]]:
@@ -125,7 +125,7 @@ def cgroup_memory(proc: str | pathlib.Path = "/proc/self") -> Optional[CgroupMem
     cgroup above it has one (or there are no cgroups: not Linux, or not mounted)."""
     proc = pathlib.Path(proc)
     member = _membership(proc)
-    best: Optional[CgroupMemory] = None
+    levels = []  # (limit, headroom, directory) of every level with a limit
     for fstype, mount_root, mount_point, options in _mounts(proc):
         if fstype == "cgroup2" and "v2" in member:
             names = ("memory.max", "memory.current", ("file",))
@@ -142,13 +142,20 @@ def cgroup_memory(proc: str | pathlib.Path = "/proc/self") -> Optional[CgroupMem
                 continue
             usage = _read_int(d / usage_name) or 0
             cache = _stat(d / "memory.stat", *cache_keys)
-            headroom = max(0, limit - max(0, usage - cache))
-            if best is None or headroom < best.headroom:
-                best = CgroupMemory(limit=min(limit, best.limit) if best else limit,
-                                    headroom=headroom, path=str(d))
-            elif limit < best.limit:
-                best = dataclasses.replace(best, limit=limit)
-    return best
+            levels.append((limit, max(0, limit - max(0, usage - cache)), str(d)))
+    if not levels:
+        return None
+    limit, _, path = min(levels)
+    return CgroupMemory(limit=limit, headroom=min(h for _, h, _ in levels), path=path)
+
+
+def limiting_cgroup() -> Optional[str]:
+    """The memory cgroup whose limit is this process's RAM (`total`), or None where the
+    machine's RAM is the less."""
+    limits = cgroup_memory()
+    if limits is None or limits.limit > int(psutil.virtual_memory().total):
+        return None
+    return limits.path
 
 
 def total() -> int:

@@ -72,6 +72,19 @@ def test_v2_the_tightest_level_wins_and_max_is_no_limit(tmp_path):
     assert limits.path == str(mount / "slice" / "container")
 
 
+def test_the_least_limit_and_the_least_headroom_may_be_at_different_levels(tmp_path):
+    """A 2 GiB step inside a 4 GiB job whose other steps use most of it: the RAM is the
+    step's 2 GiB, and what is free the job's 0.5 GiB (the step alone would leave 1.5)."""
+    mount = tmp_path / "cgroup"
+    proc = _proc(tmp_path, f"40 30 0:35 / {mount} rw - cgroup2 cgroup2 rw", "0::/job/step")
+    _cgroup(mount / "job", memory_max=str(4 * GIB), memory_current=str(GIB * 7 // 2),
+            memory_stat="file 0\n")
+    _cgroup(mount / "job" / "step", memory_max=str(2 * GIB), memory_current=str(GIB // 2),
+            memory_stat="file 0\n")
+    assert host_memory.cgroup_memory(proc) == host_memory.CgroupMemory(
+        limit=2 * GIB, headroom=GIB // 2, path=str(mount / "job" / "step"))
+
+
 def test_a_container_sees_its_own_cgroup_at_the_mount_point(tmp_path):
     """With a cgroup namespace the mount's root is the container's cgroup; a path from the
     host's root that does not lie under it means the mount point itself."""

@@ -73,14 +73,18 @@ def joining(procs: pathlib.Path | None, command: list[str]) -> list[str]:
 
 def main() -> int:
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-    from jgrind.config import parse_bytes
+    from jgrind.config import ConfigError, parse_bytes
 
     args = sys.argv[1:]
     if len(args) < 3 or args[1] != "--" or args[0] in ("-h", "--help"):
         print(__doc__.split("\n\n")[0] + "\n\nusage: python tools/memory_cgroup.py SIZE -- "
               "COMMAND [ARGS...]   (SIZE like 4.5GiB)", file=sys.stderr)
         return 2
-    limit = parse_bytes(args[0])
+    try:
+        limit = parse_bytes(args[0])
+    except ConfigError as err:
+        print(f"memory_cgroup: {err}", file=sys.stderr)
+        return 2
     drop_caches()
     with memory_cgroup(limit) as procs:
         return subprocess.call(joining(procs, args[2:]))

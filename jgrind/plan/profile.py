@@ -305,12 +305,6 @@ def _describe(fingerprint: dict) -> dict:
             "ram_bytes": f"{_num(fingerprint.get('ram_bytes')) / 2**30:.1f} GiB RAM"}
 
 
-def _binding_cgroup() -> Optional[str]:
-    """The memory cgroup whose limit is the process's RAM, if one is below the machine's."""
-    limits = host_memory.cgroup_memory()
-    return limits.path if limits is not None and limits.limit == host_memory.total() else None
-
-
 def machine_fingerprint() -> dict:
     """What identifies the hardware and software a profile was measured with."""
     import jax
@@ -322,7 +316,7 @@ def machine_fingerprint() -> dict:
         "cores": os.cpu_count(),
         # a cgroup's limit where there is one (a container, a Slurm job): the RAM there is
         "ram_bytes": host_memory.total(),
-        "memory_cgroup": _binding_cgroup(),
+        "memory_cgroup": host_memory.limiting_cgroup(),
         "jax": jax.__version__,
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
