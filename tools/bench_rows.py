@@ -25,7 +25,7 @@ def main() -> None:
     import numpy as np
 
     from jgrind import rows
-    from jgrind.plan.profile import _best_seconds
+    from jgrind.plan.measure import _best_seconds
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=150_000)
