@@ -14,6 +14,7 @@ from jgrind.datasets.edgelist import read_text_table
 from jgrind.datasets.gnn_benchmark import per_class_split
 from jgrind.graph import GraphError
 from jgrind.transforms import coo, is_symmetric
+from jgrind.cli import main
 
 PLANETOID = ("x", "y", "tx", "ty", "allx", "ally", "graph", "test.index")
 
@@ -261,6 +262,33 @@ def test_edge_list_masks(tmp_path):
     np.savez(tmp_path / "bad.npz", train=np.array([0]), val=np.array([9]), test=np.array([2]))
     with pytest.raises(D.DatasetError, match="node id 9"):
         D.load_edge_list(e, x, y, masks_path=tmp_path / "bad.npz")
+
+
+def test_edge_list_by_name_reads_the_files_beside_it(tmp_path, capsys):
+    """``edgelist:PATH`` alone (all the command line can pass) reads features.npy, labels.npy
+    and masks.npz from the edge list's folder; a missing one is named, with what to do."""
+    e, x, y = _tiny_edgelist(tmp_path, "0 1\n1 2\n3 4\n")
+    x.rename(tmp_path / "features.npy")
+    with pytest.raises(D.DatasetError, match=r"labels file .*labels\.npy does not exist; put "
+                                             r"features\.npy and labels\.npy"):
+        D.load(f"edgelist:{e}")
+    y.rename(tmp_path / "labels.npy")
+    g = D.load(f"edgelist:{e}")
+    assert_same_graph(g, D.load_edge_list(e, tmp_path / "features.npy", tmp_path / "labels.npy"))
+    assert g.num_splits == 1                                  # the random split: no masks file
+    np.savez(tmp_path / "masks.npz", train=np.array([[0, 1], [2, 3]]), val=np.array([4]),
+             test=np.array([5]))
+    g = D.load(f"edgelist:{e}")
+    assert g.num_splits == 2 and np.flatnonzero(g.train_mask[1]).tolist() == [2, 3]
+    with pytest.raises(D.DatasetError, match="both features_path and labels_path, or neither"):
+        D.load_edge_list(e, tmp_path / "features.npy")
+    # and from the command line, which could not load an edge list before
+    out = tmp_path / "saved"
+    assert main(["convert", "--dataset", f"edgelist:{e}", "--out", str(out)]) == 0
+    assert_same_graph(D.load(f"npy:{out}"), g)
+    assert main(["convert", "--dataset", f"edgelist:{tmp_path / 'none.txt'}", "--out",
+                 str(tmp_path / "other")]) == 2
+    assert "edge list" in capsys.readouterr().err
 
 
 def test_edge_list_out_of_range_id(tmp_path):

@@ -264,10 +264,18 @@ def read_masks(path, n: int):
 
 
 # -- the loader ----------------------------------------------------------------------------------
-def load_edge_list(edges_path, features_path, labels_path, *, masks_path=None, undirected=True,
-                   delimiter=None, comment="#", name=None):
+FEATURES_FILE, LABELS_FILE, MASKS_FILE = "features.npy", "labels.npy", "masks.npz"
+
+
+def load_edge_list(edges_path, features_path=None, labels_path=None, *, masks_path=None,
+                   undirected=True, delimiter=None, comment="#", name=None):
     """A `Graph` from an edge list (``src dst`` a line, 0-based), ``[N, F]`` features ``.npy``
     and ``[N]`` labels ``.npy`` (ints, -1 or NaN = unlabelled).
+
+    Without `features_path` and `labels_path`, the files beside the edge list are used:
+    ``features.npy``, ``labels.npy`` and, if it is there, ``masks.npz``. That is what
+    ``load("edgelist:/dir/edges.txt")`` and the command line (``--dataset edgelist:...``), which
+    cannot pass paths, read.
 
     `undirected`: add the reverse of every edge and drop duplicates and self loops; otherwise the
     edges are kept exactly as listed (``src -> dst``). Masks come from `masks_path` (see
@@ -276,6 +284,17 @@ def load_edge_list(edges_path, features_path, labels_path, *, masks_path=None, u
     """
     edges_path = Path(edges_path)
     hint = "pass the right path"
+    if features_path is None and labels_path is None:
+        folder = edges_path.parent
+        features_path, labels_path = folder / FEATURES_FILE, folder / LABELS_FILE
+        hint = (f"put {FEATURES_FILE} and {LABELS_FILE} (and optionally {MASKS_FILE}) beside "
+                f"the edge list, or pass features_path= and labels_path= from Python")
+        if masks_path is None and (folder / MASKS_FILE).is_file():
+            masks_path = folder / MASKS_FILE
+    elif features_path is None or labels_path is None:
+        raise DatasetError(f"edge list {edges_path}: pass both features_path and labels_path, "
+                           f"or neither (then {FEATURES_FILE} and {LABELS_FILE} beside it are "
+                           "read)")
     require_file(edges_path, "edge list", hint)
     features = read_npy(features_path, "features file", hint)
     if features.ndim != 2 or not (np.issubdtype(features.dtype, np.number)
