@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override a setting (repeatable; see below)")
     train.add_argument("--policy", help="out-of-core offload policy: in_memory, host, ssd, "
-                       "recompute, grinnder (see docs/engine.md)")
+                       "recompute, grinnder (see docs/engine.md), or auto: the planner "
+                       "chooses (docs/planner.md)")
     train.add_argument("--keep-aggregations", metavar="TIER",
                        help="with --policy in_memory/host/ssd: keep every layer's aggregated "
                        "input in this tier (device, host, ssd) instead of regathering in "
@@ -84,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-compile-cache", action="store_true",
                        help="compile everything afresh instead of reusing the compiled "
                        "programs of earlier runs (kept under $JGRIND_CACHE/xla, else "
-                       "~/.cache/jgrind/xla, or in $JAX_COMPILATION_CACHE_DIR when set)")
+                       "${XDG_CACHE_HOME:-~/.cache}/jgrind/xla, or in "
+                       "$JAX_COMPILATION_CACHE_DIR when set)")
 
     part = sub.add_parser(
         "partition", help="partition a graph and report its quality",
@@ -259,7 +261,8 @@ def cmd_datasets(args) -> int:
         if r.get("description"):
             print(textwrap.indent(r["description"], " " * 16))
     print("also by path: ogb:FOLDER (an OGB download), npz:FILE (gnn-benchmark), "
-          "edgelist:FILE, npy:FOLDER (saved by `jgrind convert`)")
+          "edgelist:FILE (features.npy and labels.npy beside it), npy:FOLDER (saved by "
+          "`jgrind convert`)")
     return 0
 
 

@@ -66,13 +66,15 @@ class _Sizes:
 _FULL = _Sizes(matmul=(4096, 256), matmul_chain=8, contraction=(100_000, 256, 8),
                spmm=(200_000, 2_000_000, 64),
                latency_calls=200, gather=(1_000_000, 64, 250_000), copy_bytes=256 * _MIB,
-               transfer_bytes=64 * _MIB, small_transfer_bytes=4 * _MIB, ssd_bytes=256 * _MIB, chunk=8 * _MIB,
+               transfer_bytes=64 * _MIB, small_transfer_bytes=4 * _MIB, ssd_bytes=256 * _MIB,
+               chunk=8 * _MIB,
                random_reads=256, target=0.2, overlap_seconds=0.3, repeats=5,
                fused=(40_000, 160_000))
 _QUICK = _Sizes(matmul=(1024, 128), matmul_chain=4, contraction=(10_000, 64, 8),
                 spmm=(20_000, 100_000, 32),
                 latency_calls=30, gather=(50_000, 32, 12_500), copy_bytes=8 * _MIB,
-                transfer_bytes=4 * _MIB, small_transfer_bytes=1 * _MIB, ssd_bytes=16 * _MIB, chunk=4 * _MIB,
+                transfer_bytes=4 * _MIB, small_transfer_bytes=1 * _MIB, ssd_bytes=16 * _MIB,
+                chunk=4 * _MIB,
                 random_reads=32, target=0.02, overlap_seconds=0.04, repeats=3,
                 fused=(2_000, 4_000))
 

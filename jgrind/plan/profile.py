@@ -68,7 +68,8 @@ class OlderProfileError(ProfileError):
 
 _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scatter_add_bw",
                  "gather_row_seconds", "scatter_add_row_seconds",
-                 "copy_bw", "to_device_bw", "to_device_small_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw",
+                 "copy_bw", "to_device_bw", "to_device_small_bw", "to_host_bw", "ssd_read_bw",
+                 "ssd_write_bw",
                  "ssd_latency",
                  "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
                  "update_call_overhead", "overlap", "io_parallel", "checksum_bw",
