@@ -92,14 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
         "partition", help="partition a graph and report its quality",
         description="Partition a dataset and print the edge cut, balance, halo/owned ratios, "
                     "the partitioner's time and peak memory.")
-    part.add_argument("--dataset", default="csbm", help="dataset name [csbm]")
-    part.add_argument("--parts", type=int, default=8, help="number of partitions [8]")
-    part.add_argument("--partitioner", default="label_propagation",
+    part.add_argument("--dataset", help="dataset name [csbm]")
+    part.add_argument("--parts", type=int, help="number of partitions [8]")
+    part.add_argument("--partitioner",
                       help="label_propagation | contiguous | random | metis "
                            "[label_propagation]")
-    part.add_argument("--seed", type=int, default=0)
+    part.add_argument("--seed", type=int, help="the partitioner's seed [0]")
     part.add_argument("--set", dest="overrides", action="append", default=[],
-                      metavar="KEY=VALUE", help="dataset settings, e.g. num_nodes=100000")
+                      metavar="KEY=VALUE", help="a setting, as for `jgrind train` (dataset "
+                      "settings, e.g. num_nodes=100000; parts, partitioner, seed)")
 
     ds = sub.add_parser("datasets", help="list known datasets and where they are read from",
                         description="List built-in datasets, whether their files are present, "
@@ -174,25 +175,43 @@ def cmd_plan(args) -> int:
     from jgrind.plan import profile as hw
     from jgrind.plan.planner import plan_run
     from jgrind.plan.report import plot_plan, print_plan
-    flags = {k: getattr(args, k) for k in ("dataset", "model") if getattr(args, k) is not None}
+    flags = {k: getattr(args, k) for k in ("dataset", "model", "parts", "device_budget",
+                                           "host_budget", "store", "profile")
+             if getattr(args, k) is not None}
     cfg = dataclasses.replace(RunConfig(), **flags).with_overrides(args.overrides)
+    if args.parts is not None and args.parts < 1:
+        raise ConfigError(f"--parts {args.parts}: a graph is cut into at least 1 partition")
+    _check_out_folder(args.out)
+    device, host = parse_bytes(cfg.device_budget), parse_bytes(cfg.host_budget)
     graph = load_graph(cfg)
     model = build_model(cfg, graph)
-    profile = hw.load_or_measure(args.profile, args.store, remeasure=args.remeasure,
+    store = cfg.store or None
+    profile = hw.load_or_measure(cfg.profile or None, store, remeasure=args.remeasure,
                                  log=lambda msg: print(f"jgrind: {msg}"))
-    device = parse_bytes(args.device_budget) if args.device_budget else None
-    host = parse_bytes(args.host_budget) if args.host_budget else None
     device = device if device is not None else profile.device_free
     host = host if host is not None else profile.host_free // 2
     print(graph)
     the_plan = plan_run(graph, model, profile, device_budget=device, host_budget=host,
-                        directory=args.store, num_parts=args.parts,
+                        directory=store, num_parts=cfg.parts or None,
                         progress=lambda msg: print(f"  {msg}"))
     print_plan(the_plan)
     charts = plot_plan(the_plan, args.out)
     if charts:
         print(f"wrote {charts[0]} and {charts[1]}")
     return 0
+
+
+def _check_out_folder(out: str) -> None:
+    """An output folder the command can make or write into, checked before any work."""
+    path = pathlib.Path(out)
+    if not out.strip():
+        raise ConfigError("the output folder (--out) is empty; name a folder")
+    for parent in (path, *path.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"cannot make the output folder {path}: {parent} is a file; "
+                                  "name another folder (--out)")
+            break
 
 
 def cmd_train(args) -> int:
@@ -203,6 +222,7 @@ def cmd_train(args) -> int:
                                            "host_budget", "store")
              if getattr(args, k) is not None}
     cfg = dataclasses.replace(cfg, **flags).with_overrides(args.overrides)
+    _check_out_folder(args.out)
     from jgrind.caches import compilation_cache
     with compilation_cache() if not args.no_compile_cache else contextlib.nullcontext():
         summary = run_config(cfg, out=pathlib.Path(args.out), progress=not args.no_progress)
@@ -217,13 +237,19 @@ def cmd_train(args) -> int:
 def cmd_partition(args) -> int:
     from jgrind.config import load_graph
     from jgrind.partition import PARTITIONERS, measure, partition_graph, quality
-    if args.partitioner not in PARTITIONERS:
-        raise ConfigError(f"unknown partitioner {args.partitioner!r}; use one of "
+    flags = {"dataset": args.dataset, "parts": args.parts, "partitioner": args.partitioner,
+             "seed": args.seed}
+    cfg = dataclasses.replace(RunConfig(), **{k: v for k, v in flags.items() if v is not None})
+    cfg = cfg.with_overrides(args.overrides)
+    if cfg.partitioner not in PARTITIONERS:
+        raise ConfigError(f"unknown partitioner {cfg.partitioner!r}; use one of "
                           f"{', '.join(PARTITIONERS)}")
-    cfg = dataclasses.replace(RunConfig(), dataset=args.dataset).with_overrides(args.overrides)
+    if args.parts is not None and args.parts < 1:
+        raise ConfigError(f"--parts {args.parts}: a graph is cut into at least 1 partition")
+    parts = cfg.parts or 8
     graph = load_graph(cfg)
-    m = measure(args.partitioner, graph, args.parts, seed=args.seed)
-    pg = partition_graph(graph, m.assignment, num_parts=args.parts)
+    m = measure(cfg.partitioner, graph, parts, seed=cfg.seed)
+    pg = partition_graph(graph, m.assignment, num_parts=parts)
     print(graph)
     print(quality(pg, m).format())
     return 0
@@ -280,11 +306,27 @@ def cmd_profile(args) -> int:
         if stale:
             print(f"stale: {stale}; run `jgrind profile` to re-measure")
         return 0
+    _check_profile_target(path)  # before measuring, not after
     measured = profile.measure(args.store, quick=args.quick, progress=True)
     profile.save(measured, path)
     print(measured.format())
     print(f"saved to {path}")
     return 0
+
+
+def _check_profile_target(path: pathlib.Path) -> None:
+    """Where `jgrind profile` may save: a new file, or a profile it replaces; never another
+    file, which it would overwrite."""
+    from jgrind.plan import profile
+    _check_out_folder(str(path.parent))
+    if path.exists():
+        try:
+            profile.load(path)
+        except profile.OlderProfileError:
+            pass  # a profile of an older format: replaced
+        except profile.ProfileError:
+            raise profile.ProfileError(f"{path} exists and is not a jgrind hardware profile; "
+                                       "pass another path (--out), or remove it") from None
 
 
 def _engine_errors() -> tuple:
@@ -293,8 +335,9 @@ def _engine_errors() -> tuple:
     from jgrind.engine import BudgetError, StoreError
     from jgrind.plan import PolicyError
     from jgrind.plan.planner import PlanError
+    from jgrind.partition.partitioners import MissingExtraError
     from jgrind.plan.profile import ProfileError
-    return (BudgetError, StoreError, PolicyError, ProfileError, PlanError)
+    return (BudgetError, StoreError, PolicyError, ProfileError, PlanError, MissingExtraError)
 
 
 def main(argv=None) -> int:
@@ -311,7 +354,7 @@ def main(argv=None) -> int:
     try:
         return handlers[args.command](args)
     except (ConfigError, GraphError, FileNotFoundError, NotADirectoryError, PermissionError,
-            *_engine_errors()) as err:
+            IsADirectoryError, FileExistsError, *_engine_errors()) as err:
         print(f"jgrind: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

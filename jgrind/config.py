@@ -7,6 +7,7 @@ The string names here ("gcn", "relu", "cora") are resolved to functions once, in
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Optional
 import jax
@@ -86,6 +87,13 @@ class RunConfig:
     avg_degree: float = 10.0
     "generated datasets: average degree"
 
+    def __post_init__(self):
+        for name, (valid, expected) in _LIMITS.items():
+            value = getattr(self, name)
+            if not valid(value):
+                raise ConfigError(f"setting {name}={value!r} is out of range: {name} must be "
+                                  f"{expected}")
+
     @classmethod
     def field_docs(cls) -> dict[str, str]:
         """``{name: doc}`` from the string literal after every field (shown by --help)."""
@@ -115,6 +123,32 @@ class RunConfig:
                                   f"{', '.join(sorted(fields))}")
             changes[key] = _convert(key, value.strip(), hints[key])
         return dataclasses.replace(self, **changes)
+
+
+def _positive(v) -> bool:
+    return math.isfinite(v) and v > 0
+
+
+# every number a run takes, and what it must be: checked when a RunConfig is made, so that a bad
+# value is one line before anything is loaded or written, not a traceback epochs later
+_LIMITS = {
+    "hidden": (lambda v: v >= 1, "at least 1"),
+    "layers": (lambda v: v >= 1, "at least 1"),
+    "heads": (lambda v: v >= 1, "at least 1"),
+    "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "lr": (_positive, "a finite number above 0"),
+    "weight_decay": (lambda v: math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
+    "epochs": (lambda v: v >= 1, "at least 1"),
+    "seed": (lambda v: v >= 0, "0 or more"),
+    "seeds": (lambda v: v >= 1, "at least 1"),
+    "split": (lambda v: v >= -1, "-1 (one per seed) or a split's number, 0 or more"),
+    "patience": (lambda v: v >= 0, "0 (off) or more"),
+    "eval_every": (lambda v: v >= 1, "at least 1"),
+    "checkpoint_every": (lambda v: v >= 0, "0 (off) or more"),
+    "parts": (lambda v: v >= 0, "0 (the default) or more"),
+    "num_nodes": (lambda v: v >= 1, "at least 1"),
+    "avg_degree": (lambda v: math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
+}
 
 
 def _convert(key: str, value: str, kind) -> object:
@@ -160,10 +194,15 @@ def load_graph(cfg: RunConfig) -> Graph:
     from jgrind import datasets
     from jgrind.datasets.features import row_normalize_features
     from jgrind.datasets.generated import GENERATED
-    kwargs = {}
     if cfg.dataset in GENERATED:
-        kwargs = {"num_nodes": cfg.num_nodes, "avg_degree": cfg.avg_degree}
-    graph = datasets.load(cfg.dataset, **kwargs)
+        try:
+            graph = datasets.load(cfg.dataset, num_nodes=cfg.num_nodes,
+                                  avg_degree=cfg.avg_degree)
+        except ValueError as err:  # the generator's own check of its arguments
+            raise ConfigError(f"cannot generate {cfg.dataset} with num_nodes={cfg.num_nodes}, "
+                              f"avg_degree={cfg.avg_degree}: {err}") from None
+    else:
+        graph = datasets.load(cfg.dataset)
     return row_normalize_features(graph) if cfg.row_normalize else graph
 
 
@@ -183,7 +222,7 @@ def parse_bytes(text: str) -> Optional[int]:
         value = float(number)
     except ValueError:
         value = -1.0
-    if unit not in _UNITS or value < 0:
+    if unit not in _UNITS or not 0 <= value * _UNITS[unit] < 2**63:
         raise ConfigError(f"cannot read {text!r} as a size; write e.g. 512MiB, 2GiB or 10GB")
     return int(value * _UNITS[unit])
 
@@ -235,6 +274,10 @@ def _need_store(store):
 
 def split_for(cfg: RunConfig, graph: Graph, trial: int) -> int:
     if cfg.split >= 0:
+        if cfg.split >= graph.num_splits:
+            raise ConfigError(f"setting split={cfg.split}: {graph.name} has {graph.num_splits} "
+                              f"split(s), numbered 0..{graph.num_splits - 1} (or -1: one per "
+                              "seed)")
         return cfg.split
     return trial % graph.num_splits if graph.num_splits > 1 else 0
 

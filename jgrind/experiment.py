@@ -15,17 +15,66 @@ import time
 
 import jax
 
-from jgrind.config import (RunConfig, build_model, build_optimizer, build_policy, load_graph,
-                           split_for)
+from jgrind.config import (ConfigError, RunConfig, build_model, build_optimizer, build_policy,
+                           load_graph, split_for)
 from jgrind.plan.cost import format_bytes
 from jgrind.plots import plot_memory, plot_training
-from jgrind.train import run_trials, train
+from jgrind.train import check_split, run_trials, train
+
+
+# What a run's checkpoints depend on: resuming one under another value of these would load
+# parameters of another shape, or continue another experiment and report it as this one.
+# (Epochs, seeds, evaluation and every out-of-core setting may change: the engine computes the
+# same function whatever the policy, budgets or partitions.)
+CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "residual",
+                "layer_norm", "activation", "lr", "weight_decay", "seed", "split",
+                "row_normalize", "num_nodes", "avg_degree")
+# the files `run_config` writes (and a later run in the same folder replaces)
+RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png")
+
+
+def check_out(out: pathlib.Path, cfg: RunConfig) -> None:
+    """Check that ``out`` can take a run of ``cfg``: ConfigError for a path that is a file, a
+    folder of other files, or checkpoints of another experiment. Changes nothing."""
+    if not str(out).strip():
+        raise ConfigError("the output folder (--out) is empty; name a folder for the run's files")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"the output folder {out} is a file; name a folder (--out)")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    try:
+        earlier = json.loads((out / "config.json").read_text())
+        assert isinstance(earlier, dict)
+    except (OSError, ValueError, AssertionError):
+        raise ConfigError(f"the output folder {out} holds files that are not a jgrind run's "
+                          "(no readable config.json); name a new or empty folder (--out)") from None
+    if cfg.checkpoint_every and (out / "checkpoints").is_dir():
+        ours = dataclasses.asdict(cfg)
+        differ = [f"{k} {earlier.get(k)!r} -> {ours[k]!r}" for k in CHECKPOINTED
+                  if earlier.get(k) != ours[k]]
+        if differ:
+            raise ConfigError(f"{out}/checkpoints hold another experiment ({', '.join(differ)}), "
+                              "which this run would resume; name another folder (--out), or "
+                              "remove the checkpoints to start afresh")
+
+
+def start_out(out: pathlib.Path, cfg: RunConfig) -> None:
+    """Clear an earlier run's results from ``out`` (not its checkpoints, which ``cfg``
+    resumes) and write ``cfg`` there: called once the run is checked and about to start."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for log in out.glob("metrics-seed*.jsonl"):
+        log.unlink()
+    (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
 
 
 def run_config(cfg: RunConfig, out: pathlib.Path, progress: bool = True) -> dict:
+    """Train ``cfg`` for its seeds and write the run's files into ``out``. Everything that can
+    be checked (settings, the folder, the dataset, the model, the policy, then the engine's
+    budgets and store) is checked before anything is written."""
     out = pathlib.Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    check_out(out, cfg)  # before a large graph is loaded for nothing
     t0 = time.perf_counter()
     graph = load_graph(cfg)
     model = build_model(cfg, graph)
@@ -33,15 +82,20 @@ def run_config(cfg: RunConfig, out: pathlib.Path, progress: bool = True) -> dict
     engine_args = build_policy(cfg)
     load_seconds = time.perf_counter() - t0
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
+    splits = [split_for(cfg, graph, trial) for trial in range(cfg.seeds)]
+    for split in set(splits):
+        check_split(graph, split)
 
     def run(seed: int):
         trial = seed - cfg.seed
         ckpt_dir = (out / "checkpoints" / f"seed{seed}") if cfg.checkpoint_every else None
         return train(jax.random.key(seed), graph, model, optimizer, epochs=cfg.epochs,
-                     split=split_for(cfg, graph, trial), eval_every=cfg.eval_every,
+                     split=splits[trial], eval_every=cfg.eval_every,
                      patience=cfg.patience or None, log_path=out / f"metrics-seed{seed}.jsonl",
                      checkpoint_dir=ckpt_dir, checkpoint_every=cfg.checkpoint_every or 1,
-                     progress=progress, **engine_args)
+                     progress=progress,
+                     ready=(lambda: start_out(out, cfg)) if trial == 0 else None,
+                     **engine_args)
 
     trials = run_trials(run, seeds)
     plot_training([r.history for r in trials.results], out / "training.png",

@@ -18,6 +18,11 @@ class GraphError(ValueError):
     """A graph (or a file it was read from) is malformed. The message says what and what to do."""
 
 
+# More classes than nodes is allowed up to this many (a small graph may not show every class);
+# beyond it the class ids are almost certainly not 0..C-1.
+MAX_SPARSE_CLASSES = 2**16
+
+
 def index_dtype(n: int) -> np.dtype:
     """int32 while ids fit (half the memory and the native index type of XLA), else int64."""
     return np.dtype(np.int32) if n < 2**31 - 1 else np.dtype(np.int64)
@@ -77,6 +82,10 @@ class Graph:
         set_("indptr", freeze(indptr.astype(idx_t, copy=False)))
         set_("indices", freeze(np.asarray(self.indices).astype(idx_t, copy=False)))
         feats = np.asarray(self.features)
+        if not (np.issubdtype(feats.dtype, np.floating) or np.issubdtype(feats.dtype, np.integer)
+                or feats.dtype == bool):
+            raise GraphError(f"{self.name}: features are {feats.dtype}; they must be real "
+                             "numbers (float, int or bool)")
         if feats.dtype != np.float32:
             feats = feats.astype(np.float32)
         set_("features", freeze(feats))
@@ -163,6 +172,12 @@ class Graph:
             raise GraphError(f"{name}: labels have shape {self.labels.shape}, expected [{n}]")
         if self.num_classes < 1:
             raise GraphError(f"{name}: num_classes must be at least 1, got {self.num_classes}")
+        if self.num_classes > max(n, MAX_SPARSE_CLASSES):
+            # the output layer has a column per class: a stray huge label id would allocate
+            # gigabytes of parameters (seen: a label of 1e9, 256 GB)
+            raise GraphError(f"{name}: {self.num_classes} classes for {n} nodes (the largest "
+                             "label + 1); number the classes 0..C-1, e.g. with "
+                             "np.unique(labels, return_inverse=True)")
         labelled = self.labels >= 0
         if np.any(self.labels < -1) or np.any(self.labels[labelled] >= self.num_classes):
             bad = self.labels[(self.labels < -1) | (self.labels >= self.num_classes)]

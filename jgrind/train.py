@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 from jgrind import checkpoint as ckpt
-from jgrind.graph import Graph
+from jgrind.graph import Graph, GraphError
 from jgrind.loss import node_weights, weighted_cross_entropy
 from jgrind.metrics import cross_entropy, default_metric, evaluate
 from jgrind.models.model import GNN, Params
@@ -107,6 +107,18 @@ class TrainResult:
     memory: Optional[dict] = None
 
 
+def check_split(graph: Graph, split: int) -> None:
+    """ValueError if ``split`` is not one of ``graph``'s splits; GraphError if it has no
+    training node (nothing to learn from: every label -1, or an empty train mask)."""
+    if not 0 <= split < graph.num_splits:
+        raise ValueError(f"split {split} does not exist: {graph.name} has {graph.num_splits} "
+                         f"split(s), numbered 0..{graph.num_splits - 1}")
+    if not graph.train_mask[split].any():
+        raise GraphError(f"{graph.name} has no training node in split {split} (an empty train "
+                         "mask, or no labelled node: labels of -1 are unlabelled); give it "
+                         "labels and a train mask")
+
+
 def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTransformation, *,
           epochs: int, split: int = 0, metric: Optional[str] = None, eval_every: int = 1,
           patience: Optional[int] = None, log_path: Optional[str | pathlib.Path] = None,
@@ -114,7 +126,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
           progress: bool = True, executor: Optional[Executor] = None,
           policy=None, num_parts: Optional[int] = None, store=None,
           device_budget: Optional[int] = None, host_budget: Optional[int] = None,
-          partitioner=None) -> TrainResult:
+          partitioner=None, ready: Optional[Callable[[], None]] = None) -> TrainResult:
     """Train ``model`` on the full graph for ``epochs`` epochs (one optimizer step each).
 
     Args:
@@ -132,23 +144,21 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
         out-of-core arguments below (`InMemory` when none is given).
       policy, num_parts, store, device_budget, host_budget, partitioner: run out of core, see
         `make_executor` and `jgrind.engine.OutOfCore`.
+      ready: called once everything is set up and checked (the executor with its budgets and
+        store, a resumed checkpoint), before the log is opened and the first epoch runs; what
+        fails before it is a bad argument, and nothing has been written. (`jgrind train`
+        writes its run folder then.)
 
     Each history record: ``epoch, loss, seconds`` and, on evaluated epochs, ``train``, ``val``,
     ``test`` (the metric) and ``val_loss``.
     """
     if epochs < 1:
         raise ValueError(f"epochs must be at least 1, got {epochs}")
-    if not 0 <= split < graph.num_splits:
-        raise ValueError(f"split {split} does not exist: {graph.name} has {graph.num_splits} "
-                         f"split(s), numbered 0..{graph.num_splits - 1}")
+    check_split(graph, split)
     metric = metric or default_metric(graph.num_classes)
     masks = (graph.train_mask[split], graph.val_mask[split], graph.test_mask[split])
     labels = graph.labels
     owned_executor = executor is None
-    if executor is None:
-        executor = make_executor(graph, model, optimizer, split=split, policy=policy,
-                                 num_parts=num_parts, store=store, device_budget=device_budget,
-                                 host_budget=host_budget, partitioner=partitioner)
 
     init_key, dropout_key = jax.random.split(key)
     params = model.init(init_key)
@@ -157,32 +167,42 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     history: list[dict] = []
     start_epoch = 0
 
-    # -- resume ------------------------------------------------------------------------------
-    manager = ckpt.manager(checkpoint_dir, checkpoint_every) if checkpoint_dir else None
-    if manager is not None:
-        like = {"params": params, "opt_state": opt_state, "best_params": params}
-        restored = ckpt.restore_latest(manager, like)
-        if restored is not None:
-            saved_epoch, state, meta = restored
-            params, opt_state = state["params"], state["opt_state"]
-            best = {**meta["best"], "params": state["best_params"]}
-            history = meta["history"]
-            start_epoch = saved_epoch + 1
-
-    log_file = None
-    if log_path is not None:
-        log_path = pathlib.Path(log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(log_path, "w")
-        for record in history:
-            log_file.write(json.dumps(record) + "\n")
-
-    # -- epochs ------------------------------------------------------------------------------
-    bar = _progress(range(start_epoch, epochs), progress, total=epochs, initial=start_epoch,
-                    desc=f"{model.name} on {graph.name}")
+    log_file = manager = None
     stale = 0
     train_seconds = 0.0
     try:
+        # Within the try, so that the store's files are removed below whatever fails next.
+        # Made before anything is written: a budget or store directory it rejects is an error
+        # that leaves no checkpoint folder or log behind.
+        if owned_executor:
+            executor = make_executor(graph, model, optimizer, split=split, policy=policy,
+                                     num_parts=num_parts, store=store,
+                                     device_budget=device_budget, host_budget=host_budget,
+                                     partitioner=partitioner)
+
+        # -- resume --------------------------------------------------------------------------
+        manager = ckpt.manager(checkpoint_dir, checkpoint_every) if checkpoint_dir else None
+        if manager is not None:
+            like = {"params": params, "opt_state": opt_state, "best_params": params}
+            restored = ckpt.restore_latest(manager, like)
+            if restored is not None:
+                saved_epoch, state, meta = restored
+                params, opt_state = state["params"], state["opt_state"]
+                best = {**meta["best"], "params": state["best_params"]}
+                history = meta["history"]
+                start_epoch = saved_epoch + 1
+
+        # -- epochs --------------------------------------------------------------------------
+        if ready is not None:
+            ready()
+        if log_path is not None:
+            log_path = pathlib.Path(log_path)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log_file = open(log_path, "w")
+            for record in history:
+                log_file.write(json.dumps(record) + "\n")
+        bar = _progress(range(start_epoch, epochs), progress, total=epochs,
+                        initial=start_epoch, desc=f"{model.name} on {graph.name}")
         for epoch in bar:
             t0 = time.perf_counter()
             params, opt_state, loss = executor.step(params, opt_state,
@@ -224,7 +244,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
         store = getattr(executor, "store", None)
         memory = None if store is None else {**store.accounts.as_dict(),
                                              "timeline": list(store.accounts.timeline)}
-        if owned_executor and hasattr(executor, "close"):
+        if owned_executor and executor is not None and hasattr(executor, "close"):
             executor.close()  # removes the run's SSD files, also on error
         if log_file is not None:
             log_file.close()

@@ -157,9 +157,15 @@ def test_load_or_measure_remeasures_when_asked_missing_broken_or_elsewhere(measu
     assert calls[-1] == other and "measured the SSD in" in logs[-1]
 
     path.write_text("{broken")
-    profile.load_or_measure(path, log=logs.append)
+    # a file the user named that is not a profile (another file, passed by mistake) is an
+    # error, and stays as it was
+    with pytest.raises(ProfileError, match="not valid JSON.*pass a hardware profile file"):
+        profile.load_or_measure(path, log=logs.append)
+    assert path.read_text() == "{broken" and len(calls) == 2
+    # the default profile, unreadable: set aside, not overwritten, and measured again
+    monkeypatch.setenv("JGRIND_PROFILE", str(path))
+    profile.load_or_measure(log=logs.append)
     assert "not valid JSON" in logs[-1] and profile.load(path).created == "measurement 3"
-    # the unreadable file is set aside, not overwritten: nothing the user had is lost
     kept = path.with_name(path.name + ".unreadable")
     assert kept.read_text() == "{broken" and str(kept) in logs[-1]
 

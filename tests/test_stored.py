@@ -131,7 +131,7 @@ def test_nan_written_into_a_saved_file_is_found(tmp_path):
 def test_save_never_loses_what_is_there(tmp_path, monkeypatch):
     g, folder = _saved(tmp_path)
     other = community_graph(num_nodes=90, name="other")
-    with pytest.raises(D.DatasetError, match="the folder exists; pass overwrite=True"):
+    with pytest.raises(D.DatasetError, match="holds a saved graph; pass overwrite=True"):
         D.save_graph(other, folder)
     D.save_graph(other, folder, overwrite=True)
     assert_same(other, D.load_saved(folder))
@@ -139,8 +139,9 @@ def test_save_never_loses_what_is_there(tmp_path, monkeypatch):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(D.DatasetError, match="will not overwrite .*not a saved graph"):
-        D.save_graph(g, mine, overwrite=True)
+    for overwrite in (False, True):  # --overwrite would not help: said first
+        with pytest.raises(D.DatasetError, match="will not write into .*not a saved graph"):
+            D.save_graph(g, mine, overwrite=overwrite)
     assert (mine / "notes.txt").read_text() == "keep me"
     with pytest.raises(D.DatasetError, match="is a file"):
         D.save_graph(g, mine / "notes.txt")
@@ -201,7 +202,7 @@ def test_convert_command_then_train_from_the_folder(tmp_path, capsys):
     assert D.load_saved(out).num_nodes == 400
     # refused before the dataset is loaded; with --overwrite replaced
     assert main(["convert", "--dataset", "nope", "--out", str(out)]) == 2
-    assert "the folder exists" in capsys.readouterr().err
+    assert "holds a saved graph" in capsys.readouterr().err
     assert main(["convert", "--dataset", "csbm", "--set", "num_nodes=300", "--out", str(out),
                  "--overwrite"]) == 0
     assert D.load_saved(out).num_nodes == 300

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,9 @@ def _load() -> Native:
         lib = ctypes.CDLL(str(result.path))
     except OSError as e:
         raise build.BuildError(f"cannot load {result.path}: {e}") from e
+    finally:
+        if result.private:  # loaded (or not): its folder is nobody's to reuse
+            shutil.rmtree(result.path.parent, ignore_errors=True)
     lib.jgrind_kernel_abi_version.restype = ctypes.c_int
     if lib.jgrind_kernel_abi_version() != _ABI_VERSION:
         raise build.BuildError(f"{result.path} has ABI {lib.jgrind_kernel_abi_version()}, "

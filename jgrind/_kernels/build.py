@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import warnings
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ class BuildResult:
     path: Path
     compiled: bool  # False: taken from the cache
     seconds: float  # compile time (0 when cached)
+    private: bool = False  # built in a temporary folder of this process's, to remove once loaded
 
 
 def cache_dir() -> Path:
@@ -130,15 +132,19 @@ def build() -> BuildResult:
     target = library_path(cxx, include_dir)
     if target.is_file():
         return BuildResult(target, compiled=False, seconds=0.0)
-    if not _usable(target.parent):
+    private = not _usable(target.parent)
+    if private:
         # Unwritable cache (read-only home, sandbox): build privately for this process.
+        warnings.warn(f"the kernel cache {target.parent} is not writable: compiling jgrind's "
+                      "kernels for this process only (set JGRIND_CACHE to a writable folder "
+                      "to keep them)", stacklevel=2)
         target = Path(tempfile.mkdtemp(prefix="jgrind-kernels-")) / target.name
     with _exclusive(target.with_suffix(".lock")):
         # Another process may have built it while this one waited for the lock.
         if target.is_file():
             return BuildResult(target, compiled=False, seconds=0.0)
         seconds = _compile(cxx, include_dir, target)
-    return BuildResult(target, compiled=True, seconds=seconds)
+    return BuildResult(target, compiled=True, seconds=seconds, private=private)
 
 
 @contextlib.contextmanager

@@ -45,7 +45,10 @@ def _csr(d: dict, prefix: str, path: Path):
                                    f"{prefix} matrix (it has {', '.join(d)}); {_HINT}")
             data, indices, indptr, shape = (d[k] for k in keys)
             try:
-                return sp.csr_matrix((data, indices, indptr), shape=tuple(int(s) for s in shape))
+                matrix = sp.csr_matrix((data, indices, indptr),
+                                       shape=tuple(int(s) for s in shape))
+                matrix.check_format(full_check=True)  # indices in range, indptr ordered
+                return matrix
             except (ValueError, TypeError) as e:
                 raise DatasetError(f"{path}: the {spelling}* pieces do not form a CSR matrix "
                                    f"({e}); {_HINT}") from None

@@ -58,7 +58,8 @@ def load_ogb_raw(directory, *, split=None, to_undirected: bool = False, name=Non
     """
     directory = Path(directory)
     if not directory.is_dir():
-        raise DatasetError(f"OGB dataset folder {directory} does not exist; pass the folder "
+        problem = "is a file" if directory.exists() else "does not exist"
+        raise DatasetError(f"OGB dataset folder {directory} {problem}; pass the folder "
                            "that holds raw/ and split/")
     raw = directory / "raw"
     if not (raw / "edge.csv.gz").exists() and (raw / "node-feat").is_dir():

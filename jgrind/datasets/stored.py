@@ -114,13 +114,13 @@ def check_target(target, overwrite: bool = False) -> str:
                            "folder name")
     if not any(target.iterdir()):
         return "empty"
+    if not (target / META).is_file():  # checked first: --overwrite would not help
+        raise DatasetError(f"will not write into {target}: it is not a saved graph (no "
+                           f"{META}) and is not empty; choose a new folder")
     if not overwrite:
-        raise DatasetError(f"cannot save the graph to {target}: the folder exists; pass "
+        raise DatasetError(f"cannot save the graph to {target}: it holds a saved graph; pass "
                            "overwrite=True (`jgrind convert --overwrite`) to replace it, or "
                            "choose a new folder")
-    if not (target / META).is_file():
-        raise DatasetError(f"will not overwrite {target}: it is not a saved graph (no "
-                           f"{META}) and is not empty; choose a new folder")
     return "replace"
 
 
@@ -132,7 +132,8 @@ def load_saved(directory, *, mmap: bool = True, name=None) -> Graph:
     truncated since it was saved)."""
     folder = Path(directory).expanduser()
     if not folder.is_dir():
-        raise DatasetError(f"saved graph folder {folder} does not exist; write one with "
+        problem = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise DatasetError(f"saved graph folder {folder} {problem}; write one with "
                            "jgrind.datasets.save_graph or `jgrind convert`")
     meta = _read_meta(require_file(folder / META, "saved graph description",
                                    f"{folder} is not a saved graph; {_HINT}"))

@@ -239,7 +239,8 @@ class OutOfCore:
             raise BudgetError(
                 f"the plan keeps {format_bytes(m.host)} in host RAM but the host budget is "
                 f"{format_bytes(self.host_budget)}; raise it to at least {format_bytes(m.host)} "
-                "or send more blocks to the SSD tier (e.g. jgrind.plan.policies.ssd_offload)")
+                "or send more blocks to the SSD tier (e.g. the ssd_offload or grinnder policy "
+                "with a store directory; CLI: --policy ssd --store DIR)")
 
     # -- the epoch ----------------------------------------------------------------------------
     def step(self, params, opt_state, key):

@@ -610,7 +610,11 @@ def make_run_dir(directory, needed_bytes: int, run_id: bytes) -> pathlib.Path:
     if not os.access(root, os.W_OK | os.X_OK):
         raise StoreError(f"store directory {root} is not writable; choose a directory you "
                          "can write to")
-    free = shutil.disk_usage(root).free
+    usage = shutil.disk_usage(root)
+    if usage.total == 0:  # /proc, /sys: the kernel's, not a disk
+        raise StoreError(f"store directory {root} is on a virtual file system, not a disk; "
+                         "choose a directory on a disk (--store)")
+    free = usage.free
     if free < needed_bytes:
         raise StoreError(f"store directory {root} has {free / 2**30:.2f} GiB free but the plan "
                          f"writes {needed_bytes / 2**30:.2f} GiB to SSD; free space, raise the "

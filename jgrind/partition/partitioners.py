@@ -501,6 +501,10 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
 
 
 # -- METIS -----------------------------------------------------------------------------------
+class MissingExtraError(ImportError):
+    """An optional package is not installed; the message names the extra that installs it."""
+
+
 def metis(graph: Graph, num_parts: int, *, seed: int = 0, imbalance: float = 1.03) -> np.ndarray:
     """METIS k-way partitioning through ``pymetis`` (optional: ``pip install 'jgrind[metis]'``).
 
@@ -512,8 +516,9 @@ def metis(graph: Graph, num_parts: int, *, seed: int = 0, imbalance: float = 1.0
     try:
         import pymetis
     except ImportError as e:
-        raise ImportError("metis partitioning needs the optional pymetis package: "
-                          "pip install 'jgrind[metis]'") from e
+        raise MissingExtraError("metis partitioning needs the optional pymetis package: "
+                                "pip install 'jgrind[metis]', or use another partitioner "
+                                "(label_propagation is the default)") from e
     if k == 1:
         return np.zeros(graph.num_nodes, np.int32)
     import scipy.sparse as sp

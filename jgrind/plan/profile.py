@@ -362,6 +362,8 @@ def load(path: str | os.PathLike | None = None) -> Profile:
 
 
 def _read(path: pathlib.Path) -> Profile:
+    if path.is_dir():
+        raise ProfileError(f"profile {path} is a folder; pass the path of a profile file")
     text = path.read_text(encoding="utf-8", errors="replace")
     try:
         data = json.loads(text)
@@ -387,11 +389,13 @@ def load_or_measure(path: str | os.PathLike | None = None,
     Re-measures when asked (``remeasure``), when there is no readable profile at ``path``, when
     it is stale (`Profile.stale_reason`), or when ``directory`` is given and is not where the
     saved SSD figures were measured (another disk may be much slower). ``log`` gets one line
-    saying why. A file at ``path`` that is not a readable profile is renamed to
-    ``NAME.unreadable``, not overwritten. A fresh profile that cannot be saved (read-only
-    cache) is still returned.
+    saying why. A file at ``path`` that is not a readable profile is a ProfileError, left as it
+    is; at the default path (no ``path`` given) it is renamed to ``NAME.unreadable`` and a new
+    profile measured. A fresh profile that cannot be saved (read-only cache) is still
+    returned.
     """
-    path = pathlib.Path(path) if path is not None else default_path()
+    explicit = path is not None
+    path = pathlib.Path(path) if explicit else default_path()
     why = None
     if remeasure:
         why = f"re-measuring the hardware profile as asked (saving to {path})"
@@ -403,8 +407,10 @@ def load_or_measure(path: str | os.PathLike | None = None,
         except OlderProfileError as err:
             why = f"{err}; re-measuring"  # a profile, just an old one: replaced
         except ProfileError as err:
-            # not a profile we can read: keep the file (it may be something else entirely,
-            # passed by mistake) next to the new one instead of writing over it
+            if explicit:  # a file the user named, perhaps another file by mistake: not ours
+                raise ProfileError(f"{err}; pass a hardware profile file, or a path where "
+                                   "there is none to measure one there") from None
+            # the default profile, unreadable: keep it next to the new one, not overwritten
             kept = _set_aside(path)
             why = f"{err}; re-measuring (the old file is kept as {kept})"
         else:

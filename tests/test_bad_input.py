@@ -1,0 +1,222 @@
+"""Bad input on the command line: one line ``jgrind: error: ...`` naming the problem and what to
+do, exit status 2, no traceback, and nothing lost or left behind (no half-written run folder,
+no file of the user's overwritten or moved, no store files)."""
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import jgrind
+from jgrind.cli import main
+
+SMALL = ["--set", "num_nodes=300", "--epochs", "2", "--no-progress"]
+
+
+def _fails(capsys, args, *needles):
+    """Run ``jgrind ARGS``; it must exit 2 with one ``jgrind: error:`` line containing every
+    needle."""
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("jgrind: error:") and "\n" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+@pytest.mark.parametrize("setting, needle", [
+    ("hidden=-1", "hidden must be at least 1"),
+    ("heads=0", "heads must be at least 1"),
+    ("dropout=1", "dropout must be in [0, 1)"),
+    ("layers=0", "layers must be at least 1"),
+    ("eval_every=0", "eval_every must be at least 1"),
+    ("lr=nan", "lr must be a finite number above 0"),
+    ("lr=-1", "lr must be a finite number above 0"),
+    ("weight_decay=inf", "weight_decay must be a finite number"),
+    ("seeds=0", "seeds must be at least 1"),
+    ("seed=-1", "seed must be 0 or more"),
+    ("patience=-1", "patience must be 0 (off) or more"),
+    ("checkpoint_every=-1", "checkpoint_every must be 0 (off) or more"),
+    ("num_nodes=0", "num_nodes must be at least 1"),
+    ("avg_degree=nan", "avg_degree must be a finite number"),
+    ("num_nodes=2", "cannot generate csbm with num_nodes=2"),   # the generator's own check
+    ("split=3", "has 1 split(s)"),                              # checked against the graph
+])
+def test_out_of_range_settings_fail_before_anything_is_written(tmp_path, capsys, setting,
+                                                               needle):
+    out = tmp_path / "run"
+    _fails(capsys, ["train", "--model", "gat", *SMALL, "--set", setting, "--out", str(out)],
+           needle)
+    assert not out.exists()
+
+
+def test_sizes_too_large_to_hold_are_an_error(capsys, tmp_path):
+    _fails(capsys, ["train", *SMALL, "--device-budget", "1e400", "--out", str(tmp_path / "r")],
+           "cannot read '1e400' as a size")
+
+
+def test_a_failed_run_leaves_the_last_run_in_its_folder_as_it_was(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", *SMALL, "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    _fails(capsys, ["train", "--dataset", "nosuch", *SMALL, "--out", str(out)], "nosuch")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # the engine's own checks come later, once the graph is partitioned: still before writing
+    _fails(capsys, ["train", *SMALL, "--policy", "ssd", "--store", str(tmp_path / "none"),
+                    "--out", str(out)], "does not exist")
+    _fails(capsys, ["train", *SMALL, "--policy", "grinnder", "--device-budget", "1KiB",
+                    "--host-budget", "1KiB", "--store", str(tmp_path), "--out", str(out)],
+           "budget")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    if shutil.disk_usage("/proc").total == 0:
+        _fails(capsys, ["train", *SMALL, "--policy", "ssd", "--store", "/proc", "--out",
+                        str(out)], "virtual file system, not a disk")
+    # a successful run into it replaces the earlier run's files, stale seeds' logs included
+    assert main(["train", *SMALL, "--seeds", "2", "--out", str(out)]) == 0
+    assert main(["train", *SMALL, "--out", str(out)]) == 0
+    assert not (out / "metrics-seed1.jsonl").exists()
+    assert json.loads((out / "summary.json").read_text())["seeds"] == [0]
+
+
+def test_the_output_folder_must_be_a_run_folder_or_new(tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    _fails(capsys, ["train", *SMALL, "--out", str(other)], "not a jgrind run's")
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    _fails(capsys, ["train", *SMALL, "--out", str(afile)], "is a file")
+    _fails(capsys, ["train", *SMALL, "--out", ""], "is empty")
+    _fails(capsys, ["plan", "--set", "num_nodes=300", "--out", str(afile / "sub")],
+           f"{afile} is a file")
+    assert afile.read_text() == "mine"
+
+
+def test_checkpoints_of_another_experiment_are_not_resumed(tmp_path, capsys):
+    out = tmp_path / "ck"
+    run = ["train", *SMALL, "--set", "checkpoint_every=1", "--out", str(out)]
+    assert main([*run, "--set", "hidden=16"]) == 0
+    _fails(capsys, [*run, "--set", "hidden=32"], "another experiment (hidden 16 -> 32)")
+    _fails(capsys, [*run, "--set", "hidden=16", "--set", "num_nodes=400"],
+           "num_nodes 300 -> 400")
+    # the same experiment, trained longer, resumes
+    assert main([*run, "--set", "hidden=16", "--epochs", "3"]) == 0
+    log = (out / "metrics-seed0.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in log] == [0, 1, 2]
+
+
+def test_a_run_that_fails_before_its_first_epoch_leaves_no_store_files(tmp_path):
+    """The engine's store is made after the parameters and the log file: an error in those
+    used to leave the run's SSD files behind."""
+    graph = jgrind.generators.csbm(num_nodes=300, seed=0)
+    model = jgrind.models.gcn(graph.num_features, 8, graph.num_classes)
+    store = tmp_path / "store"
+    store.mkdir()
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(OSError):  # the log's folder cannot be made: it is a file
+        jgrind.train(jax.random.key(0), graph, model, optax.adam(0.01), epochs=2,
+                     progress=False, policy=jgrind.policies.ssd_offload(store), num_parts=2,
+                     log_path=afile / "log.jsonl")
+    assert list(store.iterdir()) == []
+
+
+def test_profile_paths_that_are_not_profiles_are_left_alone(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    _fails(capsys, ["plan", "--set", "num_nodes=300", "--profile", str(notes), "--out",
+                    str(tmp_path / "plan")], "pass a hardware profile file")
+    _fails(capsys, ["profile", "--quick", "--out", str(notes)], "is not a jgrind hardware profile")
+    assert notes.read_text() == "my notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    _fails(capsys, ["profile", "--show", "--out", str(tmp_path)], "is a folder")
+
+
+def test_plan_takes_budgets_and_parts_from_set_too(tmp_path, capsys):
+    from jgrind.plan import profile
+    path = profile.save(profile.measure(tmp_path, quick=True), tmp_path / "profile.json")
+    _fails(capsys, ["plan", "--set", "num_nodes=300", "--set", "device_budget=1KiB",
+                    "--set", "host_budget=1KiB", "--profile", str(path), "--out",
+                    str(tmp_path / "plan")], "budget")
+
+
+def test_partition_takes_its_settings_from_set_and_checks_them(capsys):
+    assert main(["partition", "--set", "num_nodes=600", "--set", "parts=3"]) == 0
+    assert "3 partitions" in capsys.readouterr().out
+    _fails(capsys, ["partition", "--set", "num_nodes=600", "--seed", "-1"], "seed must be")
+    _fails(capsys, ["partition", "--set", "num_nodes=600", "--parts", "0"], "at least 1")
+
+
+def test_a_missing_optional_partitioner_is_an_error_naming_its_extra(capsys):
+    if importlib.util.find_spec("pymetis") is not None:
+        pytest.skip("pymetis is installed here")
+    _fails(capsys, ["partition", "--set", "num_nodes=600", "--partitioner", "metis"],
+           "pip install 'jgrind[metis]'")
+
+
+def _edge_list(folder, labels):
+    folder.mkdir()
+    (folder / "edges.txt").write_text("0 1\n1 2\n2 3\n3 0\n")
+    np.save(folder / "features.npy", np.eye(4, 3, dtype=np.float32))
+    np.save(folder / "labels.npy", np.asarray(labels))
+    return f"edgelist:{folder / 'edges.txt'}"
+
+
+def test_graphs_without_training_nodes_or_with_stray_class_ids(tmp_path, capsys):
+    unlabelled = _edge_list(tmp_path / "unlabelled", [-1, -1, -1, -1])
+    _fails(capsys, ["train", "--dataset", unlabelled, "--epochs", "2", "--no-progress",
+                    "--out", str(tmp_path / "r1")], "no training node")
+    stray = _edge_list(tmp_path / "stray", [0, 1, 0, 10**9])
+    _fails(capsys, ["train", "--dataset", stray, "--epochs", "2", "--no-progress",
+                    "--out", str(tmp_path / "r2")], "classes for 4 nodes")
+    assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+
+
+def test_an_adjacency_index_out_of_range_is_named(tmp_path):
+    from jgrind.datasets import DatasetError, load_gnn_benchmark
+    np.savez(tmp_path / "g.npz", adj_data=np.ones(2, np.float32),
+             adj_indices=np.array([1, 10**6]), adj_indptr=np.array([0, 1, 2]),
+             adj_shape=np.array([2, 2]), attr_data=np.ones(2, np.float32),
+             attr_indices=np.array([0, 0]), attr_indptr=np.array([0, 1, 2]),
+             attr_shape=np.array([2, 1]), labels=np.array([0, 1]))
+    with pytest.raises(DatasetError, match="do not form a CSR matrix"):
+        load_gnn_benchmark(tmp_path / "g.npz")
+
+
+def test_an_unwritable_kernel_cache_builds_privately_and_leaves_nothing(tmp_path):
+    """The kernels compile into a temporary folder, which is removed once they are loaded
+    (every run used to leave one in /tmp), and a warning says why and what to set."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    code = ("import numpy as np; from jgrind import _kernels, rows; "
+            "assert _kernels.available(), _kernels.unavailable_reason(); "
+            "print(rows.take_rows(np.ones((4, 3), np.float32), np.array([1, 2])).shape)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "JGRIND_CACHE": str(afile / "cache"),
+                                            "TMPDIR": str(temp)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "(2, 3)"
+    assert "is not writable" in proc.stderr and "JGRIND_CACHE" in proc.stderr
+    assert list(temp.iterdir()) == []
+
+
+def test_paths_of_the_wrong_kind_and_features_that_are_not_real_numbers(tmp_path):
+    from jgrind.datasets import DatasetError
+    from jgrind.graph import GraphError, from_edges
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for prefix in ("ogb", "npy"):
+        with pytest.raises(DatasetError, match="is a file"):
+            jgrind.datasets.load(f"{prefix}:{afile}")
+    with pytest.raises(GraphError, match="features are complex64; they must be real numbers"):
+        from_edges([0], [1], np.ones((2, 3), np.complex64), [0, 1])
