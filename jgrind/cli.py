@@ -330,14 +330,15 @@ def _check_profile_target(path: pathlib.Path) -> None:
 
 
 def _engine_errors() -> tuple:
-    """User-facing engine errors (bad budgets, store directory, policy, profile), imported
-    lazily."""
-    from jgrind.engine import BudgetError, StoreError
+    """User-facing engine errors (bad budgets, a store directory that is unusable, fills up or
+    is changed behind the run's back, policy, profile), imported lazily."""
+    from jgrind.engine import BudgetError, StoreCorruptedError, StoreError, StoreFullError
     from jgrind.plan import PolicyError
     from jgrind.plan.planner import PlanError
     from jgrind.partition.partitioners import MissingExtraError
     from jgrind.plan.profile import ProfileError
-    return (BudgetError, StoreError, PolicyError, ProfileError, PlanError, MissingExtraError)
+    return (BudgetError, StoreError, StoreFullError, StoreCorruptedError, PolicyError,
+            ProfileError, PlanError, MissingExtraError)
 
 
 def main(argv=None) -> int:

@@ -2,6 +2,7 @@
 do, exit status 2, no traceback, and nothing lost or left behind (no half-written run folder,
 no file of the user's overwritten or moved, no store files)."""
 
+import errno
 import importlib.util
 import json
 import os
@@ -220,3 +221,38 @@ def test_paths_of_the_wrong_kind_and_features_that_are_not_real_numbers(tmp_path
             jgrind.datasets.load(f"{prefix}:{afile}")
     with pytest.raises(GraphError, match="features are complex64; they must be real numbers"):
         from_edges([0], [1], np.ones((2, 3), np.complex64), [0, 1])
+
+
+def test_a_disk_that_fills_during_the_run_is_an_error_and_the_store_is_removed(
+        tmp_path, capsys, monkeypatch):
+    """Free space is checked before the run; if something else takes it meanwhile, the write
+    that fails says so (not an OSError traceback) and the run's files are removed."""
+    store = tmp_path / "store"
+    store.mkdir()
+    real, calls = os.pwritev, []
+
+    def fills_up(fd, buffers, offset):
+        calls.append(offset)
+        if len(calls) > 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", fills_up)
+    _fails(capsys, ["train", *SMALL, "--policy", "ssd", "--store", str(store), "--parts", "2",
+                    "--out", str(tmp_path / "run")], f"the disk of the store ({store}) is full",
+           "choose another disk (--store)")
+    assert list(store.iterdir()) == []
+
+
+def test_the_native_span_loops_report_a_full_disk_too(tmp_path, monkeypatch):
+    from jgrind.engine import ssd
+
+    class FullDisk:  # the native library, as it answers when pwrite fails with ENOSPC
+        def jgrind_add_spans_f32(self, *args):
+            return -errno.ENOSPC
+
+    f = ssd.SSDFile(tmp_path / "g.bin", np.array([0, 4, 8]), 2, b"run")
+    monkeypatch.setattr(ssd._kernels, "library", lambda: FullDisk())
+    with pytest.raises(ssd.StoreFullError, match="is full"):
+        f.add_rows(np.array([1, 5]), np.ones((2, 2), np.float32))
+    f.close()

@@ -17,6 +17,7 @@ yielding wrong gradients).
 
 from __future__ import annotations
 
+import errno
 import os
 import pathlib
 import struct
@@ -44,6 +45,25 @@ _scratch = threading.local()
 
 class StoreCorruptedError(RuntimeError):
     """An SSD store file changed behind jgrind's back (truncated, overwritten)."""
+
+
+class StoreFullError(RuntimeError):
+    """The store's disk ran out of space (or of the user's quota) during a run: the free space
+    checked before the run was taken by something else since."""
+
+
+_FULL = {errno.ENOSPC, errno.EDQUOT}
+
+
+def _io_error(code: int, path: pathlib.Path, doing: str) -> Exception:
+    """The exception for a failed system call on a store file: `StoreFullError` for a full
+    disk, with what to do, else the OSError itself."""
+    if code in _FULL:
+        return StoreFullError(f"the disk of the store ({path.parent.parent}) is full "
+                              f"({os.strerror(code)}) while {doing} {path.name}: something else "
+                              "took the space checked before the run; free space on it, raise "
+                              "the host budget, or choose another disk (--store)")
+    return OSError(code, f"{os.strerror(code)} while {doing} store file {path}", str(path))
 
 
 def _align(n: int) -> int:
@@ -328,8 +348,7 @@ class SSDFile:
             raise StoreCorruptedError(f"store file {self.path} ended inside a row span: it was "
                                       "truncated")
         if rc < 0:
-            raise OSError(-rc, f"{os.strerror(-rc)} while moving rows of store file "
-                               f"{self.path}", str(self.path))
+            raise _io_error(-rc, self.path, "moving rows of")
         if rc == 1:
             raise IndexError(f"rows of {self.path.name}: not ascending or outside "
                              f"[0, {self.rows})")
@@ -359,11 +378,14 @@ class SSDFile:
     def _pwrite(self, values: np.ndarray, offset: int, count: bool = True) -> None:
         values = np.ascontiguousarray(values)
         nbytes = values.nbytes
-        done = os.pwritev(self.fd, [values], offset)
-        if done < nbytes:
-            view = memoryview(values).cast("B")
-            while done < nbytes:
-                done += os.pwritev(self.fd, [view[done:]], offset + done)
+        try:
+            done = os.pwritev(self.fd, [values], offset)
+            if done < nbytes:
+                view = memoryview(values).cast("B")
+                while done < nbytes:
+                    done += os.pwritev(self.fd, [view[done:]], offset + done)
+        except OSError as err:
+            raise _io_error(err.errno, self.path, "writing") from None
         self.bytes_written += nbytes
         if count and self.on_io is not None:
             self.on_io(ssd_write_ops=1, ssd_file_written=nbytes)
