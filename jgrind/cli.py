@@ -172,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_plan(args) -> int:
     from jgrind.config import build_model, load_graph, parse_bytes
+    from jgrind.experiment import check_output_folder
     from jgrind.plan import profile as hw
     from jgrind.plan.planner import plan_run
     from jgrind.plan.report import plot_plan, print_plan
@@ -179,9 +180,8 @@ def cmd_plan(args) -> int:
                                            "host_budget", "store", "profile")
              if getattr(args, k) is not None}
     cfg = dataclasses.replace(RunConfig(), **flags).with_overrides(args.overrides)
-    if args.parts is not None and args.parts < 1:
-        raise ConfigError(f"--parts {args.parts}: a graph is cut into at least 1 partition")
-    _check_out_folder(args.out)
+    _parts_flag(args.parts)
+    check_output_folder(args.out)
     device, host = parse_bytes(cfg.device_budget), parse_bytes(cfg.host_budget)
     graph = load_graph(cfg)
     model = build_model(cfg, graph)
@@ -201,17 +201,10 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _check_out_folder(out: str) -> None:
-    """An output folder the command can make or write into, checked before any work."""
-    path = pathlib.Path(out)
-    if not out.strip():
-        raise ConfigError("the output folder (--out) is empty; name a folder")
-    for parent in (path, *path.parents):
-        if parent.exists():
-            if not parent.is_dir():
-                raise ConfigError(f"cannot make the output folder {path}: {parent} is a file; "
-                                  "name another folder (--out)")
-            break
+def _parts_flag(parts) -> None:
+    """``--parts`` given as 0 or less (in a RunConfig, 0 means the default)."""
+    if parts is not None and parts < 1:
+        raise ConfigError(f"--parts {parts}: a graph is cut into at least 1 partition")
 
 
 def cmd_train(args) -> int:
@@ -222,10 +215,9 @@ def cmd_train(args) -> int:
                                            "host_budget", "store")
              if getattr(args, k) is not None}
     cfg = dataclasses.replace(cfg, **flags).with_overrides(args.overrides)
-    _check_out_folder(args.out)
     from jgrind.caches import compilation_cache
     with compilation_cache() if not args.no_compile_cache else contextlib.nullcontext():
-        summary = run_config(cfg, out=pathlib.Path(args.out), progress=not args.no_progress)
+        summary = run_config(cfg, out=args.out, progress=not args.no_progress)
     print(summary["line"])
     if summary["store_line"]:
         print(summary["store_line"])
@@ -244,8 +236,7 @@ def cmd_partition(args) -> int:
     if cfg.partitioner not in PARTITIONERS:
         raise ConfigError(f"unknown partitioner {cfg.partitioner!r}; use one of "
                           f"{', '.join(PARTITIONERS)}")
-    if args.parts is not None and args.parts < 1:
-        raise ConfigError(f"--parts {args.parts}: a graph is cut into at least 1 partition")
+    _parts_flag(args.parts)
     parts = cfg.parts or 8
     graph = load_graph(cfg)
     m = measure(cfg.partitioner, graph, parts, seed=cfg.seed)
@@ -317,8 +308,9 @@ def cmd_profile(args) -> int:
 def _check_profile_target(path: pathlib.Path) -> None:
     """Where `jgrind profile` may save: a new file, or a profile it replaces; never another
     file, which it would overwrite."""
+    from jgrind.experiment import check_output_folder
     from jgrind.plan import profile
-    _check_out_folder(str(path.parent))
+    check_output_folder(path.parent)
     if path.exists():
         try:
             profile.load(path)

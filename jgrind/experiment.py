@@ -33,21 +33,36 @@ CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "res
 RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png")
 
 
-def check_out(out: pathlib.Path, cfg: RunConfig) -> None:
-    """Check that ``out`` can take a run of ``cfg``: ConfigError for a path that is a file, a
-    folder of other files, or checkpoints of another experiment. Changes nothing."""
+def check_output_folder(out: str | pathlib.Path) -> pathlib.Path:
+    """``out`` as a path, if a command can make it or write into it: ConfigError for an empty
+    name (which would mean the current folder) or a path that is, or runs through, a file."""
     if not str(out).strip():
-        raise ConfigError("the output folder (--out) is empty; name a folder for the run's files")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"the output folder {out} is a file; name a folder (--out)")
+        raise ConfigError("the output folder (--out) is empty; name a folder")
+    path = pathlib.Path(out)
+    for parent in (path, *path.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                what = "is a file" if parent == path else f"cannot be made: {parent} is a file"
+                raise ConfigError(f"the output folder {path} {what}; name another folder "
+                                  "(--out)")
+            break
+    return path
+
+
+def check_out(out: str | pathlib.Path, cfg: RunConfig) -> pathlib.Path:
+    """``out`` as a path, if it can take a run of ``cfg``: ConfigError for a path that is a
+    file (`check_output_folder`), a folder of other files, or checkpoints of another
+    experiment. Changes nothing."""
+    out = check_output_folder(out)
     if not out.is_dir() or not any(out.iterdir()):
-        return
+        return out
     try:
         earlier = json.loads((out / "config.json").read_text())
         assert isinstance(earlier, dict)
     except (OSError, ValueError, AssertionError):
         raise ConfigError(f"the output folder {out} holds files that are not a jgrind run's "
-                          "(no readable config.json); name a new or empty folder (--out)") from None
+                          "(no readable config.json); name a new or empty folder (--out)"
+                          ) from None
     if cfg.checkpoint_every and (out / "checkpoints").is_dir():
         ours = dataclasses.asdict(cfg)
         differ = [f"{k} {earlier.get(k)!r} -> {ours[k]!r}" for k in CHECKPOINTED
@@ -56,6 +71,7 @@ def check_out(out: pathlib.Path, cfg: RunConfig) -> None:
             raise ConfigError(f"{out}/checkpoints hold another experiment ({', '.join(differ)}), "
                               "which this run would resume; name another folder (--out), or "
                               "remove the checkpoints to start afresh")
+    return out
 
 
 def start_out(out: pathlib.Path, cfg: RunConfig) -> None:
@@ -69,12 +85,11 @@ def start_out(out: pathlib.Path, cfg: RunConfig) -> None:
     (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
 
 
-def run_config(cfg: RunConfig, out: pathlib.Path, progress: bool = True) -> dict:
+def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -> dict:
     """Train ``cfg`` for its seeds and write the run's files into ``out``. Everything that can
     be checked (settings, the folder, the dataset, the model, the policy, then the engine's
     budgets and store) is checked before anything is written."""
-    out = pathlib.Path(out)
-    check_out(out, cfg)  # before a large graph is loaded for nothing
+    out = check_out(out, cfg)  # before a large graph is loaded for nothing
     t0 = time.perf_counter()
     graph = load_graph(cfg)
     model = build_model(cfg, graph)
