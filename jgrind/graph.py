@@ -89,7 +89,7 @@ class Graph:
         if feats.dtype != np.float32:
             feats = feats.astype(np.float32)
         set_("features", freeze(feats))
-        set_("labels", freeze(np.asarray(self.labels).astype(np.int32, copy=False)))
+        set_("labels", freeze(_class_ids(self.name, self.labels)))
         for k in ("train_mask", "val_mask", "test_mask"):
             m = np.asarray(getattr(self, k), dtype=bool)
             set_(k, freeze(m[None] if m.ndim == 1 else m))
@@ -220,6 +220,25 @@ _CHECKED_FEATURES: contextvars.ContextVar = contextvars.ContextVar("checked_feat
 _CHECK_BYTES = 64 << 20
 
 
+def _class_ids(name: str, labels) -> np.ndarray:
+    """``labels`` as int32 class ids, or GraphError: not truncated from fractions, wrapped from
+    huge integers or cast from NaN without a word."""
+    labels = np.asarray(labels)
+    if labels.dtype == bool or not (np.issubdtype(labels.dtype, np.integer)
+                                    or np.issubdtype(labels.dtype, np.floating)):
+        raise GraphError(f"{name}: labels are {labels.dtype}; they must be integer class ids "
+                         "(-1 for unlabelled)")
+    if np.issubdtype(labels.dtype, np.floating):
+        if not np.isfinite(labels).all() or np.any(labels != np.round(labels)):
+            raise GraphError(f"{name}: labels must be whole numbers (class ids, -1 for "
+                             "unlabelled); found NaN, inf or a fraction")
+    if labels.size and (labels.min() < np.iinfo(np.int32).min
+                        or labels.max() > np.iinfo(np.int32).max):
+        raise GraphError(f"{name}: a label is outside the int32 range; number the classes "
+                         "0..C-1")
+    return labels.astype(np.int32, copy=False)
+
+
 def _non_finite_rows(features: np.ndarray) -> np.ndarray:
     """Sorted indices of the rows of ``features`` ``[N, F]`` holding NaN or inf, found a
     slice of rows at a time."""
@@ -234,6 +253,21 @@ def _non_finite_rows(features: np.ndarray) -> np.ndarray:
     return np.concatenate(found) if found else np.zeros(0, np.int64)
 
 
+def _node_ids(name: str, ids, what: str) -> np.ndarray:
+    """Edge endpoints as a flat integer array (an empty list is no edges; whole floats are
+    ids), or GraphError."""
+    ids = np.asarray(ids).reshape(-1)
+    if ids.size == 0:
+        return ids.astype(np.int64)
+    if np.issubdtype(ids.dtype, np.floating) and np.isfinite(ids).all() \
+            and np.all(ids == np.round(ids)):
+        return ids.astype(np.int64)
+    if ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
+        raise GraphError(f"{name}: edge {what}s are {ids.dtype}; they must be integer node "
+                         "ids")
+    return ids
+
+
 def from_edges(src, dst, features, labels, *, num_classes=None, train_mask=None, val_mask=None,
                test_mask=None, name="graph", num_nodes=None) -> Graph:
     """Build a `Graph` from edge lists ``src -> dst`` (kept as given: no symmetrising, no dedup).
@@ -241,9 +275,11 @@ def from_edges(src, dst, features, labels, *, num_classes=None, train_mask=None,
     Masks default to empty single splits. Raises `GraphError` for out-of-range ids before
     anything large is allocated.
     """
-    src = np.asarray(src).reshape(-1)
-    dst = np.asarray(dst).reshape(-1)
+    src, dst = _node_ids(name, src, "source"), _node_ids(name, dst, "destination")
     features = np.asarray(features)
+    if features.ndim != 2:
+        raise GraphError(f"{name}: features have shape {features.shape}, expected [N, F] (one "
+                         "row per node)")
     n = int(num_nodes if num_nodes is not None else features.shape[0])
     if src.shape != dst.shape:
         raise GraphError(f"{name}: {src.size} edge sources but {dst.size} destinations")
@@ -256,7 +292,7 @@ def from_edges(src, dst, features, labels, *, num_classes=None, train_mask=None,
     order = np.argsort(dst, kind="stable")
     indptr = np.zeros(n + 1, dtype=idx_t)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
-    labels = np.asarray(labels)
+    labels = _class_ids(name, labels)
     if num_classes is None:
         num_classes = int(labels.max()) + 1 if labels.size else 1
     empty = np.zeros((1, n), dtype=bool)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import pathlib
 import time
 from typing import Any, Callable, Optional, Protocol, Sequence
@@ -21,6 +22,7 @@ import numpy as np
 import optax
 
 from jgrind import checkpoint as ckpt
+from jgrind.arguments import whole_number
 from jgrind.graph import Graph, GraphError
 from jgrind.loss import node_weights, weighted_cross_entropy
 from jgrind.metrics import cross_entropy, default_metric, evaluate
@@ -107,11 +109,37 @@ class TrainResult:
     memory: Optional[dict] = None
 
 
+def _check_train_arguments(key, graph, model, optimizer, *, epochs, eval_every, patience,
+                           checkpoint_every) -> None:
+    """ValueError or TypeError naming a bad argument of `train`, before any work."""
+    if not isinstance(graph, Graph):
+        raise TypeError(f"graph must be a jgrind.Graph (e.g. jgrind.datasets.load(...)), got "
+                        f"{type(graph).__name__}")
+    if not isinstance(model, GNN):
+        raise TypeError(f"model must be a jgrind GNN (e.g. jgrind.models.gcn(...)), got "
+                        f"{type(model).__name__}")
+    if not (isinstance(optimizer, optax.GradientTransformation)
+            or (hasattr(optimizer, "init") and hasattr(optimizer, "update"))):
+        raise TypeError(f"optimizer must be an optax transformation, e.g. optax.adam(0.01), got "
+                        f"{optimizer!r}")
+    if not (isinstance(key, jax.Array) and jax.dtypes.issubdtype(key.dtype,
+                                                                   jax.dtypes.prng_key)) \
+            and not (isinstance(key, jax.Array) and key.dtype == jnp.uint32
+                     and key.shape == (2,)):
+        raise TypeError(f"key must be a JAX random key, e.g. jax.random.key(0), got {key!r}")
+    whole_number(epochs, "epochs")
+    whole_number(eval_every, "eval_every")
+    whole_number(checkpoint_every, "checkpoint_every")
+    if patience is not None:
+        whole_number(patience, "patience (None: no early stopping)")
+
+
 def check_split(graph: Graph, split: int) -> None:
     """ValueError if ``split`` is not one of ``graph``'s splits; GraphError if it has no
     training node (nothing to learn from: every label -1, or an empty train mask)."""
-    if not 0 <= split < graph.num_splits:
-        raise ValueError(f"split {split} does not exist: {graph.name} has {graph.num_splits} "
+    if isinstance(split, bool) or not isinstance(split, numbers.Integral) \
+            or not 0 <= split < graph.num_splits:
+        raise ValueError(f"split {split!r} does not exist: {graph.name} has {graph.num_splits} "
                          f"split(s), numbered 0..{graph.num_splits - 1}")
     if not graph.train_mask[split].any():
         raise GraphError(f"{graph.name} has no training node in split {split} (an empty train "
@@ -152,9 +180,10 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     Each history record: ``epoch, loss, seconds`` and, on evaluated epochs, ``train``, ``val``,
     ``test`` (the metric) and ``val_loss``.
     """
-    if epochs < 1:
-        raise ValueError(f"epochs must be at least 1, got {epochs}")
+    _check_train_arguments(key, graph, model, optimizer, epochs=epochs, eval_every=eval_every,
+                           patience=patience, checkpoint_every=checkpoint_every)
     check_split(graph, split)
+    model.check_fits(graph)
     metric = metric or default_metric(graph.num_classes)
     masks = (graph.train_mask[split], graph.val_mask[split], graph.test_mask[split])
     labels = graph.labels
@@ -275,8 +304,14 @@ def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy
 
     A policy with ``prepare`` (`jgrind.plan.policies.auto`) plans the whole run first: it
     chooses the fast path, or the partitions and fates the engine then runs."""
-    from jgrind.plan.policies import Constant
+    from jgrind.plan.policies import Constant, check_budget, check_policy
     from jgrind.plan.fates import Fate
+    device_budget = check_budget(device_budget, "device_budget")
+    host_budget = check_budget(host_budget, "host_budget")
+    if policy is not None:
+        check_policy(policy)
+    if num_parts is not None:
+        whole_number(num_parts, "num_parts (None: 4, or the planner's choice)")
     prepare = getattr(policy, "prepare", None)
     if callable(prepare):
         plan = prepare(graph, model, device_budget=device_budget, host_budget=host_budget,
@@ -291,7 +326,7 @@ def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy
     wants_engine = policy is not None or num_parts not in (None, 1) \
         or device_budget is not None or host_budget is not None
     all_device = isinstance(policy, Constant) and policy.fate is Fate.DEVICE \
-        and policy.gradient_fate is Fate.DEVICE
+        and policy.gradients is Fate.DEVICE
     fits = device_budget is None or in_memory_bytes(graph, model) <= device_budget
     if not wants_engine or ((policy is None or all_device) and num_parts in (None, 1) and fits):
         return InMemory(graph, model, optimizer, split)
@@ -338,6 +373,9 @@ class Trials:
 def run_trials(run: Callable[[int], TrainResult], seeds: Sequence[int]) -> Trials:
     """Call ``run(seed)`` for every seed; ``run`` builds its key from the seed, so the same seed
     gives the same numbers."""
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("run_trials needs at least one seed, e.g. seeds=range(10)")
     results = tuple(run(int(s)) for s in seeds)
     metric = results[0].metric if results else "accuracy"
     return Trials(seeds=tuple(int(s) for s in seeds), results=results, metric=metric)

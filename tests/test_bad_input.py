@@ -256,3 +256,142 @@ def test_the_native_span_loops_report_a_full_disk_too(tmp_path, monkeypatch):
     with pytest.raises(ssd.StoreFullError, match="is full"):
         f.add_rows(np.array([1, 5]), np.ones((2, 2), np.float32))
     f.close()
+
+
+# -- the Python API ------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small():
+    graph = jgrind.generators.csbm(num_nodes=300, num_features=8, num_classes=3, seed=0)
+    return graph, jgrind.models.gcn(8, 8, 3)
+
+
+@pytest.mark.parametrize("build, needle", [
+    (lambda: jgrind.models.gcn(8, -4, 3), "hidden_channels must be a whole number"),
+    (lambda: jgrind.models.gcn(8, 8.5, 3), "hidden_channels must be a whole number"),
+    (lambda: jgrind.models.sage(0, 8, 3), "in_channels (the graph's number of features)"),
+    (lambda: jgrind.models.gcn(8, 8, 0), "out_channels (the number of classes)"),
+    (lambda: jgrind.models.gcn(8, 8, 3, num_layers=2.5), "num_layers must be"),
+    (lambda: jgrind.models.gcn(8, 8, 3, activation="relu"), "activation must be a function"),
+    (lambda: jgrind.models.gcn(8, 8, 3, dropout=1.0), "dropout must be in [0, 1)"),
+    (lambda: jgrind.models.gat(8, 8, 3, heads=0), "heads must be a whole number"),
+    (lambda: jgrind.models.gat(8, 8, 3, output_heads=0), "output_heads must be"),
+    (lambda: jgrind.models.gat(8, 8, 3, attention_dropout=-1), "attention_dropout must be"),
+])
+def test_model_arguments_are_checked_when_the_model_is_built(build, needle):
+    with pytest.raises(ValueError) as err:
+        build()
+    assert needle in str(err.value)
+
+
+def _train(graph, model, **kwargs):
+    args = dict(key=jax.random.key(0), optimizer=optax.adam(0.01), epochs=2, progress=False)
+    args.update(kwargs)
+    key, optimizer = args.pop("key"), args.pop("optimizer")
+    return jgrind.train(key, graph, model, optimizer, **args)
+
+
+@pytest.mark.parametrize("change, error, needle", [
+    (dict(model=jgrind.models.gcn(16, 8, 3)), jgrind.GraphError, "takes 16 input features"),
+    (dict(model=jgrind.models.gcn(8, 8, 2)), jgrind.GraphError, "has 2 outputs but"),
+    (dict(key=0), TypeError, "key must be a JAX random key"),
+    (dict(optimizer=None), TypeError, "optimizer must be an optax transformation"),
+    (dict(epochs=2.5), ValueError, "epochs must be a whole number"),
+    (dict(eval_every=0), ValueError, "eval_every must be a whole number, at least 1"),
+    (dict(patience=0), ValueError, "patience (None: no early stopping)"),
+    (dict(split=0.0), ValueError, "split 0.0 does not exist"),
+    (dict(num_parts=0), ValueError, "num_parts (None: 4"),
+    (dict(policy="host"), jgrind.plan.PolicyError, "must be a function from a TensorInfo"),
+    (dict(policy=jgrind.Fate.HOST), jgrind.plan.PolicyError, "a Fate is what a policy returns"),
+    (dict(policy=jgrind.policies.host_offload(), partitioner="random"), ValueError,
+     "partitioner must be a function"),
+    (dict(policy=jgrind.policies.host_offload(), device_budget="1GB"),
+     jgrind.plan.PolicyError, "device_budget must be a whole number of bytes"),
+])
+def test_train_arguments_are_checked_before_any_work(small, tmp_path, change, error, needle):
+    graph, model = small
+    change = dict(change)
+    model = change.pop("model", model)
+    with pytest.raises(error) as err:
+        _train(graph, model, log_path=tmp_path / "log.jsonl", **change)
+    assert needle in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_policy_arguments_are_checked_when_the_policy_is_made(tmp_path):
+    P, PolicyError = jgrind.policies, jgrind.plan.PolicyError
+    for make, needle in [(lambda: P.ssd_offload(None), "ssd_offload needs the store directory"),
+                         (lambda: P.naive(123), "naive needs the store directory"),
+                         (lambda: P.ssd_offload(tmp_path, gradients="ssd"), "gradients' fate"),
+                         (lambda: P.by_layer(), "at least one policy"),
+                         (lambda: P.by_layer(P.host_offload(), "ssd"), "layer 1"),
+                         (lambda: P.ByKind(None, P.host_offload()), "activations policy"),
+                         (lambda: P.grinnder(-1, 0), "device_budget"),
+                         (lambda: P.auto(host_budget="x"), "host_budget")]:
+        with pytest.raises(PolicyError, match=None) as err:
+            make()
+        assert needle in str(err.value)
+
+
+def test_ssd_offload_sends_gradients_where_it_is_told(tmp_path):
+    """``ssd_offload(dir, gradients=...)`` was ignored: every gradient went to SSD."""
+    from jgrind.plan.fates import TensorInfo
+    policy = jgrind.policies.ssd_offload(tmp_path, gradients=jgrind.Fate.HOST)
+    fields = {f: 0 for f in TensorInfo.__dataclass_fields__}
+    gradient = TensorInfo(**{**fields, "name": "gradient", "layer": 1})
+    activation = TensorInfo(**{**fields, "name": "activation", "layer": 1})
+    assert policy(gradient) is jgrind.Fate.HOST and policy(activation) is jgrind.Fate.SSD
+    assert jgrind.policies.ssd_offload(tmp_path)(gradient) is jgrind.Fate.SSD
+
+
+def test_engine_arguments_are_checked(small, tmp_path):
+    from jgrind.engine import OutOfCore
+    from jgrind.partition import label_propagation, partition_graph
+    graph, model = small
+    opt = optax.adam(0.01)
+    for kwargs, needle in [(dict(split=3), "split 3 does not exist"),
+                           (dict(max_shapes=0), "max_shapes must be"),
+                           (dict(seed=-1), "seed must be"),
+                           (dict(num_parts=0), "num_parts must be")]:
+        with pytest.raises(ValueError) as err:
+            OutOfCore(graph, model, opt, policy=jgrind.policies.host_offload(), **kwargs)
+        assert needle in str(err.value)
+    other = jgrind.generators.csbm(num_nodes=200, num_features=8, num_classes=3, seed=1)
+    normalized = model.normalize(other)
+    pg = partition_graph(normalized, label_propagation(normalized, 2), num_parts=2)
+    with pytest.raises(ValueError, match="a partitioning of another graph"):
+        OutOfCore(graph, model, opt, partitioned=pg)
+
+
+def test_labels_are_class_ids_not_truncated_or_wrapped():
+    from jgrind.graph import GraphError, from_edges
+    x = np.ones((3, 2), np.float32)
+    for labels, needle in [([0.7, 1.2, 0.0], "whole numbers"), ([0, np.nan, 1], "NaN"),
+                           ([0, 2**32, 1], "int32 range"), (["a", "b", "c"], "integer class")]:
+        with pytest.raises(GraphError) as err:
+            from_edges([0, 1], [1, 2], x, np.asarray(labels))
+        assert needle in str(err.value)
+    assert from_edges([0], [1], x, np.array([0.0, 1.0, -1.0])).labels.tolist() == [0, 1, -1]
+
+
+def test_trials_need_a_seed():
+    with pytest.raises(ValueError, match="at least one seed"):
+        jgrind.run_trials(lambda seed: None, seeds=[])
+
+
+def test_a_checkpoint_of_another_model_is_named_not_an_orbax_traceback(small, tmp_path):
+    graph, _ = small
+    run = dict(checkpoint_dir=tmp_path / "ck", checkpoint_every=1)
+    _train(graph, jgrind.models.gcn(8, 16, 3), **run)
+    with pytest.raises(ValueError, match="saved for another model or optimizer"):
+        _train(graph, jgrind.models.gcn(8, 32, 3), **run)
+
+
+def test_edge_ids_are_integers_and_an_empty_list_is_no_edges():
+    from jgrind.graph import GraphError, from_edges
+    x, y = np.ones((3, 2), np.float32), [0, 1, 0]
+    assert from_edges([], [], x, y).num_edges == 0
+    assert from_edges([0.0, 1.0], [1.0, 2.0], x, y).num_edges == 2
+    with pytest.raises(GraphError, match="edge sources are <U1; they must be integer"):
+        from_edges(["a"], ["b"], x, y)
+    with pytest.raises(GraphError, match="must be integer"):
+        from_edges([0.5], [1], x, y)

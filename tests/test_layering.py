@@ -12,8 +12,9 @@ PACKAGE = pathlib.Path(jgrind.__file__).parent
 # (stage, module prefixes), in data-flow order; a module may import its own stage and earlier
 # ones. Every module must be named here: a new one is placed on purpose, not by default.
 STAGES = [
-    ("foundations", ("jgrind._kernels", "jgrind.allocator", "jgrind.buffers", "jgrind.caches",
-                     "jgrind.checksum", "jgrind.host_memory", "jgrind.rows", "jgrind.sparse",
+    ("foundations", ("jgrind._kernels", "jgrind.allocator", "jgrind.arguments", "jgrind.buffers",
+                     "jgrind.caches", "jgrind.checksum", "jgrind.host_memory", "jgrind.rows",
+                     "jgrind.sparse",
                      "jgrind.loss", "jgrind.metrics", "jgrind.checkpoint", "jgrind.plots")),
     ("graph", ("jgrind.graph", "jgrind.transforms", "jgrind.generators", "jgrind.interop",
                "jgrind.datasets")),

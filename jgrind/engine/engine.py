@@ -53,6 +53,7 @@ import numpy as np
 import optax
 
 from jgrind import host_memory
+from jgrind.arguments import whole_number
 from jgrind.engine.steps import LayerSteps, PaddedPartition, layer_steps, pad_partition
 from jgrind.engine.store import BudgetError, Snapshot, Store, Table
 from jgrind.graph import Graph
@@ -67,8 +68,8 @@ from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.cost import Assignment, Memory, Workload, fit_masks, format_bytes, memory
 from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate, check_fate
 from jgrind.plan.inventory import aggregation_widths, build_inventory, layer_widths
-from jgrind.plan.policies import (BindContext, Policy, bind, grinnder, io_strategy,
-                                  store_directory)
+from jgrind.plan.policies import (BindContext, Policy, bind, check_budget, check_policy,
+                                  grinnder, io_strategy, store_directory)
 
 UNLIMITED = 1 << 62
 MAX_PENDING_WRITES = 1  # writes queued behind the compute (see OutOfCore._write)
@@ -79,6 +80,31 @@ def _first_element(tree):
     """A one-element slice of a step's first output: something to wait on (see
     `OutOfCore._dispatched`)."""
     return jax.tree.leaves(tree)[0].reshape(-1)[:1]
+
+
+def _check_arguments(graph, model, policy, num_parts, partitioner, partitioned, split,
+                     max_shapes, seed) -> None:
+    """ValueError (or PolicyError, GraphError) naming a bad argument of `OutOfCore`, before
+    any work: not an IndexError from NumPy inside the partitioning later."""
+    model.check_fits(graph)
+    if policy is not None:
+        check_policy(policy)
+    if not callable(partitioner):
+        raise ValueError(f"partitioner must be a function (graph, num_parts, seed=...) -> "
+                         f"assignment, e.g. jgrind.partition.label_propagation; got "
+                         f"{partitioner!r}")
+    whole_number(split, "split", 0)
+    if split >= graph.num_splits:
+        raise ValueError(f"split {split} does not exist: {graph.name} has {graph.num_splits} "
+                         f"split(s), numbered 0..{graph.num_splits - 1}")
+    whole_number(max_shapes, "max_shapes", 1)
+    whole_number(seed, "seed", 0)
+    if partitioned is None:
+        whole_number(num_parts, "num_parts", 1)
+    elif partitioned.num_nodes != graph.num_nodes:
+        raise ValueError(f"partitioned is a partitioning of another graph "
+                         f"({partitioned.num_nodes} nodes) than {graph.name} "
+                         f"({graph.num_nodes}); partition this graph (its model.normalize)")
 
 
 class OutOfCore:
@@ -109,6 +135,10 @@ class OutOfCore:
                  store: Optional[str] = None, device_budget: Optional[int] = None,
                  host_budget: Optional[int] = None, remat_policy=None, prefetch: bool = True,
                  max_shapes: int = 3, seed: int = 0):
+        _check_arguments(graph, model, policy, num_parts, partitioner, partitioned, split,
+                         max_shapes, seed)
+        device_budget = check_budget(device_budget, "device_budget")
+        host_budget = check_budget(host_budget, "host_budget")
         # the layers as run: narrowing GCN layers split into transform + propagation
         model, self.executed = as_executed(model)
         self.model, self.optimizer = model, optimizer

@@ -8,12 +8,14 @@ time on per-partition blocks. Both call the same layer objects, so they compute 
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Callable, Optional, Sequence
 
 import jax
 
 from jgrind import transforms
-from jgrind.graph import Graph
+from jgrind.arguments import whole_number
+from jgrind.graph import Graph, GraphError
 from jgrind.models.block import Block, full_block
 from jgrind.models.conv import LayerOptions
 from jgrind.models.gat import GATConv
@@ -66,6 +68,22 @@ class GNN:
         last = self.layers[-1]
         return last.width if isinstance(last, GATConv) else last.out_channels
 
+    @property
+    def in_channels(self) -> int:
+        return self.layers[0].in_channels
+
+    def check_fits(self, graph: Graph) -> None:
+        """GraphError unless this model takes ``graph``'s features and predicts its classes:
+        said here, not as a shape error inside a jitted step (or a NaN loss) later."""
+        if self.in_channels != graph.num_features:
+            raise GraphError(f"the {self.name} model takes {self.in_channels} input features "
+                             f"but {graph.name} has {graph.num_features}; build it with "
+                             "in_channels=graph.num_features")
+        if self.out_channels < graph.num_classes:  # (more outputs than classes: unused logits)
+            raise GraphError(f"the {self.name} model has {self.out_channels} outputs but "
+                             f"{graph.name} has {graph.num_classes} classes; build it with "
+                             "out_channels=graph.num_classes")
+
 
 def layer_key(key: Optional[jax.Array], layer: int) -> Optional[jax.Array]:
     """The dropout key of one layer: the same in the in-memory path and in the engine."""
@@ -82,14 +100,29 @@ def _widths(in_channels: int, hidden: int | Sequence[int], num_layers: int) -> l
     return hidden
 
 
+def _check_model_arguments(in_channels, hidden, out_channels, num_layers, dropout,
+                           activation) -> None:
+    """ValueError naming the argument: not a shape error deep inside a jitted step later."""
+    whole_number(in_channels, "in_channels (the graph's number of features)")
+    whole_number(out_channels, "out_channels (the number of classes)")
+    whole_number(num_layers, "num_layers")
+    for width in ([hidden] if isinstance(hidden, numbers.Number) or isinstance(hidden, str)
+                  else list(hidden)):
+        whole_number(width, "hidden_channels")
+    if not (isinstance(dropout, numbers.Real) and 0 <= dropout < 1):
+        raise ValueError(f"dropout must be in [0, 1), got {dropout!r}")
+    if activation is not None and not callable(activation):
+        raise ValueError(f"activation must be a function such as jax.nn.relu, got "
+                         f"{activation!r}")
+
+
 def _stack(conv: Callable[..., Any], in_channels: int, hidden, out_channels: int, *,
            num_layers: int, dropout: float, residual: bool, layer_norm: bool,
            activation) -> tuple:
     """Plain stack conv -> ... -> conv (logits), or, with residual=True, the residual design of
     Platonov et al. (2023): Linear in -> num_layers residual conv blocks -> LayerNorm + Linear out.
     """
-    if num_layers < 1:
-        raise ValueError(f"num_layers must be at least 1, got {num_layers}")
+    _check_model_arguments(in_channels, hidden, out_channels, num_layers, dropout, activation)
     if not residual:
         widths = [in_channels, *_widths(in_channels, hidden, num_layers), out_channels]
         layers = []
@@ -149,6 +182,10 @@ def gat(in_channels: int, hidden_channels: int, out_channels: int, *, num_layers
     dropout 0.6 on inputs and attention, one output head averaged. ``hidden_channels`` is per head.
     """
     att = dropout if attention_dropout is None else attention_dropout
+    whole_number(heads, "heads")
+    whole_number(output_heads, "output_heads")
+    if not (isinstance(att, numbers.Real) and 0 <= att < 1):
+        raise ValueError(f"attention_dropout must be in [0, 1), got {att!r}")
 
     def make(i, o, opts, last):
         if last:

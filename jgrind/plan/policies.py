@@ -25,34 +25,88 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 import os
 from typing import Callable, Optional, Sequence
 
-from jgrind.plan.fates import AGGREGATION, GRADIENT, Fate, TensorInfo
+from jgrind.plan.fates import AGGREGATION, GRADIENT, Fate, PolicyError, TensorInfo
 
 Policy = Callable[[TensorInfo], Fate]
 
 
+def check_policy(policy, what: str = "policy") -> None:
+    """PolicyError unless ``policy`` can be called with a `TensorInfo` (a function, or a frozen
+    dataclass with ``__call__``): a fate or a name passed where a policy goes fails here, not
+    inside the engine."""
+    if not callable(policy):
+        hint = (" (a Fate is what a policy returns; for one fate everywhere use e.g. "
+                "policies.host_offload())") if isinstance(policy, Fate) else (
+                " (for the command line's names use policies.in_memory(), host_offload(), "
+                "ssd_offload(dir), recompute_activations(), grinnder(...), auto(...))")
+        raise PolicyError(f"{what} must be a function from a TensorInfo to a Fate, got "
+                          f"{policy!r}{hint}")
+
+
+def _check_fate(value, what: str) -> None:
+    if not isinstance(value, Fate):
+        raise PolicyError(f"{what} must be a jgrind.Fate (DEVICE, HOST, SSD or RECOMPUTE), got "
+                          f"{value!r}")
+
+
+def check_budget(value, name: str) -> Optional[int]:
+    """``value`` as bytes (None: unlimited), or PolicyError: a budget is a whole number of
+    bytes, 0 or more, e.g. ``2 << 30`` for 2 GiB (the command line reads "2GiB")."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise PolicyError(f"{name} must be a whole number of bytes, 0 or more (None: "
+                          f"unlimited), e.g. 2 << 30 for 2 GiB; got {value!r}")
+    return int(value)
+
+
+def _directory(value, who: str) -> str:
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise PolicyError(f"{who} needs the store directory (a path on a fast disk), got "
+                          f"{value!r}")
+    return os.fspath(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Constant:
-    """Every tensor gets ``fate`` (gradients too, except RECOMPUTE, which is for activations:
-    gradients then go to ``gradient_fate``); aggregations get ``aggregation_fate``."""
+    """Every activation gets ``fate``, every gradient ``gradient_fate`` (by default ``fate``,
+    or HOST where ``fate`` is RECOMPUTE, which is for activations), every aggregation
+    ``aggregation_fate``; the input features ``features_fate`` when given."""
 
     fate: Fate
-    gradient_fate: Fate = Fate.HOST
+    gradient_fate: Optional[Fate] = None
     features_fate: Optional[Fate] = None
     directory: Optional[str] = None
     aggregation_fate: Fate = Fate.RECOMPUTE
+
+    def __post_init__(self):
+        _check_fate(self.fate, "a policy's fate")
+        for name, what in (("gradient_fate", "gradients' fate"),
+                           ("features_fate", "features' fate")):
+            if getattr(self, name) is not None:
+                _check_fate(getattr(self, name), what)
+        _check_fate(self.aggregation_fate, "aggregations' fate")
+
+    @property
+    def gradients(self) -> Fate:
+        """Where gradient blocks go."""
+        if self.gradient_fate is not None:
+            return self.gradient_fate
+        return Fate.HOST if self.fate is Fate.RECOMPUTE else self.fate
 
     def __call__(self, info: TensorInfo) -> Fate:
         if info.name == AGGREGATION:
             return self.aggregation_fate
         if info.name == GRADIENT:
-            return self.gradient_fate if self.fate is Fate.RECOMPUTE else self.fate
+            return self.gradients
         if info.layer == 0 and self.features_fate is not None:
             return self.features_fate
         if self.fate is Fate.RECOMPUTE and not info.recomputable:
-            return self.gradient_fate
+            return self.gradients
         return self.fate
 
 
@@ -76,7 +130,8 @@ def ssd_offload(directory: str | os.PathLike, gradients: Fate = Fate.SSD,
                 aggregations: Fate = Fate.RECOMPUTE) -> Constant:
     """Every activation block (and, by default, gradient block) in the SSD store under
     ``directory``; the host cache still serves reads within the host budget."""
-    return Constant(Fate.SSD, gradient_fate=gradients, directory=os.fspath(directory),
+    return Constant(Fate.SSD, gradient_fate=gradients,
+                    directory=_directory(directory, "ssd_offload"),
                     aggregation_fate=aggregations)
 
 
@@ -132,7 +187,7 @@ class Naive:
 
 def naive(directory: str | os.PathLike, snapshots: bool = True, row_reads: bool = True) -> Naive:
     """The naive scheme GriNNder is measured against (see `Naive`); not for real training."""
-    return Naive(os.fspath(directory), snapshots, row_reads)
+    return Naive(_directory(directory, "naive"), snapshots, row_reads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +196,10 @@ class ByKind:
 
     activations: Policy
     gradients: Policy
+
+    def __post_init__(self):
+        check_policy(self.activations, "ByKind's activations policy")
+        check_policy(self.gradients, "ByKind's gradients policy")
 
     def __call__(self, info: TensorInfo) -> Fate:
         return (self.gradients if info.name == GRADIENT else self.activations)(info)
@@ -164,6 +223,12 @@ class ByLayer:
 
 
 def by_layer(*policies: Policy) -> ByLayer:
+    """``policies[l]`` for layer l, the last for every later layer."""
+    if not policies:
+        raise PolicyError("by_layer needs at least one policy (the last serves every later "
+                          "layer)")
+    for l, policy in enumerate(policies):
+        check_policy(policy, f"by_layer's policy for layer {l}")
     return ByLayer(tuple(policies))
 
 
@@ -182,6 +247,10 @@ class Budgeted:
     directory: Optional[str] = None
     device_reserve: int = 0
     assignment: Optional[tuple] = None  # ((name, layer, partition), fate) pairs once bound
+
+    def __post_init__(self):
+        check_budget(self.device_budget, "grinnder's device_budget")
+        check_budget(self.host_budget, "grinnder's host_budget")
 
     def bind(self, inventory: Sequence[TensorInfo], context=None) -> "Budgeted":
         left = {Fate.DEVICE: self.device_budget - self.device_reserve,
@@ -351,7 +420,7 @@ def auto(device_budget: Optional[int] = None, host_budget: Optional[int] = None,
          directory: Optional[str | os.PathLike] = None, profile=None,
          recompute: bool = True, keep_aggregations: bool = True) -> Auto:
     """Let the planner choose every fate, the partitions and the cache mode (see `Auto`)."""
-    return Auto(None if device_budget is None else int(device_budget),
-                None if host_budget is None else int(host_budget),
+    return Auto(check_budget(device_budget, "auto's device_budget"),
+                check_budget(host_budget, "auto's host_budget"),
                 None if directory is None else os.fspath(directory), profile, recompute,
                 keep_aggregations)
