@@ -395,3 +395,14 @@ def test_edge_ids_are_integers_and_an_empty_list_is_no_edges():
         from_edges(["a"], ["b"], x, y)
     with pytest.raises(GraphError, match="must be integer"):
         from_edges([0.5], [1], x, y)
+
+
+def test_unknown_dataset_options_name_the_ones_it_takes():
+    from jgrind.datasets import DatasetError
+    with pytest.raises(DatasetError, match="generated dataset 'csbm': .* unexpected keyword "
+                                           "argument 'nope'"):
+        jgrind.datasets.load("csbm", num_nodes=300, nope=1)
+    with pytest.raises(DatasetError, match="loading npy:PATH takes no option 'zz'; it takes "
+                                           "mmap, name"):
+        jgrind.datasets.load("npy:/nowhere", zz=1)
+    assert jgrind.datasets.load("csbm", num_nodes=300).num_nodes == 300

@@ -9,6 +9,7 @@ Built-in names map to a loader and a path under the data root. Besides names, `l
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -42,15 +43,37 @@ class _Builtin:
     load: Callable  # (root: Path, **kwargs) -> Graph
 
 
+def _check_options(loader: Callable, options: dict, what: str, given: int = 1,
+                   fixed=()) -> None:
+    """DatasetError if ``options`` holds a keyword ``loader`` does not take (besides its first
+    ``given`` arguments and the ``fixed`` ones, which `load` passes itself), naming the ones it
+    takes: not a TypeError about an internal function."""
+    params = list(inspect.signature(loader).parameters.values())[given:]
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return  # a registered function that takes anything: it says what it does not take
+    takes = [p.name for p in params if p.name not in fixed
+             and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [k for k in options if k not in takes]
+    if unknown:
+        raise DatasetError(f"{what} takes no option {unknown[0]!r}; it takes "
+                           f"{', '.join(takes) if takes else 'none'}")
+
+
 def _planetoid(name: str, description: str) -> _Builtin:
     files = tuple(f"planetoid/ind.{name}.{p}" for p in PARTS)
-    return _Builtin("planetoid", description, files,
-                    lambda root, **kw: load_planetoid(name, root, **kw))
+
+    def load(root, **options):
+        _check_options(load_planetoid, options, f"dataset {name!r}", given=2)
+        return load_planetoid(name, root, **options)
+    return _Builtin("planetoid", description, files, load)
 
 
 def _npz(fmt: str, rel: str, description: str, loader, **fixed) -> _Builtin:
-    return _Builtin(fmt, description, (rel,),
-                    lambda root, **kw: loader(str(Path(root) / rel), **{**fixed, **kw}))
+    def load(root, **options):
+        what = f"dataset {fixed.get('name', Path(rel).stem)!r}"
+        _check_options(loader, options, what, given=1, fixed=("root", *fixed))
+        return loader(str(Path(root) / rel), **{**fixed, **options})
+    return _Builtin(fmt, description, (rel,), load)
 
 
 _BUILTIN = {
@@ -93,10 +116,19 @@ def load(name: str, /, root=None, **kwargs) -> Graph:
     to the loader or generator."""
     prefix, sep, rest = name.partition(":")
     if sep and prefix.lower() in _PREFIXES:
-        return _PREFIXES[prefix.lower()](rest, **kwargs)
+        loader = _PREFIXES[prefix.lower()]
+        _check_options(loader, kwargs, f"loading {prefix.lower()}:PATH")
+        return loader(rest, **kwargs)
     key = name.lower()
     if key in _GENERATED:
-        return _GENERATED[key][0](**kwargs)
+        make = _GENERATED[key][0]
+        _check_options(make, kwargs, f"generated dataset {key!r}", given=0)
+        try:
+            return make(**kwargs)
+        except TypeError as err:  # an option its generator does not take (passed on by **kw)
+            if "unexpected keyword argument" not in str(err):
+                raise
+            raise DatasetError(f"generated dataset {key!r}: {err}") from None
     if key not in _BUILTIN:
         raise DatasetError(f"unknown dataset {name!r}; known names: {', '.join(names())} (or "
                            f"{', '.join(p + ':PATH' for p in _PREFIXES)})")
