@@ -11,7 +11,7 @@ import jraph
 import numpy as np
 import scipy.sparse as sp
 
-from jgrind.graph import Graph, from_edges
+from jgrind.graph import Graph, GraphError, from_edges
 
 
 def to_graphs_tuple(graph: Graph) -> jraph.GraphsTuple:
@@ -25,17 +25,35 @@ def to_graphs_tuple(graph: Graph) -> jraph.GraphsTuple:
 
 def from_graphs_tuple(graphs: jraph.GraphsTuple, labels, *, num_classes=None, train_mask=None,
                       val_mask=None, test_mask=None, name="jraph") -> Graph:
-    """A `Graph` from a single (unbatched) ``GraphsTuple``; ``edges``, if a ``[E]`` array, are
-    kept as edge weights."""
+    """A `Graph` from a single (unbatched) ``GraphsTuple``. ``edges``, if per-edge scalars
+    (``[E]`` or ``[E, 1]``), are kept as edge weights; wider edge features are refused (jgrind's
+    layers take node features only). GraphError for a tuple whose parts disagree."""
+    if not isinstance(graphs, jraph.GraphsTuple):
+        raise GraphError(f"{name}: expected a jraph.GraphsTuple, got {type(graphs).__name__}")
     if np.asarray(graphs.n_node).size != 1:
-        raise ValueError(f"from_graphs_tuple takes one graph, got a batch of "
+        raise GraphError(f"{name}: from_graphs_tuple takes one graph, got a batch of "
                          f"{np.asarray(graphs.n_node).size}; use jraph.unbatch first")
-    g = from_edges(np.asarray(graphs.senders), np.asarray(graphs.receivers),
-                   np.asarray(graphs.nodes), labels, num_classes=num_classes,
+    nodes = None if graphs.nodes is None else np.asarray(graphs.nodes)
+    if nodes is None or nodes.ndim != 2:
+        raise GraphError(f"{name}: nodes must be a [N, F] feature array, got "
+                         f"{None if nodes is None else nodes.shape}")
+    senders, receivers = np.asarray(graphs.senders), np.asarray(graphs.receivers)
+    n_node, n_edge = int(np.asarray(graphs.n_node).sum()), int(np.asarray(graphs.n_edge).sum())
+    if (n_node, n_edge) != (nodes.shape[0], senders.size):
+        raise GraphError(f"{name}: n_node={n_node} and n_edge={n_edge} disagree with "
+                         f"{nodes.shape[0]} node rows and {senders.size} senders")
+    g = from_edges(senders, receivers, nodes, labels, num_classes=num_classes,
                    train_mask=train_mask, val_mask=val_mask, test_mask=test_mask, name=name)
     edges = graphs.edges
-    if edges is not None and np.ndim(edges) == 1:
-        order = np.argsort(np.asarray(graphs.receivers), kind="stable")
+    if edges is not None:
+        edges = np.asarray(edges)
+        if edges.ndim == 2 and edges.shape[1] == 1:
+            edges = edges[:, 0]
+        if edges.shape != (senders.size,):
+            raise GraphError(f"{name}: edges of shape {edges.shape}: jgrind keeps per-edge "
+                             f"scalar weights ([{senders.size}] or [{senders.size}, 1]); pass "
+                             "edges=None to drop edge features")
+        order = np.argsort(receivers, kind="stable")
         g = g.replace(edge_weight=np.asarray(edges, np.float32)[order])
     return g
 

@@ -406,3 +406,27 @@ def test_unknown_dataset_options_name_the_ones_it_takes():
                                            "mmap, name"):
         jgrind.datasets.load("npy:/nowhere", zz=1)
     assert jgrind.datasets.load("csbm", num_nodes=300).num_nodes == 300
+
+
+def test_a_graphs_tuple_whose_parts_disagree_is_refused():
+    import jraph
+    from jgrind.graph import GraphError
+    from jgrind.interop import from_graphs_tuple
+    x, y = np.ones((3, 2), np.float32), np.array([0, 1, 0])
+
+    def tup(**changes):
+        parts = dict(nodes=x, edges=None, senders=np.array([0, 1]), receivers=np.array([1, 2]),
+                     n_node=np.array([3]), n_edge=np.array([2]), globals=None)
+        return jraph.GraphsTuple(**{**parts, **changes})
+
+    column = from_graphs_tuple(tup(edges=np.array([[0.5], [2.0]], np.float32)), y)
+    assert sorted(column.edge_weight.tolist()) == [0.5, 2.0]      # [E, 1]: kept, not dropped
+    for changes, needle in [(dict(edges=np.ones(3, np.float32)), "edges of shape (3,)"),
+                            (dict(edges=np.ones((2, 4), np.float32)), "edges=None"),
+                            (dict(n_edge=np.array([99])), "n_edge=99"),
+                            (dict(nodes=None), "nodes must be a [N, F]")]:
+        with pytest.raises(GraphError) as err:
+            from_graphs_tuple(tup(**changes), y)
+        assert needle in str(err.value)
+    with pytest.raises(GraphError, match="expected a jraph.GraphsTuple"):
+        from_graphs_tuple((x, None), y)
