@@ -185,6 +185,11 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     check_split(graph, split)
     model.check_fits(graph)
     metric = metric or default_metric(graph.num_classes)
+    if metric not in ("accuracy", "roc_auc"):
+        raise ValueError(f"unknown metric {metric!r}; use 'accuracy' or 'roc_auc'")
+    if metric == "roc_auc" and model.out_channels < 2:
+        raise ValueError(f"metric 'roc_auc' scores the second output of a binary task, but "
+                         f"the model has {model.out_channels} output(s); use 'accuracy'")
     masks = (graph.train_mask[split], graph.val_mask[split], graph.test_mask[split])
     labels = graph.labels
     owned_executor = executor is None

@@ -430,3 +430,12 @@ def test_a_graphs_tuple_whose_parts_disagree_is_refused():
         assert needle in str(err.value)
     with pytest.raises(GraphError, match="expected a jraph.GraphsTuple"):
         from_graphs_tuple((x, None), y)
+
+
+def test_a_metric_the_model_cannot_give_is_named(small):
+    graph, _ = small
+    with pytest.raises(ValueError, match="unknown metric 'f1'"):
+        _train(graph, jgrind.models.gcn(8, 8, 3), metric="f1")
+    one = graph.replace(labels=np.zeros(graph.num_nodes, np.int32), num_classes=1)
+    with pytest.raises(ValueError, match="the model has 1 output"):
+        _train(one, jgrind.models.gcn(8, 8, 1), metric="roc_auc")
