@@ -71,6 +71,12 @@ def check_out(out: str | pathlib.Path, cfg: RunConfig) -> pathlib.Path:
             raise ConfigError(f"{out}/checkpoints hold another experiment ({', '.join(differ)}), "
                               "which this run would resume; name another folder (--out), or "
                               "remove the checkpoints to start afresh")
+        saved = [int(step.name) for step in (out / "checkpoints").glob("seed*/*")
+                 if step.name.isdigit()]
+        if saved and max(saved) >= cfg.epochs:
+            raise ConfigError(f"{out}/checkpoints reach epoch {max(saved)}, past this run's "
+                              f"{cfg.epochs} epochs; train for at least {max(saved) + 1} "
+                              "epochs (--epochs) to resume them, or name another folder")
     return out
 
 

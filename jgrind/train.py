@@ -225,6 +225,11 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                 best = {**meta["best"], "params": state["best_params"]}
                 history = meta["history"]
                 start_epoch = saved_epoch + 1
+                if start_epoch > epochs:
+                    raise ValueError(f"the checkpoint in {checkpoint_dir} is of epoch "
+                                     f"{saved_epoch}, past this run's {epochs} epochs; train "
+                                     f"for at least {start_epoch} epochs to resume it, or use "
+                                     "a new checkpoint directory")
 
         # -- epochs --------------------------------------------------------------------------
         if ready is not None:

@@ -108,6 +108,8 @@ def test_checkpoints_of_another_experiment_are_not_resumed(tmp_path, capsys):
     _fails(capsys, [*run, "--set", "hidden=32"], "another experiment (hidden 16 -> 32)")
     _fails(capsys, [*run, "--set", "hidden=16", "--set", "num_nodes=400"],
            "num_nodes 300 -> 400")
+    _fails(capsys, [*run, "--set", "hidden=16", "--epochs", "1"], "reach epoch 1, past this "
+           "run's 1 epochs")
     # the same experiment, trained longer, resumes
     assert main([*run, "--set", "hidden=16", "--epochs", "3"]) == 0
     log = (out / "metrics-seed0.jsonl").read_text().splitlines()
@@ -439,3 +441,12 @@ def test_a_metric_the_model_cannot_give_is_named(small):
     one = graph.replace(labels=np.zeros(graph.num_nodes, np.int32), num_classes=1)
     with pytest.raises(ValueError, match="the model has 1 output"):
         _train(one, jgrind.models.gcn(8, 8, 1), metric="roc_auc")
+
+
+def test_a_checkpoint_past_the_last_epoch_is_named(small, tmp_path):
+    graph, model = small
+    run = dict(checkpoint_dir=tmp_path / "ck", checkpoint_every=1)
+    _train(graph, model, epochs=3, **run)
+    assert len(_train(graph, model, epochs=3, **run).history) == 3   # done: nothing to run
+    with pytest.raises(ValueError, match="is of epoch 2, past this run's 1 epochs"):
+        _train(graph, model, epochs=1, **run)
