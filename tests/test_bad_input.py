@@ -357,6 +357,9 @@ def test_engine_arguments_are_checked(small, tmp_path):
         with pytest.raises(ValueError) as err:
             OutOfCore(graph, model, opt, policy=jgrind.policies.host_offload(), **kwargs)
         assert needle in str(err.value)
+    with pytest.raises(ValueError, match="two store directories"):
+        OutOfCore(graph, model, opt, policy=jgrind.policies.ssd_offload(tmp_path / "a"),
+                  store=tmp_path / "b")
     other = jgrind.generators.csbm(num_nodes=200, num_features=8, num_classes=3, seed=1)
     normalized = model.normalize(other)
     pg = partition_graph(normalized, label_propagation(normalized, 2), num_parts=2)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import os
 from typing import Callable, Optional
 
 import jax
@@ -83,12 +84,17 @@ def _first_element(tree):
 
 
 def _check_arguments(graph, model, policy, num_parts, partitioner, partitioned, split,
-                     max_shapes, seed) -> None:
+                     max_shapes, seed, store) -> None:
     """ValueError (or PolicyError, GraphError) naming a bad argument of `OutOfCore`, before
     any work: not an IndexError from NumPy inside the partitioning later."""
     model.check_fits(graph)
     if policy is not None:
         check_policy(policy)
+        named = store_directory(policy)
+        if store is not None and named is not None and \
+                os.path.abspath(os.fspath(store)) != os.path.abspath(named):
+            raise ValueError(f"two store directories: the policy names {named}, store= names "
+                             f"{store}; pass one of them")
     if not callable(partitioner):
         raise ValueError(f"partitioner must be a function (graph, num_parts, seed=...) -> "
                          f"assignment, e.g. jgrind.partition.label_propagation; got "
@@ -136,7 +142,7 @@ class OutOfCore:
                  host_budget: Optional[int] = None, remat_policy=None, prefetch: bool = True,
                  max_shapes: int = 3, seed: int = 0):
         _check_arguments(graph, model, policy, num_parts, partitioner, partitioned, split,
-                         max_shapes, seed)
+                         max_shapes, seed, store)
         device_budget = check_budget(device_budget, "device_budget")
         host_budget = check_budget(host_budget, "host_budget")
         # the layers as run: narrowing GCN layers split into transform + propagation
