@@ -125,10 +125,6 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _positive(v) -> bool:
-    return math.isfinite(v) and v > 0
-
-
 # every number a run takes, and what it must be: checked when a RunConfig is made, so that a bad
 # value is one line before anything is loaded or written, not a traceback epochs later
 _LIMITS = {
@@ -136,7 +132,7 @@ _LIMITS = {
     "layers": (lambda v: v >= 1, "at least 1"),
     "heads": (lambda v: v >= 1, "at least 1"),
     "dropout": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "lr": (_positive, "a finite number above 0"),
+    "lr": (lambda v: math.isfinite(v) and v > 0, "a finite number above 0"),
     "weight_decay": (lambda v: math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
     "epochs": (lambda v: v >= 1, "at least 1"),
     "seed": (lambda v: v >= 0, "0 or more"),

@@ -19,7 +19,7 @@ from jgrind.config import (ConfigError, RunConfig, build_model, build_optimizer,
                            load_graph, split_for)
 from jgrind.plan.cost import format_bytes
 from jgrind.plots import plot_memory, plot_training
-from jgrind.train import check_split, run_trials, train
+from jgrind.train import run_trials, train
 
 
 # What a run's checkpoints depend on: resuming one under another value of these would load
@@ -104,8 +104,6 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
     load_seconds = time.perf_counter() - t0
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     splits = [split_for(cfg, graph, trial) for trial in range(cfg.seeds)]
-    for split in set(splits):
-        check_split(graph, split)
 
     def run(seed: int):
         trial = seed - cfg.seed

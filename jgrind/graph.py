@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import numbers
 from typing import Optional
 
 import numpy as np
@@ -114,6 +115,18 @@ class Graph:
     @property
     def num_splits(self) -> int:
         return int(self.train_mask.shape[0])
+
+    def check_split(self, split) -> None:
+        """ValueError if ``split`` is not one of this graph's splits; GraphError if it has no
+        training node (nothing to learn from: every label -1, or an empty train mask)."""
+        if isinstance(split, bool) or not isinstance(split, numbers.Integral) \
+                or not 0 <= split < self.num_splits:
+            raise ValueError(f"split {split!r} does not exist: {self.name} has "
+                             f"{self.num_splits} split(s), numbered 0..{self.num_splits - 1}")
+        if not self.train_mask[split].any():
+            raise GraphError(f"{self.name} has no training node in split {split} (an empty "
+                             "train mask, or no labelled node: labels of -1 are unlabelled); "
+                             "give it labels and a train mask")
 
     def in_degree(self) -> np.ndarray:
         """``[N]`` number of in-edges of every node."""

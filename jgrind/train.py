@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import numbers
 import pathlib
 import time
 from typing import Any, Callable, Optional, Protocol, Sequence
@@ -23,7 +22,7 @@ import optax
 
 from jgrind import checkpoint as ckpt
 from jgrind.arguments import whole_number
-from jgrind.graph import Graph, GraphError
+from jgrind.graph import Graph
 from jgrind.loss import node_weights, weighted_cross_entropy
 from jgrind.metrics import cross_entropy, default_metric, evaluate
 from jgrind.models.model import GNN, Params
@@ -134,19 +133,6 @@ def _check_train_arguments(key, graph, model, optimizer, *, epochs, eval_every, 
         whole_number(patience, "patience (None: no early stopping)")
 
 
-def check_split(graph: Graph, split: int) -> None:
-    """ValueError if ``split`` is not one of ``graph``'s splits; GraphError if it has no
-    training node (nothing to learn from: every label -1, or an empty train mask)."""
-    if isinstance(split, bool) or not isinstance(split, numbers.Integral) \
-            or not 0 <= split < graph.num_splits:
-        raise ValueError(f"split {split!r} does not exist: {graph.name} has {graph.num_splits} "
-                         f"split(s), numbered 0..{graph.num_splits - 1}")
-    if not graph.train_mask[split].any():
-        raise GraphError(f"{graph.name} has no training node in split {split} (an empty train "
-                         "mask, or no labelled node: labels of -1 are unlabelled); give it "
-                         "labels and a train mask")
-
-
 def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTransformation, *,
           epochs: int, split: int = 0, metric: Optional[str] = None, eval_every: int = 1,
           patience: Optional[int] = None, log_path: Optional[str | pathlib.Path] = None,
@@ -182,7 +168,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     """
     _check_train_arguments(key, graph, model, optimizer, epochs=epochs, eval_every=eval_every,
                            patience=patience, checkpoint_every=checkpoint_every)
-    check_split(graph, split)
+    graph.check_split(split)
     model.check_fits(graph)
     metric = metric or default_metric(graph.num_classes)
     if metric not in ("accuracy", "roc_auc"):

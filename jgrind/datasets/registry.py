@@ -2,7 +2,8 @@
 
 Built-in names map to a loader and a path under the data root. Besides names, `load` takes
 ``"ogb:/dir"`` (`load_ogb_raw`), ``"npz:/file.npz"`` (`load_gnn_benchmark`) and
-``"edgelist:/edges.txt"`` (`load_edge_list`, with features_path= and labels_path=) and
+``"edgelist:/dir/edges.txt"`` (`load_edge_list`: features.npy and labels.npy beside it, or
+features_path= and labels_path=) and
 ``"npy:/folder"`` (`load_saved`: a graph saved by `save_graph`, memory-mapped).
 """
 

@@ -99,10 +99,7 @@ def _check_arguments(graph, model, policy, num_parts, partitioner, partitioned, 
         raise ValueError(f"partitioner must be a function (graph, num_parts, seed=...) -> "
                          f"assignment, e.g. jgrind.partition.label_propagation; got "
                          f"{partitioner!r}")
-    whole_number(split, "split", 0)
-    if split >= graph.num_splits:
-        raise ValueError(f"split {split} does not exist: {graph.name} has {graph.num_splits} "
-                         f"split(s), numbered 0..{graph.num_splits - 1}")
+    graph.check_split(split)
     whole_number(max_shapes, "max_shapes", 1)
     whole_number(seed, "seed", 0)
     if partitioned is None:
