@@ -174,7 +174,7 @@ def cmd_plan(args) -> int:
     from jgrind.config import build_model, load_graph, parse_bytes
     from jgrind.experiment import check_output_folder
     from jgrind.plan import profile as hw
-    from jgrind.plan.planner import plan_run
+    from jgrind.plan.planner import check_num_parts, plan_run
     from jgrind.plan.report import plot_plan, print_plan
     flags = {k: getattr(args, k) for k in ("dataset", "model", "parts", "device_budget",
                                            "host_budget", "store", "profile")
@@ -185,6 +185,7 @@ def cmd_plan(args) -> int:
     device, host = parse_bytes(cfg.device_budget), parse_bytes(cfg.host_budget)
     graph = load_graph(cfg)
     model = build_model(cfg, graph)
+    check_num_parts(cfg.parts or None, graph.num_nodes)  # before a profile is measured
     store = cfg.store or None
     profile = hw.load_or_measure(cfg.profile or None, store, remeasure=args.remeasure,
                                  log=lambda msg: print(f"jgrind: {msg}"))

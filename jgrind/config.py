@@ -86,6 +86,9 @@ class RunConfig:
     "generated datasets: number of nodes"
     avg_degree: float = 10.0
     "generated datasets: average degree"
+    dataset_options: str = ""
+    ("more options for the dataset's loader, as key:value pairs joined by commas, e.g. "
+     "to_undirected:true,split:time for ogb:DIR, num_features:128 for a generated graph")
 
     def __post_init__(self):
         for name, (valid, expected) in _LIMITS.items():
@@ -93,6 +96,20 @@ class RunConfig:
             if not valid(value):
                 raise ConfigError(f"setting {name}={value!r} is out of range: {name} must be "
                                   f"{expected}")
+        self.loader_options()  # a malformed list is an error now, not when the graph loads
+
+    def loader_options(self) -> dict:
+        """``dataset_options`` as keyword arguments: ``"split:time,to_undirected:true"`` ->
+        ``{"split": "time", "to_undirected": True}``; numbers and true/false are converted."""
+        options = {}
+        for item in filter(None, (p.strip() for p in self.dataset_options.split(","))):
+            key, sep, text = item.partition(":")
+            key = key.strip().replace("-", "_")
+            if not sep or not key.isidentifier():
+                raise ConfigError(f"setting dataset_options={self.dataset_options!r}: expected "
+                                  f"key:value pairs joined by commas, found {item!r}")
+            options[key] = _option_value(text.strip())
+        return options
 
     @classmethod
     def field_docs(cls) -> dict[str, str]:
@@ -147,6 +164,17 @@ _LIMITS = {
 }
 
 
+def _option_value(text: str) -> object:
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def _convert(key: str, value: str, kind) -> object:
     try:
         if kind is bool:
@@ -188,17 +216,23 @@ def build_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
 
 def load_graph(cfg: RunConfig) -> Graph:
     from jgrind import datasets
+    from jgrind.datasets.errors import DatasetError
     from jgrind.datasets.features import row_normalize_features
     from jgrind.datasets.generated import GENERATED
     if cfg.dataset in GENERATED:
         try:
-            graph = datasets.load(cfg.dataset, num_nodes=cfg.num_nodes,
-                                  avg_degree=cfg.avg_degree)
+            graph = datasets.load(cfg.dataset, **{"num_nodes": cfg.num_nodes,
+                                                  "avg_degree": cfg.avg_degree,
+                                                  **cfg.loader_options()})
+        except DatasetError:
+            raise
         except ValueError as err:  # the generator's own check of its arguments
             raise ConfigError(f"cannot generate {cfg.dataset} with num_nodes={cfg.num_nodes}, "
-                              f"avg_degree={cfg.avg_degree}: {err}") from None
+                              f"avg_degree={cfg.avg_degree}"
+                              + (f", {cfg.dataset_options}" if cfg.dataset_options else "")
+                              + f": {err}") from None
     else:
-        graph = datasets.load(cfg.dataset)
+        graph = datasets.load(cfg.dataset, **cfg.loader_options())
     return row_normalize_features(graph) if cfg.row_normalize else graph
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
+import tempfile
 import time
 
 import jax
@@ -28,7 +30,7 @@ from jgrind.train import run_trials, train
 # same function whatever the policy, budgets or partitions.)
 CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "residual",
                 "layer_norm", "activation", "lr", "weight_decay", "seed", "split",
-                "row_normalize", "num_nodes", "avg_degree")
+                "row_normalize", "num_nodes", "avg_degree", "dataset_options")
 # the files `run_config` writes (and a later run in the same folder replaces)
 RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png")
 
@@ -45,8 +47,21 @@ def check_output_folder(out: str | pathlib.Path) -> pathlib.Path:
                 what = "is a file" if parent == path else f"cannot be made: {parent} is a file"
                 raise ConfigError(f"the output folder {path} {what}; name another folder "
                                   "(--out)")
+            _check_writable(path, parent)
             break
     return path
+
+
+def _check_writable(path: pathlib.Path, existing: pathlib.Path) -> None:
+    """ConfigError unless a folder can be made in ``existing`` (``path`` or its nearest
+    existing parent). A probe, made and removed at once, because permission bits do not tell:
+    root passes every access() check, and /proc or a read-only mount refuse even root."""
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".jgrind-probe-", dir=existing))
+    except OSError as err:
+        where = "" if existing == path else f" (in {existing})"
+        raise ConfigError(f"cannot write the output folder {path}{where}: "
+                          f"{err.strerror or err}; name a folder you can write (--out)") from None
 
 
 def check_out(out: str | pathlib.Path, cfg: RunConfig) -> pathlib.Path:
@@ -64,9 +79,10 @@ def check_out(out: str | pathlib.Path, cfg: RunConfig) -> pathlib.Path:
                           "(no readable config.json); name a new or empty folder (--out)"
                           ) from None
     if cfg.checkpoint_every and (out / "checkpoints").is_dir():
-        ours = dataclasses.asdict(cfg)
-        differ = [f"{k} {earlier.get(k)!r} -> {ours[k]!r}" for k in CHECKPOINTED
-                  if earlier.get(k) != ours[k]]
+        ours, defaults = dataclasses.asdict(cfg), dataclasses.asdict(RunConfig())
+        # a setting newer than the earlier run's config.json had its default there
+        differ = [f"{k} {earlier.get(k, defaults[k])!r} -> {ours[k]!r}" for k in CHECKPOINTED
+                  if earlier.get(k, defaults[k]) != ours[k]]
         if differ:
             raise ConfigError(f"{out}/checkpoints hold another experiment ({', '.join(differ)}), "
                               "which this run would resume; name another folder (--out), or "

@@ -108,8 +108,14 @@ def test_checkpoints_of_another_experiment_are_not_resumed(tmp_path, capsys):
     _fails(capsys, [*run, "--set", "hidden=32"], "another experiment (hidden 16 -> 32)")
     _fails(capsys, [*run, "--set", "hidden=16", "--set", "num_nodes=400"],
            "num_nodes 300 -> 400")
+    _fails(capsys, [*run, "--set", "hidden=16", "--set", "dataset_options=homophily:0.5"],
+           "dataset_options '' -> 'homophily:0.5'")
     _fails(capsys, [*run, "--set", "hidden=16", "--epochs", "1"], "reach epoch 1, past this "
            "run's 1 epochs")
+    # a config.json written before a setting existed holds that setting's default
+    config = json.loads((out / "config.json").read_text())
+    del config["dataset_options"]
+    (out / "config.json").write_text(json.dumps(config))
     # the same experiment, trained longer, resumes
     assert main([*run, "--set", "hidden=16", "--epochs", "3"]) == 0
     log = (out / "metrics-seed0.jsonl").read_text().splitlines()
@@ -453,3 +459,35 @@ def test_a_checkpoint_past_the_last_epoch_is_named(small, tmp_path):
     assert len(_train(graph, model, epochs=3, **run).history) == 3   # done: nothing to run
     with pytest.raises(ValueError, match="is of epoch 2, past this run's 1 epochs"):
         _train(graph, model, epochs=1, **run)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
+@pytest.mark.parametrize("command", [["train", *SMALL], ["plan"], ["profile", "--quick"]])
+def test_an_output_folder_that_cannot_be_made_is_named_before_any_work(capsys, command):
+    """/proc refuses a new folder even to root, which passes every permission check; the bare
+    "[Errno 2] No such file or directory" used to come after the graph was loaded."""
+    target = "/proc/jgrind-out/p.json" if command[0] == "profile" else "/proc/jgrind-out"
+    _fails(capsys, [*command, "--out", target], "cannot write the output folder /proc/jgrind-out",
+           "name a folder you can write (--out)")
+
+
+def test_plan_with_more_parts_than_it_considers_says_so(tmp_path, capsys, monkeypatch):
+    """Named before a hardware profile is measured (which takes 10-30 s), not as "no partition
+    count fits the budgets" after."""
+    profile = tmp_path / "profile.json"
+    monkeypatch.setenv("JGRIND_PROFILE", str(profile))
+    _fails(capsys, ["plan", "--set", "num_nodes=300", "--parts", "100000", "--out",
+                    str(tmp_path / "plan")], "cannot plan 100,000 partitions",
+           "the graph has 300 nodes; ask for at most 300 (--parts)")
+    assert not profile.exists()
+
+
+@pytest.mark.parametrize("options, needle", [
+    ("num_features", "expected key:value pairs joined by commas, found 'num_features'"),
+    (":3", "found ':3'"),
+])
+def test_malformed_dataset_options(tmp_path, capsys, options, needle):
+    out = tmp_path / "run"
+    _fails(capsys, ["train", *SMALL, "--set", f"dataset_options={options}", "--out", str(out)],
+           needle)
+    assert not out.exists()

@@ -212,6 +212,30 @@ def test_ogb_raw_round_trip(tmp_path):
     assert u.num_edges == len(pairs | {(b, a) for a, b in pairs})
 
 
+def test_ogb_options_from_the_command_line(tmp_path, capsys):
+    """split= and to_undirected= reach the OGB loader from the command line as
+    ``--set dataset_options=...``, as the loader's own hint says."""
+    from jgrind.cli import main
+    d, src, dst, *_ = _tiny_ogb(tmp_path)
+    shutil.copytree(d / "split/time", d / "split/random")
+    assert main(["convert", "--dataset", f"ogb:{d}", "--out", str(tmp_path / "a")]) == 2
+    assert "--set dataset_options=split:NAME" in capsys.readouterr().err
+    out = tmp_path / "b"
+    assert main(["convert", "--dataset", f"ogb:{d}", "--out", str(out), "--set",
+                 "dataset_options=split:random, to_undirected:true"]) == 0
+    g = D.load(f"npy:{out}")
+    assert is_symmetric(g) and g.num_edges > 0
+    pairs = {(a, b) for a, b in zip(src.tolist(), dst.tolist())}
+    assert g.num_edges == len(pairs | {(b, a) for a, b in pairs})
+
+
+def test_generator_options_from_the_run_configuration():
+    from jgrind.config import RunConfig, load_graph
+    g = load_graph(RunConfig(dataset="rmat", num_nodes=500,
+                             dataset_options="num_features:5, num_edges:1000,homophily:0.5"))
+    assert (g.num_nodes, g.num_edges, g.num_features) == (500, 1000, 5)
+
+
 def test_ogb_raw_split_choice_and_errors(tmp_path):
     d, *_ = _tiny_ogb(tmp_path)
     shutil.copytree(d / "split/time", d / "split/random")
@@ -303,6 +327,35 @@ def test_edge_list_malformed_line(tmp_path, text, line):
     e, x, y = _tiny_edgelist(tmp_path, text)
     with pytest.raises(D.DatasetError, match=rf"e\.txt:{line}: expected"):
         D.load_edge_list(e, x, y)
+
+
+@pytest.mark.parametrize("number", ["99999999999999999999", "-99999999999999999999"])
+def test_edge_list_number_too_large_for_int64_names_its_line(tmp_path, number):
+    """np.fromstring saturates such a number to the int64 limit, which was then reported as an
+    out-of-range node id 9223372036854775807."""
+    e, x, y = _tiny_edgelist(tmp_path, f"0 1\n\n# c\n1 {number}\n")
+    with pytest.raises(D.DatasetError, match=r"e\.txt:4: a number does not fit a 64-bit "
+                                             rf"integer, found '1 {number}'"):
+        D.load_edge_list(e, x, y)
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"0 1 2\n3 4 5\n", "it is not a .npy file (it lacks the header np.save writes)"),
+    (None, "it holds Python objects, not numbers"),
+    (b"truncated", "it is truncated or damaged"),
+])
+def test_unreadable_npy_is_described_not_called_pickled(tmp_path, content, needle):
+    """np.load without pickles blames "pickled data" for any file lacking the .npy header."""
+    e, x, y = _tiny_edgelist(tmp_path, "0 1\n")
+    if content is None:
+        np.save(x, np.array([{}, 1], dtype=object), allow_pickle=True)
+    elif content == b"truncated":
+        x.write_bytes(x.read_bytes()[:-20])
+    else:
+        x.write_bytes(content)
+    with pytest.raises(D.DatasetError, match="cannot read features file") as err:
+        D.load_edge_list(e, x, y)
+    assert needle in str(err.value) and "pickled" not in str(err.value)
 
 
 def test_read_text_table_chunking_and_gzip(tmp_path):

@@ -106,7 +106,7 @@ def test_damaged_folders_are_named_errors(tmp_path):
     whole = features.read_bytes()
     features.write_bytes(whole[: len(whole) // 2])  # cut short, e.g. a copy that stopped
     for mmap in (True, False):
-        with pytest.raises(D.DatasetError, match="features.npy: truncated"):
+        with pytest.raises(D.DatasetError, match="features.npy: it is truncated"):
             D.load_saved(folder, mmap=mmap)
     features.write_bytes(whole)
     np.save(folder / "labels.npy", np.zeros(7, np.int32))  # replaced by another array

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jgrind.datasets.errors import DatasetError, read_npz, require_file
+from jgrind.datasets.errors import DatasetError, npy_problem, read_npz, require_file
 from jgrind.graph import from_edges
 from jgrind.transforms import make_undirected
 
@@ -111,6 +111,15 @@ def _parse_block(block: bytes, line0: int, path: Path, ncols, dtype, delimiter, 
         kind = "integers" if np.issubdtype(dtype, np.integer) else "numbers"
         raise DatasetError(f"{path}:{line0 + k + 1}: expected {kind}, found "
                            f"{_line(block, newlines, k)!r}; {hint}")
+    if np.issubdtype(dtype, np.integer):
+        # np.fromstring saturates a number too large for the type to the type's limit
+        limits = np.iinfo(dtype)
+        clipped = np.flatnonzero((values == limits.max) | (values == limits.min))
+        if clipped.size:
+            k = int(np.searchsorted(newlines, tokens[clipped[0]]))
+            raise DatasetError(f"{path}:{line0 + k + 1}: a number does not fit a "
+                               f"{limits.bits}-bit integer, found {_line(block, newlines, k)!r}; "
+                               f"{hint}")
     if np.issubdtype(dtype, np.integer) and values.min() >= -_INT32_MAX and \
             values.max() <= _INT32_MAX:
         values = values.astype(np.int32)
@@ -176,8 +185,7 @@ def read_npy(path, what: str, hint: str) -> np.ndarray:
         with open(path, "rb") as fh:
             return np.load(fh, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
-        raise DatasetError(f"cannot read {what} {path}: file is truncated or not a .npy array "
-                           f"({type(e).__name__}: {e}); {hint}") from e
+        raise DatasetError(f"cannot read {what} {path}: {npy_problem(path, e)}; {hint}") from e
 
 
 def as_labels(values: np.ndarray, where: str, hint: str) -> np.ndarray:

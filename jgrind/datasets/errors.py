@@ -56,3 +56,23 @@ def read_npz(path: Path, keys, hint: str, optional=()) -> dict:
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise DatasetError(f"cannot read {path}: file is truncated or not an .npz archive "
                            f"({type(e).__name__}: {e}); {hint}") from e
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def npy_problem(path: Path, err: Exception) -> str:
+    """Why ``np.load(path, allow_pickle=False)`` failed, in words. NumPy reads any file without
+    the ``.npy`` header as a pickle, so its own message blames "pickled data" for a text file,
+    an image or a truncated download."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(_NPY_MAGIC))
+    except OSError as e:
+        return f"cannot open it ({e.strerror or e})"
+    if head != _NPY_MAGIC:
+        return ("it is not a .npy file (it lacks the header np.save writes); save the array "
+                "with numpy.save")
+    if "allow_pickle" in str(err):
+        return "it holds Python objects, not numbers (an object array); save a numeric array"
+    return f"it is truncated or damaged ({type(err).__name__}: {err})"

@@ -15,10 +15,10 @@ def csbm(num_nodes: int = 20_000, avg_degree: float = 10.0, seed: int = 0, **kwa
 
 
 def rmat(num_nodes: int = 100_000, avg_degree: float = 10.0, seed: int = 0, **kwargs):
-    # undirected R-MAT stores both directions, so the directed edge count must be even
-    num_edges = 2 * round(num_nodes * avg_degree / 2)
-    return generators.rmat(num_nodes=num_nodes, num_edges=num_edges,
-                           seed=seed, **kwargs)
+    # undirected R-MAT stores both directions, so the directed edge count must be even;
+    # num_edges given outright (dataset_options=num_edges:...) wins over avg_degree
+    kwargs.setdefault("num_edges", 2 * round(num_nodes * avg_degree / 2))
+    return generators.rmat(num_nodes=num_nodes, seed=seed, **kwargs)
 
 
 GENERATED = {

@@ -22,6 +22,7 @@ from jgrind.datasets.errors import DatasetError, require_file
 from jgrind.graph import from_edges
 from jgrind.transforms import make_undirected
 
+_SPLIT_FLAG = "on the command line: --set dataset_options=split:NAME"
 _HINT = "re-extract the OGB download (it needs raw/ and split/ as OGB ships them)"
 
 
@@ -37,13 +38,14 @@ def _split_dir(directory: Path, split) -> Path:
         if not path.is_dir():
             have = sorted(p.name for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
             raise DatasetError(f"{directory}: no split folder {path} (found: "
-                               f"{', '.join(have) or 'none'}); pass one of those as split=")
+                               f"{', '.join(have) or 'none'}); pass one of those as split= "
+                               f"({_SPLIT_FLAG})")
         return path
     schemes = sorted(p for p in base.iterdir() if p.is_dir()) if base.is_dir() else []
     if len(schemes) != 1:
         raise DatasetError(f"{directory}: expected one folder under {base}, found "
                            f"{len(schemes)} ({', '.join(p.name for p in schemes) or 'none'}); "
-                           f"pass split= to choose, or {_HINT}")
+                           f"pass split= to choose ({_SPLIT_FLAG}), or {_HINT}")
     return schemes[0]
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jgrind.datasets.errors import DatasetError, require_file
+from jgrind.datasets.errors import DatasetError, npy_problem, require_file
 from jgrind.graph import Graph
 
 FORMAT = "jgrind-graph"
@@ -186,8 +186,7 @@ def _read_array(path: Path, spec: dict, mmap: bool) -> np.ndarray:
     try:
         a = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
-        raise DatasetError(f"cannot read {path}: truncated or not a .npy file "
-                           f"({type(e).__name__}: {e}); {_HINT}") from e
+        raise DatasetError(f"cannot read {path}: {npy_problem(path, e)}; {_HINT}") from e
     expected = (np.dtype(spec["dtype"]), tuple(spec["shape"]))
     if (a.dtype, a.shape) != expected:
         raise DatasetError(f"{path} holds {a.dtype.name} {list(a.shape)} but {META} says "

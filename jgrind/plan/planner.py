@@ -560,6 +560,16 @@ def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates
 
 
 # -- whole runs: partitions and the fast path --------------------------------------------------
+def check_num_parts(num_parts: Optional[int], num_nodes: int) -> None:
+    """PlanError if `plan_run` cannot plan ``num_parts`` partitions (None: it chooses)."""
+    most = min(MAX_PARTS, max(num_nodes, 1))
+    if num_parts is not None and num_parts > most:
+        why = (f"the graph has {num_nodes:,} nodes" if most < MAX_PARTS
+               else f"the planner considers at most {MAX_PARTS:,}")
+        raise PlanError(f"cannot plan {num_parts:,} partitions: {why}; ask for at most "
+                        f"{most:,} (--parts), or leave the count to the planner")
+
+
 def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
              host_budget: Optional[int] = None, directory: Optional[str] = None,
              partitioner: Optional[Callable] = None, num_parts: Optional[int] = None,
@@ -576,6 +586,7 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
     from jgrind.partition.partitioners import label_propagation
     from jgrind.plan.inventory import layer_widths
     partitioner = partitioner or label_propagation
+    check_num_parts(num_parts, graph.num_nodes)
     dev = UNLIMITED if device_budget is None else int(device_budget)
     widths = layer_widths(model, graph.num_features)
     structure = 2 * (graph.indptr.nbytes + graph.indices.nbytes + 4 * graph.num_edges)
