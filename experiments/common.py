@@ -32,7 +32,8 @@ def report(name: str, trials: Trials, config: dict, seconds: float) -> dict:
         "experiment": name, "metric": trials.metric, "seeds": list(trials.seeds),
         "test": [r.test for r in trials.results], "val": [r.val for r in trials.results],
         "best_epoch": [r.best_epoch for r in trials.results],
-        "test_mean": trials.mean, "test_std": trials.std, "config": config,
+        "test_mean": trials.mean, "test_std": trials.std, "val_mean": trials.val_mean,
+        "val_std": trials.val_std, "config": config,
         "seconds": seconds, "machine": f"{platform.machine()}, {jax.devices()[0].platform}",
         "date": time.strftime("%Y-%m-%d"),
     }

@@ -17,18 +17,8 @@ import textwrap
 from jgrind.config import ConfigError, RunConfig
 from jgrind.graph import GraphError
 
-DESCRIPTION = """\
-jgrind: exact full-graph GNN training in JAX.
-
-Commands:
-  train      train GCN / GraphSAGE / GAT on the full graph and report val/test metrics
-  datasets   list the datasets jgrind knows and where it reads them from
-  convert    save a dataset as a folder of .npy files, read back memory-mapped
-  partition  partition a graph and print the partition quality report
-  profile    measure this machine's compute, memory and disk speeds for the planner
-  plan       plan an out-of-core run: a fate per tensor, predicted memory and epoch time
-
-Run `jgrind COMMAND --help` for a command's options."""
+DESCRIPTION = "jgrind: exact full-graph GNN training in JAX."
+EPILOG = "Run `jgrind COMMAND --help` for a command's options and examples."
 
 
 def _train_epilog() -> str:
@@ -50,12 +40,12 @@ def _train_epilog() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="jgrind", description=DESCRIPTION,
+    parser = argparse.ArgumentParser(prog="jgrind", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     train = sub.add_parser(
-        "train", help="train a model on the full graph",
+        "train", help="train GCN / GraphSAGE / GAT on the full graph",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a GNN on the full graph (no sampling): one optimizer step per "
                     "epoch, model selection on the validation set, test metric at the best "
@@ -102,14 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="KEY=VALUE", help="a setting, as for `jgrind train` (dataset "
                       "settings, e.g. num_nodes=100000; parts, partitioner, seed)")
 
-    ds = sub.add_parser("datasets", help="list known datasets and where they are read from",
+    ds = sub.add_parser("datasets", help="list the datasets and where they are read from",
                         description="List built-in datasets, whether their files are present, "
                                     "and the folder they are read from ($JGRIND_DATA or "
                                     "../shared/datasets).")
     ds.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
     conv = sub.add_parser(
-        "convert", help="save a dataset as a memory-mapped folder",
+        "convert", help="save a dataset as .npy files, read back memory-mapped",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Load a dataset (any name or prefix `jgrind train --dataset` takes, with "
                     "its --set settings applied) and save it to --out as one .npy file per "
@@ -129,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="replace --out if it holds a saved graph")
 
     prof = sub.add_parser(
-        "profile", help="measure this machine for the planner",
+        "profile", help="measure compute, memory and disk speeds for the planner",
         description="Measure dense and sparse compute rates, host memory, host <-> device and "
                     "SSD bandwidths, and how much transfer time compute hides, and save them "
                     "as the hardware profile the planner predicts epoch times from "
@@ -143,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--show", action="store_true",
                       help="print the saved profile (and whether it is stale); measure nothing")
     plan = sub.add_parser(
-        "plan", help="plan an out-of-core run and explain it",
+        "plan", help="plan an out-of-core run: a fate per tensor, memory, time",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Choose, for every stored tensor block, whether it stays on the device, goes "
                     "to host RAM or the SSD store, or is recomputed, minimising the predicted "

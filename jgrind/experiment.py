@@ -151,6 +151,7 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
         "test": [r.test for r in trials.results], "val": [r.val for r in trials.results],
         "best_epoch": [r.best_epoch for r in trials.results],
         "test_mean": trials.mean, "test_std": trials.std,
+        "val_mean": trials.val_mean, "val_std": trials.val_std,
         "median_epoch_seconds": epoch_times[len(epoch_times) // 2] if epoch_times else None,
         "load_seconds": load_seconds,
         "memory": None if memory is None else {k: v for k, v in memory.items()

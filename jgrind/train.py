@@ -61,7 +61,9 @@ class InMemory:
 
         def step(params, opt_state, block, x, labels, weights, key):
             loss, grads = jax.value_and_grad(loss_fn)(params, block, x, labels, weights, key)
-            updates, opt_state = optimizer.update(grads, opt_state, params)
+            # value=: the epoch's loss, for transformations that take it (reduce_on_plateau)
+            updates, opt_state = optax.with_extra_args_support(optimizer).update(
+                grads, opt_state, params, value=loss)
             return optax.apply_updates(params, updates), opt_state, loss
 
         # params and optimizer state are donated: the old buffers are dead after the update.
@@ -92,7 +94,8 @@ class TrainResult:
       history: one dict per epoch (see `train`), also written to the metrics log.
       metric: "accuracy" or "roc_auc".
       best_epoch, val, test: model selection by validation: the test metric at the best epoch.
-      seconds: wall time of the epochs (not counting preparation and compilation).
+      seconds: wall time of the epochs, those before a resume included (not counting
+        preparation).
       memory: out-of-core runs only: the store's accounts (bytes per tier now and at peak,
         bytes moved) and its ``timeline`` of ``(seconds, device, host, ssd)``; else None.
     """
@@ -210,6 +213,8 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                 params, opt_state = state["params"], state["opt_state"]
                 best = {**meta["best"], "params": state["best_params"]}
                 history = meta["history"]
+                train_seconds = sum(record["seconds"] for record in history)
+                stale = meta.get("stale", 0)  # older checkpoints did not save it
                 start_epoch = saved_epoch + 1
                 if start_epoch > epochs:
                     raise ValueError(f"the checkpoint in {checkpoint_dir} is of epoch "
@@ -226,6 +231,8 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             log_file = open(log_path, "w")
             for record in history:
                 log_file.write(json.dumps(record) + "\n")
+        if patience is not None and stale >= patience:
+            start_epoch = epochs  # the resumed run had stopped early: as it did, so it stays
         bar = _progress(range(start_epoch, epochs), progress, total=epochs,
                         initial=start_epoch, desc=f"{model.name} on {graph.name}")
         for epoch in bar:
@@ -259,7 +266,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             stop = patience is not None and stale >= patience
             if manager is not None:
                 meta = {"best": {k: v for k, v in best.items() if k != "params"},
-                        "history": history}
+                        "history": history, "stale": stale}
                 state = {"params": params, "opt_state": opt_state,
                          "best_params": best["params"]}
                 ckpt.save(manager, epoch, state, meta, force=last or stop)
@@ -354,16 +361,35 @@ class Trials:
         return np.array([r.test for r in self.results])
 
     @property
+    def vals(self) -> np.ndarray:
+        """The best validation metric of every seed."""
+        return np.array([r.val for r in self.results])
+
+    @property
     def mean(self) -> float:
         return float(self.tests.mean())
 
     @property
     def std(self) -> float:
-        return float(self.tests.std())
+        """The sample standard deviation of the test metric (ddof 1, as ``torch.std`` and the
+        PyG / OGB example scripts report it); 0 for one seed."""
+        return _sample_std(self.tests)
+
+    @property
+    def val_mean(self) -> float:
+        return float(self.vals.mean())
+
+    @property
+    def val_std(self) -> float:
+        return _sample_std(self.vals)
 
     def summary(self) -> str:
         return (f"test {self.metric}: {100 * self.mean:.2f} +- {100 * self.std:.2f} % "
                 f"over {len(self.seeds)} seeds")
+
+
+def _sample_std(values: np.ndarray) -> float:
+    return float(values.std(ddof=1)) if values.size > 1 else 0.0
 
 
 def run_trials(run: Callable[[int], TrainResult], seeds: Sequence[int]) -> Trials:

@@ -62,6 +62,46 @@ def test_resume_ends_with_same_parameters(tmp_path):
     assert resumed.test == straight.test
 
 
+def test_a_resumed_run_stops_early_where_an_uninterrupted_one_does(tmp_path):
+    """The early-stopping count is part of the checkpoint: a run interrupted while its
+    validation metric was not improving, then resumed, stops at the same epoch as one that ran
+    straight through, and a run that had stopped stays stopped when it is run again."""
+    g, model = _setup()
+    opt = optax.adam(0.05)
+    run = lambda epochs, ckpt=None: train(  # noqa: E731
+        jax.random.key(0), g, model, opt, epochs=epochs, patience=3, progress=False,
+        checkpoint_dir=ckpt, checkpoint_every=1)
+    straight = run(300)
+    stopped = len(straight.history)
+    assert stopped < 300 and straight.history[-1]["epoch"] - straight.best_epoch == 3
+    ckpt = tmp_path / "ckpt"
+    run(stopped - 2, ckpt)  # interrupted two evaluations without improvement in
+    resumed = run(300, ckpt)
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in straight.history]
+    again = run(300, ckpt)  # the finished run, run again: nothing more to do
+    assert len(again.history) == stopped and again.test == straight.test
+    for a, b in zip(jax.tree.leaves(straight.params), jax.tree.leaves(again.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # the epochs before the resume count in the run's time
+    assert again.seconds == pytest.approx(sum(h["seconds"] for h in again.history))
+
+
+def test_optimizers_that_take_the_loss_get_it(tmp_path):
+    """optax.contrib.reduce_on_plateau reads the loss (update(..., value=)); in memory and out
+    of core alike."""
+    g, model = _setup()
+    # rtol=0.5: a loss that falls by less than half counts as a plateau, so the rate is cut
+    opt = optax.chain(optax.adam(0.05), optax.contrib.reduce_on_plateau(patience=1,
+                                                                         factor=0.1, rtol=0.5))
+    a = train(jax.random.key(0), g, model, opt, epochs=12, progress=False)
+    b = train(jax.random.key(0), g, model, opt, epochs=12, progress=False,
+              policy=__import__("jgrind").policies.host_offload(), num_parts=3)
+    np.testing.assert_allclose([h["loss"] for h in a.history],
+                               [h["loss"] for h in b.history], rtol=1e-5)
+    plain = train(jax.random.key(0), g, model, optax.adam(0.05), epochs=12, progress=False)
+    assert [h["loss"] for h in a.history] != [h["loss"] for h in plain.history]
+
+
 def test_early_stopping_stops():
     g, model = _setup()
     r = train(jax.random.key(0), g, model, optax.adam(0.05), epochs=300, patience=5,
@@ -73,8 +113,15 @@ def test_multi_split_and_trials():
     g, model = _setup(splits=3)
     trials = run_trials(lambda s: train(jax.random.key(s), g, model, optax.adam(0.02),
                                         epochs=20, split=s % 3, progress=False), [0, 1, 2])
-    assert len(trials.results) == 3 and 0 < trials.mean <= 1 and trials.std >= 0
+    assert len(trials.results) == 3 and 0 < trials.mean <= 1
+    tests = [r.test for r in trials.results]
+    assert len(set(tests)) > 1  # else the std below cannot tell ddof 1 from ddof 0
+    # the sample std (ddof 1), as torch.std and PyG's / OGB's example scripts report it
+    assert trials.std == pytest.approx(np.std(tests, ddof=1))
+    assert trials.val_mean == pytest.approx(np.mean([r.val for r in trials.results]))
     assert "3 seeds" in trials.summary()
+    one = run_trials(lambda s: trials.results[0], [0])
+    assert one.std == 0.0 and one.val_std == 0.0
     with pytest.raises(ValueError, match="split 3 does not exist"):
         train(jax.random.key(0), g, model, optax.adam(0.01), epochs=1, split=3,
               progress=False)

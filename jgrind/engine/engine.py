@@ -278,11 +278,13 @@ class OutOfCore:
     # -- the epoch ----------------------------------------------------------------------------
     def step(self, params, opt_state, key):
         grads, loss = self.loss_and_grad(params, key)
-        params, opt_state = self._update(params, opt_state, grads)
+        params, opt_state = self._update(params, opt_state, grads, loss)
         return params, opt_state, loss
 
-    def _apply_update(self, params, opt_state, grads):
-        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+    def _apply_update(self, params, opt_state, grads, loss):
+        # value=: the epoch's loss, for transformations that take it (reduce_on_plateau)
+        updates, opt_state = optax.with_extra_args_support(self.optimizer).update(
+            grads, opt_state, params, value=loss)
         return optax.apply_updates(params, updates), opt_state
 
     def loss_and_grad(self, params, key):
