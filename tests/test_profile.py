@@ -174,6 +174,38 @@ def test_load_or_measure_remeasures_when_asked_missing_broken_or_elsewhere(measu
     assert len(calls) == len(logs) == 4
 
 
+def test_each_store_directory_keeps_its_own_default_profile(measured, tmp_path, monkeypatch):
+    """Runs that alternate between two stores measure each once; before, each switch measured
+    the machine again and overwrote the one default file."""
+    got, _ = measured
+    calls = []
+
+    def fake(directory=None, **kwargs):
+        calls.append(directory)
+        return dataclasses.replace(got, directory=profile._where(directory),
+                                   created=f"measurement {len(calls)}")
+
+    monkeypatch.setattr(profile, "measure", fake)
+    monkeypatch.delenv("JGRIND_PROFILE", raising=False)
+    monkeypatch.setenv("JGRIND_CACHE", str(tmp_path / "cache"))
+    a, b = tmp_path / "disk-a", tmp_path / "disk-b"
+    a.mkdir()
+    b.mkdir()
+    assert len({profile.default_path(), profile.default_path(a), profile.default_path(b)}) == 3
+    assert profile.default_path(a) == profile.default_path(str(a) + "/.")  # the same folder
+    for directory in (a, b, a, b):
+        profile.load_or_measure(None, directory)
+    assert calls == [a, b]
+    assert profile.load(profile.default_path(a)).directory == str(a.resolve())
+    # `jgrind profile --store` saves where `plan --store` and `auto(directory=)` look
+    monkeypatch.setattr(profile, "measure", lambda directory=None, **kw: dataclasses.replace(
+        got, directory=profile._where(directory), created="by the command"))
+    c = tmp_path / "disk-c"
+    c.mkdir()
+    assert main(["profile", "--store", str(c)]) == 0
+    assert profile.load_or_measure(None, c).created == "by the command"
+
+
 def test_profile_command(tmp_path, capsys):
     path = tmp_path / "out" / "profile.json"
     store = tmp_path / "store"

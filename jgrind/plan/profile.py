@@ -14,6 +14,7 @@ longer does (another CPU, another accelerator, another JAX, an older profile for
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -322,14 +323,22 @@ def _cpu_model() -> str:
 # The file
 # ------------------------------------------------------------------------------------------------
 
-def default_path() -> pathlib.Path:
+def default_path(directory: str | os.PathLike | None = None) -> pathlib.Path:
     """``$JGRIND_PROFILE``, else ``$JGRIND_CACHE/profile.json``, else
-    ``${XDG_CACHE_HOME:-~/.cache}/jgrind/profile.json`` (beside the compiled kernels)."""
+    ``${XDG_CACHE_HOME:-~/.cache}/jgrind/profile.json`` (beside the compiled kernels).
+
+    With a store ``directory`` (and no ``$JGRIND_PROFILE``), a file of that directory's own,
+    ``profile-<hash of its path>.json`` beside it: the SSD figures belong to one disk, so
+    runs that alternate between two stores keep a profile for each instead of re-measuring
+    and overwriting one (the compute figures are measured again for each, 10-30 s once)."""
     from jgrind.caches import cache_root
     explicit = os.environ.get("JGRIND_PROFILE")
     if explicit:
         return pathlib.Path(explicit).expanduser()
-    return cache_root() / "profile.json"
+    if directory is None:
+        return cache_root() / "profile.json"
+    digest = hashlib.sha256(_where(directory).encode()).hexdigest()[:12]
+    return cache_root() / f"profile-{digest}.json"
 
 
 def save(profile: Profile, path: str | os.PathLike | None = None) -> pathlib.Path:
@@ -395,7 +404,7 @@ def load_or_measure(path: str | os.PathLike | None = None,
     returned.
     """
     explicit = path is not None
-    path = pathlib.Path(path) if explicit else default_path()
+    path = pathlib.Path(path) if explicit else default_path(directory)
     why = None
     if remeasure:
         why = f"re-measuring the hardware profile as asked (saving to {path})"
