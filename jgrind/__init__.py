@@ -4,16 +4,18 @@ device / host / SSD offloading.
 The data flow, one module group per stage (no module imports a later stage):
 
     graph, transforms, datasets, generators  ->  partition  ->  plan (fates, policies)
-    ->  engine (store, out-of-core executor)  ->  train (trainer, trials, checkpoints)
+    ->  engine (store, out-of-core executor)  ->  train (trainer, trials, checkpoints,
+    predictions)
 """
 
 from jgrind import caches, datasets, generators, interop, models, transforms
 from jgrind.graph import Graph, GraphError
 from jgrind.plan import Fate, TensorInfo, policies
 from jgrind.train import TrainResult, Trials, run_trials, train
+from jgrind.inference import load_checkpoint, predict
 
 __version__ = "0.1.0"
 
 __all__ = ["Fate", "Graph", "GraphError", "TensorInfo", "TrainResult", "Trials", "caches",
-           "datasets", "generators", "interop", "models", "policies", "run_trials", "train",
-           "transforms"]
+           "datasets", "generators", "interop", "load_checkpoint", "models", "policies",
+           "predict", "run_trials", "train", "transforms"]

@@ -1,4 +1,5 @@
-"""Orbax checkpoints of a training run: parameters, optimizer state, best-so-far and the log.
+"""Orbax checkpoints of a training run: parameters, optimizer state, best-so-far and the log;
+and a run's final parameters alone (`save_params` / `restore_params`).
 
 Resuming restores the exact state at the saved epoch; together with keys derived by
 ``fold_in(key, epoch)`` this makes a resumed run end with the same parameters as one that never
@@ -50,3 +51,46 @@ def restore_latest(mgr: ocp.CheckpointManager, like: Any) -> Optional[tuple[int,
     restored = mgr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore()))
     return step, restored["state"], restored["meta"]
+
+
+def save_params(directory: str | pathlib.Path, epoch: int, params: Any, best_params: Any,
+                meta: dict) -> None:
+    """A run's final parameters (and its best ones), without the optimizer state, in the layout
+    `restore_params` reads: what ``jgrind train`` keeps in ``OUT/params/seed*``."""
+    mgr = manager(directory, every=1, keep=1)
+    try:
+        save(mgr, epoch, {"params": params, "best_params": best_params}, meta, force=True)
+        mgr.wait_until_finished()
+    finally:
+        mgr.close()
+
+
+def restore_params(directory: str | pathlib.Path, like: Any) -> Optional[tuple[Any, Any, dict]]:
+    """``(params, best_params, meta)`` of the latest checkpoint in ``directory`` (None if there
+    is none), as pytrees shaped like ``like`` (abstract arrays will do); ``meta`` gains the
+    checkpoint's ``epoch``. The optimizer state is not needed. ValueError if the checkpoint's
+    parameters have other shapes than ``like``'s."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    mgr = ocp.CheckpointManager(pathlib.Path(directory).absolute())
+    try:
+        step = mgr.latest_step()
+        if step is None:
+            return None
+        restored = mgr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    finally:
+        mgr.close()
+    state, meta = restored["state"], restored["meta"]
+    treedef, shapes = jax.tree.structure(like), layout(like)
+    trees = []
+    for name in ("params", "best_params"):
+        leaves = jax.tree.leaves(state[name])
+        if [list(np.shape(leaf)) for leaf in leaves] != shapes:
+            raise ValueError(f"the checkpoint in {directory} (epoch {step}) was saved for "
+                             f"another model: its {name} have the shapes "
+                             f"{[list(np.shape(leaf)) for leaf in leaves]}, not {shapes}; pass "
+                             "the model it was trained with")
+        trees.append(jax.tree.unflatten(treedef, [jnp.asarray(leaf) for leaf in leaves]))
+    return trees[0], trees[1], {**meta, "epoch": step}

@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a GNN on the full graph (no sampling): one optimizer step per "
                     "epoch, model selection on the validation set, test metric at the best "
                     "validation epoch. Writes config.json, metrics-seed*.jsonl (one JSON object "
-                    "per epoch), training.png and summary.json to --out.",
+                    "per epoch), training.png, summary.json and params/ (every seed's last and "
+                    "best parameters, for `jgrind predict`) to --out.",
         epilog=_train_epilog())
     train.add_argument("--dataset", help="dataset name (see `jgrind datasets`) [csbm]")
     train.add_argument("--model", choices=["gcn", "sage", "gat"], help="architecture [gcn]")
@@ -125,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "as the hardware profile the planner predicts epoch times from "
                     "($JGRIND_PROFILE, else $JGRIND_CACHE/profile.json, else "
                     "${XDG_CACHE_HOME:-~/.cache}/jgrind/profile.json). Takes 10-30 s.")
-    prof.add_argument("--out", help="where to save the profile [the default path above]")
+    prof.add_argument("--out", help="where to save the profile [the default path above; with "
+                      "--store, a file of that directory's own beside it, which plan and "
+                      "--policy auto with the same --store read]")
     prof.add_argument("--store", help="directory on the disk the SSD tier will use; the SSD "
                       "figures are measured there [the system temporary directory]")
     prof.add_argument("--quick", action="store_true",
@@ -157,7 +160,55 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--remeasure", action="store_true", help="measure the profile again")
     plan.add_argument("--out", default="runs/plan", help="where to write the charts "
                       "[runs/plan]")
+
+    pred = sub.add_parser(
+        "predict", help="logits or node embeddings from a trained run, as .npy",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Compute every node's logits (or, with --layer, its embedding: the output "
+                    "of the model's first K layers) from the parameters a `jgrind train` run "
+                    "saved in its folder, the way the run trained (in memory, or out of core "
+                    "with its policy, budgets and store), and save them as a [nodes, width] "
+                    "float32 .npy array in the graph's node order. Prints the logits' metrics "
+                    "on the run's split as a check.",
+        epilog="examples:\n"
+               "  jgrind train --dataset cora --out runs/cora\n"
+               "  jgrind predict --run runs/cora --save runs/cora/logits.npy\n"
+               "  jgrind predict --run runs/cora --layer 1 --save runs/cora/hidden.npy")
+    pred.add_argument("--run", required=True, help="the --out folder of a `jgrind train` run")
+    pred.add_argument("--save", required=True, help="the .npy file to write")
+    pred.add_argument("--layer", type=int, help="embeddings after this many layers (0: the "
+                      "features) instead of the logits")
+    pred.add_argument("--seed", type=int, help="which seed's parameters [the run's first]")
+    pred.add_argument("--last", action="store_true", help="the last epoch's parameters "
+                      "[the best validation epoch's]")
+    pred.add_argument("--overwrite", action="store_true", help="replace --save if it exists")
     return parser
+
+
+def cmd_predict(args) -> int:
+    import numpy as np
+    from jgrind.experiment import check_output_folder, predict_run
+    save = pathlib.Path(args.save)
+    if save.suffix != ".npy":
+        raise ConfigError(f"--save {save}: name a .npy file (the array is saved with "
+                          "numpy.save)")
+    if save.exists() and not args.overwrite:
+        raise ConfigError(f"--save {save} exists; pass --overwrite to replace it, or name "
+                          "another file")
+    check_output_folder(save.parent if str(save.parent) else ".")
+    try:
+        array, info = predict_run(args.run, seed=args.seed, layer=args.layer, last=args.last)
+    except ValueError as err:  # a --layer the model does not have
+        raise ConfigError(str(err)) from None
+    np.save(save, array)
+    what = "logits" if args.layer is None else f"embeddings after layer {args.layer}"
+    print(f"wrote {save}: {array.shape[0]:,} x {array.shape[1]} float32 {what} of "
+          f"{info['model']} on {info['graph']} (seed {info['seed']}, {info['which']} epoch "
+          f"{info['epoch']})")
+    if "metric" in info:
+        print(f"{info['metric']} of these logits: train {info['train']:.4f}, val "
+              f"{info['val']:.4f}, test {info['test']:.4f}")
+    return 0
 
 
 def cmd_plan(args) -> int:
@@ -213,7 +264,8 @@ def cmd_train(args) -> int:
     if summary["store_line"]:
         print(summary["store_line"])
     plots = "training.png, memory.png" if summary["store_line"] else "training.png"
-    print(f"wrote {args.out}/ (summary.json, metrics-seed*.jsonl, {plots})")
+    print(f"wrote {args.out}/ (summary.json, metrics-seed*.jsonl, {plots}, params/: "
+          f"`jgrind predict --run {args.out}`)")
     return 0
 
 
@@ -276,7 +328,8 @@ def cmd_datasets(args) -> int:
 
 def cmd_profile(args) -> int:
     from jgrind.plan import profile
-    path = pathlib.Path(args.out) if args.out else profile.default_path()
+    # a store's own default file (`profile.default_path`), which `plan` and `auto` then read
+    path = pathlib.Path(args.out) if args.out else profile.default_path(args.store)
     if args.show:
         if not path.exists():
             raise FileNotFoundError(f"no hardware profile at {path}; run `jgrind profile` to "
@@ -334,7 +387,8 @@ def main(argv=None) -> int:
         from jgrind.allocator import relaunch_if_wanted
         relaunch_if_wanted()
     handlers = {"train": cmd_train, "datasets": cmd_datasets, "partition": cmd_partition,
-                "profile": cmd_profile, "plan": cmd_plan, "convert": cmd_convert}
+                "profile": cmd_profile, "plan": cmd_plan, "convert": cmd_convert,
+                "predict": cmd_predict}
     try:
         return handlers[args.command](args)
     except (ConfigError, GraphError, FileNotFoundError, NotADirectoryError, PermissionError,

@@ -2,8 +2,9 @@
 
 Artefacts in ``out``: ``config.json``, ``metrics-seed{S}.jsonl`` (one JSON object per epoch),
 ``training.png`` (loss and metric curves), ``summary.json`` (per-seed and mean +- std),
-``memory.png`` (bytes per tier over the first seed's run) for an out-of-core run, and
-``checkpoints/seed{S}/`` when checkpointing is on.
+``memory.png`` (bytes per tier over the first seed's run) for an out-of-core run,
+``params/seed{S}/`` (the last and the best parameters, orbax; `predict_run` and
+``jgrind predict`` read them), and ``checkpoints/seed{S}/`` when checkpointing is on.
 """
 
 from __future__ import annotations
@@ -12,15 +13,21 @@ import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import tempfile
 import time
+from typing import Optional
 
 import jax
+import numpy as np
 
+from jgrind import checkpoint as ckpt
 from jgrind.config import (ConfigError, RunConfig, build_model, build_optimizer, build_policy,
                            load_graph, split_for)
 from jgrind.plan.cost import format_bytes
 from jgrind.plots import plot_memory, plot_training
+from jgrind.inference import load_checkpoint, predict
+from jgrind.metrics import default_metric, evaluate
 from jgrind.train import run_trials, train
 
 
@@ -33,6 +40,7 @@ CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "res
                 "row_normalize", "num_nodes", "avg_degree", "dataset_options")
 # the files `run_config` writes (and a later run in the same folder replaces)
 RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png")
+PARAMS = "params"  # the folder of every seed's final parameters
 
 
 def check_output_folder(out: str | pathlib.Path) -> pathlib.Path:
@@ -104,6 +112,7 @@ def start_out(out: pathlib.Path, cfg: RunConfig) -> None:
         (out / name).unlink(missing_ok=True)
     for log in out.glob("metrics-seed*.jsonl"):
         log.unlink()
+    shutil.rmtree(out / PARAMS, ignore_errors=True)
     (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
 
 
@@ -124,13 +133,17 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
     def run(seed: int):
         trial = seed - cfg.seed
         ckpt_dir = (out / "checkpoints" / f"seed{seed}") if cfg.checkpoint_every else None
-        return train(jax.random.key(seed), graph, model, optimizer, epochs=cfg.epochs,
-                     split=splits[trial], eval_every=cfg.eval_every,
-                     patience=cfg.patience or None, log_path=out / f"metrics-seed{seed}.jsonl",
-                     checkpoint_dir=ckpt_dir, checkpoint_every=cfg.checkpoint_every or 1,
-                     progress=progress,
-                     ready=(lambda: start_out(out, cfg)) if trial == 0 else None,
-                     **engine_args)
+        result = train(jax.random.key(seed), graph, model, optimizer, epochs=cfg.epochs,
+                       split=splits[trial], eval_every=cfg.eval_every,
+                       patience=cfg.patience or None,
+                       log_path=out / f"metrics-seed{seed}.jsonl", checkpoint_dir=ckpt_dir,
+                       checkpoint_every=cfg.checkpoint_every or 1, progress=progress,
+                       ready=(lambda: start_out(out, cfg)) if trial == 0 else None,
+                       **engine_args)
+        best = {"epoch": result.best_epoch, "val": result.val, "test": result.test}
+        ckpt.save_params(out / PARAMS / f"seed{seed}", len(result.history) - 1, result.params,
+                         result.best_params, {"best": best, "split": splits[trial]})
+        return result
 
     trials = run_trials(run, seeds)
     plot_training([r.history for r in trials.results], out / "training.png",
@@ -176,3 +189,44 @@ def store_line(memory: dict, epochs: int, seed: int) -> str:
             f"{f(memory['ssd_written'])} (file calls: {memory['ssd_read_ops']:,} reads of "
             f"{f(memory['ssd_file_read'])}, {memory['ssd_write_ops']:,} writes of "
             f"{f(memory['ssd_file_written'])})")
+
+
+def predict_run(out: str | pathlib.Path, seed: Optional[int] = None, layer: Optional[int] = None,
+                last: bool = False) -> tuple[np.ndarray, dict]:
+    """Logits (or, with ``layer``, node embeddings: `jgrind.predict`) of every node from the
+    parameters a ``jgrind train`` run saved in ``out``: the best validation epoch's, or the
+    last epoch's with ``last``; of its first seed unless ``seed`` is given. Computed the way
+    the run trained (its dataset and model, and its policy, budgets and store when it ran
+    out of core). Returns ``(array, info)``; ``info`` names the run, the seed and the epoch."""
+    out = pathlib.Path(out)
+    try:
+        saved = json.loads((out / "config.json").read_text())
+        cfg = RunConfig(**{k: v for k, v in saved.items()
+                           if k in RunConfig.__dataclass_fields__})
+    except (OSError, ValueError, TypeError):
+        raise ConfigError(f"{out} is not a jgrind train run folder (no readable config.json); "
+                          "name the --out folder of a finished `jgrind train`") from None
+    seeds = sorted(int(p.name[4:]) for p in (out / PARAMS).glob("seed*")
+                   if p.name[4:].isdigit())
+    if not seeds:
+        raise ConfigError(f"{out} holds no saved parameters ({PARAMS}/seed*): the run did not "
+                          "finish, or a jgrind older than `jgrind predict` ran it; train again")
+    seed = seeds[0] if seed is None else seed
+    if seed not in seeds:
+        raise ConfigError(f"{out} has no parameters of seed {seed}; it has seed(s) "
+                          f"{', '.join(map(str, seeds))}")
+    graph = load_graph(cfg)
+    model = build_model(cfg, graph)
+    params, best_params, meta = load_checkpoint(out / PARAMS / f"seed{seed}", model)
+    array = predict(graph, model, params if last else best_params, layer=layer,
+                    **build_policy(cfg))
+    info = {"graph": graph.name, "model": cfg.model, "seed": seed,
+            "epoch": meta["epoch"] if last else meta["best"]["epoch"],
+            "which": "last" if last else "best"}
+    if layer is None:  # the logits' scores on the run's split: a check that they are its
+        metric, split = default_metric(graph.num_classes), meta["split"]
+        info["metric"] = metric
+        info.update({name: evaluate(array, graph.labels, mask[split], metric)
+                     for name, mask in (("train", graph.train_mask), ("val", graph.val_mask),
+                                        ("test", graph.test_mask))})
+    return array, info

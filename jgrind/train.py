@@ -38,6 +38,11 @@ class Executor(Protocol):
         """Logits ``[N, C]`` on the host, dropout off."""
         ...
 
+    def embed(self, params: Params, layer: int) -> np.ndarray:
+        """``[N, width]`` on the host, dropout off: the output of the model's first ``layer``
+        layers (0: the features; all of them: the logits), in the graph's node order."""
+        ...
+
 
 class InMemory:
     """The whole graph on one device, one jitted step for the whole model: no per-layer Python.
@@ -69,6 +74,8 @@ class InMemory:
         # params and optimizer state are donated: the old buffers are dead after the update.
         self._step = jax.jit(step, donate_argnums=(0, 1))
         self._predict = jax.jit(lambda p, b, x: model.apply(p, b, x, None))
+        self._embed = jax.jit(lambda p, b, x, n: model.apply(p, b, x, None, n),
+                              static_argnums=3)
         self._loss_and_grad = jax.jit(jax.value_and_grad(loss_fn))
 
     def step(self, params, opt_state, key):
@@ -78,6 +85,9 @@ class InMemory:
 
     def predict(self, params) -> np.ndarray:
         return np.asarray(self._predict(params, self.block, self.x))
+
+    def embed(self, params, layer: int) -> np.ndarray:
+        return np.asarray(self._embed(params, self.block, self.x, self.model.check_layer(layer)))
 
     def loss_and_grad(self, params, key):
         """Loss and gradient without an update: the reference the engine is tested against."""

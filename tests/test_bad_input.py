@@ -66,16 +66,18 @@ def test_sizes_too_large_to_hold_are_an_error(capsys, tmp_path):
 def test_a_failed_run_leaves_the_last_run_in_its_folder_as_it_was(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(["train", *SMALL, "--out", str(out)]) == 0
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    files = lambda: {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}  # noqa: E731
+    before = files()
+    assert any("params" in p.relative_to(out).parts for p in before)  # saved parameters too
     _fails(capsys, ["train", "--dataset", "nosuch", *SMALL, "--out", str(out)], "nosuch")
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert files() == before
     # the engine's own checks come later, once the graph is partitioned: still before writing
     _fails(capsys, ["train", *SMALL, "--policy", "ssd", "--store", str(tmp_path / "none"),
                     "--out", str(out)], "does not exist")
     _fails(capsys, ["train", *SMALL, "--policy", "grinnder", "--device-budget", "1KiB",
                     "--host-budget", "1KiB", "--store", str(tmp_path), "--out", str(out)],
            "budget")
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert files() == before
     if shutil.disk_usage("/proc").total == 0:
         _fails(capsys, ["train", *SMALL, "--policy", "ssd", "--store", "/proc", "--out",
                         str(out)], "virtual file system, not a disk")
@@ -83,6 +85,7 @@ def test_a_failed_run_leaves_the_last_run_in_its_folder_as_it_was(tmp_path, caps
     assert main(["train", *SMALL, "--seeds", "2", "--out", str(out)]) == 0
     assert main(["train", *SMALL, "--out", str(out)]) == 0
     assert not (out / "metrics-seed1.jsonl").exists()
+    assert [p.name for p in (out / "params").iterdir()] == ["seed0"]
     assert json.loads((out / "summary.json").read_text())["seeds"] == [0]
 
 

@@ -99,3 +99,52 @@ def test_datasets_command_lists_generated_and_real(capsys):
     out = capsys.readouterr().out
     for name in ("cora", "tolokers", "csbm", "rmat"):
         assert name in out
+
+
+def test_predict_from_a_trained_run(tmp_path, capsys):
+    """`jgrind train` keeps every seed's parameters; `jgrind predict` computes logits or
+    embeddings from them, the way the run trained, and its logits score what the run did."""
+    import numpy as np
+    import jgrind
+    from jgrind.config import build_model, load_graph
+    out = tmp_path / "run"
+    settings = ["--set", "num_nodes=400", "--epochs", "6", "--no-progress"]
+    assert main(["train", *settings, "--seeds", "2", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    capsys.readouterr()
+    logits = tmp_path / "logits.npy"
+    assert main(["predict", "--run", str(out), "--seed", "1", "--save", str(logits)]) == 0
+    printed = capsys.readouterr().out
+    assert f"val {summary['val'][1]:.4f}, test {summary['test'][1]:.4f}" in printed
+    graph = load_graph(RunConfig(num_nodes=400))
+    model = build_model(RunConfig(), graph)
+    params, best, meta = jgrind.load_checkpoint(out / "params" / "seed1", model)
+    assert meta["best"]["epoch"] == summary["best_epoch"][1]
+    np.testing.assert_array_equal(np.load(logits), jgrind.predict(graph, model, best))
+    hidden = tmp_path / "hidden.npy"
+    assert main(["predict", "--run", str(out), "--layer", "1", "--last", "--save",
+                 str(hidden)]) == 0
+    params0, _, _ = jgrind.load_checkpoint(out / "params" / "seed0", model)
+    np.testing.assert_array_equal(np.load(hidden), jgrind.predict(graph, model, params0,
+                                                                  layer=1))
+    # out of core: predicted through the run's own policy and partitions
+    store = tmp_path / "store"
+    store.mkdir()
+    ooc = tmp_path / "ooc"
+    assert main(["train", *settings, "--policy", "ssd", "--store", str(store), "--parts", "3",
+                 "--out", str(ooc)]) == 0
+    assert main(["predict", "--run", str(ooc), "--save", str(tmp_path / "ooc.npy")]) == 0
+    assert list(store.iterdir()) == []
+    # mistakes: one line each, nothing written
+    capsys.readouterr()
+    for args, needle in [(["--save", str(logits)], "exists; pass --overwrite"),
+                         (["--save", str(tmp_path / "a.txt")], "name a .npy file"),
+                         (["--seed", "7", "--save", str(tmp_path / "b.npy")],
+                          "no parameters of seed 7; it has seed(s) 0, 1"),
+                         (["--layer", "3", "--save", str(tmp_path / "c.npy")],
+                          "layer 3 does not exist")]:
+        assert main(["predict", "--run", str(out), *args]) == 2
+        assert needle in capsys.readouterr().err
+    assert main(["predict", "--run", str(tmp_path), "--save", str(tmp_path / "d.npy")]) == 2
+    assert "not a jgrind train run folder" in capsys.readouterr().err
+    assert not any((tmp_path / f).exists() for f in ("a.txt", "b.npy", "c.npy", "d.npy"))

@@ -22,7 +22,7 @@ STAGES = [
     ("partition", ("jgrind.partition",)),
     ("plan", ("jgrind.plan",)),
     ("engine", ("jgrind.engine",)),
-    ("train", ("jgrind.train",)),
+    ("train", ("jgrind.train", "jgrind.inference")),
     ("front ends", ("jgrind.config", "jgrind.experiment", "jgrind.cli")),
 ]
 

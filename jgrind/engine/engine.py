@@ -143,6 +143,7 @@ class OutOfCore:
         device_budget = check_budget(device_budget, "device_budget")
         host_budget = check_budget(host_budget, "host_budget")
         # the layers as run: narrowing GCN layers split into transform + propagation
+        self.given_model = model  # as the user built it (embed counts its layers)
         model, self.executed = as_executed(model)
         self.model, self.optimizer = model, optimizer
         self.device_budget = UNLIMITED if device_budget is None else int(device_budget)
@@ -543,6 +544,25 @@ class OutOfCore:
             if self.activations[l].recomputed:
                 self.activations[l].release()
         return logits
+
+    def embed(self, params, layer: int) -> np.ndarray:
+        """``[N, width]`` in the graph's node order, dropout off: the output of the model's
+        first ``layer`` layers (0: the features; all of them: the logits), computed partition
+        by partition and read back from wherever the policy stored it."""
+        if self.given_model.check_layer(layer) == len(self.given_model.layers):
+            return self.predict(params)
+        e = self.executed.origin.index(layer)  # the executed layer whose input that is
+        params = self.executed.split_params(params)
+        for l in range(e):
+            self._forward_layer(params, l, None)
+        table = self.activations[e]
+        out = np.empty((self.num_nodes, self.widths[e]), np.float32)
+        for part in self.parts:
+            out[part.owned] = np.asarray(table.read(part.index, part.num_owned))
+        for l in range(1, e + 1):
+            if self.activations[l].recomputed:
+                self.activations[l].release()
+        return out
 
     def close(self) -> None:
         for pool in (self.pool, self.writer):

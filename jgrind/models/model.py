@@ -56,10 +56,13 @@ class GNN:
                           needs_adjacency=self.needs_adjacency)
 
     def apply(self, params: Params, block: Block, x: jax.Array,
-              key: Optional[jax.Array] = None) -> jax.Array:
-        """Logits ``[num_out, C]``. ``key`` enables dropout; None means evaluation."""
+              key: Optional[jax.Array] = None, num_layers: Optional[int] = None) -> jax.Array:
+        """Logits ``[num_out, C]``; with ``num_layers``, the output of the first that many
+        layers instead (node embeddings; 0: ``x``). ``key`` enables dropout; None means
+        evaluation."""
         h = x
-        for i, (layer, p) in enumerate(zip(self.layers, params)):
+        stop = len(self.layers) if num_layers is None else num_layers
+        for i, (layer, p) in enumerate(zip(self.layers[:stop], params)):
             h = layer(p, block, h, layer_key(key, i))
         return h
 
@@ -71,6 +74,16 @@ class GNN:
     @property
     def in_channels(self) -> int:
         return self.layers[0].in_channels
+
+    def check_layer(self, layer) -> int:
+        """``layer`` if it names an embedding of this model: 0 (the features) to its number
+        of layers (the logits); else ValueError."""
+        whole_number(layer, "layer", least=0)
+        if layer > len(self.layers):
+            raise ValueError(f"layer {layer} does not exist: the {self.name} model has "
+                             f"{len(self.layers)} layers; ask for 0 (the features) to "
+                             f"{len(self.layers)} (the logits)")
+        return int(layer)
 
     def check_fits(self, graph: Graph) -> None:
         """GraphError unless this model takes ``graph``'s features and predicts its classes:
