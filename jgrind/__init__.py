@@ -9,7 +9,7 @@ The data flow, one module group per stage (no module imports a later stage):
 """
 
 from jgrind import caches, datasets, generators, interop, models, transforms
-from jgrind.graph import Graph, GraphError
+from jgrind.graph import Graph, GraphError, from_edges
 from jgrind.plan import Fate, TensorInfo, policies
 from jgrind.train import TrainResult, Trials, run_trials, train
 from jgrind.inference import load_checkpoint, predict
@@ -17,5 +17,5 @@ from jgrind.inference import load_checkpoint, predict
 __version__ = "0.1.0"
 
 __all__ = ["Fate", "Graph", "GraphError", "TensorInfo", "TrainResult", "Trials", "caches",
-           "datasets", "generators", "interop", "load_checkpoint", "models", "policies",
-           "predict", "run_trials", "train", "transforms"]
+           "datasets", "from_edges", "generators", "interop", "load_checkpoint", "models",
+           "policies", "predict", "run_trials", "train", "transforms"]

@@ -281,12 +281,15 @@ def _node_ids(name: str, ids, what: str) -> np.ndarray:
     return ids
 
 
-def from_edges(src, dst, features, labels, *, num_classes=None, train_mask=None, val_mask=None,
-               test_mask=None, name="graph", num_nodes=None) -> Graph:
+def from_edges(src, dst, features, labels, *, edge_weight=None, num_classes=None,
+               train_mask=None, val_mask=None, test_mask=None, name="graph",
+               num_nodes=None) -> Graph:
     """Build a `Graph` from edge lists ``src -> dst`` (kept as given: no symmetrising, no dedup).
 
-    Masks default to empty single splits. Raises `GraphError` for out-of-range ids before
-    anything large is allocated.
+    A PyG ``edge_index`` (``[2, E]``, sources first) is ``from_edges(*edge_index, x, y)``.
+    ``edge_weight``: an optional ``[E]`` weight per edge, in the order of ``src`` / ``dst``.
+    Masks (``[N]`` or ``[splits, N]``) default to empty single splits. Raises `GraphError` for
+    out-of-range ids before anything large is allocated.
     """
     src, dst = _node_ids(name, src, "source"), _node_ids(name, dst, "destination")
     features = np.asarray(features)
@@ -301,6 +304,13 @@ def from_edges(src, dst, features, labels, *, num_classes=None, train_mask=None,
             bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
             raise GraphError(f"{name}: edge {what} {bad} is out of range for {n} nodes "
                              f"(ids must lie in [0, {n}))")
+    if edge_weight is not None:
+        edge_weight = np.asarray(edge_weight)
+        if edge_weight.ndim == 2 and edge_weight.shape[1] == 1:
+            edge_weight = edge_weight[:, 0]
+        if edge_weight.shape != src.shape:
+            raise GraphError(f"{name}: edge_weight has shape {edge_weight.shape}, expected "
+                             f"[{src.size}] (one weight per edge)")
     idx_t = index_dtype(max(n, src.size))
     order = np.argsort(dst, kind="stable")
     indptr = np.zeros(n + 1, dtype=idx_t)
@@ -313,4 +323,5 @@ def from_edges(src, dst, features, labels, *, num_classes=None, train_mask=None,
                  labels=labels, train_mask=empty if train_mask is None else train_mask,
                  val_mask=empty if val_mask is None else val_mask,
                  test_mask=empty if test_mask is None else test_mask,
+                 edge_weight=None if edge_weight is None else edge_weight[order],
                  num_classes=num_classes, name=name)

@@ -42,8 +42,6 @@ def from_graphs_tuple(graphs: jraph.GraphsTuple, labels, *, num_classes=None, tr
     if (n_node, n_edge) != (nodes.shape[0], senders.size):
         raise GraphError(f"{name}: n_node={n_node} and n_edge={n_edge} disagree with "
                          f"{nodes.shape[0]} node rows and {senders.size} senders")
-    g = from_edges(senders, receivers, nodes, labels, num_classes=num_classes,
-                   train_mask=train_mask, val_mask=val_mask, test_mask=test_mask, name=name)
     edges = graphs.edges
     if edges is not None:
         edges = np.asarray(edges)
@@ -53,9 +51,9 @@ def from_graphs_tuple(graphs: jraph.GraphsTuple, labels, *, num_classes=None, tr
             raise GraphError(f"{name}: edges of shape {edges.shape}: jgrind keeps per-edge "
                              f"scalar weights ([{senders.size}] or [{senders.size}, 1]); pass "
                              "edges=None to drop edge features")
-        order = np.argsort(receivers, kind="stable")
-        g = g.replace(edge_weight=np.asarray(edges, np.float32)[order])
-    return g
+    return from_edges(senders, receivers, nodes, labels, edge_weight=edges,
+                      num_classes=num_classes, train_mask=train_mask, val_mask=val_mask,
+                      test_mask=test_mask, name=name)
 
 
 def to_scipy(graph: Graph) -> sp.csr_matrix:
@@ -64,3 +62,23 @@ def to_scipy(graph: Graph) -> sp.csr_matrix:
         else np.ones(graph.num_edges, np.float32)
     return sp.csr_matrix((data, graph.indices, graph.indptr),
                          shape=(graph.num_nodes, graph.num_nodes))
+
+
+def from_scipy(matrix, features, labels, *, weighted: bool = True, num_classes=None,
+               train_mask=None, val_mask=None, test_mask=None, name="scipy") -> Graph:
+    """A `Graph` from a SciPy sparse adjacency matrix in `to_scipy`'s convention: entry
+    ``A[dst, src]`` is the edge ``src -> dst`` (for a symmetric matrix the direction does not
+    matter). Stored entries become edges, explicit zeros included; their values are the edge
+    weights unless ``weighted=False``."""
+    if not sp.issparse(matrix):
+        raise GraphError(f"{name}: expected a SciPy sparse matrix, got {type(matrix).__name__}")
+    n = np.asarray(features).shape[0] if np.ndim(features) == 2 else None
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1] or (n is not None
+                                                                 and matrix.shape[0] != n):
+        raise GraphError(f"{name}: the adjacency matrix has shape {matrix.shape}, expected "
+                         f"[N, N] for the {n} feature rows")
+    coo = matrix.tocoo()
+    return from_edges(coo.col, coo.row, features, labels,
+                      edge_weight=np.asarray(coo.data, np.float32) if weighted else None,
+                      num_classes=num_classes, train_mask=train_mask, val_mask=val_mask,
+                      test_mask=test_mask, name=name)
