@@ -39,8 +39,13 @@ def plot_training(histories: Sequence[list], path: str | pathlib.Path, *, metric
                                label=f"{label} val")
         ax_metric.plot([r["epoch"] for r in evaluated], [r["test"] for r in evaluated],
                        linestyle="--", color=line.get_color(), alpha=0.6)
+        if evaluated:  # the model selected: the first epoch of the best validation metric
+            best = max(evaluated, key=lambda r: r["val"])
+            ax_metric.plot([best["epoch"]], [best["test"]], marker="*", markersize=11,
+                           color=line.get_color(), linestyle="none")
     ax_loss.set(xlabel="epoch", ylabel="training loss", yscale="log", title="loss")
-    ax_metric.set(xlabel="epoch", ylabel=metric, title=f"{metric} (solid val, dashed test)")
+    ax_metric.set(xlabel="epoch", ylabel=metric,
+                  title=f"{metric} (solid val, dashed test, * test at the best val)")
     for ax in (ax_loss, ax_metric):
         ax.grid(alpha=0.3)
     if len(histories) <= 10:
@@ -56,18 +61,32 @@ def plot_memory(timeline, path: str | pathlib.Path, *, budgets: dict | None = No
     timeline ``[(seconds, device, host, ssd), ...]``; budgets drawn as dashed lines."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
+    shown = [v for v in (budgets or {}).values() if v]
+    if timeline:
+        shown += [max(max(sample[1:]) for sample in timeline)]
+    unit, scale = _byte_unit(max(shown, default=0))
     if timeline:
         t, device, host, ssd = (list(c) for c in zip(*timeline))
-        gib = 2.0 ** 30
-        for values, label in ((device, "device"), (host, "host RAM"), (ssd, "SSD store")):
-            ax.step(t, [v / gib for v in values], where="post", label=label)
+        # distinct styles: a tier that holds nothing must not hide under another at zero
+        for values, label, style in ((device, "device", "-"), (host, "host RAM", "--"),
+                                     (ssd, "SSD store", ":")):
+            ax.step(t, [v / scale for v in values], where="post", label=label,
+                    linestyle=style, linewidth=2 if style == "-" else 1.6)
     for name, value in (budgets or {}).items():
         if value:
-            ax.axhline(value / 2.0 ** 30, linestyle="--", linewidth=1, color="gray")
-            ax.annotate(f"{name} budget", (0, value / 2.0 ** 30), fontsize=8,
+            ax.axhline(value / scale, linestyle="-.", linewidth=1, color="gray")
+            ax.annotate(f"{name} budget", (0, value / scale), fontsize=8,
                         va="bottom", color="gray")
-    ax.set(xlabel="seconds since the store was created", ylabel="GiB held",
+    ax.set(xlabel="seconds since the store was created", ylabel=f"{unit} held",
            title=title or "memory per tier")
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(plt, fig, path)
+
+
+def _byte_unit(largest: float) -> tuple[str, float]:
+    """The binary unit a byte count reads best in: ``("MiB", 2**20)`` for 5e6."""
+    for unit, power in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if largest >= 2.0 ** power:
+            return unit, 2.0 ** power
+    return "bytes", 1.0

@@ -176,8 +176,9 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
         fails before it is a bad argument, and nothing has been written. (`jgrind train`
         writes its run folder then.)
 
-    Each history record: ``epoch, loss, seconds`` and, on evaluated epochs, ``train``, ``val``,
-    ``test`` (the metric) and ``val_loss``.
+    Each history record: ``epoch, loss, seconds``; ``lr`` when the optimizer exposes its
+    learning rate (`learning_rate`); and, on evaluated epochs, ``train``, ``val``, ``test``
+    (the metric) and ``val_loss``.
     """
     _check_train_arguments(key, graph, model, optimizer, epochs=epochs, eval_every=eval_every,
                            patience=patience, checkpoint_every=checkpoint_every)
@@ -251,6 +252,9 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                                                     jax.random.fold_in(dropout_key, epoch))
             loss = float(loss)  # blocks until the step is done, so `seconds` is honest
             record = {"epoch": epoch, "loss": loss, "seconds": time.perf_counter() - t0}
+            rate = learning_rate(opt_state)
+            if rate is not None:
+                record["lr"] = rate
             train_seconds += record["seconds"]
             if not math.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss} at epoch {epoch}; lower the "
@@ -297,6 +301,22 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     return TrainResult(params=params, best_params=best["params"], history=history,
                        metric=metric, best_epoch=int(best["epoch"]), val=float(best["val"]),
                        test=float(best["test"]), seconds=train_seconds, memory=memory)
+
+
+def learning_rate(opt_state) -> Optional[float]:
+    """The learning rate of the update that produced ``opt_state``, where the state shows
+    one: an ``optax.inject_hyperparams`` transformation's ``learning_rate`` (both store the
+    values they just applied), times the scale of any ``optax.contrib.reduce_on_plateau``;
+    else None."""
+    rate, scale = None, 1.0
+    for state in jax.tree.leaves(opt_state, is_leaf=lambda x: hasattr(x, "hyperparams")
+                                 or hasattr(x, "plateau_count")):
+        hyper = getattr(state, "hyperparams", None)
+        if rate is None and isinstance(hyper, dict) and "learning_rate" in hyper:
+            rate = float(hyper["learning_rate"])
+        if hasattr(state, "plateau_count") and hasattr(state, "scale"):
+            scale *= float(state.scale)
+    return None if rate is None else rate * scale
 
 
 def in_memory_bytes(graph: Graph, model: GNN) -> int:
