@@ -58,6 +58,10 @@ class RunConfig:
     "which split of the dataset's masks; -1 = one per seed for multi-split datasets, else 0"
     patience: int = 0
     "early stopping patience in evaluations (0 = off)"
+    select: str = "val"
+    "what picks the best epoch and what patience watches: val (metric) | val_loss"
+    min_delta: float = 0.0
+    "an evaluation beats the best only by more than this"
     eval_every: int = 1
     "evaluate on val/test every N epochs"
     row_normalize: bool = False
@@ -156,6 +160,8 @@ _LIMITS = {
     "seeds": (lambda v: v >= 1, "at least 1"),
     "split": (lambda v: v >= -1, "-1 (one per seed) or a split's number, 0 or more"),
     "patience": (lambda v: v >= 0, "0 (off) or more"),
+    "select": (lambda v: v in ("val", "val_loss"), "val or val_loss"),
+    "min_delta": (lambda v: math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
     "eval_every": (lambda v: v >= 1, "at least 1"),
     "checkpoint_every": (lambda v: v >= 0, "0 (off) or more"),
     "parts": (lambda v: v >= 0, "0 (the default) or more"),

@@ -37,7 +37,8 @@ from jgrind.train import run_trials, train
 # same function whatever the policy, budgets or partitions.)
 CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "residual",
                 "layer_norm", "activation", "lr", "weight_decay", "seed", "split",
-                "row_normalize", "num_nodes", "avg_degree", "dataset_options")
+                "row_normalize", "num_nodes", "avg_degree", "dataset_options", "select",
+                "min_delta")
 # the files `run_config` writes (and a later run in the same folder replaces)
 RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png")
 PARAMS = "params"  # the folder of every seed's final parameters
@@ -135,7 +136,8 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
         ckpt_dir = (out / "checkpoints" / f"seed{seed}") if cfg.checkpoint_every else None
         result = train(jax.random.key(seed), graph, model, optimizer, epochs=cfg.epochs,
                        split=splits[trial], eval_every=cfg.eval_every,
-                       patience=cfg.patience or None,
+                       patience=cfg.patience or None, select=cfg.select,
+                       min_delta=cfg.min_delta,
                        log_path=out / f"metrics-seed{seed}.jsonl", checkpoint_dir=ckpt_dir,
                        checkpoint_every=cfg.checkpoint_every or 1, progress=progress,
                        ready=(lambda: start_out(out, cfg)) if trial == 0 else None,
@@ -148,6 +150,7 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
     trials = run_trials(run, seeds)
     plot_training([r.history for r in trials.results], out / "training.png",
                   metric=trials.metric, labels=[f"seed {s}" for s in seeds],
+                  best_epochs=[r.best_epoch for r in trials.results],
                   title=f"{cfg.model} on {graph.name}")
     memory = trials.results[0].memory
     if memory is not None:

@@ -27,25 +27,30 @@ def _save(plt, fig, path) -> pathlib.Path:
 
 
 def plot_training(histories: Sequence[list], path: str | pathlib.Path, *, metric: str,
-                  labels: Sequence[str] | None = None, title: str = "") -> pathlib.Path:
-    """Training loss (left) and validation/test metric (right) per epoch, one line per run."""
+                  labels: Sequence[str] | None = None, title: str = "",
+                  best_epochs: Sequence[int] | None = None) -> pathlib.Path:
+    """Training loss (left) and validation/test metric (right) per epoch, one line per run;
+    a star at each run's selected epoch (``best_epochs``, default: its best validation
+    metric)."""
     plt = _pyplot()
     fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(11, 4))
     labels = labels or [f"run {i}" for i in range(len(histories))]
-    for history, label in zip(histories, labels):
+    best_epochs = best_epochs or [None] * len(histories)
+    for history, label, chosen in zip(histories, labels, best_epochs):
         ax_loss.plot([r["epoch"] for r in history], [r["loss"] for r in history], label=label)
         evaluated = [r for r in history if "val" in r]
         line, = ax_metric.plot([r["epoch"] for r in evaluated], [r["val"] for r in evaluated],
                                label=f"{label} val")
         ax_metric.plot([r["epoch"] for r in evaluated], [r["test"] for r in evaluated],
                        linestyle="--", color=line.get_color(), alpha=0.6)
-        if evaluated:  # the model selected: the first epoch of the best validation metric
-            best = max(evaluated, key=lambda r: r["val"])
+        if evaluated:  # the model selected (default: the first epoch of the best val)
+            best = max(evaluated, key=lambda r: r["val"]) if chosen is None else \
+                next(r for r in evaluated if r["epoch"] == chosen)
             ax_metric.plot([best["epoch"]], [best["test"]], marker="*", markersize=11,
                            color=line.get_color(), linestyle="none")
     ax_loss.set(xlabel="epoch", ylabel="training loss", yscale="log", title="loss")
     ax_metric.set(xlabel="epoch", ylabel=metric,
-                  title=f"{metric} (solid val, dashed test, * test at the best val)")
+                  title=f"{metric} (solid val, dashed test, * the selected epoch)")
     for ax in (ax_loss, ax_metric):
         ax.grid(alpha=0.3)
     if len(histories) <= 10:

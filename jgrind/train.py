@@ -100,10 +100,12 @@ class TrainResult:
 
     Attributes:
       params: parameters after the last epoch.
-      best_params: parameters at ``best_epoch`` (highest validation metric).
+      best_params: parameters at ``best_epoch`` (by default the highest validation metric;
+        see `train`'s ``select``).
       history: one dict per epoch (see `train`), also written to the metrics log.
       metric: "accuracy" or "roc_auc".
-      best_epoch, val, test: model selection by validation: the test metric at the best epoch.
+      best_epoch, val, test: model selection by validation: the validation and test metric at
+        the best epoch.
       seconds: wall time of the epochs, those before a resume included (not counting
         preparation).
       memory: out-of-core runs only: the store's accounts (bytes per tier now and at peak,
@@ -148,7 +150,8 @@ def _check_train_arguments(key, graph, model, optimizer, *, epochs, eval_every, 
 
 def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTransformation, *,
           epochs: int, split: int = 0, metric: Optional[str] = None, eval_every: int = 1,
-          patience: Optional[int] = None, log_path: Optional[str | pathlib.Path] = None,
+          patience: Optional[int] = None, select: str = "val", min_delta: float = 0.0,
+          log_path: Optional[str | pathlib.Path] = None,
           checkpoint_dir: Optional[str | pathlib.Path] = None, checkpoint_every: int = 10,
           progress: bool = True, executor: Optional[Executor] = None,
           policy=None, num_parts: Optional[int] = None, store=None,
@@ -164,7 +167,11 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
       split: which row of the graph's masks to use.
       metric: "accuracy" or "roc_auc"; default by the number of classes.
       eval_every: evaluate on val/test every this many epochs (and at the last).
-      patience: stop when the validation metric has not improved for this many evaluations.
+      patience: stop when the selection score has not improved for this many evaluations.
+      select: what picks the best epoch (``best_params``, ``val``, ``test``) and what
+        ``patience`` watches: "val" (the highest validation metric) or "val_loss" (the lowest
+        validation loss).
+      min_delta: an evaluation improves on the best only by more than this.
       log_path: write one JSON object per epoch (JSON lines).
       checkpoint_dir, checkpoint_every: orbax checkpoints; an existing checkpoint is resumed.
       executor: how to compute an epoch; default: chosen by `make_executor` from the
@@ -182,6 +189,12 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     """
     _check_train_arguments(key, graph, model, optimizer, epochs=epochs, eval_every=eval_every,
                            patience=patience, checkpoint_every=checkpoint_every)
+    if select not in SELECTION:
+        raise ValueError(f"unknown select {select!r}; use one of {', '.join(SELECTION)}")
+    if not (isinstance(min_delta, (int, float)) and math.isfinite(min_delta)
+            and min_delta >= 0):
+        raise ValueError(f"min_delta must be a finite number, 0 or more; got {min_delta!r}")
+    score_of = SELECTION[select]
     graph.check_split(split)
     model.check_fits(graph)
     metric = metric or default_metric(graph.num_classes)
@@ -197,7 +210,8 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     init_key, dropout_key = jax.random.split(key)
     params = model.init(init_key)
     opt_state = optimizer.init(params)
-    best = {"epoch": -1, "val": -math.inf, "test": float("nan"), "params": params}
+    best = {"epoch": -1, "val": -math.inf, "test": float("nan"), "score": -math.inf,
+            "params": params}
     history: list[dict] = []
     start_epoch = 0
 
@@ -222,7 +236,9 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             if restored is not None:
                 saved_epoch, state, meta = restored
                 params, opt_state = state["params"], state["opt_state"]
-                best = {**meta["best"], "params": state["best_params"]}
+                # (checkpoints older than `select` chose by the validation metric)
+                best = {"score": meta["best"]["val"], **meta["best"],
+                        "params": state["best_params"]}
                 history = meta["history"]
                 train_seconds = sum(record["seconds"] for record in history)
                 stale = meta.get("stale", 0)  # older checkpoints did not save it
@@ -265,9 +281,10 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                 record.update({name: evaluate(logits, labels, m, metric)
                                for name, m in zip(("train", "val", "test"), masks)})
                 record["val_loss"] = cross_entropy(logits, labels, masks[1])
-                if record["val"] > best["val"]:
+                score = score_of(record)
+                if score > best["score"] + min_delta or best["epoch"] < 0:
                     best = {"epoch": epoch, "val": record["val"], "test": record["test"],
-                            "params": jax.tree.map(jnp.copy, params)}
+                            "score": score, "params": jax.tree.map(jnp.copy, params)}
                     stale = 0
                 else:
                     stale += 1
@@ -301,6 +318,11 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     return TrainResult(params=params, best_params=best["params"], history=history,
                        metric=metric, best_epoch=int(best["epoch"]), val=float(best["val"]),
                        test=float(best["test"]), seconds=train_seconds, memory=memory)
+
+
+# model selection: a score per evaluated epoch, higher is better
+SELECTION = {"val": lambda record: record["val"],
+             "val_loss": lambda record: -record["val_loss"]}
 
 
 def learning_rate(opt_state) -> Optional[float]:

@@ -43,6 +43,9 @@ def test_training_plot_marks_the_selected_epoch(figures, tmp_path):
     stars = [line for line in metric_axes.get_lines() if line.get_marker() == "*"]
     assert len(stars) == 1  # the first epoch of the best val, as train selects
     assert list(stars[0].get_xdata()) == [1] and list(stars[0].get_ydata()) == [0.7]
+    plots.plot_training([history], tmp_path / "t.png", metric="accuracy", best_epochs=[3])
+    star, = [line for line in figures[-1].axes[1].get_lines() if line.get_marker() == "*"]
+    assert list(star.get_xdata()) == [3]  # another selection rule (select="val_loss")
 
 
 def test_the_learning_rate_is_logged_where_the_optimizer_shows_it():

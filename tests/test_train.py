@@ -143,3 +143,35 @@ def test_binary_tasks_use_roc_auc():
     model = models.gcn(g.num_features, 8, 2)
     r = train(jax.random.key(0), g, model, optax.adam(0.02), epochs=10, progress=False)
     assert r.metric == "roc_auc" and 0.5 < r.test <= 1.0
+
+
+def test_selection_by_validation_loss_and_min_delta():
+    # a weak signal and no dropout: the validation loss turns up after about 15 epochs
+    g = community_graph(num_nodes=300, homophily=0.5, num_features=4)
+    model = models.gcn(g.num_features, 32, g.num_classes, dropout=0.0)
+    run = lambda **kw: train(jax.random.key(0), g, model, optax.adam(0.05), epochs=60,  # noqa
+                             progress=False, **kw)
+    by_loss = run(select="val_loss")
+    losses = [h["val_loss"] for h in by_loss.history]
+    assert by_loss.best_epoch == int(np.argmin(losses))
+    assert by_loss.val == by_loss.history[by_loss.best_epoch]["val"]
+    by_metric = run()
+    assert by_metric.best_epoch == int(np.argmax([h["val"] for h in by_metric.history]))
+    assert by_metric.best_epoch != by_loss.best_epoch  # so the test tells the two apart
+    # patience watches the same score; min_delta asks for more than a hair's improvement
+    stopped = run(select="val_loss", patience=3)
+    best = stopped.best_epoch
+    assert len(stopped.history) == best + 4
+    assert all(h["val_loss"] >= stopped.history[best]["val_loss"]
+               for h in stopped.history[best + 1:])
+    strict = run(select="val_loss", min_delta=0.05)
+    kept = [strict.history[0]["val_loss"]]  # each new best beats the last by more than 0.05
+    for h in strict.history[1:]:
+        if h["val_loss"] < kept[-1] - 0.05:
+            kept.append(h["val_loss"])
+    assert strict.history[strict.best_epoch]["val_loss"] == kept[-1]
+    assert strict.best_epoch < by_loss.best_epoch
+    with pytest.raises(ValueError, match="unknown select 'loss'"):
+        run(select="loss")
+    with pytest.raises(ValueError, match="min_delta must be a finite number"):
+        run(min_delta=-1)
