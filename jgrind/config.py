@@ -36,18 +36,28 @@ class RunConfig:
     "number of message-passing layers"
     heads: int = 8
     "GAT attention heads in hidden layers"
+    output_heads: int = 1
+    "GAT attention heads in the output layer (averaged)"
+    attention_dropout: float = -1.0
+    "GAT dropout on attention coefficients (-1 = as dropout)"
     dropout: float = 0.5
-    "dropout rate on every layer's input (GAT: also on attention)"
+    "dropout rate on every layer's input (GAT: also on attention, unless attention_dropout)"
     residual: bool = False
     "residual blocks with input/output projections (Platonov et al. 2023)"
     layer_norm: bool = False
     "LayerNorm before each layer"
     activation: str = "relu"
     "relu | elu | gelu | tanh"
+    optimizer: str = "adam"
+    "adam | adamw | sgd (momentum 0.9)"
     lr: float = 0.01
-    "Adam learning rate"
+    "learning rate (the peak, with a schedule)"
     weight_decay: float = 5e-4
-    "L2 penalty added to the gradient (PyTorch Adam's weight_decay)"
+    "adam, sgd: L2 penalty added to the gradient (PyTorch's weight_decay); adamw: decoupled"
+    lr_schedule: str = "constant"
+    "constant | cosine (decays to 0 at the last epoch)"
+    warmup_epochs: int = 0
+    "epochs of linear warm-up to lr (from lr / (warmup_epochs + 1))"
     epochs: int = 200
     "training epochs (one full-graph optimizer step each)"
     seed: int = 0
@@ -58,6 +68,8 @@ class RunConfig:
     "which split of the dataset's masks; -1 = one per seed for multi-split datasets, else 0"
     patience: int = 0
     "early stopping patience in evaluations (0 = off)"
+    label_smoothing: float = 0.0
+    "cross entropy against targets smoothed toward uniform by this much (0 = off)"
     select: str = "val"
     "what picks the best epoch and what patience watches: val (metric) | val_loss"
     min_delta: float = 0.0
@@ -161,6 +173,12 @@ _LIMITS = {
     "split": (lambda v: v >= -1, "-1 (one per seed) or a split's number, 0 or more"),
     "patience": (lambda v: v >= 0, "0 (off) or more"),
     "select": (lambda v: v in ("val", "val_loss"), "val or val_loss"),
+    "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "optimizer": (lambda v: v in ("adam", "adamw", "sgd"), "adam, adamw or sgd"),
+    "lr_schedule": (lambda v: v in ("constant", "cosine"), "constant or cosine"),
+    "warmup_epochs": (lambda v: v >= 0, "0 (off) or more"),
+    "output_heads": (lambda v: v >= 1, "at least 1"),
+    "attention_dropout": (lambda v: v == -1 or 0 <= v < 1, "-1 (as dropout) or in [0, 1)"),
     "min_delta": (lambda v: math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
     "eval_every": (lambda v: v >= 1, "at least 1"),
     "checkpoint_every": (lambda v: v >= 0, "0 (off) or more"),
@@ -210,14 +228,44 @@ def build_model(cfg: RunConfig, graph: Graph) -> GNN:
     if cfg.model == "sage":
         return sage(f, cfg.hidden, c, **common)
     if cfg.model == "gat":
-        return gat(f, cfg.hidden, c, heads=cfg.heads, **common)
+        return gat(f, cfg.hidden, c, heads=cfg.heads, output_heads=cfg.output_heads,
+                   attention_dropout=None if cfg.attention_dropout < 0 else
+                   cfg.attention_dropout, **common)
     raise ConfigError(f"unknown model {cfg.model!r}; use gcn, sage or gat")
 
 
+def build_loss(cfg: RunConfig):
+    """The per-node training loss (`jgrind.loss.weighted_loss`); None: plain cross entropy."""
+    from jgrind.loss import SmoothedCrossEntropy
+    return SmoothedCrossEntropy(cfg.label_smoothing) if cfg.label_smoothing else None
+
+
 def build_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
-    """Adam with L2 added to the gradient, the way PyTorch's ``Adam(weight_decay=...)`` (and the
-    GCN/GAT reference code) regularise."""
-    return optax.chain(optax.add_decayed_weights(cfg.weight_decay), optax.adam(cfg.lr))
+    """The configured optimizer, one step per epoch. Adam (the default) and SGD add the L2
+    penalty to the gradient, the way PyTorch's ``Adam(weight_decay=...)`` (and the GCN/GAT
+    reference code) regularise; AdamW decays the weights apart from the gradient. With a
+    schedule (or warm-up) the learning rate is injected, so the log records it per epoch."""
+    if cfg.warmup_epochs >= cfg.epochs and cfg.warmup_epochs:
+        raise ConfigError(f"warmup_epochs={cfg.warmup_epochs} leaves none of the "
+                          f"{cfg.epochs} epochs after the warm-up; use fewer")
+    start = cfg.lr / (cfg.warmup_epochs + 1)  # the warm-up's first epoch already moves
+    if cfg.lr_schedule == "constant" and not cfg.warmup_epochs:
+        rate = cfg.lr
+    elif cfg.lr_schedule == "cosine":
+        rate = optax.warmup_cosine_decay_schedule(start if cfg.warmup_epochs else cfg.lr,
+                                                  cfg.lr, cfg.warmup_epochs, cfg.epochs)
+    else:  # constant after a warm-up
+        rate = optax.join_schedules([optax.linear_schedule(start, cfg.lr, cfg.warmup_epochs),
+                                     optax.constant_schedule(cfg.lr)], [cfg.warmup_epochs])
+
+    def make(learning_rate):
+        if cfg.optimizer == "adamw":
+            return optax.adamw(learning_rate, weight_decay=cfg.weight_decay)
+        inner = optax.adam(learning_rate) if cfg.optimizer == "adam" else \
+            optax.sgd(learning_rate, momentum=0.9)
+        return optax.chain(optax.add_decayed_weights(cfg.weight_decay), inner)
+    return make(rate) if isinstance(rate, float) else optax.inject_hyperparams(make)(
+        learning_rate=rate)
 
 
 def load_graph(cfg: RunConfig) -> Graph:

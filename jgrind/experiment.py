@@ -22,8 +22,8 @@ import jax
 import numpy as np
 
 from jgrind import checkpoint as ckpt
-from jgrind.config import (ConfigError, RunConfig, build_model, build_optimizer, build_policy,
-                           load_graph, split_for)
+from jgrind.config import (ConfigError, RunConfig, build_loss, build_model, build_optimizer,
+                           build_policy, load_graph, split_for)
 from jgrind.plan.cost import format_bytes
 from jgrind.plots import plot_memory, plot_training
 from jgrind.inference import load_checkpoint, predict
@@ -38,7 +38,8 @@ from jgrind.train import run_trials, train
 CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "residual",
                 "layer_norm", "activation", "lr", "weight_decay", "seed", "split",
                 "row_normalize", "num_nodes", "avg_degree", "dataset_options", "select",
-                "min_delta")
+                "min_delta", "label_smoothing", "output_heads", "attention_dropout",
+                "optimizer", "lr_schedule", "warmup_epochs")
 # the files `run_config` writes (and a later run in the same folder replaces)
 RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png")
 PARAMS = "params"  # the folder of every seed's final parameters
@@ -137,6 +138,7 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
         result = train(jax.random.key(seed), graph, model, optimizer, epochs=cfg.epochs,
                        split=splits[trial], eval_every=cfg.eval_every,
                        patience=cfg.patience or None, select=cfg.select,
+                       loss=build_loss(cfg),
                        min_delta=cfg.min_delta,
                        log_path=out / f"metrics-seed{seed}.jsonl", checkpoint_dir=ckpt_dir,
                        checkpoint_every=cfg.checkpoint_every or 1, progress=progress,

@@ -7,6 +7,9 @@ gradient does not depend on the number of partitions.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable, Optional
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,10 +23,42 @@ def node_weights(train_mask: np.ndarray) -> np.ndarray:
     return (train_mask / n_train).astype(np.float32)
 
 
-def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:
-    """``sum_i weights[i] * CE(logits[i], labels[i])``; rows with weight 0 (e.g. label -1)
-    contribute nothing."""
-    safe = jnp.where(labels >= 0, labels, 0)
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """``[n]``: every node's softmax cross-entropy, the default node loss."""
     logp = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(logp, safe[:, None], axis=-1)[:, 0]
-    return jnp.sum(jnp.where(weights > 0, nll * weights, 0.0))
+    return -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
+
+
+@dataclasses.dataclass(frozen=True)
+class SmoothedCrossEntropy:
+    """Cross entropy against targets smoothed toward uniform: ``(1 - smoothing)`` on the label,
+    ``smoothing / C`` on every class (``torch.nn.CrossEntropyLoss(label_smoothing=)``). A frozen
+    dataclass: equal losses share their compiled steps."""
+
+    smoothing: float
+
+    def __call__(self, logits: jax.Array, labels: jax.Array) -> jax.Array:
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        num_classes = logits.shape[-1]
+        on_label = jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
+        return -((1 - self.smoothing) * on_label
+                 + self.smoothing / num_classes * jnp.sum(logp, axis=-1))
+
+
+def weighted_loss(node_loss: Optional[Callable], logits: jax.Array, labels: jax.Array,
+                  weights: jax.Array) -> jax.Array:
+    """``sum_i weights[i] * node_loss(logits, labels)[i]``; rows with weight 0 (e.g. label -1)
+    contribute nothing.
+
+    ``node_loss(logits [n, C], labels [n] int) -> [n]`` is any per-node loss written in JAX
+    (default `cross_entropy`): label smoothing, class weights, a focal loss. Summed over nodes
+    with global weights it keeps the gradient independent of the partitioning. Unlabelled
+    nodes reach it with label 0 and weight 0."""
+    safe = jnp.where(labels >= 0, labels, 0)
+    per_node = (node_loss or cross_entropy)(logits, safe)
+    return jnp.sum(jnp.where(weights > 0, per_node * weights, 0.0))
+
+
+def weighted_cross_entropy(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> jax.Array:
+    """`weighted_loss` with `cross_entropy`."""
+    return weighted_loss(cross_entropy, logits, labels, weights)

@@ -35,6 +35,22 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
+def macro_f1(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
+    """The unweighted mean over classes of each class's F1 (argmax predictions), over the
+    classes present among the masked labels or predictions, as sklearn's
+    ``f1_score(average="macro")`` (a class with no true and no predicted node is left out)."""
+    if not mask.any():
+        return float("nan")
+    y, p = labels[mask], np.argmax(logits[mask], -1)
+    classes = np.union1d(y, p)
+    tp = np.array([np.sum((p == c) & (y == c)) for c in classes], np.float64)
+    predicted = np.array([np.sum(p == c) for c in classes], np.float64)
+    actual = np.array([np.sum(y == c) for c in classes], np.float64)
+    f1 = np.divide(2 * tp, predicted + actual, out=np.zeros_like(tp),
+                   where=predicted + actual > 0)
+    return float(f1.mean())
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     z = logits - logits.max(-1, keepdims=True)
     e = np.exp(z)

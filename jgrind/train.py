@@ -23,7 +23,7 @@ import optax
 from jgrind import checkpoint as ckpt
 from jgrind.arguments import whole_number
 from jgrind.graph import Graph
-from jgrind.loss import node_weights, weighted_cross_entropy
+from jgrind.loss import node_weights, weighted_loss
 from jgrind.metrics import cross_entropy, default_metric, evaluate
 from jgrind.models.model import GNN, Params
 
@@ -51,7 +51,7 @@ class InMemory:
     """
 
     def __init__(self, graph: Graph, model: GNN, optimizer: optax.GradientTransformation,
-                 split: int = 0, device=None):
+                 split: int = 0, device=None, loss: Optional[Callable] = None):
         normalized = model.normalize(graph)
         put = lambda a: jax.device_put(a, device)  # noqa: E731 - the one explicit transfer
         self.block = put(model.block(normalized))
@@ -59,10 +59,11 @@ class InMemory:
         self.labels = put(graph.labels)
         self.weights = put(node_weights(graph.train_mask[split]))
         self.model, self.optimizer = model, optimizer
+        node_loss = loss  # (`step` below names its result `loss`)
 
         def loss_fn(params, block, x, labels, weights, key):
             logits = model.apply(params, block, x, key)
-            return weighted_cross_entropy(logits, labels, weights)
+            return weighted_loss(node_loss, logits, labels, weights)
 
         def step(params, opt_state, block, x, labels, weights, key):
             loss, grads = jax.value_and_grad(loss_fn)(params, block, x, labels, weights, key)
@@ -156,7 +157,9 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
           progress: bool = True, executor: Optional[Executor] = None,
           policy=None, num_parts: Optional[int] = None, store=None,
           device_budget: Optional[int] = None, host_budget: Optional[int] = None,
-          partitioner=None, ready: Optional[Callable[[], None]] = None) -> TrainResult:
+          partitioner=None, loss: Optional[Callable] = None,
+          metrics: Optional[dict] = None,
+          ready: Optional[Callable[[], None]] = None) -> TrainResult:
     """Train ``model`` on the full graph for ``epochs`` epochs (one optimizer step each).
 
     Args:
@@ -178,6 +181,12 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
         out-of-core arguments below (`InMemory` when none is given).
       policy, num_parts, store, device_budget, host_budget, partitioner: run out of core, see
         `make_executor` and `jgrind.engine.OutOfCore`.
+      loss: the per-node training loss, ``(logits [n, C], labels [n]) -> [n]`` in JAX
+        (`jgrind.loss.weighted_loss`; default `jgrind.loss.cross_entropy`); also what
+        ``val_loss`` reports.
+      metrics: more metrics to log, ``{name: fn(logits, labels, mask) -> float}`` on host
+        arrays (e.g. `jgrind.metrics.macro_f1`): each evaluation records ``train_NAME``,
+        ``val_NAME`` and ``test_NAME``.
       ready: called once everything is set up and checked (the executor with its budgets and
         store, a resumed checkpoint), before the log is opened and the first epoch runs; what
         fails before it is a bad argument, and nothing has been written. (`jgrind train`
@@ -185,7 +194,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
 
     Each history record: ``epoch, loss, seconds``; ``lr`` when the optimizer exposes its
     learning rate (`learning_rate`); and, on evaluated epochs, ``train``, ``val``, ``test``
-    (the metric) and ``val_loss``.
+    (the metric), ``val_loss`` and any ``metrics``.
     """
     _check_train_arguments(key, graph, model, optimizer, epochs=epochs, eval_every=eval_every,
                            patience=patience, checkpoint_every=checkpoint_every)
@@ -195,6 +204,15 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             and min_delta >= 0):
         raise ValueError(f"min_delta must be a finite number, 0 or more; got {min_delta!r}")
     score_of = SELECTION[select]
+    if loss is not None and not callable(loss):
+        raise TypeError(f"loss must be a per-node loss function (logits, labels) -> [n], got "
+                        f"{loss!r}")
+    metrics = dict(metrics or {})
+    for name, fn in metrics.items():
+        if not (isinstance(name, str) and name.isidentifier() and callable(fn)):
+            raise TypeError(f"metrics must map names to functions (logits, labels, mask) -> "
+                            f"float; got {name!r}: {fn!r}")
+    val_loss = _host_loss(loss)
     graph.check_split(split)
     model.check_fits(graph)
     metric = metric or default_metric(graph.num_classes)
@@ -226,7 +244,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             executor = make_executor(graph, model, optimizer, split=split, policy=policy,
                                      num_parts=num_parts, store=store,
                                      device_budget=device_budget, host_budget=host_budget,
-                                     partitioner=partitioner)
+                                     partitioner=partitioner, loss=loss)
 
         # -- resume --------------------------------------------------------------------------
         manager = ckpt.manager(checkpoint_dir, checkpoint_every) if checkpoint_dir else None
@@ -280,7 +298,10 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                 logits = executor.predict(params)
                 record.update({name: evaluate(logits, labels, m, metric)
                                for name, m in zip(("train", "val", "test"), masks)})
-                record["val_loss"] = cross_entropy(logits, labels, masks[1])
+                record["val_loss"] = val_loss(logits, labels, masks[1])
+                for name, fn in metrics.items():
+                    record.update({f"{part}_{name}": float(fn(logits, labels, m))
+                                   for part, m in zip(("train", "val", "test"), masks)})
                 score = score_of(record)
                 if score > best["score"] + min_delta or best["epoch"] < 0:
                     best = {"epoch": epoch, "val": record["val"], "test": record["test"],
@@ -350,10 +371,23 @@ def in_memory_bytes(graph: Graph, model: GNN) -> int:
                     layer_widths(model, graph.num_features), structure)
 
 
+def _host_loss(node_loss: Optional[Callable]) -> Callable:
+    """The mean of ``node_loss`` over a mask's nodes, on host logits (the ``val_loss``)."""
+    if node_loss is None:
+        return cross_entropy
+
+    def mean_loss(logits, labels, mask) -> float:
+        keep = mask & (labels >= 0)
+        if not keep.any():
+            return float("nan")
+        return float(jnp.mean(node_loss(jnp.asarray(logits[keep]), jnp.asarray(labels[keep]))))
+    return mean_loss
+
+
 def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy=None,
                   num_parts: Optional[int] = None, store=None,
                   device_budget: Optional[int] = None, host_budget: Optional[int] = None,
-                  partitioner=None) -> Executor:
+                  partitioner=None, loss: Optional[Callable] = None) -> Executor:
     """The in-memory fast path when it is asked for or when everything fits the device budget
     (and no policy forces offloading); otherwise the out-of-core engine.
 
@@ -373,23 +407,23 @@ def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy
                        directory=None if store is None else str(store),
                        partitioner=partitioner, num_parts=num_parts)
         if plan.in_memory:
-            return InMemory(graph, model, optimizer, split)
+            return InMemory(graph, model, optimizer, split, loss=loss)
         from jgrind.engine import OutOfCore
         return OutOfCore(graph, model, optimizer, policy=plan.policy(),
                          partitioned=plan.partitioned, split=split, store=store,
-                         device_budget=device_budget, host_budget=host_budget)
+                         device_budget=device_budget, host_budget=host_budget, loss=loss)
     wants_engine = policy is not None or num_parts not in (None, 1) \
         or device_budget is not None or host_budget is not None
     all_device = isinstance(policy, Constant) and policy.fate is Fate.DEVICE \
         and policy.gradients is Fate.DEVICE
     fits = device_budget is None or in_memory_bytes(graph, model) <= device_budget
     if not wants_engine or ((policy is None or all_device) and num_parts in (None, 1) and fits):
-        return InMemory(graph, model, optimizer, split)
+        return InMemory(graph, model, optimizer, split, loss=loss)
     from jgrind.engine import OutOfCore
     kwargs = {} if partitioner is None else {"partitioner": partitioner}
     return OutOfCore(graph, model, optimizer, policy=policy, num_parts=num_parts or 4,
                      split=split, store=store, device_budget=device_budget,
-                     host_budget=host_budget, **kwargs)
+                     host_budget=host_budget, loss=loss, **kwargs)
 
 
 def _progress(iterable, enabled: bool, **kwargs):

@@ -148,3 +148,17 @@ def test_predict_from_a_trained_run(tmp_path, capsys):
     assert main(["predict", "--run", str(tmp_path), "--save", str(tmp_path / "d.npy")]) == 2
     assert "not a jgrind train run folder" in capsys.readouterr().err
     assert not any((tmp_path / f).exists() for f in ("a.txt", "b.npy", "c.npy", "d.npy"))
+
+
+def test_gat_heads_and_attention_dropout_settings():
+    from jgrind.config import build_model
+    from jgrind.generators import csbm
+    graph = csbm(num_nodes=200)
+    model = build_model(RunConfig(model="gat", output_heads=3, attention_dropout=0.1,
+                                  dropout=0.4), graph)
+    hidden, top = model.layers[0], model.layers[-1]
+    hidden, top = (getattr(hidden, "inner", hidden), getattr(top, "inner", top))
+    assert (top.heads, top.attention_dropout) == (3, 0.1)
+    assert hidden.attention_dropout == 0.1
+    default = build_model(RunConfig(model="gat", dropout=0.4), graph).layers[-1]
+    assert getattr(default, "inner", default).attention_dropout == 0.4  # -1: as dropout

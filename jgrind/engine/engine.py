@@ -129,6 +129,7 @@ class OutOfCore:
       remat_policy: ``jax.checkpoint`` policy for intermediates inside a layer step.
       prefetch: overlap gathers and writes with compute on background threads.
       max_shapes: at most this many padded block shapes (compilations per layer step).
+      loss: the per-node loss (`jgrind.loss.weighted_loss`); None: cross entropy.
     """
 
     def __init__(self, graph: Graph, model: GNN, optimizer: optax.GradientTransformation, *,
@@ -137,7 +138,7 @@ class OutOfCore:
                  partitioned: Optional[PartitionedGraph] = None, split: int = 0,
                  store: Optional[str] = None, device_budget: Optional[int] = None,
                  host_budget: Optional[int] = None, remat_policy=None, prefetch: bool = True,
-                 max_shapes: int = 3, seed: int = 0):
+                 max_shapes: int = 3, seed: int = 0, loss: Optional[Callable] = None):
         _check_arguments(graph, model, policy, num_parts, partitioner, partitioned, split,
                          max_shapes, seed, store)
         device_budget = check_budget(device_budget, "device_budget")
@@ -187,8 +188,10 @@ class OutOfCore:
         # layer l+1's backward steps hand layer l's backward the mask of l's output
         rules = [derivative_from_output(layer) if self.workload.masked(l) else None
                  for l, layer in enumerate(model.layers)]
+        top = len(model.layers) - 1  # the loss is fused with the top layer's steps only
         self.steps: list[LayerSteps] = [
-            layer_steps(layer, remat_policy, rules[l - 1] if l >= 1 else None)
+            layer_steps(layer, remat_policy, rules[l - 1] if l >= 1 else None,
+                        loss if l == top else None)
             for l, layer in enumerate(model.layers)]
         host_cache = max(self.host_budget - self.memory.host, 0) \
             if self.host_budget < UNLIMITED else \

@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgrind.loss import weighted_cross_entropy
+from jgrind.loss import weighted_loss
 from jgrind.models.block import Block, make_block
 from jgrind.models.conv import aggregation_split, derivative_from_output, without_activation
 from jgrind.models.moved_dropout import (drop_output, output_rate, output_scale, split_key,
@@ -90,12 +90,15 @@ def masked_cotangent(mask: jax.Array, g_out: jax.Array, scale: float = 1.0) -> j
 
 @functools.lru_cache(maxsize=256)
 def layer_steps(layer, remat_policy: Optional[Callable] = None,
-                input_mask: Optional[Callable] = None) -> LayerSteps:
+                input_mask: Optional[Callable] = None,
+                node_loss: Optional[Callable] = None) -> LayerSteps:
     """The jitted steps of ``layer``. Layers are frozen dataclasses, so equal layers share one
     set of jitted functions and their compiled shapes across engines (cached).
 
     ``input_mask``: the layer below's `derivative_from_output` rule; when given, ``top`` and
-    ``backward`` also return it applied to the owned rows of their input, bit-packed."""
+    ``backward`` also return it applied to the owned rows of their input, bit-packed.
+    ``node_loss``: the per-node loss ``top`` sums (`jgrind.loss.weighted_loss`; None: cross
+    entropy)."""
     def checkpointed(fn):
         def apply(params, block, h, key):
             return fn(params, block, h, key)
@@ -120,7 +123,7 @@ def layer_steps(layer, remat_policy: Optional[Callable] = None,
 
     def top(params, block, h, key, labels, weights, acc):
         def loss(p, x):
-            return weighted_cross_entropy(apply(p, block, x, key), labels, weights)
+            return weighted_loss(node_loss, apply(p, block, x, key), labels, weights)
         value, (d_params, d_h) = jax.value_and_grad(loss, argnums=(0, 1))(params, h)
         return emit(block, h, value, _tree_add(acc, d_params), d_h)
 
