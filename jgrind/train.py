@@ -125,7 +125,7 @@ class TrainResult:
 
 
 def _check_train_arguments(key, graph, model, optimizer, *, epochs, eval_every, patience,
-                           checkpoint_every) -> None:
+                           checkpoint_every, select, min_delta, loss, metrics) -> None:
     """ValueError or TypeError naming a bad argument of `train`, before any work."""
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be a jgrind.Graph (e.g. jgrind.datasets.load(...)), got "
@@ -147,6 +147,18 @@ def _check_train_arguments(key, graph, model, optimizer, *, epochs, eval_every, 
     whole_number(checkpoint_every, "checkpoint_every")
     if patience is not None:
         whole_number(patience, "patience (None: no early stopping)")
+    if select not in SELECTION:
+        raise ValueError(f"unknown select {select!r}; use one of {', '.join(SELECTION)}")
+    if not (isinstance(min_delta, (int, float)) and math.isfinite(min_delta)
+            and min_delta >= 0):
+        raise ValueError(f"min_delta must be a finite number, 0 or more; got {min_delta!r}")
+    if loss is not None and not callable(loss):
+        raise TypeError(f"loss must be a per-node loss function (logits, labels) -> [n], got "
+                        f"{loss!r}")
+    for name, fn in metrics.items():
+        if not (isinstance(name, str) and name.isidentifier() and callable(fn)):
+            raise TypeError(f"metrics must map names to functions (logits, labels, mask) -> "
+                            f"float; got {name!r}: {fn!r}")
 
 
 def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTransformation, *,
@@ -196,22 +208,11 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     learning rate (`learning_rate`); and, on evaluated epochs, ``train``, ``val``, ``test``
     (the metric), ``val_loss`` and any ``metrics``.
     """
-    _check_train_arguments(key, graph, model, optimizer, epochs=epochs, eval_every=eval_every,
-                           patience=patience, checkpoint_every=checkpoint_every)
-    if select not in SELECTION:
-        raise ValueError(f"unknown select {select!r}; use one of {', '.join(SELECTION)}")
-    if not (isinstance(min_delta, (int, float)) and math.isfinite(min_delta)
-            and min_delta >= 0):
-        raise ValueError(f"min_delta must be a finite number, 0 or more; got {min_delta!r}")
-    score_of = SELECTION[select]
-    if loss is not None and not callable(loss):
-        raise TypeError(f"loss must be a per-node loss function (logits, labels) -> [n], got "
-                        f"{loss!r}")
     metrics = dict(metrics or {})
-    for name, fn in metrics.items():
-        if not (isinstance(name, str) and name.isidentifier() and callable(fn)):
-            raise TypeError(f"metrics must map names to functions (logits, labels, mask) -> "
-                            f"float; got {name!r}: {fn!r}")
+    _check_train_arguments(key, graph, model, optimizer, epochs=epochs, eval_every=eval_every,
+                           patience=patience, checkpoint_every=checkpoint_every, select=select,
+                           min_delta=min_delta, loss=loss, metrics=metrics)
+    score_of = SELECTION[select]
     val_loss = _host_loss(loss)
     graph.check_split(split)
     model.check_fits(graph)
