@@ -11,10 +11,14 @@ import contextlib
 import dataclasses
 import json
 import pathlib
+import signal
 import sys
 import textwrap
+import warnings
 
+from jgrind import interrupts
 from jgrind.config import ConfigError, RunConfig
+from jgrind.interrupts import Terminated
 from jgrind.graph import GraphError
 
 DESCRIPTION = "jgrind: exact full-graph GNN training in JAX."
@@ -386,6 +390,7 @@ def main(argv=None) -> int:
     if argv is None:  # the real command line (not a call from Python): see jgrind.allocator
         from jgrind.allocator import relaunch_if_wanted
         relaunch_if_wanted()
+        _command_line_signals_and_warnings()
     handlers = {"train": cmd_train, "datasets": cmd_datasets, "partition": cmd_partition,
                 "profile": cmd_profile, "plan": cmd_plan, "convert": cmd_convert,
                 "predict": cmd_predict}
@@ -398,6 +403,17 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("jgrind: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("jgrind: terminated (SIGTERM); the run's store files were removed",
+              file=sys.stderr)
+        return 128 + signal.SIGTERM
+
+
+def _command_line_signals_and_warnings() -> None:
+    interrupts.install()
+    # one line, like the errors: "jgrind: warning: ...", not a source path and line
+    warnings.formatwarning = lambda message, *args, **kwargs: \
+        f"jgrind: warning: {str(message).removeprefix('jgrind: ')}\n"
 
 
 if __name__ == "__main__":

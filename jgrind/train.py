@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jgrind import checkpoint as ckpt
+from jgrind import checkpoint as ckpt, interrupts
 from jgrind.arguments import whole_number
 from jgrind.graph import Graph
 from jgrind.loss import node_weights, weighted_loss
@@ -282,6 +282,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
         bar = _progress(range(start_epoch, epochs), progress, total=epochs,
                         initial=start_epoch, desc=f"{model.name} on {graph.name}")
         for epoch in bar:
+            interrupts.check()
             t0 = time.perf_counter()
             params, opt_state, loss = executor.step(params, opt_state,
                                                     jax.random.fold_in(dropout_key, epoch))

@@ -494,3 +494,76 @@ def test_malformed_dataset_options(tmp_path, capsys, options, needle):
     _fails(capsys, ["train", *SMALL, "--set", f"dataset_options={options}", "--out", str(out)],
            needle)
     assert not out.exists()
+
+
+def test_sigterm_removes_the_runs_store_files(tmp_path):
+    """A batch scheduler's time limit sends SIGTERM: the run stops as for Ctrl-C, and its
+    store folder is removed (before, SIGTERM left it behind)."""
+    import signal
+    import time
+    store = tmp_path / "store"
+    store.mkdir()
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as err:  # a file, not a pipe: nothing blocks on a full pipe
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jgrind.cli", "train", "--set", "num_nodes=3000",
+             "--epochs", "100000", "--policy", "ssd", "--store", str(store), "--parts", "3",
+             "--no-progress", "--out", str(tmp_path / "run")], stderr=err)
+        try:
+            deadline = time.monotonic() + 120
+            while not list(store.glob("jgrind-run-*/*.bin")) and time.monotonic() < deadline:
+                assert proc.poll() is None, log.read_text()
+                time.sleep(0.2)
+            assert list(store.glob("jgrind-run-*/*.bin")), "the run never wrote its files"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 128 + signal.SIGTERM, log.read_text()
+        finally:
+            proc.kill()
+            proc.wait()
+    assert "jgrind: terminated" in log.read_text()
+    assert list(store.iterdir()) == []
+
+
+def test_folders_of_killed_runs_in_the_store_are_reported(tmp_path):
+    """A run killed outright (SIGKILL) cannot clean up: the next run names its folder and
+    size, and counts it in the free-space error, but leaves it alone (on a shared disk the
+    process may be another machine's)."""
+    from jgrind.engine.store import StoreError, make_run_dir
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = tmp_path / f"jgrind-run-{dead.pid}-0123456789ab"
+    left.mkdir()
+    (left / "activation-1.bin").write_bytes(b"\0" * 4096)
+    mine = tmp_path / f"jgrind-run-{os.getpid()}-ba9876543210"  # a live process's: not named
+    mine.mkdir()
+    with pytest.warns(UserWarning, match=rf"1 folder\(s\) of earlier runs whose process is "
+                                         rf"gone hold 0.00 GiB there \({left.name}\)"):
+        run_dir = make_run_dir(tmp_path, 0, b"x" * 16)
+    assert left.exists() and run_dir.exists()
+    with pytest.warns(UserWarning), pytest.raises(StoreError, match=left.name):
+        make_run_dir(tmp_path, 1 << 60, b"y" * 16)
+
+
+def test_a_sigterm_whose_exception_was_lost_still_stops_the_run(tmp_path, monkeypatch):
+    """The handler's exception is lost when SIGTERM lands in a garbage-collection callback
+    (seen: "Exception ignored in: <function _xla_gc_callback>", and the run went on); the
+    request it recorded stops the trainer and the engine at their next check."""
+    import threading
+    from jgrind import interrupts
+    from jgrind.engine import OutOfCore
+    monkeypatch.setattr(interrupts, "_requested", threading.Event())
+    graph = jgrind.generators.csbm(num_nodes=300, seed=0)
+    model = jgrind.models.gcn(graph.num_features, 8, graph.num_classes)
+    store = tmp_path / "store"
+    store.mkdir()
+    with OutOfCore(graph, model, optax.adam(0.01), num_parts=2,
+                   policy=jgrind.policies.ssd_offload(store)) as engine:
+        params = model.init(jax.random.key(0))
+        engine.loss_and_grad(params, jax.random.key(1))  # runs while nothing is requested
+        interrupts._requested.set()
+        with pytest.raises(interrupts.Terminated):
+            engine.loss_and_grad(params, jax.random.key(1))  # stops at a partition step
+    with pytest.raises(interrupts.Terminated):
+        jgrind.train(jax.random.key(0), graph, model, optax.adam(0.01), epochs=3,
+                     progress=False, policy=jgrind.policies.ssd_offload(store), num_parts=2)
+    assert list(store.iterdir()) == []

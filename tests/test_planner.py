@@ -251,6 +251,26 @@ def test_auto_takes_the_fast_path_when_everything_fits():
     assert p.in_memory and "in-memory fast path" in format_plan(p)
 
 
+def test_the_runs_budgets_bound_autos_own(tmp_path):
+    """auto(device_budget=large) under train(device_budget=small) plans for the smaller: the
+    run's budgets are the engine's limits (docs/engine.md, "Where the budgets go"). Before, the
+    policy's won, and this ran the in-memory fast path past the run's budget."""
+    graph = community_graph(num_nodes=300, num_features=16)
+    model = models.gcn(graph.num_features, 32, graph.num_classes, num_layers=3)
+    stored = 4 * graph.num_nodes * (16 + 32 + 32) * 2
+    big = policies.auto(device_budget=1 << 30, host_budget=1 << 30, profile=fixed_profile(),
+                        directory=tmp_path)
+    ex = make_executor(graph, model, optax.adam(1e-2), policy=big,
+                       device_budget=stored // 3, host_budget=stored // 4, store=tmp_path)
+    try:
+        assert isinstance(ex, OutOfCore) and ex.memory.device <= stored // 3
+    finally:
+        ex.close()
+    assert big.budgets(None, None) == (1 << 30, 1 << 30)
+    assert big.budgets(5, None) == (5, 1 << 30)
+    assert policies.auto(device_budget=3).budgets(5, 7) == (3, 7)
+
+
 def test_fast_path_is_priced_from_the_measured_whole_graph_steps():
     """The profile's reference steps calibrate the fast path: priced at a reference's own
     shapes it gives back the measured seconds, it scales with the measurement, and between

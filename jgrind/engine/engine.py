@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jgrind import host_memory
+from jgrind import host_memory, interrupts
 from jgrind.arguments import whole_number
 from jgrind.engine.steps import LayerSteps, PaddedPartition, layer_steps, pad_partition
 from jgrind.engine.store import BudgetError, Snapshot, Store, Table
@@ -492,6 +492,7 @@ class OutOfCore:
         for i, part in enumerate(self.parts):
             h_in = load(part) if self.pool is None else future.result()
             self._in_flight = in_flight  # set each time: another sweep may have run between
+            interrupts.check()  # a SIGTERM whose exception was lost stops the run here
             yield part, h_in
             while len(in_flight) > 1:  # step i-1 finishes before load i+1 starts
                 jax.block_until_ready(in_flight.popleft())

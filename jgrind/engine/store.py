@@ -20,6 +20,7 @@ import shutil
 import threading
 import time
 import uuid
+import warnings
 from typing import Optional
 
 import jax
@@ -615,13 +616,45 @@ def make_run_dir(directory, needed_bytes: int, run_id: bytes) -> pathlib.Path:
         raise StoreError(f"store directory {root} is on a virtual file system, not a disk; "
                          "choose a directory on a disk (--store)")
     free = usage.free
+    leftovers = leftover_runs(root)
+    left = ""
+    if leftovers:
+        size = sum(nbytes for _, nbytes in leftovers)
+        left = (f"; {len(leftovers)} folder(s) of earlier runs whose process is gone hold "
+                f"{size / 2**30:.2f} GiB there ({', '.join(p.name for p, _ in leftovers[:3])}"
+                f"{', ...' if len(leftovers) > 3 else ''}): remove them")
+        warnings.warn(f"store directory {root}{left}", stacklevel=2)
     if free < needed_bytes:
         raise StoreError(f"store directory {root} has {free / 2**30:.2f} GiB free but the plan "
                          f"writes {needed_bytes / 2**30:.2f} GiB to SSD; free space, raise the "
-                         "host budget or choose another disk")
+                         f"host budget or choose another disk{left}")
     run_dir = root / f"jgrind-run-{os.getpid()}-{run_id.hex()[:12]}"
     try:
         run_dir.mkdir()
     except OSError as err:
         raise StoreError(f"cannot create a run directory in {root}: {err.strerror}") from None
     return run_dir
+
+
+def leftover_runs(root: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
+    """``(folder, bytes)`` of every run folder in the store directory ``root`` whose process
+    no longer runs on this machine: a run killed outright (SIGKILL, a power cut) could not
+    remove its files. Only reported, never removed: on a shared disk the process may be
+    another machine's."""
+    found = []
+    for path in sorted(root.glob("jgrind-run-*-*")):
+        pid = path.name.split("-")[2]
+        if not (pid.isdigit() and path.is_dir()) or _alive(int(pid)):
+            continue
+        found.append((path, sum(f.stat().st_size for f in path.iterdir() if f.is_file())))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

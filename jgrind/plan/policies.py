@@ -355,7 +355,8 @@ class Auto:
 
     Attributes:
       device_budget, host_budget: bytes; None: the run's budgets, else what the profile
-        measured as free (device) and half the free host RAM.
+        measured as free (device) and half the free host RAM. Given with the run's, the
+        smaller of the two.
       directory: the SSD store; None: the run's ``store``.
       profile: a `jgrind.plan.profile.Profile`, a path to a saved one, or None for the default
         file (measured on first use, re-measured when stale).
@@ -379,9 +380,13 @@ class Auto:
                                   log=lambda msg: print(f"jgrind: {msg}"))
 
     def budgets(self, device_budget=None, host_budget=None, profile=None):
-        """The budgets to plan for: this policy's, else the run's, else the profile's."""
-        dev = self.device_budget if self.device_budget is not None else device_budget
-        host = self.host_budget if self.host_budget is not None else host_budget
+        """The budgets to plan for: this policy's and the run's, the smaller where both are
+        given (the run's are the limits the engine holds every plan to, docs/engine.md), else
+        the profile's."""
+        def smaller(own, run):
+            return run if own is None else own if run is None else min(own, run)
+        dev = smaller(self.device_budget, device_budget)
+        host = smaller(self.host_budget, host_budget)
         if dev is None and profile is not None:
             dev = int(profile.device_free)
         if host is None and profile is not None:
