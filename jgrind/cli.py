@@ -186,11 +186,16 @@ def build_parser() -> argparse.ArgumentParser:
     pred.add_argument("--last", action="store_true", help="the last epoch's parameters "
                       "[the best validation epoch's]")
     pred.add_argument("--overwrite", action="store_true", help="replace --save if it exists")
+    pred.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="KEY=VALUE", help="run it elsewhere or otherwise (repeatable): "
+                      "store, policy, parts, device_budget, host_budget, or dataset for a "
+                      "moved file; not the model or its data")
     return parser
 
 
 def cmd_predict(args) -> int:
     import numpy as np
+    from jgrind.engine.store import StoreError
     from jgrind.experiment import check_output_folder, predict_run
     save = pathlib.Path(args.save)
     if save.suffix != ".npy":
@@ -201,7 +206,10 @@ def cmd_predict(args) -> int:
                           "another file")
     check_output_folder(save.parent if str(save.parent) else ".")
     try:
-        array, info = predict_run(args.run, seed=args.seed, layer=args.layer, last=args.last)
+        array, info = predict_run(args.run, seed=args.seed, layer=args.layer, last=args.last,
+                                  overrides=args.overrides)
+    except StoreError as err:  # the run's store directory, gone since: say how to move it
+        raise StoreError(f"{err} (for jgrind predict: --set store=DIR)") from None
     except ValueError as err:  # a --layer the model does not have
         raise ConfigError(str(err)) from None
     np.save(save, array)

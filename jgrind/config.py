@@ -114,6 +114,21 @@ class RunConfig:
                                   f"{expected}")
         self.loader_options()  # a malformed list is an error now, not when the graph loads
 
+    def with_absolute_paths(self) -> "RunConfig":
+        """This config with its paths (a dataset's ``prefix:PATH``, ``store``, ``profile``)
+        made absolute: what a run folder records, so that `jgrind predict` or a resume from
+        another working directory reads the same files."""
+        import os
+        absolute = lambda path: os.path.abspath(os.path.expanduser(path))  # noqa: E731
+        prefix, sep, rest = self.dataset.partition(":")
+        changes = {}
+        if sep and prefix.lower() in ("ogb", "npz", "edgelist", "npy") and rest:
+            changes["dataset"] = f"{prefix}:{absolute(rest)}"
+        for name in ("store", "profile"):
+            if getattr(self, name):
+                changes[name] = absolute(getattr(self, name))
+        return dataclasses.replace(self, **changes)
+
     def loader_options(self) -> dict:
         """``dataset_options`` as keyword arguments: ``"split:time,to_undirected:true"`` ->
         ``{"split": "time", "to_undirected": True}``; numbers and true/false are converted."""

@@ -16,7 +16,7 @@ import pathlib
 import shutil
 import tempfile
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import jax
 import numpy as np
@@ -122,6 +122,7 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
     """Train ``cfg`` for its seeds and write the run's files into ``out``. Everything that can
     be checked (settings, the folder, the dataset, the model, the policy, then the engine's
     budgets and store) is checked before anything is written."""
+    cfg = cfg.with_absolute_paths()  # config.json must name the same files from anywhere
     out = check_out(out, cfg)  # before a large graph is loaded for nothing
     t0 = time.perf_counter()
     graph = load_graph(cfg)
@@ -197,12 +198,14 @@ def store_line(memory: dict, epochs: int, seed: int) -> str:
 
 
 def predict_run(out: str | pathlib.Path, seed: Optional[int] = None, layer: Optional[int] = None,
-                last: bool = False) -> tuple[np.ndarray, dict]:
+                last: bool = False, overrides: Sequence[str] = ()) -> tuple[np.ndarray, dict]:
     """Logits (or, with ``layer``, node embeddings: `jgrind.predict`) of every node from the
     parameters a ``jgrind train`` run saved in ``out``: the best validation epoch's, or the
     last epoch's with ``last``; of its first seed unless ``seed`` is given. Computed the way
     the run trained (its dataset and model, and its policy, budgets and store when it ran
-    out of core). Returns ``(array, info)``; ``info`` names the run, the seed and the epoch."""
+    out of core); ``overrides`` (``key=value``, as ``--set``) may change where and how it runs:
+    the dataset's path, the policy, budgets, store or parts, not the model or the data.
+    Returns ``(array, info)``; ``info`` names the run, the seed and the epoch."""
     out = pathlib.Path(out)
     try:
         saved = json.loads((out / "config.json").read_text())
@@ -211,6 +214,14 @@ def predict_run(out: str | pathlib.Path, seed: Optional[int] = None, layer: Opti
     except (OSError, ValueError, TypeError):
         raise ConfigError(f"{out} is not a jgrind train run folder (no readable config.json); "
                           "name the --out folder of a finished `jgrind train`") from None
+    cfg = cfg.with_overrides(list(overrides))  # e.g. another store directory
+    fixed = ("model", "hidden", "layers", "heads", "output_heads", "residual", "layer_norm",
+             "activation", "row_normalize", "num_nodes", "avg_degree", "dataset_options")
+    changed = {k for k in fixed if getattr(cfg, k) != saved.get(k, getattr(cfg, k))}
+    if changed:
+        raise ConfigError(f"--set {', '.join(sorted(changed))}: the saved parameters are of the "
+                          "run's model and data; only where and how it runs may change "
+                          "(dataset path, policy, budgets, store, parts)")
     seeds = sorted(int(p.name[4:]) for p in (out / PARAMS).glob("seed*")
                    if p.name[4:].isdigit())
     if not seeds:

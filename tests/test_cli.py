@@ -162,3 +162,27 @@ def test_gat_heads_and_attention_dropout_settings():
     assert hidden.attention_dropout == 0.1
     default = build_model(RunConfig(model="gat", dropout=0.4), graph).layers[-1]
     assert getattr(default, "inner", default).attention_dropout == 0.4  # -1: as dropout
+
+
+def test_a_run_records_absolute_paths_and_predicts_from_anywhere(tmp_path, monkeypatch,
+                                                                 capsys):
+    """Relative --store and npy: paths are recorded as absolute ones, so `jgrind predict`
+    works from another directory; a store moved since is named with --set store=."""
+    work = tmp_path / "work"
+    (work / "store").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    assert main(["convert", "--dataset", "csbm", "--set", "num_nodes=400", "--out", "g"]) == 0
+    assert main(["train", "--dataset", "npy:g", "--epochs", "2", "--policy", "ssd", "--store",
+                 "store", "--parts", "2", "--no-progress", "--out", "run"]) == 0
+    saved = json.loads((work / "run" / "config.json").read_text())
+    assert saved["dataset"] == f"npy:{work / 'g'}" and saved["store"] == str(work / "store")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["predict", "--run", "work/run", "--save", "a.npy"]) == 0
+    (work / "store").rename(work / "moved")
+    assert main(["predict", "--run", "work/run", "--save", "b.npy"]) == 2
+    assert "--set store=DIR" in capsys.readouterr().err
+    assert main(["predict", "--run", "work/run", "--save", "b.npy", "--set",
+                 f"store={work / 'moved'}"]) == 0
+    assert main(["predict", "--run", "work/run", "--save", "c.npy", "--set", "hidden=3"]) == 2
+    assert "the saved parameters are of the run's model" in capsys.readouterr().err
