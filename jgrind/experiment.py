@@ -177,19 +177,27 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
                                                if k != "timeline"},
         "line": f"{cfg.model} on {graph.name}: {trials.summary()}",
         "store_line": None if memory is None else store_line(
-            memory, len(trials.results[0].history), cfg.seed),
+            memory, len(trials.results[0].history) - trials.results[0].first_epoch, cfg.seed,
+            trials.results[0].first_epoch),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def store_line(memory: dict, epochs: int, seed: int) -> str:
+def store_line(memory: dict, epochs: int, seed: int, first_epoch: int = 0) -> str:
     """One line on an out-of-core run's store (`jgrind.engine.store.Accounts`): peak bytes per
-    tier, and the bytes moved over the run, evaluation sweeps included. SSD bytes are the rows
-    used, then what the read and write calls passed (coalesced gap rows included)."""
+    tier, and the bytes moved over the ``epochs`` this process ran (from ``first_epoch``, after
+    a resume), evaluation sweeps included. Device and host peaks are the blocks the store
+    holds (host: its tables and its cache), not the steps' working set. SSD bytes are the
+    rows used, then what the read and write calls passed (coalesced gap rows included)."""
     f = format_bytes
-    return (f"store, seed {seed}: peak device {f(memory['peak_device'])}, host "
-            f"{f(memory['peak_host'])}, SSD {f(memory['peak_ssd'])}; moved in {epochs} epochs "
+    count = f"{epochs} epoch" + ("" if epochs == 1 else "s")
+    if first_epoch:
+        span = f"epoch {first_epoch}" if epochs == 1 else \
+            f"epochs {first_epoch}-{first_epoch + epochs - 1}"
+        count += f" ({span}, after a resume)"
+    return (f"store, seed {seed}: peak stored blocks: device {f(memory['peak_device'])}, host "
+            f"{f(memory['peak_host'])}, SSD {f(memory['peak_ssd'])}; moved in {count} "
             f"and their evaluations: host read {f(memory['host_read'])}, written "
             f"{f(memory['host_written'])}; SSD read {f(memory['ssd_read'])}, written "
             f"{f(memory['ssd_written'])} (file calls: {memory['ssd_read_ops']:,} reads of "

@@ -63,7 +63,8 @@ def plot_training(histories: Sequence[list], path: str | pathlib.Path, *, metric
 def plot_memory(timeline, path: str | pathlib.Path, *, budgets: dict | None = None,
                 title: str = "") -> pathlib.Path:
     """Bytes held in each tier (device, host, SSD) over the run, from the store's accounts
-    timeline ``[(seconds, device, host, ssd), ...]``; budgets drawn as dashed lines."""
+    timeline ``[(seconds, device, host, ssd), ...]``: the blocks it stores (host: its tables
+    and its cache), not the steps' working set; budgets drawn as dash-dot lines."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
     shown = [v for v in (budgets or {}).values() if v]
@@ -73,7 +74,9 @@ def plot_memory(timeline, path: str | pathlib.Path, *, budgets: dict | None = No
     if timeline:
         t, device, host, ssd = (list(c) for c in zip(*timeline))
         # distinct styles: a tier that holds nothing must not hide under another at zero
-        for values, label, style in ((device, "device", "-"), (host, "host RAM", "--"),
+        # the blocks the store holds: the steps' working set on the device is not counted
+        for values, label, style in ((device, "device (stored blocks)", "-"),
+                                     (host, "host RAM (tables + cache)", "--"),
                                      (ssd, "SSD store", ":")):
             ax.step(t, [v / scale for v in values], where="post", label=label,
                     linestyle=style, linewidth=2 if style == "-" else 1.6)

@@ -110,7 +110,9 @@ class TrainResult:
       seconds: wall time of the epochs, those before a resume included (not counting
         preparation).
       memory: out-of-core runs only: the store's accounts (bytes per tier now and at peak,
-        bytes moved) and its ``timeline`` of ``(seconds, device, host, ssd)``; else None.
+        bytes moved) and its ``timeline`` of ``(seconds, device, host, ssd)``, of the epochs
+        this call ran (from ``first_epoch``); else None.
+      first_epoch: the first epoch this call ran: 0, or the epoch after a resumed checkpoint.
     """
 
     params: Params
@@ -122,6 +124,7 @@ class TrainResult:
     test: float
     seconds: float
     memory: Optional[dict] = None
+    first_epoch: int = 0
 
 
 def _check_train_arguments(key, graph, model, optimizer, *, epochs, eval_every, patience,
@@ -277,6 +280,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             log_file = open(log_path, "w")
             for record in history:
                 log_file.write(json.dumps(record) + "\n")
+        resumed_at = start_epoch
         if patience is not None and stale >= patience:
             start_epoch = epochs  # the resumed run had stopped early: as it did, so it stays
         bar = _progress(range(start_epoch, epochs), progress, total=epochs,
@@ -340,7 +344,8 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
 
     return TrainResult(params=params, best_params=best["params"], history=history,
                        metric=metric, best_epoch=int(best["epoch"]), val=float(best["val"]),
-                       test=float(best["test"]), seconds=train_seconds, memory=memory)
+                       test=float(best["test"]), seconds=train_seconds, memory=memory,
+                       first_epoch=resumed_at)
 
 
 # model selection: a score per evaluated epoch, higher is better

@@ -86,12 +86,23 @@ def test_out_of_core_training_from_the_command_line(tmp_path, capsys):
                  "--store", str(tmp_path), "--parts", "3", "--out", str(out), "--no-progress"])
     assert code == 0 and (out / "summary.json").exists()
     printed = capsys.readouterr().out
-    assert "store, seed 0: peak device" in printed and "SSD read" in printed
-    assert "memory.png" in printed
+    assert "store, seed 0: peak stored blocks: device" in printed and "SSD read" in printed
+    assert "moved in 3 epochs and" in printed and "memory.png" in printed
     assert [p.name for p in tmp_path.iterdir()] == ["run"]  # the store's run dir is gone
     summary = json.loads((out / "summary.json").read_text())
     assert summary["memory"]["peak_ssd"] > 0 and summary["memory"]["ssd_written"] > 0
     assert (out / "memory.png").stat().st_size > 1000
+    # resumed: the line counts the epochs this process ran, which its bytes are
+    run = ["train", "--set", "num_nodes=600", "--policy", "ssd", "--store", str(tmp_path),
+           "--parts", "3", "--out", str(tmp_path / "ck"), "--no-progress", "--set",
+           "checkpoint_every=1"]
+    assert main([*run, "--epochs", "3"]) == 0
+    written = json.loads((tmp_path / "ck" / "summary.json").read_text())["memory"]
+    capsys.readouterr()
+    assert main([*run, "--epochs", "4"]) == 0
+    assert "moved in 1 epoch (epoch 3, after a resume)" in capsys.readouterr().out
+    resumed = json.loads((tmp_path / "ck" / "summary.json").read_text())["memory"]
+    assert resumed["ssd_written"] < written["ssd_written"]
 
 
 def test_datasets_command_lists_generated_and_real(capsys):

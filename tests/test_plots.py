@@ -28,7 +28,7 @@ def test_memory_plot_uses_a_unit_that_fits_and_shows_every_tier(figures, tmp_pat
     assert ax.get_ylabel() == "MiB held"  # not "0.005 GiB"
     tiers = {line.get_label(): line for line in ax.get_lines() if not
              line.get_label().startswith("_")}
-    assert set(tiers) == {"device", "host RAM", "SSD store"}
+    assert set(tiers) == {"device (stored blocks)", "host RAM (tables + cache)", "SSD store"}
     assert len({line.get_linestyle() for line in tiers.values()}) == 3  # none hides another
     assert max(tiers["SSD store"].get_ydata()) == pytest.approx(5.0)
     plots.plot_memory([(0.0, 2 ** 31, 0, 0)], tmp_path / "g.png")
