@@ -276,6 +276,8 @@ def cmd_train(args) -> int:
     if summary["store_line"]:
         print(summary["store_line"])
     plots = "training.png, memory.png" if summary["store_line"] else "training.png"
+    if (pathlib.Path(args.out) / "plan.txt").exists():
+        plots += ", plan.txt"
     print(f"wrote {args.out}/ (summary.json, metrics-seed*.jsonl, {plots}, params/: "
           f"`jgrind predict --run {args.out}`)")
     return 0

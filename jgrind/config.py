@@ -326,8 +326,9 @@ def parse_bytes(text: str) -> Optional[int]:
     return int(value * _UNITS[unit])
 
 
-def build_policy(cfg: RunConfig):
-    """The offload policy and engine arguments the configuration asks for (all None: in memory)."""
+def build_policy(cfg: RunConfig, on_plan=None):
+    """The offload policy and engine arguments the configuration asks for (all None: in memory).
+    ``on_plan``: for the auto policy, called with the run's `Plan` once it is made."""
     from jgrind.plan import policies
     device, host = parse_bytes(cfg.device_budget), parse_bytes(cfg.host_budget)
     store = cfg.store or None
@@ -339,7 +340,8 @@ def build_policy(cfg: RunConfig):
         "ssd": lambda: policies.ssd_offload(_need_store(store), aggregations=keep),
         "recompute": policies.recompute_activations,
         "grinnder": lambda: policies.grinnder(device or 1 << 62, host or 1 << 62, store),
-        "auto": lambda: policies.auto(directory=store, profile=cfg.profile or None),
+        "auto": lambda: policies.auto(directory=store, profile=cfg.profile or None,
+                                      on_plan=on_plan),
     }
     if cfg.policy not in choices:
         raise ConfigError(f"unknown policy {cfg.policy!r}; use one of "

@@ -3,6 +3,7 @@
 Artefacts in ``out``: ``config.json``, ``metrics-seed{S}.jsonl`` (one JSON object per epoch),
 ``training.png`` (loss and metric curves), ``summary.json`` (per-seed and mean +- std),
 ``memory.png`` (bytes per tier over the first seed's run) for an out-of-core run,
+``plan.txt`` (the planner's plan, `jgrind.plan.report.format_plan`) for ``policy=auto``,
 ``params/seed{S}/`` (the last and the best parameters, orbax; `predict_run` and
 ``jgrind predict`` read them), and ``checkpoints/seed{S}/`` when checkpointing is on.
 """
@@ -25,6 +26,7 @@ from jgrind import checkpoint as ckpt
 from jgrind.config import (ConfigError, RunConfig, build_loss, build_model, build_optimizer,
                            build_policy, load_graph, split_for)
 from jgrind.plan.cost import format_bytes
+from jgrind.plan.report import format_plan, plan_line
 from jgrind.plots import plot_memory, plot_training
 from jgrind.inference import load_checkpoint, predict
 from jgrind.metrics import default_metric, evaluate
@@ -41,7 +43,7 @@ CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "res
                 "min_delta", "label_smoothing", "output_heads", "attention_dropout",
                 "optimizer", "lr_schedule", "warmup_epochs")
 # the files `run_config` writes (and a later run in the same folder replaces)
-RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png")
+RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png", "plan.txt")
 PARAMS = "params"  # the folder of every seed's final parameters
 
 
@@ -128,7 +130,14 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
     graph = load_graph(cfg)
     model = build_model(cfg, graph)
     optimizer = build_optimizer(cfg)
-    engine_args = build_policy(cfg)
+    plans: list = []  # the auto policy's plan, one per seed (the same for each)
+
+    def planned(plan) -> None:
+        if not plans:
+            print(f"jgrind: {plan_line(plan)}", flush=True)
+        plans.append(plan)
+
+    engine_args = build_policy(cfg, on_plan=planned)
     load_seconds = time.perf_counter() - t0
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     splits = [split_for(cfg, graph, trial) for trial in range(cfg.seeds)]
@@ -180,6 +189,8 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
             memory, len(trials.results[0].history) - trials.results[0].first_epoch, cfg.seed,
             trials.results[0].first_epoch),
     }
+    if plans:
+        (out / "plan.txt").write_text(format_plan(plans[0]) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -197,3 +197,28 @@ def test_a_run_records_absolute_paths_and_predicts_from_anywhere(tmp_path, monke
                  f"store={work / 'moved'}"]) == 0
     assert main(["predict", "--run", "work/run", "--save", "c.npy", "--set", "hidden=3"]) == 2
     assert "the saved parameters are of the run's model" in capsys.readouterr().err
+
+
+def test_auto_says_what_it_planned_and_saves_the_plan(tmp_path, capsys, monkeypatch):
+    """`--policy auto` prints the plan in one line before training and keeps the whole plan
+    in plan.txt; the store's peaks then match the plan's blocks."""
+    from jgrind.plan import profile
+    from test_planner import fixed_profile
+    store = tmp_path / "store"
+    store.mkdir()
+    # measured for this store (else it is measured again, 10-30 s)
+    path = profile.save(fixed_profile(directory=str(store.resolve())),
+                        tmp_path / "profile.json")
+    out = tmp_path / "run"
+    assert main(["train", "--set", "num_nodes=2000", "--epochs", "2", "--policy", "auto",
+                 "--store", str(store), "--device-budget", "300KiB", "--host-budget", "1MiB",
+                 "--set", f"profile={path}", "--no-progress", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    line = next(text for text in printed.splitlines() if text.startswith("jgrind: auto plan:"))
+    assert "partitions" in line and "predicted" in line and "plan.txt" in printed
+    plan = (out / "plan.txt").read_text()
+    assert plan.startswith("plan: ") and "predicted epoch time" in plan
+    # a later run into the folder without auto leaves no stale plan behind
+    assert main(["train", "--set", "num_nodes=2000", "--epochs", "1", "--no-progress",
+                 "--out", str(out)]) == 0
+    assert not (out / "plan.txt").exists()

@@ -363,6 +363,8 @@ class Auto:
       recompute: allow the planner to recompute activation layers.
       keep_aggregations: allow the planner to keep layers' aggregations instead of
         regathering their inputs in backward (docs/engine.md, "Kept aggregations").
+      on_plan: called with the `Plan` of a whole run once `prepare` has made it (``jgrind
+        train`` prints it and saves it as plan.txt).
     """
 
     device_budget: Optional[int] = None
@@ -371,6 +373,7 @@ class Auto:
     profile: object = dataclasses.field(default=None, compare=False, hash=False)
     recompute: bool = True
     keep_aggregations: bool = True
+    on_plan: Optional[Callable] = dataclasses.field(default=None, compare=False, hash=False)
 
     def load_profile(self):
         from jgrind.plan import profile as hw
@@ -399,10 +402,14 @@ class Auto:
         from jgrind.plan.planner import plan_run
         profile = self.load_profile()
         dev, host = self.budgets(device_budget, host_budget, profile)
-        return plan_run(graph, model, profile, device_budget=dev, host_budget=host,
-                        directory=self.directory or directory, partitioner=partitioner,
-                        num_parts=num_parts, seed=seed, recompute=self.recompute,
-                        progress=progress or (lambda msg: None), keep=self.keep_aggregations)
+        planned = plan_run(graph, model, profile, device_budget=dev, host_budget=host,
+                           directory=self.directory or directory, partitioner=partitioner,
+                           num_parts=num_parts, seed=seed, recompute=self.recompute,
+                           progress=progress or (lambda msg: None),
+                           keep=self.keep_aggregations)
+        if self.on_plan is not None:
+            self.on_plan(planned)
+        return planned
 
     def bind(self, inventory, context: Optional[BindContext] = None) -> Planned:
         from jgrind.plan.planner import plan
@@ -423,9 +430,12 @@ class Auto:
 
 def auto(device_budget: Optional[int] = None, host_budget: Optional[int] = None,
          directory: Optional[str | os.PathLike] = None, profile=None,
-         recompute: bool = True, keep_aggregations: bool = True) -> Auto:
+         recompute: bool = True, keep_aggregations: bool = True,
+         on_plan: Optional[Callable] = None) -> Auto:
     """Let the planner choose every fate, the partitions and the cache mode (see `Auto`)."""
+    if on_plan is not None and not callable(on_plan):
+        raise TypeError(f"on_plan must be a function of the Plan, got {on_plan!r}")
     return Auto(check_budget(device_budget, "auto's device_budget"),
                 check_budget(host_budget, "auto's host_budget"),
                 None if directory is None else os.fspath(directory), profile, recompute,
-                keep_aggregations)
+                keep_aggregations, on_plan)

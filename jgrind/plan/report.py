@@ -14,6 +14,19 @@ def _budget(n: int) -> str:
     return "unlimited" if n >= 1 << 61 else format_bytes(n)
 
 
+def plan_line(plan: Plan) -> str:
+    """The plan in one line: what a run with `auto` prints before it starts."""
+    if plan.in_memory:
+        return (f"auto plan: the in-memory fast path ({format_bytes(plan.in_memory_bytes)} "
+                f"fits the device budget), predicted {plan.epoch_seconds:.3g} s per epoch")
+    m = plan.prediction.memory
+    return (f"auto plan: {plan.num_parts} partitions, host cache "
+            f"{format_bytes(plan.cache_bytes) if plan.cache_bytes else 'off'}; predicted "
+            f"{plan.epoch_seconds:.3g} s per epoch; peaks: device "
+            f"{format_bytes(m.peak_device + m.device_working_set)}, host "
+            f"{format_bytes(m.peak_host)}, SSD {format_bytes(m.peak_ssd)}")
+
+
 def format_plan(plan: Plan) -> str:
     """The plan as text: what is decided, per tensor group, why, and what it is predicted to
     cost."""
