@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "input in this tier (device, host, ssd) instead of regathering in "
                        "backward: more bytes stored, less work [regather]")
     train.add_argument("--parts", type=int, help="number of partitions for out-of-core runs")
+    train.add_argument("--partitioner", help="label_propagation | contiguous | random | metis "
+                       "[label_propagation]")
     train.add_argument("--device-budget", help="device memory budget, e.g. 2GiB")
     train.add_argument("--host-budget", help="host RAM budget for offloaded blocks, e.g. 4GiB")
     train.add_argument("--store", help="directory for the SSD tier")
@@ -156,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="KEY=VALUE", help="a setting, as for `jgrind train`")
     plan.add_argument("--parts", type=int, help="fix the number of partitions [the planner "
                       "chooses]")
+    plan.add_argument("--partitioner", help="label_propagation | contiguous | random | metis "
+                      "[label_propagation]")
     plan.add_argument("--device-budget", help="device memory budget, e.g. 2GiB [profile's free]")
     plan.add_argument("--host-budget", help="host RAM budget, e.g. 4GiB [half the free RAM]")
     plan.add_argument("--store", help="SSD store directory (without one nothing goes to SSD)")
@@ -224,17 +228,18 @@ def cmd_predict(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from jgrind.config import build_model, load_graph, parse_bytes
+    from jgrind.config import build_model, build_partitioner, load_graph, parse_bytes
     from jgrind.experiment import check_output_folder
     from jgrind.plan import profile as hw
     from jgrind.plan.planner import check_num_parts, plan_run
     from jgrind.plan.report import plot_plan, print_plan
-    flags = {k: getattr(args, k) for k in ("dataset", "model", "parts", "device_budget",
-                                           "host_budget", "store", "profile")
+    flags = {k: getattr(args, k) for k in ("dataset", "model", "parts", "partitioner",
+                                           "device_budget", "host_budget", "store", "profile")
              if getattr(args, k) is not None}
     cfg = dataclasses.replace(RunConfig(), **flags).with_overrides(args.overrides)
     _parts_flag(args.parts)
     check_output_folder(args.out)
+    partitioner = build_partitioner(cfg)  # as train cuts
     device, host = parse_bytes(cfg.device_budget), parse_bytes(cfg.host_budget)
     graph = load_graph(cfg)
     model = build_model(cfg, graph)
@@ -247,7 +252,7 @@ def cmd_plan(args) -> int:
     print(graph)
     the_plan = plan_run(graph, model, profile, device_budget=device, host_budget=host,
                         directory=store, num_parts=cfg.parts or None,
-                        progress=lambda msg: print(f"  {msg}"))
+                        partitioner=partitioner, progress=lambda msg: print(f"  {msg}"))
     print_plan(the_plan)
     charts = plot_plan(the_plan, args.out)
     if charts:
@@ -265,8 +270,8 @@ def cmd_train(args) -> int:
     from jgrind.experiment import run_config
     cfg = RunConfig()
     flags = {k: getattr(args, k) for k in ("dataset", "model", "epochs", "seeds", "policy",
-                                           "keep_aggregations", "parts", "device_budget",
-                                           "host_budget", "store")
+                                           "keep_aggregations", "parts", "partitioner",
+                                           "device_budget", "host_budget", "store")
              if getattr(args, k) is not None}
     cfg = dataclasses.replace(cfg, **flags).with_overrides(args.overrides)
     from jgrind.caches import compilation_cache
@@ -284,15 +289,13 @@ def cmd_train(args) -> int:
 
 
 def cmd_partition(args) -> int:
-    from jgrind.config import load_graph
-    from jgrind.partition import PARTITIONERS, measure, partition_graph, quality
+    from jgrind.config import build_partitioner, load_graph
+    from jgrind.partition import measure, partition_graph, quality
     flags = {"dataset": args.dataset, "parts": args.parts, "partitioner": args.partitioner,
              "seed": args.seed}
     cfg = dataclasses.replace(RunConfig(), **{k: v for k, v in flags.items() if v is not None})
     cfg = cfg.with_overrides(args.overrides)
-    if cfg.partitioner not in PARTITIONERS:
-        raise ConfigError(f"unknown partitioner {cfg.partitioner!r}; use one of "
-                          f"{', '.join(PARTITIONERS)}")
+    build_partitioner(cfg)  # its name checked before the graph is loaded
     _parts_flag(args.parts)
     parts = cfg.parts or 8
     graph = load_graph(cfg)

@@ -346,13 +346,18 @@ def build_policy(cfg: RunConfig, on_plan=None):
     if cfg.policy not in choices:
         raise ConfigError(f"unknown policy {cfg.policy!r}; use one of "
                           f"{', '.join(k for k in choices if k)}")
+    return {"policy": choices[cfg.policy](), "num_parts": cfg.parts or None, "store": store,
+            "device_budget": device, "host_budget": host,
+            "partitioner": build_partitioner(cfg)}
+
+
+def build_partitioner(cfg: RunConfig):
+    """The partitioner function the configuration names."""
     from jgrind.partition import PARTITIONERS
     if cfg.partitioner not in PARTITIONERS:
         raise ConfigError(f"unknown partitioner {cfg.partitioner!r}; use one of "
                           f"{', '.join(PARTITIONERS)}")
-    return {"policy": choices[cfg.policy](), "num_parts": cfg.parts or None, "store": store,
-            "device_budget": device, "host_budget": host,
-            "partitioner": PARTITIONERS[cfg.partitioner]}
+    return PARTITIONERS[cfg.partitioner]
 
 
 def _aggregation_fate(cfg: RunConfig):

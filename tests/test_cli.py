@@ -222,3 +222,24 @@ def test_auto_says_what_it_planned_and_saves_the_plan(tmp_path, capsys, monkeypa
     assert main(["train", "--set", "num_nodes=2000", "--epochs", "1", "--no-progress",
                  "--out", str(out)]) == 0
     assert not (out / "plan.txt").exists()
+
+
+def test_partitioner_flag_reaches_plan_and_train(tmp_path, monkeypatch):
+    """`--partitioner` (or --set partitioner=) is what plan and train cut with; plan used to
+    ignore it and cut by label propagation whatever it was told."""
+    from jgrind import partition
+    from jgrind.plan import profile
+    from test_planner import fixed_profile
+    calls = []
+    real = partition.PARTITIONERS["contiguous"]
+    monkeypatch.setitem(partition.PARTITIONERS, "contiguous",
+                        lambda graph, k, **kw: calls.append(k) or real(graph, k, **kw))
+    path = profile.save(fixed_profile(), tmp_path / "profile.json")
+    assert main(["plan", "--set", "num_nodes=500", "--parts", "4", "--partitioner",
+                 "contiguous", "--device-budget", "1MiB", "--profile", str(path), "--out",
+                 str(tmp_path / "plan")]) == 0
+    assert calls == [4]
+    assert main(["train", "--set", "num_nodes=500", "--epochs", "1", "--policy", "host",
+                 "--parts", "3", "--partitioner", "contiguous", "--no-progress", "--out",
+                 str(tmp_path / "run")]) == 0
+    assert calls == [4, 3]

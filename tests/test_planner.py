@@ -436,10 +436,16 @@ def test_print_plan_and_charts(tmp_path):
              host_budget=stored // 4, directory="/tmp")
     text = format_plan(p)
     for needle in ("H_1", "G_2", "why", "predicted peak memory", "predicted epoch time",
-                   "backward 1"):
+                   "backward 1", "(H_3: the narrow output U = H W of a GCN layer"):
         assert needle in text
     for row in p.groups():
         assert row["why"]
+    # no room left beside the working set: a block in host RAM is there for want of room
+    tight = plan(w, fixed_profile(), device_budget=w.working_set(), host_budget=1 << 40)
+    host_rows = [r for r in tight.groups()
+                 if r["fate"] == "host" and r["name"] != "aggregation"]
+    assert host_rows and all(r["why"].startswith("device budget is full (0 bytes left")
+                             for r in host_rows)
     schedule, mem = plot_plan(p, tmp_path)
     assert schedule.stat().st_size > 1000 and mem.stat().st_size > 1000
 

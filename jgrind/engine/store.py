@@ -600,8 +600,9 @@ class Store:
 def make_run_dir(directory, needed_bytes: int, run_id: bytes) -> pathlib.Path:
     """Check the store directory and create this run's private subdirectory in it."""
     if directory is None:
-        raise StoreError("the plan puts blocks on the SSD tier but no store directory was "
-                         "given; pass store=/path/to/fast/disk (CLI: --store)")
+        raise StoreError(f"the plan puts {needed_bytes / 2**30:.2f} GiB of blocks on the SSD "
+                         "tier but no store directory was given; pass store=/path/to/fast/disk "
+                         "(CLI: --store), or raise the host budget")
     root = pathlib.Path(directory)
     if not root.exists():
         raise StoreError(f"store directory {root} does not exist; create it or pass another "

@@ -456,7 +456,7 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
             base.memory.ssd
         for cache in sorted({0, leftover if base.memory.ssd else 0}):
             p = predict(w, a, profile, cache, num_params)
-            label = (f"recompute {sorted(rset)}" if rset else "store all") + \
+            label = (f"recompute {sorted(rset)}" if rset else "store every layer") + \
                 (f", host cache {format_bytes(cache)}" if cache else "")
             candidates.append((label, p.epoch_seconds))
             if best is None or p.epoch_seconds < best[1].epoch_seconds - 1e-12:
@@ -524,7 +524,7 @@ def _too_small(w: Workload, dev: int, host: int, ssd: bool, working_set: int) ->
 def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates) -> dict:
     """A short why for every tensor group's fate."""
     m = p.memory
-    dev_full = dev < UNLIMITED and m.device_tables + working_set > 0.9 * dev
+    room = dev - m.device_tables - working_set  # device bytes no block has taken
     host_full = host < UNLIMITED and m.host > 0.9 * host
     out = {}
     for name, by_layer in ((ACTIVATION, a.activations), (GRADIENT, a.gradients)):
@@ -532,9 +532,12 @@ def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates
             if name == GRADIENT and l == 0:
                 continue
             present = {int(c) for c in codes}
+            # full for this tensor: not even its smallest block off the device fits what is left
+            off = [4 * int(w.owned[i]) * w.widths[l] for i, c in enumerate(codes) if c != D]
+            dev_full = dev < UNLIMITED and bool(off) and room < min(off)
             if present == {R}:
-                store_best = min((s for label, s in candidates if label.startswith("store")),
-                                 default=None)
+                store_best = min((s for label, s in candidates
+                                  if label.startswith("store every layer")), default=None)
                 out[(name, l)] = ("recomputing it in backward is cheaper than storing and "
                                   "reloading it" + (f" (best plan storing every layer: "
                                                     f"{store_best:.3g} s)" if store_best else
@@ -546,9 +549,10 @@ def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates
                                   else "host budget is full" if host_full else
                                   "SSD is as fast here (I/O hidden behind compute)")
             elif H in present:
-                out[(name, l)] = ("device budget is full (one partition's working set "
-                                  f"takes {format_bytes(working_set)})" if dev_full else
-                                  "host is as fast here (transfers hidden behind compute)")
+                out[(name, l)] = (f"device budget is full ({format_bytes(max(room, 0))} "
+                                  "left beside the device's blocks and one partition's "
+                                  f"working set of {format_bytes(working_set)})" if dev_full
+                                  else "host is as fast here (transfers hidden behind compute)")
             else:
                 out[(name, l)] = "mixed"
     for l in sorted(w.aggregated):

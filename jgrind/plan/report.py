@@ -49,8 +49,15 @@ def format_plan(plan: Plan) -> str:
     for row in plan.groups():
         lines.append(f"  {row['tensor']:<7} {format_bytes(row['bytes']):>11}  {row['fate']:<26} "
                      f"{row['why']}")
-    m = p.memory
     w = plan.workload
+    if w is not None:  # name the inputs of split GCN layers' propagation halves
+        from jgrind.models.split import Propagate
+        split = [l for l, layer in enumerate(w.layers) if isinstance(layer, Propagate)]
+        if split:
+            lines.append("  (" + ", ".join(f"H_{l}" for l in split) + ": the narrow output "
+                         "U = H W of a GCN layer run as transform, then propagation; "
+                         "docs/engine.md, \"Node-wise layers\")")
+    m = p.memory
     masks = w.mask_bytes() if w is not None else 0
     mask_text = (f", of which output masks {format_bytes(masks)}: ReLU layers' backward skips "
                  "recomputing their output" if masks else "")
@@ -125,14 +132,18 @@ def plot_plan(plan: Plan, directory: str | pathlib.Path) -> Optional[tuple]:
     timeline = p.timeline(plan.workload, plan.assignment)
     t = [x[0] for x in timeline]
     fig, ax = plt.subplots(figsize=(8, 3.2))
-    for i, (name, budget) in enumerate((("device", plan.device_budget),
+    # the device's budget holds its blocks and one partition's working set (as the printed
+    # peak counts it); the other tiers hold blocks only
+    extra = {1: p.memory.device_working_set, 2: 0, 3: 0}
+    for i, (name, budget) in enumerate((("device (blocks + working set)", plan.device_budget),
                                         ("host", plan.host_budget), ("ssd", None)), start=1):
-        line, = ax.step(t, [x[i] / 2**20 for x in timeline], where="post", label=name)
+        line, = ax.step(t, [(x[i] + extra[i]) / 2**20 for x in timeline], where="post",
+                        label=name)
         if budget is not None and budget < 1 << 61:
             ax.axhline(budget / 2**20, color=line.get_color(), ls="--", lw=0.8)
     ax.set_xlabel("seconds into the epoch (predicted)")
     ax.set_ylabel("MiB stored (dashed: budget)")
-    ax.set_title("predicted memory per tier (stored blocks)")
+    ax.set_title("predicted memory per tier")
     ax.legend(fontsize=8)
     fig.tight_layout()
     memory = directory / "plan-memory.png"
