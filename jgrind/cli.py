@@ -274,6 +274,10 @@ def cmd_train(args) -> int:
                                            "device_budget", "host_budget", "store")
              if getattr(args, k) is not None}
     cfg = dataclasses.replace(cfg, **flags).with_overrides(args.overrides)
+    if cfg.policy == "ssd" and not cfg.host_budget:
+        print("jgrind: note: without --host-budget the SSD tier keeps a host cache of up to "
+              "half the free RAM in front of its files; --host-budget bounds the RAM the run "
+              "holds", flush=True)
     from jgrind.caches import compilation_cache
     with compilation_cache() if not args.no_compile_cache else contextlib.nullcontext():
         summary = run_config(cfg, out=args.out, progress=not args.no_progress)

@@ -175,7 +175,7 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
         "dataset": graph.name, "model": cfg.model, "metric": trials.metric,
         "graph": {"nodes": graph.num_nodes, "edges": graph.num_edges,
                   "features": graph.num_features, "classes": graph.num_classes},
-        "seeds": list(trials.seeds),
+        "seeds": list(trials.seeds), "splits": splits,
         "test": [r.test for r in trials.results], "val": [r.val for r in trials.results],
         "best_epoch": [r.best_epoch for r in trials.results],
         "test_mean": trials.mean, "test_std": trials.std,

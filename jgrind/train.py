@@ -478,7 +478,7 @@ class Trials:
 
     def summary(self) -> str:
         return (f"test {self.metric}: {100 * self.mean:.2f} +- {100 * self.std:.2f} % "
-                f"over {len(self.seeds)} seeds")
+                f"over {len(self.seeds)} seed{'' if len(self.seeds) == 1 else 's'}")
 
 
 def _sample_std(values: np.ndarray) -> float:
