@@ -216,6 +216,7 @@ def cmd_predict(args) -> int:
         raise StoreError(f"{err} (for jgrind predict: --set store=DIR)") from None
     except ValueError as err:  # a --layer the model does not have
         raise ConfigError(str(err)) from None
+    save.parent.mkdir(parents=True, exist_ok=True)
     np.save(save, array)
     what = "logits" if args.layer is None else f"embeddings after layer {args.layer}"
     print(f"wrote {save}: {array.shape[0]:,} x {array.shape[1]} float32 {what} of "
@@ -421,7 +422,7 @@ def main(argv=None) -> int:
         print("jgrind: interrupted", file=sys.stderr)
         return 130
     except Terminated:
-        print("jgrind: terminated (SIGTERM); the run's store files were removed",
+        print("jgrind: terminated (SIGTERM); a run's store files were removed",
               file=sys.stderr)
         return 128 + signal.SIGTERM
 

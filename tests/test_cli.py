@@ -132,7 +132,7 @@ def test_predict_from_a_trained_run(tmp_path, capsys):
     params, best, meta = jgrind.load_checkpoint(out / "params" / "seed1", model)
     assert meta["best"]["epoch"] == summary["best_epoch"][1]
     np.testing.assert_array_equal(np.load(logits), jgrind.predict(graph, model, best))
-    hidden = tmp_path / "hidden.npy"
+    hidden = tmp_path / "new" / "hidden.npy"  # into a folder that does not exist yet
     assert main(["predict", "--run", str(out), "--layer", "1", "--last", "--save",
                  str(hidden)]) == 0
     params0, _, _ = jgrind.load_checkpoint(out / "params" / "seed0", model)
