@@ -16,7 +16,6 @@ from typing import Optional
 
 import jax
 import numpy as np
-import optax
 
 from jgrind import checkpoint as ckpt
 from jgrind.graph import Graph
@@ -41,8 +40,8 @@ def predict(graph: Graph, model: GNN, params: Params, *, layer: Optional[int] = 
         model.check_layer(layer)
     check_params(model, params)
     owned = executor is None
-    if owned:  # no optimizer step is taken: the identity stands in for one
-        executor = make_executor(graph, model, optax.identity(), policy=policy,
+    if owned:  # no optimizer: nothing is trained
+        executor = make_executor(graph, model, None, policy=policy,
                                  num_parts=num_parts, store=store, device_budget=device_budget,
                                  host_budget=host_budget, partitioner=partitioner)
     try:

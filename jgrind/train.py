@@ -44,14 +44,19 @@ class Executor(Protocol):
         ...
 
 
+NO_OPTIMIZER = ("this executor was made without an optimizer, for predictions only; pass "
+                "one (e.g. optax.adam(0.01)) to train with it")
+
+
 class InMemory:
     """The whole graph on one device, one jitted step for the whole model: no per-layer Python.
 
     Built once per (graph, model, optimizer); arrays are moved to the device explicitly here.
     """
 
-    def __init__(self, graph: Graph, model: GNN, optimizer: optax.GradientTransformation,
-                 split: int = 0, device=None, loss: Optional[Callable] = None):
+    def __init__(self, graph: Graph, model: GNN,
+                 optimizer: Optional[optax.GradientTransformation] = None, split: int = 0,
+                 device=None, loss: Optional[Callable] = None):
         normalized = model.normalize(graph)
         put = lambda a: jax.device_put(a, device)  # noqa: E731 - the one explicit transfer
         self.block = put(model.block(normalized))
@@ -80,6 +85,8 @@ class InMemory:
         self._loss_and_grad = jax.jit(jax.value_and_grad(loss_fn))
 
     def step(self, params, opt_state, key):
+        if self.optimizer is None:
+            raise ValueError(NO_OPTIMIZER)
         params, opt_state, loss = self._step(params, opt_state, self.block, self.x, self.labels,
                                              self.weights, key)
         return params, opt_state, loss

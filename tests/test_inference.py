@@ -110,3 +110,16 @@ def test_load_checkpoint_without_the_optimizer(tmp_path):
         jgrind.load_checkpoint(tmp_path / "empty", model)
     with pytest.raises(FileNotFoundError, match="no checkpoint folder"):
         jgrind.load_checkpoint(tmp_path / "none", model)
+
+
+def test_executors_for_predictions_need_no_optimizer(trained):
+    from jgrind.engine import OutOfCore
+    from jgrind.train import InMemory
+    graph, model, params = trained
+    memory = InMemory(graph, model)
+    with OutOfCore(graph, model, policy=policies.host_offload(), num_parts=2) as engine:
+        _close(engine.embed(params, 1), memory.embed(params, 1))
+        with pytest.raises(ValueError, match="without an optimizer, for predictions only"):
+            engine.step(params, None, jax.random.key(0))
+    with pytest.raises(ValueError, match="without an optimizer, for predictions only"):
+        memory.step(params, None, jax.random.key(0))

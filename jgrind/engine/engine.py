@@ -114,7 +114,8 @@ class OutOfCore:
     """An `Executor` (see `jgrind.train`) that runs the model partition by partition.
 
     Args:
-      graph, model, optimizer: as for `train`.
+      graph, model, optimizer: as for `train` (no optimizer: for `predict` and `embed`
+        only).
       policy: a fate for every block (`jgrind.plan.policies`); default: `grinnder` over the
         budgets. A policy with an ``io`` attribute (`jgrind.plan.policies.IOStrategy`, e.g.
         `naive`) also changes how inputs move: snapshots instead of regathering, row reads.
@@ -132,7 +133,8 @@ class OutOfCore:
       loss: the per-node loss (`jgrind.loss.weighted_loss`); None: cross entropy.
     """
 
-    def __init__(self, graph: Graph, model: GNN, optimizer: optax.GradientTransformation, *,
+    def __init__(self, graph: Graph, model: GNN,
+                 optimizer: Optional[optax.GradientTransformation] = None, *,
                  policy: Optional[Policy] = None, num_parts: int = 4,
                  partitioner: Callable = label_propagation,
                  partitioned: Optional[PartitionedGraph] = None, split: int = 0,
@@ -281,6 +283,9 @@ class OutOfCore:
 
     # -- the epoch ----------------------------------------------------------------------------
     def step(self, params, opt_state, key):
+        if self.optimizer is None:
+            raise ValueError("this engine was made without an optimizer, for predictions "
+                             "only; pass one (e.g. optax.adam(0.01)) to train with it")
         grads, loss = self.loss_and_grad(params, key)
         params, opt_state = self._update(params, opt_state, grads, loss)
         return params, opt_state, loss
