@@ -422,8 +422,7 @@ def main(argv=None) -> int:
         print("jgrind: interrupted", file=sys.stderr)
         return 130
     except Terminated:
-        print("jgrind: terminated (SIGTERM); a run's store files were removed",
-              file=sys.stderr)
+        print("jgrind: terminated (SIGTERM)", file=sys.stderr)
         return 128 + signal.SIGTERM
 
 

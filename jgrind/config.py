@@ -55,7 +55,7 @@ class RunConfig:
     weight_decay: float = 5e-4
     "adam, sgd: L2 penalty added to the gradient (PyTorch's weight_decay); adamw: decoupled"
     lr_schedule: str = "constant"
-    "constant | cosine (decays to 0 at the last epoch)"
+    "constant | cosine (decays toward 0 over the run's epochs)"
     warmup_epochs: int = 0
     "epochs of linear warm-up to lr (from lr / (warmup_epochs + 1))"
     epochs: int = 200

@@ -93,8 +93,15 @@ def check_out(out: str | pathlib.Path, cfg: RunConfig) -> pathlib.Path:
     if cfg.checkpoint_every and (out / "checkpoints").is_dir():
         ours, defaults = dataclasses.asdict(cfg), dataclasses.asdict(RunConfig())
         # a setting newer than the earlier run's config.json had its default there
-        differ = [f"{k} {earlier.get(k, defaults[k])!r} -> {ours[k]!r}" for k in CHECKPOINTED
-                  if earlier.get(k, defaults[k]) != ours[k]]
+        earlier = {**defaults, **{k: v for k, v in earlier.items() if k in defaults}}
+        # its paths as this run's are (a config.json from before runs recorded them absolute)
+        earlier.update({k: v for k, v in dataclasses.asdict(
+            dataclasses.replace(RunConfig(), dataset=earlier["dataset"], store=earlier["store"],
+                                profile=earlier["profile"]).with_absolute_paths()).items()
+            if k in ("dataset", "store", "profile")})
+        # a schedule is laid over the run's epochs: another count is another schedule
+        fixed = CHECKPOINTED + (("epochs",) if cfg.lr_schedule != "constant" else ())
+        differ = [f"{k} {earlier[k]!r} -> {ours[k]!r}" for k in fixed if earlier[k] != ours[k]]
         if differ:
             raise ConfigError(f"{out}/checkpoints hold another experiment ({', '.join(differ)}), "
                               "which this run would resume; name another folder (--out), or "
@@ -203,7 +210,9 @@ def store_line(memory: dict, epochs: int, seed: int, first_epoch: int = 0) -> st
     rows used, then what the read and write calls passed (coalesced gap rows included)."""
     f = format_bytes
     count = f"{epochs} epoch" + ("" if epochs == 1 else "s")
-    if first_epoch:
+    if first_epoch and not epochs:
+        count += " (the resumed run had stopped early)"
+    elif first_epoch:
         span = f"epoch {first_epoch}" if epochs == 1 else \
             f"epochs {first_epoch}-{first_epoch + epochs - 1}"
         count += f" ({span}, after a resume)"

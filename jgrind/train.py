@@ -265,12 +265,19 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             if restored is not None:
                 saved_epoch, state, meta = restored
                 params, opt_state = state["params"], state["opt_state"]
-                # (checkpoints older than `select` chose by the validation metric)
-                best = {"score": meta["best"]["val"], **meta["best"],
-                        "params": state["best_params"]}
                 history = meta["history"]
+                chosen_by = meta.get("select", "val")  # older checkpoints: the metric
+                if chosen_by != select:
+                    raise ValueError(f"the checkpoint in {checkpoint_dir} chose its best epoch "
+                                     f"by select={chosen_by!r}; resume it with that, or use a "
+                                     "new checkpoint directory")
+                best = {**meta["best"], "params": state["best_params"], "score": -math.inf}
+                evaluated = [r for r in history if "val" in r]
+                if best["epoch"] >= 0:  # the score from the log (older checkpoints saved none)
+                    best["score"] = score_of(history[best["epoch"]])
                 train_seconds = sum(record["seconds"] for record in history)
-                stale = meta.get("stale", 0)  # older checkpoints did not save it
+                # older checkpoints saved no count: the evaluations since the best
+                stale = meta.get("stale", sum(r["epoch"] > best["epoch"] for r in evaluated))
                 start_epoch = saved_epoch + 1
                 if start_epoch > epochs:
                     raise ValueError(f"the checkpoint in {checkpoint_dir} is of epoch "
@@ -331,7 +338,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             stop = patience is not None and stale >= patience
             if manager is not None:
                 meta = {"best": {k: v for k, v in best.items() if k != "params"},
-                        "history": history, "stale": stale}
+                        "history": history, "stale": stale, "select": select}
                 state = {"params": params, "opt_state": opt_state,
                          "best_params": best["params"]}
                 ckpt.save(manager, epoch, state, meta, force=last or stop)

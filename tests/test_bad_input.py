@@ -568,3 +568,21 @@ def test_a_sigterm_whose_exception_was_lost_still_stops_the_run(tmp_path, monkey
         jgrind.train(jax.random.key(0), graph, model, optax.adam(0.01), epochs=3,
                      progress=False, policy=jgrind.policies.ssd_offload(store), num_parts=2)
     assert list(store.iterdir()) == []
+
+
+def test_resume_checks_read_older_run_folders_and_schedules(tmp_path, monkeypatch, capsys):
+    """A config.json from before run folders recorded absolute paths still resumes from the
+    same directory; a cosine schedule, laid over the run's epochs, is another experiment with
+    another epoch count."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", "--dataset", "csbm", "--set", "num_nodes=300", "--out", "g"]) == 0
+    run = ["train", "--dataset", "npy:g", "--no-progress", "--set", "checkpoint_every=1",
+           "--out", "run"]
+    assert main([*run, "--epochs", "2"]) == 0
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    config["dataset"] = "npy:g"  # as an older jgrind wrote it: relative
+    (tmp_path / "run" / "config.json").write_text(json.dumps(config))
+    assert main([*run, "--epochs", "3"]) == 0
+    cosine = [*run[:-1], "cos", "--set", "lr_schedule=cosine"]
+    assert main([*cosine, "--epochs", "2"]) == 0
+    _fails(capsys, [*cosine, "--epochs", "4"], "another experiment (epochs 2 -> 4)")

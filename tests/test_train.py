@@ -271,3 +271,53 @@ def test_cli_schedules_and_optimizers(settings, rates):
         r = train(jax.random.key(0), g, model, build_optimizer(RunConfig(optimizer=name)),
                   epochs=3, progress=False)
         assert r.history[-1]["loss"] < r.history[0]["loss"]
+
+
+def test_a_loss_that_does_not_hash_runs_out_of_core():
+    """A per-node loss written as a plain (unfrozen) dataclass cannot key the steps' cache;
+    it gets steps of its own instead of a TypeError."""
+    import dataclasses
+    import jgrind
+
+    @dataclasses.dataclass
+    class Focal:
+        gamma: float = 2.0
+
+        def __call__(self, logits, labels):
+            ce = _smoothed(logits, labels, 0.0)
+            return (1 - jax.numpy.exp(-ce)) ** self.gamma * ce
+
+    g, model = _setup()
+    a = train(jax.random.key(0), g, model, optax.adam(0.02), epochs=3, progress=False,
+              loss=Focal())
+    b = train(jax.random.key(0), g, model, optax.adam(0.02), epochs=3, progress=False,
+              loss=Focal(), policy=jgrind.policies.host_offload(), num_parts=2)
+    np.testing.assert_allclose([h["loss"] for h in a.history], [h["loss"] for h in b.history],
+                               rtol=1e-5)
+
+
+def test_resume_keeps_the_selection_rule_and_reads_older_checkpoints(tmp_path):
+    import orbax.checkpoint as ocp
+    g = community_graph(num_nodes=300, homophily=0.5, num_features=4)
+    model = models.gcn(g.num_features, 32, g.num_classes, dropout=0.0)
+    ckpt = tmp_path / "ck"
+    run = lambda epochs, **kw: train(jax.random.key(0), g, model, optax.adam(0.05),  # noqa
+                                     epochs=epochs, progress=False, checkpoint_dir=ckpt,
+                                     checkpoint_every=1, **kw)
+    run(10)
+    with pytest.raises(ValueError, match="chose its best epoch by select='val'"):
+        run(20, select="val_loss")
+    # an older checkpoint: no select, no score, no early-stopping count in its meta
+    mgr = ocp.CheckpointManager(ckpt.absolute())
+    step = mgr.latest_step()
+    meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    old = {**meta, "best": {k: v for k, v in meta["best"].items() if k != "score"}}
+    for key in ("select", "stale"):
+        old.pop(key)
+    mgr.close()
+    (ckpt / str(step) / "meta" / "metadata").write_text(__import__("json").dumps(old))
+    straight = train(jax.random.key(0), g, model, optax.adam(0.05), epochs=30, patience=4,
+                     progress=False)
+    resumed = run(30, patience=4)
+    assert [h["loss"] for h in resumed.history] == [h["loss"] for h in straight.history]
+    assert resumed.best_epoch == straight.best_epoch

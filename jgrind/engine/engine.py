@@ -192,8 +192,8 @@ class OutOfCore:
                  for l, layer in enumerate(model.layers)]
         top = len(model.layers) - 1  # the loss is fused with the top layer's steps only
         self.steps: list[LayerSteps] = [
-            layer_steps(layer, remat_policy, rules[l - 1] if l >= 1 else None,
-                        loss if l == top else None)
+            _steps(layer, remat_policy, rules[l - 1] if l >= 1 else None,
+                   loss if l == top else None)
             for l, layer in enumerate(model.layers)]
         host_cache = max(self.host_budget - self.memory.host, 0) \
             if self.host_budget < UNLIMITED else \
@@ -584,6 +584,16 @@ class OutOfCore:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _steps(layer, remat_policy, input_mask, node_loss) -> LayerSteps:
+    """`layer_steps`, shared through its cache when its arguments hash; a loss that does not
+    (a plain, unfrozen dataclass) gets steps of its own."""
+    try:
+        hash((layer, remat_policy, input_mask, node_loss))
+    except TypeError:
+        return layer_steps.__wrapped__(layer, remat_policy, input_mask, node_loss)
+    return layer_steps(layer, remat_policy, input_mask, node_loss)
 
 
 def _local_block(part: PaddedPartition) -> Block:

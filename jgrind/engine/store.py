@@ -623,7 +623,8 @@ def make_run_dir(directory, needed_bytes: int, run_id: bytes) -> pathlib.Path:
         size = sum(nbytes for _, nbytes in leftovers)
         left = (f"; {len(leftovers)} folder(s) of earlier runs whose process is gone hold "
                 f"{size / 2**30:.2f} GiB there ({', '.join(p.name for p, _ in leftovers[:3])}"
-                f"{', ...' if len(leftovers) > 3 else ''}): remove them")
+                f"{', ...' if len(leftovers) > 3 else ''}): remove them if no other "
+                "machine's run uses this directory")
         warnings.warn(f"store directory {root}{left}", stacklevel=2)
     if free < needed_bytes:
         raise StoreError(f"store directory {root} has {free / 2**30:.2f} GiB free but the plan "
@@ -647,7 +648,11 @@ def leftover_runs(root: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
         pid = path.name.split("-")[2]
         if not (pid.isdigit() and path.is_dir()) or _alive(int(pid)):
             continue
-        found.append((path, sum(f.stat().st_size for f in path.iterdir() if f.is_file())))
+        try:
+            size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+        except OSError:  # another user's private folder, or one removed meanwhile
+            size = 0
+        found.append((path, size))
     return found
 
 
