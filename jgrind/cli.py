@@ -184,16 +184,17 @@ def build_parser() -> argparse.ArgumentParser:
                "  jgrind predict --run runs/cora --layer 1 --save runs/cora/hidden.npy")
     pred.add_argument("--run", required=True, help="the --out folder of a `jgrind train` run")
     pred.add_argument("--save", required=True, help="the .npy file to write")
-    pred.add_argument("--layer", type=int, help="embeddings after this many layers (0: the "
-                      "features) instead of the logits")
+    pred.add_argument("--layer", type=int, help="embeddings after this many of the model's "
+                      "layers (0: the features; with residual=true the input projection is "
+                      "layer 1 and the message-passing layers follow) instead of the logits")
     pred.add_argument("--seed", type=int, help="which seed's parameters [the run's first]")
     pred.add_argument("--last", action="store_true", help="the last epoch's parameters "
                       "[the best validation epoch's]")
     pred.add_argument("--overwrite", action="store_true", help="replace --save if it exists")
     pred.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="KEY=VALUE", help="run it elsewhere or otherwise (repeatable): "
-                      "store, policy, parts, device_budget, host_budget, or dataset for a "
-                      "moved file; not the model or its data")
+                      "store, policy, parts, partitioner, device_budget, host_budget, profile, "
+                      "keep_aggregations, or dataset for the same graph at a new path")
     return parser
 
 

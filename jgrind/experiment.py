@@ -45,6 +45,10 @@ CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "res
 # the files `run_config` writes (and a later run in the same folder replaces)
 RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png", "plan.txt")
 PARAMS = "params"  # the folder of every seed's final parameters
+# what `predict_run` may change: where and how the run computes, not what (a dataset moved to
+# another path must be the same graph; the parameters' shapes catch only some mistakes)
+PREDICT_SETTINGS = ("dataset", "store", "policy", "parts", "partitioner", "device_budget",
+                    "host_budget", "profile", "keep_aggregations")
 
 
 def check_output_folder(out: str | pathlib.Path) -> pathlib.Path:
@@ -232,8 +236,8 @@ def predict_run(out: str | pathlib.Path, seed: Optional[int] = None, layer: Opti
     parameters a ``jgrind train`` run saved in ``out``: the best validation epoch's, or the
     last epoch's with ``last``; of its first seed unless ``seed`` is given. Computed the way
     the run trained (its dataset and model, and its policy, budgets and store when it ran
-    out of core); ``overrides`` (``key=value``, as ``--set``) may change where and how it runs:
-    the dataset's path, the policy, budgets, store or parts, not the model or the data.
+    out of core); ``overrides`` (``key=value``, as ``--set``) may change where and how it runs
+    (`PREDICT_SETTINGS`: the dataset's path, the policy, budgets, store, parts), nothing else.
     Returns ``(array, info)``; ``info`` names the run, the seed and the epoch."""
     out = pathlib.Path(out)
     try:
@@ -243,14 +247,13 @@ def predict_run(out: str | pathlib.Path, seed: Optional[int] = None, layer: Opti
     except (OSError, ValueError, TypeError):
         raise ConfigError(f"{out} is not a jgrind train run folder (no readable config.json); "
                           "name the --out folder of a finished `jgrind train`") from None
+    refused = sorted({item.split("=", 1)[0].strip().replace("-", "_") for item in overrides}
+                     - set(PREDICT_SETTINGS))
+    if refused:
+        raise ConfigError(f"--set {', '.join(refused)}: the saved parameters are of the run's "
+                          "model and data; only where and how it runs may change "
+                          f"({', '.join(PREDICT_SETTINGS)})")
     cfg = cfg.with_overrides(list(overrides))  # e.g. another store directory
-    fixed = ("model", "hidden", "layers", "heads", "output_heads", "residual", "layer_norm",
-             "activation", "row_normalize", "num_nodes", "avg_degree", "dataset_options")
-    changed = {k for k in fixed if getattr(cfg, k) != saved.get(k, getattr(cfg, k))}
-    if changed:
-        raise ConfigError(f"--set {', '.join(sorted(changed))}: the saved parameters are of the "
-                          "run's model and data; only where and how it runs may change "
-                          "(dataset path, policy, budgets, store, parts)")
     seeds = sorted(int(p.name[4:]) for p in (out / PARAMS).glob("seed*")
                    if p.name[4:].isdigit())
     if not seeds:

@@ -69,10 +69,12 @@ def check_params(model: GNN, params: Params) -> None:
 
 
 def load_checkpoint(directory: str | pathlib.Path, model: GNN) -> tuple[Params, Params, dict]:
-    """``(params, best_params, meta)`` from the latest checkpoint `train` wrote to
-    ``directory`` for ``model``: the parameters after the saved epoch, those at the best
-    validation epoch so far, and ``meta`` (``epoch``, ``best`` with its epoch, val and test
-    metric, ``history``). Needs neither the optimizer nor the graph."""
+    """``(params, best_params, meta)`` from the latest checkpoint in ``directory`` for
+    ``model``: a `train` checkpoint (``checkpoint_dir``), or a ``jgrind train`` run folder's
+    ``params/seed*``. The parameters after the saved epoch, those at the best epoch so far, and
+    ``meta``: ``epoch`` and ``best`` (its epoch, val and test metric); a training checkpoint
+    adds ``history``, ``select`` and ``stale``, a run folder's ``split``. Needs neither the
+    optimizer nor the graph."""
     directory = pathlib.Path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"no checkpoint folder {directory}")

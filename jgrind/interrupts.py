@@ -5,7 +5,8 @@ files.
 A signal handler's exception is lost when the signal lands in a garbage-collection callback
 or a ``__del__`` ("Exception ignored in ..."; seen with XLA's GC callback), and the run would
 go on. So the handlers also record the request, and the trainer and the engine's partition
-loops `check` it: the run then stops at the next partition step at the latest. Ctrl-C
+loops `check` it: the run then stops at the next partition step out of core, at the next
+epoch in memory. Ctrl-C
 (SIGINT) is handled the same way, as KeyboardInterrupt.
 """
 

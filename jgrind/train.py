@@ -2,8 +2,10 @@
 
 One straight line: prepare -> (resume) -> for each epoch: step, evaluate, log, checkpoint.
 The *executor* does the numerical work of an epoch. `InMemory` (here) runs the whole model in one
-jitted step, the fast path when everything fits; the out-of-core engine provides the same two
-methods, so the trainer, logging, checkpoints and trials are shared by every execution strategy.
+jitted step, the fast path when everything fits; the out-of-core engine provides the same
+methods (`step`, `predict`, `embed`), so the trainer, logging, checkpoints, trials and
+predictions are shared by every execution strategy. Made without an optimizer, either only
+predicts.
 """
 
 from __future__ import annotations

@@ -195,8 +195,9 @@ def test_a_run_records_absolute_paths_and_predicts_from_anywhere(tmp_path, monke
     assert "--set store=DIR" in capsys.readouterr().err
     assert main(["predict", "--run", "work/run", "--save", "b.npy", "--set",
                  f"store={work / 'moved'}"]) == 0
-    assert main(["predict", "--run", "work/run", "--save", "c.npy", "--set", "hidden=3"]) == 2
-    assert "the saved parameters are of the run's model" in capsys.readouterr().err
+    for setting in ("hidden=3", "lr=5"):  # the model's, or meaningless for a prediction
+        assert main(["predict", "--run", "work/run", "--save", "c.npy", "--set", setting]) == 2
+        assert "the saved parameters are of the run's model" in capsys.readouterr().err
 
 
 def test_auto_says_what_it_planned_and_saves_the_plan(tmp_path, capsys, monkeypatch):

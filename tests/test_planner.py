@@ -271,6 +271,21 @@ def test_the_runs_budgets_bound_autos_own(tmp_path):
     assert policies.auto(device_budget=3).budgets(5, 7) == (3, 7)
 
 
+def test_auto_without_a_directory_profiles_the_runs_store(tmp_path, monkeypatch):
+    """auto() given no directory plans for train(store=X): its profile must be X's disk, not
+    whichever disk the default profile was measured on."""
+    from jgrind.plan import profile as hw
+    asked = []
+    monkeypatch.setattr(hw, "load_or_measure",
+                        lambda path, directory, **kw: asked.append(directory) or fixed_profile())
+    graph = community_graph(num_nodes=200, num_features=8)
+    model = models.gcn(graph.num_features, 16, graph.num_classes)
+    ex = make_executor(graph, model, optax.adam(1e-2), policy=policies.auto(),
+                       device_budget=1 << 30, store=tmp_path)
+    assert asked == [str(tmp_path)]
+    getattr(ex, "close", lambda: None)()
+
+
 def test_fast_path_is_priced_from_the_measured_whole_graph_steps():
     """The profile's reference steps calibrate the fast path: priced at a reference's own
     shapes it gives back the measured seconds, it scales with the measurement, and between

@@ -375,11 +375,13 @@ class Auto:
     keep_aggregations: bool = True
     on_plan: Optional[Callable] = dataclasses.field(default=None, compare=False, hash=False)
 
-    def load_profile(self):
+    def load_profile(self, directory=None):
+        """The profile to plan with; its SSD figures for this policy's store, else the run's
+        ``directory``."""
         from jgrind.plan import profile as hw
         if isinstance(self.profile, hw.Profile):
             return self.profile
-        return hw.load_or_measure(self.profile, self.directory,
+        return hw.load_or_measure(self.profile, self.directory or directory,
                                   log=lambda msg: print(f"jgrind: {msg}"))
 
     def budgets(self, device_budget=None, host_budget=None, profile=None):
@@ -400,7 +402,7 @@ class Auto:
                 partitioner=None, num_parts=None, seed: int = 0, progress=None):
         """Plan a whole run (`jgrind.plan.planner.plan_run`); returns the `Plan`."""
         from jgrind.plan.planner import plan_run
-        profile = self.load_profile()
+        profile = self.load_profile(directory)
         dev, host = self.budgets(device_budget, host_budget, profile)
         planned = plan_run(graph, model, profile, device_budget=dev, host_budget=host,
                            directory=self.directory or directory, partitioner=partitioner,
@@ -417,7 +419,7 @@ class Auto:
             raise ValueError("auto() needs the engine's BindContext (the partitioned shapes) "
                              "to plan; pass it to train(policy=auto()) or bind(policy, "
                              "inventory, context)")
-        profile = self.load_profile()
+        profile = self.load_profile(context.directory)
         dev, host = self.budgets(context.device_budget, context.host_budget, profile)
         return plan(context.workload, profile, device_budget=dev, host_budget=host,
                     directory=self.directory or context.directory,
