@@ -139,6 +139,9 @@ class RunConfig:
             if not sep or not key.isidentifier():
                 raise ConfigError(f"setting dataset_options={self.dataset_options!r}: expected "
                                   f"key:value pairs joined by commas, found {item!r}")
+            if key in ("num_nodes", "avg_degree"):  # one setting each, not two that disagree
+                raise ConfigError(f"setting dataset_options={self.dataset_options!r}: {key} "
+                                  f"is a setting of its own; pass --set {key}=... instead")
             options[key] = _option_value(text.strip())
         return options
 

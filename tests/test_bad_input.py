@@ -488,6 +488,7 @@ def test_plan_with_more_parts_than_it_considers_says_so(tmp_path, capsys, monkey
 @pytest.mark.parametrize("options, needle", [
     ("num_features", "expected key:value pairs joined by commas, found 'num_features'"),
     (":3", "found ':3'"),
+    ("num_nodes:100", "num_nodes is a setting of its own; pass --set num_nodes=... instead"),
 ])
 def test_malformed_dataset_options(tmp_path, capsys, options, needle):
     out = tmp_path / "run"
