@@ -87,25 +87,15 @@ def check_out(out: str | pathlib.Path, cfg: RunConfig) -> pathlib.Path:
     out = check_output_folder(out)
     if not out.is_dir() or not any(out.iterdir()):
         return out
-    try:
-        earlier = json.loads((out / "config.json").read_text())
-        assert isinstance(earlier, dict)
-    except (OSError, ValueError, AssertionError):
+    earlier = saved_config(out)
+    if earlier is None:
         raise ConfigError(f"the output folder {out} holds files that are not a jgrind run's "
-                          "(no readable config.json); name a new or empty folder (--out)"
-                          ) from None
+                          "(no readable config.json); name a new or empty folder (--out)")
     if cfg.checkpoint_every and (out / "checkpoints").is_dir():
-        ours, defaults = dataclasses.asdict(cfg), dataclasses.asdict(RunConfig())
-        # a setting newer than the earlier run's config.json had its default there
-        earlier = {**defaults, **{k: v for k, v in earlier.items() if k in defaults}}
-        # its paths as this run's are (a config.json from before runs recorded them absolute)
-        earlier.update({k: v for k, v in dataclasses.asdict(
-            dataclasses.replace(RunConfig(), dataset=earlier["dataset"], store=earlier["store"],
-                                profile=earlier["profile"]).with_absolute_paths()).items()
-            if k in ("dataset", "store", "profile")})
         # a schedule is laid over the run's epochs: another count is another schedule
         fixed = CHECKPOINTED + (("epochs",) if cfg.lr_schedule != "constant" else ())
-        differ = [f"{k} {earlier[k]!r} -> {ours[k]!r}" for k in fixed if earlier[k] != ours[k]]
+        differ = [f"{k} {getattr(earlier, k)!r} -> {getattr(cfg, k)!r}" for k in fixed
+                  if getattr(earlier, k) != getattr(cfg, k)]
         if differ:
             raise ConfigError(f"{out}/checkpoints hold another experiment ({', '.join(differ)}), "
                               "which this run would resume; name another folder (--out), or "
@@ -117,6 +107,18 @@ def check_out(out: str | pathlib.Path, cfg: RunConfig) -> pathlib.Path:
                               f"{cfg.epochs} epochs; train for at least {max(saved) + 1} "
                               "epochs (--epochs) to resume them, or name another folder")
     return out
+
+
+def saved_config(out: pathlib.Path) -> Optional[RunConfig]:
+    """The `RunConfig` a run folder's config.json records, or None if there is none readable.
+    A setting newer than the file has its default, and the paths of a file written before run
+    folders recorded them absolute are taken from the current directory."""
+    try:
+        saved = json.loads((out / "config.json").read_text())
+        return RunConfig(**{k: v for k, v in saved.items()
+                            if k in RunConfig.__dataclass_fields__}).with_absolute_paths()
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def start_out(out: pathlib.Path, cfg: RunConfig) -> None:
@@ -240,13 +242,10 @@ def predict_run(out: str | pathlib.Path, seed: Optional[int] = None, layer: Opti
     (`PREDICT_SETTINGS`: the dataset's path, the policy, budgets, store, parts), nothing else.
     Returns ``(array, info)``; ``info`` names the run, the seed and the epoch."""
     out = pathlib.Path(out)
-    try:
-        saved = json.loads((out / "config.json").read_text())
-        cfg = RunConfig(**{k: v for k, v in saved.items()
-                           if k in RunConfig.__dataclass_fields__})
-    except (OSError, ValueError, TypeError):
+    cfg = saved_config(out)
+    if cfg is None:
         raise ConfigError(f"{out} is not a jgrind train run folder (no readable config.json); "
-                          "name the --out folder of a finished `jgrind train`") from None
+                          "name the --out folder of a finished `jgrind train`")
     refused = sorted({item.split("=", 1)[0].strip().replace("-", "_") for item in overrides}
                      - set(PREDICT_SETTINGS))
     if refused:
