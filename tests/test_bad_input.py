@@ -587,3 +587,22 @@ def test_resume_checks_read_older_run_folders_and_schedules(tmp_path, monkeypatc
     cosine = [*run[:-1], "cos", "--set", "lr_schedule=cosine"]
     assert main([*cosine, "--epochs", "2"]) == 0
     _fails(capsys, [*cosine, "--epochs", "4"], "another experiment (epochs 2 -> 4)")
+
+
+def test_space_promised_to_a_running_run_is_not_free(tmp_path):
+    """Two runs on one store directory: the second counts what the first's plan will still
+    write (its files are sparse, so the disk's free space shows only what is written)."""
+    import shutil
+    from jgrind.engine.store import StoreError, make_run_dir
+    free = shutil.disk_usage(tmp_path).free
+    first = make_run_dir(tmp_path, free * 3 // 4, b"a" * 16)  # this process: alive
+    with pytest.raises(StoreError, match=rf"GiB is promised to 1 other running jgrind run\(s\) "
+                                         rf"that have not written it yet \({first.name}\)"):
+        make_run_dir(tmp_path, free // 2, b"b" * 16)
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # the refused run left nothing
+    second = make_run_dir(tmp_path, free // 8, b"c" * 16)  # what is left still fits
+    assert second.exists()
+    # what the first has written is on the disk's books already: promised no more
+    (first / "reserved.json").write_text('{"bytes": 4096}')
+    (first / "activation-1.bin").write_bytes(b"\1" * 8192)
+    assert make_run_dir(tmp_path, free // 2, b"d" * 16).exists()
