@@ -14,6 +14,23 @@ from typing import Any, Optional
 import orbax.checkpoint as ocp
 
 
+class CheckpointMismatch(ValueError):
+    """A checkpoint that this run must not resume: another model, graph or selection rule, or
+    an epoch past the run's end. The message says which and what to do."""
+
+
+def graph_differences(saved: dict, current: dict) -> list[str]:
+    """What differs between two `jgrind.Graph.fingerprint` records, in words (empty if
+    nothing does)."""
+    sizes = [k for k in ("nodes", "edges", "features", "classes", "multilabel")
+             if saved.get(k) != current.get(k)]
+    if sizes:
+        return [f"{k} {saved.get(k)} -> {current.get(k)}" for k in sizes]
+    return [f"its {k.removesuffix('_crc')}" for k in ("edges_crc", "features_crc", "labels_crc",
+                                                       "masks_crc")
+            if saved.get(k) != current.get(k)]
+
+
 def manager(directory: str | pathlib.Path, every: int, keep: int = 2) -> ocp.CheckpointManager:
     directory = pathlib.Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
@@ -45,9 +62,10 @@ def restore_latest(mgr: ocp.CheckpointManager, like: Any) -> Optional[tuple[int,
     meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     saved = meta.get("layout")
     if saved is not None and saved != layout(like):
-        raise ValueError(f"the checkpoint in {mgr.directory} (epoch {step}) was saved for "
-                         "another model or optimizer: its arrays have other shapes than this "
-                         "run's; use a new checkpoint directory, or the model it was saved for")
+        raise CheckpointMismatch(f"the checkpoint in {mgr.directory} (epoch {step}) was saved "
+                                 "for another model or optimizer: its arrays have other shapes "
+                                 "than this run's; use a new checkpoint directory, or the "
+                                 "model it was saved for")
     restored = mgr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore()))
     return step, restored["state"], restored["meta"]

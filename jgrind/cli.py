@@ -390,14 +390,16 @@ def _check_profile_target(path: pathlib.Path) -> None:
 
 def _engine_errors() -> tuple:
     """User-facing engine errors (bad budgets, a store directory that is unusable, fills up or
-    is changed behind the run's back, policy, profile), imported lazily."""
+    is changed behind the run's back, policy, profile, a checkpoint of another run), imported
+    lazily."""
+    from jgrind.checkpoint import CheckpointMismatch
     from jgrind.engine import BudgetError, StoreCorruptedError, StoreError, StoreFullError
     from jgrind.plan import PolicyError
     from jgrind.plan.planner import PlanError
     from jgrind.partition.partitioners import MissingExtraError
     from jgrind.plan.profile import ProfileError
     return (BudgetError, StoreError, StoreFullError, StoreCorruptedError, PolicyError,
-            ProfileError, PlanError, MissingExtraError)
+            ProfileError, PlanError, MissingExtraError, CheckpointMismatch)
 
 
 def main(argv=None) -> int:

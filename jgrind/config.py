@@ -70,6 +70,9 @@ class RunConfig:
     "early stopping patience in evaluations (0 = off)"
     label_smoothing: float = 0.0
     "cross entropy against targets smoothed toward uniform by this much (0 = off)"
+    metric: str = ""
+    ("what evaluations score and val selects by: accuracy | roc_auc | micro_f1 ('' = roc_auc "
+     "for binary and multi-label tasks, else accuracy)")
     select: str = "val"
     "what picks the best epoch and what patience watches: val (metric) | val_loss"
     min_delta: float = 0.0
@@ -104,7 +107,8 @@ class RunConfig:
     "generated datasets: average degree"
     dataset_options: str = ""
     ("more options for the dataset's loader, as key:value pairs joined by commas, e.g. "
-     "to_undirected:true,split:time for ogb:DIR, num_features:128 for a generated graph")
+     "to_undirected:true,split:time or node_features:edge_mean for ogb:DIR, num_features:128 "
+     "or num_tasks:8 (multi-label) for csbm")
 
     def __post_init__(self):
         for name, (valid, expected) in _LIMITS.items():
@@ -191,6 +195,8 @@ _LIMITS = {
     "split": (lambda v: v >= -1, "-1 (one per seed) or a split's number, 0 or more"),
     "patience": (lambda v: v >= 0, "0 (off) or more"),
     "select": (lambda v: v in ("val", "val_loss"), "val or val_loss"),
+    "metric": (lambda v: v in ("", "accuracy", "roc_auc", "micro_f1"),
+               "'' (by the task), accuracy, roc_auc or micro_f1"),
     "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "optimizer": (lambda v: v in ("adam", "adamw", "sgd"), "adam, adamw or sgd"),
     "lr_schedule": (lambda v: v in ("constant", "cosine"), "constant or cosine"),
@@ -252,9 +258,13 @@ def build_model(cfg: RunConfig, graph: Graph) -> GNN:
     raise ConfigError(f"unknown model {cfg.model!r}; use gcn, sage or gat")
 
 
-def build_loss(cfg: RunConfig):
-    """The per-node training loss (`jgrind.loss.weighted_loss`); None: plain cross entropy."""
+def build_loss(cfg: RunConfig, graph: Graph):
+    """The per-node training loss (`jgrind.loss.weighted_loss`); None: the task's default
+    (cross entropy, or binary cross entropy for multi-label targets)."""
     from jgrind.loss import SmoothedCrossEntropy
+    if cfg.label_smoothing and graph.multilabel:
+        raise ConfigError(f"label_smoothing smooths one class per node, but {graph.name} has "
+                          "multi-label targets; leave label_smoothing at 0")
     return SmoothedCrossEntropy(cfg.label_smoothing) if cfg.label_smoothing else None
 
 

@@ -29,7 +29,7 @@ from jgrind.plan.cost import format_bytes
 from jgrind.plan.report import format_plan, plan_line
 from jgrind.plots import plot_memory, plot_training
 from jgrind.inference import load_checkpoint, predict
-from jgrind.metrics import default_metric, evaluate
+from jgrind.metrics import check_metric, default_metric, evaluate
 from jgrind.train import run_trials, train
 
 
@@ -40,7 +40,7 @@ from jgrind.train import run_trials, train
 CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "residual",
                 "layer_norm", "activation", "lr", "weight_decay", "seed", "split",
                 "row_normalize", "num_nodes", "avg_degree", "dataset_options", "select",
-                "min_delta", "label_smoothing", "output_heads", "attention_dropout",
+                "min_delta", "label_smoothing", "output_heads", "attention_dropout", "metric",
                 "optimizer", "lr_schedule", "warmup_epochs")
 # the files `run_config` writes (and a later run in the same folder replaces)
 RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png", "plan.txt")
@@ -143,6 +143,12 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
     graph = load_graph(cfg)
     model = build_model(cfg, graph)
     optimizer = build_optimizer(cfg)
+    loss = build_loss(cfg, graph)
+    if cfg.metric:
+        try:
+            check_metric(cfg.metric, model.out_channels, graph.multilabel)
+        except ValueError as err:  # a setting: one line, before anything is written
+            raise ConfigError(f"setting metric={cfg.metric}: {err}") from None
     plans: list = []  # the auto policy's plan, one per seed (the same for each)
 
     def planned(plan) -> None:
@@ -161,7 +167,7 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
         result = train(jax.random.key(seed), graph, model, optimizer, epochs=cfg.epochs,
                        split=splits[trial], eval_every=cfg.eval_every,
                        patience=cfg.patience or None, select=cfg.select,
-                       loss=build_loss(cfg),
+                       loss=loss, metric=cfg.metric or None,
                        min_delta=cfg.min_delta,
                        log_path=out / f"metrics-seed{seed}.jsonl", checkpoint_dir=ckpt_dir,
                        checkpoint_every=cfg.checkpoint_every or 1, progress=progress,
@@ -271,7 +277,8 @@ def predict_run(out: str | pathlib.Path, seed: Optional[int] = None, layer: Opti
             "epoch": meta["epoch"] if last else meta["best"]["epoch"],
             "which": "last" if last else "best"}
     if layer is None:  # the logits' scores on the run's split: a check that they are its
-        metric, split = default_metric(graph.num_classes), meta["split"]
+        metric = cfg.metric or default_metric(graph.num_classes, graph.multilabel)
+        split = meta["split"]
         info["metric"] = metric
         info.update({name: evaluate(array, graph.labels, mask[split], metric)
                      for name, mask in (("train", graph.train_mask), ("val", graph.val_mask),

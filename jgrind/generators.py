@@ -47,11 +47,15 @@ _MAX_ROUNDS = 25
 def csbm(num_nodes: int = 10_000, num_classes: int = 4, num_features: int = 32,
          avg_degree: float = 10.0, homophily: float = 0.8, feature_signal: float = 1.0,
          train_fraction: float = 0.6, val_fraction: float = 0.2, seed: int = 0,
-         name: Optional[str] = None) -> Graph:
+         num_tasks: int = 0, target_noise: float = 0.1, name: Optional[str] = None) -> Graph:
     """A contextual stochastic block model: class-dependent Gaussian features on an SBM graph.
 
     Labels: ``[N]`` int32, balanced (class sizes differ by at most one node), assigned to nodes
-    in a seeded random order.
+    in a seeded random order. With ``num_tasks = T >= 2`` the task is multi-label instead
+    (like ogbn-proteins): labels ``[N, T]`` binary targets, a node's being its class's code
+    (one fair coin per class and task) with each target flipped with probability
+    ``target_noise``; the graph, the features and the split are those of the same call with
+    ``num_tasks=0``, and ``num_classes`` is T.
 
     Features: ``[N, F]`` float32, ``mu[label] + noise`` with ``noise ~ N(0, I)`` and ``mu[c]`` a
     random direction of length ``feature_signal`` (a normalised Gaussian vector, so class means
@@ -87,6 +91,9 @@ def csbm(num_nodes: int = 10_000, num_classes: int = 4, num_features: int = 32,
       feature_signal: length of each class mean (>= 0); 0 makes features pure noise.
       train_fraction, val_fraction: shares of nodes in the train and val masks (>= 0, sum <= 1).
       seed: seeds every random choice.
+      num_tasks: 0 (one class per node) or T >= 2 binary targets per node.
+      target_noise: in ``[0, 1]``, the chance that a multi-label target disagrees with its
+        class's code.
       name: graph name; default ``"csbm-<N>"``.
 
     Returns:
@@ -107,7 +114,13 @@ def csbm(num_nodes: int = 10_000, num_classes: int = 4, num_features: int = 32,
     if not feature_signal >= 0:
         raise ValueError(f"feature_signal must be >= 0, got {feature_signal}")
     _check_fractions(train_fraction, val_fraction)
-    label_rng, edge_rng, feat_rng, split_rng = _streams(seed, 4)
+    if num_tasks != 0 and not (isinstance(num_tasks, (int, np.integer)) and num_tasks >= 2):
+        raise ValueError(f"csbm needs num_tasks = 0 (class ids) or at least 2 (binary "
+                         f"targets), got {num_tasks!r}")
+    _check_probability("target_noise", target_noise)
+    # a fifth stream: spawned children do not depend on how many are spawned, so the first
+    # four (and a single-label graph) are unchanged
+    label_rng, edge_rng, feat_rng, split_rng, task_rng = _streams(seed, 5)
 
     # labels[order[i]] = i % C, so the members of class c are exactly order[c::C]: a uniform
     # member is order[c + C * j] with j uniform below the class size, no per-class index needed.
@@ -136,6 +149,10 @@ def csbm(num_nodes: int = 10_000, num_classes: int = 4, num_features: int = 32,
 
     features = _class_features(labels, k, int(num_features), float(feature_signal), feat_rng)
     train, val, test = _random_split(n, train_fraction, val_fraction, split_rng)
+    if num_tasks:
+        code = task_rng.random((k, int(num_tasks))) < 0.5
+        flip = task_rng.random((n, int(num_tasks))) < target_noise
+        labels, k = (code[labels] ^ flip).astype(np.int8), int(num_tasks)
     return Graph(indptr=indptr, indices=indices, features=features, labels=labels,
                  train_mask=train, val_mask=val, test_mask=test, num_classes=k,
                  name=name if name is not None else f"csbm-{n}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import numbers
+import zlib
 from typing import Optional
 
 import numpy as np
@@ -51,10 +52,12 @@ class Graph:
       indices: ``[E]`` int, source node of every edge, grouped by destination row.
       features: ``[N, F]`` float32 node features, all finite.
       labels: ``[N]`` int32 class ids in ``[0, C)``; ``-1`` marks an unlabelled node, which may
-        not appear in any mask.
+        not appear in any mask. Or, for a multi-label task (ogbn-proteins, PPI, Yelp), ``[N, T]``
+        int8 binary targets, 1 or 0, with ``-1`` for a target that is unknown; a node whose
+        targets are all unknown may not appear in any mask.
       train_mask, val_mask, test_mask: ``[S, N]`` bool. Split ``s`` is row ``s``; within a split the
         three masks are disjoint.
-      num_classes: C.
+      num_classes: C, the number of outputs the model predicts (multi-label: T).
       edge_weight: optional ``[E]`` float32 weight of every edge, aligned with ``indices``.
       name: a label for logs and reports.
 
@@ -90,7 +93,7 @@ class Graph:
         if feats.dtype != np.float32:
             feats = feats.astype(np.float32)
         set_("features", freeze(feats))
-        set_("labels", freeze(_class_ids(self.name, self.labels)))
+        set_("labels", freeze(_targets(self.name, self.labels)))
         for k in ("train_mask", "val_mask", "test_mask"):
             m = np.asarray(getattr(self, k), dtype=bool)
             set_(k, freeze(m[None] if m.ndim == 1 else m))
@@ -115,6 +118,16 @@ class Graph:
     @property
     def num_splits(self) -> int:
         return int(self.train_mask.shape[0])
+
+    @property
+    def multilabel(self) -> bool:
+        """True if every node has ``num_classes`` binary targets (labels ``[N, T]``), False if
+        one class id (labels ``[N]``)."""
+        return self.labels.ndim == 2
+
+    def labelled(self) -> np.ndarray:
+        """``[N]`` bool: the nodes with a label (multi-label: at least one known target)."""
+        return (self.labels >= 0).any(axis=1) if self.multilabel else self.labels >= 0
 
     def check_split(self, split) -> None:
         """ValueError if ``split`` is not one of this graph's splits; GraphError if it has no
@@ -143,6 +156,30 @@ class Graph:
             arrays.append(self.edge_weight)
         return int(sum(a.nbytes for a in arrays))
 
+    def fingerprint(self) -> dict:
+        """What a checkpoint records of the graph it was trained on, to refuse resuming on
+        another: the sizes, and a CRC-32 of each part training reads (the edges and their
+        weights, the features, the labels, the masks). One pass over the arrays, a slice of
+        rows at a time (a memory-mapped graph is not read into memory at once); zlib's CRC,
+        the same in every process."""
+        def crc(*arrays) -> int:
+            value = 0
+            for a in arrays:
+                if a is None:
+                    continue
+                value = zlib.crc32(f"{a.dtype.str}{a.shape}".encode(), value)
+                flat = a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1)
+                step = max(1, _CHECK_BYTES // max(flat[:1].nbytes, 1))
+                for start in range(0, flat.shape[0], step):
+                    value = zlib.crc32(np.ascontiguousarray(flat[start:start + step]), value)
+            return value
+        return {"nodes": self.num_nodes, "edges": self.num_edges,
+                "features": self.num_features, "classes": self.num_classes,
+                "multilabel": self.multilabel,
+                "edges_crc": crc(self.indptr, self.indices, self.edge_weight),
+                "features_crc": crc(self.features), "labels_crc": crc(self.labels),
+                "masks_crc": crc(self.train_mask, self.val_mask, self.test_mask)}
+
     def replace(self, **changes) -> "Graph":
         """A copy with some fields changed (validated again; features that are carried over
         unchanged are not scanned for NaN again)."""
@@ -156,10 +193,27 @@ class Graph:
 
     def __repr__(self) -> str:
         return (f"Graph(name={self.name!r}, nodes={self.num_nodes:,}, edges={self.num_edges:,}, "
-                f"features={self.num_features}, classes={self.num_classes}, "
+                f"features={self.num_features}, "
+                f"{'tasks' if self.multilabel else 'classes'}={self.num_classes}, "
                 f"splits={self.num_splits}, weighted={self.edge_weight is not None})")
 
     # -- validation -------------------------------------------------------------------------
+    def _check_class_ids(self) -> None:
+        name, n = self.name, self.num_nodes
+        if self.labels.shape != (n,):
+            raise GraphError(f"{name}: labels have shape {self.labels.shape}, expected [{n}] "
+                             f"(a class id per node) or [{n}, T] (T binary targets per node)")
+        if self.num_classes > max(n, MAX_SPARSE_CLASSES):
+            # the output layer has a column per class: a stray huge label id would allocate
+            # gigabytes of parameters (seen: a label of 1e9, 256 GB)
+            raise GraphError(f"{name}: {self.num_classes} classes for {n} nodes (the largest "
+                             "label + 1); number the classes 0..C-1, e.g. with "
+                             "np.unique(labels, return_inverse=True)")
+        if np.any(self.labels < -1) or np.any(self.labels >= self.num_classes):
+            bad = self.labels[(self.labels < -1) | (self.labels >= self.num_classes)]
+            raise GraphError(f"{name}: label {int(bad[0])} is outside [0, {self.num_classes}) "
+                             "(use -1 for unlabelled nodes, or raise num_classes)")
+
     def validate(self) -> None:
         """Raise `GraphError` naming the first problem found."""
         name, n = self.name, self.num_nodes
@@ -181,21 +235,16 @@ class Graph:
             raise GraphError(f"{name}: features contain NaN or inf in {len(bad_rows)} rows "
                              f"(first: node {int(bad_rows[0])}); impute or drop them before "
                              "loading")
-        if self.labels.shape != (n,):
-            raise GraphError(f"{name}: labels have shape {self.labels.shape}, expected [{n}]")
         if self.num_classes < 1:
             raise GraphError(f"{name}: num_classes must be at least 1, got {self.num_classes}")
-        if self.num_classes > max(n, MAX_SPARSE_CLASSES):
-            # the output layer has a column per class: a stray huge label id would allocate
-            # gigabytes of parameters (seen: a label of 1e9, 256 GB)
-            raise GraphError(f"{name}: {self.num_classes} classes for {n} nodes (the largest "
-                             "label + 1); number the classes 0..C-1, e.g. with "
-                             "np.unique(labels, return_inverse=True)")
-        labelled = self.labels >= 0
-        if np.any(self.labels < -1) or np.any(self.labels[labelled] >= self.num_classes):
-            bad = self.labels[(self.labels < -1) | (self.labels >= self.num_classes)]
-            raise GraphError(f"{name}: label {int(bad[0])} is outside [0, {self.num_classes}) "
-                             "(use -1 for unlabelled nodes, or raise num_classes)")
+        if self.multilabel:
+            if self.labels.shape != (n, self.num_classes):
+                raise GraphError(f"{name}: multi-label targets have shape {self.labels.shape}, "
+                                 f"expected [{n}, num_classes={self.num_classes}] (a row of "
+                                 "targets per node)")
+        else:
+            self._check_class_ids()
+        labelled = self.labelled()
         shapes = {k: getattr(self, k).shape for k in ("train_mask", "val_mask", "test_mask")}
         if len(set(shapes.values())) != 1 or self.train_mask.ndim != 2 \
                 or self.train_mask.shape[1] != n:
@@ -233,10 +282,15 @@ _CHECKED_FEATURES: contextvars.ContextVar = contextvars.ContextVar("checked_feat
 _CHECK_BYTES = 64 << 20
 
 
-def _class_ids(name: str, labels) -> np.ndarray:
-    """``labels`` as int32 class ids, or GraphError: not truncated from fractions, wrapped from
-    huge integers or cast from NaN without a word."""
+def _targets(name: str, labels) -> np.ndarray:
+    """``labels`` as int32 class ids ``[N]`` (also from a ``[N, 1]`` column) or int8 binary
+    targets ``[N, T]`` (T >= 2), or GraphError:
+    not truncated from fractions, wrapped from huge integers or cast from NaN without a word."""
     labels = np.asarray(labels)
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]  # a column of class ids (PyG's and OGB's ``y`` for ogbn-arxiv)
+    if labels.ndim == 2:
+        return _binary_targets(name, labels)
     if labels.dtype == bool or not (np.issubdtype(labels.dtype, np.integer)
                                     or np.issubdtype(labels.dtype, np.floating)):
         raise GraphError(f"{name}: labels are {labels.dtype}; they must be integer class ids "
@@ -250,6 +304,28 @@ def _class_ids(name: str, labels) -> np.ndarray:
         raise GraphError(f"{name}: a label is outside the int32 range; number the classes "
                          "0..C-1")
     return labels.astype(np.int32, copy=False)
+
+
+def _binary_targets(name: str, targets: np.ndarray) -> np.ndarray:
+    """``[N, T]`` multi-label targets as int8 1 / 0 / -1 (unknown). Bool, integer or float
+    arrays are taken (PyG and OGB store float or int64 0/1); NaN in a float array is unknown
+    (OGB's convention), as is -1."""
+    if targets.dtype == bool:
+        return targets.astype(np.int8)
+    if not (np.issubdtype(targets.dtype, np.integer)
+            or np.issubdtype(targets.dtype, np.floating)):
+        raise GraphError(f"{name}: multi-label targets are {targets.dtype}; they must be 0 or 1 "
+                         "(bool, int or float; -1 or NaN for unknown)")
+    if np.issubdtype(targets.dtype, np.floating):
+        unknown = np.isnan(targets)
+        targets = np.where(unknown, -1, targets)
+    bad = (targets != 0) & (targets != 1) & (targets != -1)
+    if bad.any():
+        i, t = (int(v[0]) for v in np.nonzero(bad))
+        raise GraphError(f"{name}: multi-label target {targets[i, t].item()} of node {i}, task {t} "
+                         "is not 0 or 1 (-1 or NaN for unknown); a [N, T] label array holds "
+                         "binary targets, a class id per node is a [N] array")
+    return targets.astype(np.int8)
 
 
 def _non_finite_rows(features: np.ndarray) -> np.ndarray:
@@ -287,6 +363,8 @@ def from_edges(src, dst, features, labels, *, edge_weight=None, num_classes=None
     """Build a `Graph` from edge lists ``src -> dst`` (kept as given: no symmetrising, no dedup).
 
     A PyG ``edge_index`` (``[2, E]``, sources first) is ``from_edges(*edge_index, x, y)``.
+    ``labels``: ``[N]`` (or ``[N, 1]``) class ids, or ``[N, T]`` binary targets of a
+    multi-label task (``num_classes`` defaults to T).
     ``edge_weight``: an optional ``[E]`` weight per edge, in the order of ``src`` / ``dst``.
     Masks (``[N]`` or ``[splits, N]``) default to empty single splits. Raises `GraphError` for
     out-of-range ids before anything large is allocated.
@@ -315,9 +393,10 @@ def from_edges(src, dst, features, labels, *, edge_weight=None, num_classes=None
     order = np.argsort(dst, kind="stable")
     indptr = np.zeros(n + 1, dtype=idx_t)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
-    labels = _class_ids(name, labels)
+    labels = _targets(name, labels)
     if num_classes is None:
-        num_classes = int(labels.max()) + 1 if labels.size else 1
+        num_classes = labels.shape[1] if labels.ndim == 2 else \
+            int(labels.max()) + 1 if labels.size else 1
     empty = np.zeros((1, n), dtype=bool)
     return Graph(indptr=indptr, indices=src[order].astype(idx_t), features=features,
                  labels=labels, train_mask=empty if train_mask is None else train_mask,

@@ -1,4 +1,5 @@
 """The full-graph loss: summed over training nodes, divided by the *global* training count.
+(Softmax cross entropy for class ids; for multi-label targets, binary cross entropy.)
 
 Each training node carries weight ``1 / n_train`` (zero elsewhere), so a partition's share of
 the loss is its own weighted sum and the shares add up to the full-graph mean exactly; the
@@ -29,6 +30,22 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
 
 
+def binary_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """``[n]``: every node's sigmoid binary cross-entropy, averaged over its known targets; the
+    default node loss of a multi-label task (``targets [n, T]`` in 1 / 0, -1 unknown).
+
+    With every target known, the mean of these over the training nodes is the mean over all
+    node-target pairs, as ``torch.nn.BCEWithLogitsLoss`` in OGB's ogbn-proteins examples. A
+    node with no known target has loss 0."""
+    known = targets >= 0
+    y = jnp.where(known, targets, 0).astype(logits.dtype)
+    # log(1 + exp(-|x|)) + max(x, 0) - x y: finite for any logit
+    per_target = jnp.maximum(logits, 0) - logits * y + jnp.log1p(jnp.exp(-jnp.abs(logits)))
+    count = jnp.sum(known, axis=-1)
+    total = jnp.sum(jnp.where(known, per_target, 0.0), axis=-1)
+    return total / jnp.maximum(count, 1).astype(logits.dtype)
+
+
 @dataclasses.dataclass(frozen=True)
 class SmoothedCrossEntropy:
     """Cross entropy against targets smoothed toward uniform: ``(1 - smoothing)`` on the label,
@@ -53,9 +70,12 @@ def weighted_loss(node_loss: Optional[Callable], logits: jax.Array, labels: jax.
     ``node_loss(logits [n, C], labels [n] int) -> [n]`` is any per-node loss written in JAX
     (default `cross_entropy`): label smoothing, class weights, a focal loss. Summed over nodes
     with global weights it keeps the gradient independent of the partitioning. Unlabelled
-    nodes reach it with label 0 and weight 0."""
-    safe = jnp.where(labels >= 0, labels, 0)
-    per_node = (node_loss or cross_entropy)(logits, safe)
+    nodes reach it with label 0 and weight 0. Multi-label targets (``labels [n, T]``) reach it
+    as they are, -1 for an unknown target (default `binary_cross_entropy`)."""
+    if labels.ndim == 2:
+        per_node = (node_loss or binary_cross_entropy)(logits, labels)
+    else:
+        per_node = (node_loss or cross_entropy)(logits, jnp.where(labels >= 0, labels, 0))
     return jnp.sum(jnp.where(weights > 0, per_node * weights, 0.0))
 
 

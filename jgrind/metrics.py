@@ -1,4 +1,9 @@
-"""Evaluation metrics on host NumPy arrays (evaluation happens once per epoch, off the hot path)."""
+"""Evaluation metrics on host NumPy arrays (evaluation happens once per epoch, off the hot path).
+
+Every metric takes ``(logits [N, C], labels, mask [N])``. ``labels`` are class ids ``[N]``
+(-1 unlabelled), or the binary targets ``[N, T]`` of a multi-label task (-1 unknown), where a
+logit above 0 predicts 1.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +22,22 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
 
     The Mann-Whitney U statistic with average ranks for ties, equal to sklearn's
     ``roc_auc_score``. NaN when the mask holds one class only.
+
+    Multi-label (``scores`` and ``labels`` ``[N, T]``): the mean over tasks of each task's
+    ROC-AUC on its masked, known targets, leaving out tasks with one class only there: OGB's
+    ``Evaluator`` for ogbn-proteins. NaN when no task has both.
     """
-    s, y = scores[mask].astype(np.float64), labels[mask]
+    if labels.ndim == 2:
+        per_task = [_binary_auc(scores[:, t][mask], labels[:, t][mask])
+                    for t in range(labels.shape[1])]
+        per_task = [a for a in per_task if not np.isnan(a)]
+        return float(np.mean(per_task)) if per_task else float("nan")
+    return _binary_auc(scores[mask], labels[mask])
+
+
+def _binary_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    keep = labels >= 0
+    s, y = scores[keep].astype(np.float64), labels[keep]
     pos = y == 1
     n_pos, n_neg = int(pos.sum()), int((~pos).sum())
     if n_pos == 0 or n_neg == 0:
@@ -35,12 +54,36 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
+def micro_f1(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
+    """F1 of every masked (node, target) decision pooled: sklearn's ``f1_score(
+    average="micro")``, the metric of PPI and Yelp (GraphSAINT). Multi-label: a logit above 0
+    predicts 1, unknown targets are left out. One class per node: equal to `accuracy`."""
+    if labels.ndim != 2:
+        return accuracy(logits, labels, mask)
+    y, known = labels[mask], labels[mask] >= 0
+    if not known.any():
+        return float("nan")
+    predicted = logits[mask] > 0
+    tp = np.sum(predicted & (y == 1) & known)
+    wrong = np.sum((predicted != (y == 1)) & known)  # false positives + false negatives
+    return float(2 * tp / (2 * tp + wrong)) if tp + wrong else 1.0
+
+
 def macro_f1(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
     """The unweighted mean over classes of each class's F1 (argmax predictions), over the
     classes present among the masked labels or predictions, as sklearn's
-    ``f1_score(average="macro")`` (a class with no true and no predicted node is left out)."""
+    ``f1_score(average="macro")`` (a class with no true and no predicted node is left out).
+    Multi-label: the mean over tasks of each task's F1 (a logit above 0 predicts 1) on its
+    known targets, over the tasks with a true or predicted positive."""
     if not mask.any():
         return float("nan")
+    if labels.ndim == 2:
+        y, known, predicted = labels[mask], labels[mask] >= 0, logits[mask] > 0
+        tp = np.sum(predicted & (y == 1) & known, axis=0).astype(np.float64)
+        positives = np.sum(predicted & known, axis=0) + np.sum((y == 1) & known, axis=0)
+        present = positives > 0
+        return float(np.mean(2 * tp[present] / positives[present])) if present.any() \
+            else float("nan")
     y, p = labels[mask], np.argmax(logits[mask], -1)
     classes = np.union1d(y, p)
     tp = np.array([np.sum((p == c) & (y == c)) for c in classes], np.float64)
@@ -58,6 +101,10 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def cross_entropy(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
+    """The mean loss of the masked nodes: softmax cross entropy, or for multi-label targets
+    `binary_cross_entropy` (what `jgrind.loss.weighted_loss` trains by default)."""
+    if labels.ndim == 2:
+        return binary_cross_entropy(logits, labels, mask)
     if not mask.any():
         return float("nan")
     z = logits[mask] - logits[mask].max(-1, keepdims=True)
@@ -65,14 +112,54 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> f
     return float(-np.mean(logp[np.arange(z.shape[0]), labels[mask]]))
 
 
-def default_metric(num_classes: int) -> str:
-    """ROC-AUC for binary tasks (the heterophilous benchmarks' protocol), else accuracy."""
-    return "roc_auc" if num_classes == 2 else "accuracy"
+def binary_cross_entropy(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
+    """The mean over masked nodes with a known target of each node's sigmoid cross entropy
+    averaged over its known targets (`jgrind.loss.binary_cross_entropy`)."""
+    known = labels[mask] >= 0
+    has = known.any(axis=1)
+    if not has.any():
+        return float("nan")
+    x = logits[mask].astype(np.float64)
+    y = np.where(known, labels[mask], 0)
+    per = np.maximum(x, 0) - x * y + np.log1p(np.exp(-np.abs(x)))
+    per_node = np.sum(np.where(known, per, 0.0), axis=1)[has] / known.sum(axis=1)[has]
+    return float(np.mean(per_node))
+
+
+# Metric names `evaluate` and `train(metric=)` take, and what each scores.
+METRICS = {
+    "accuracy": "fraction of nodes whose highest logit is their class (one class per node)",
+    "roc_auc": "ROC-AUC: of the second class's probability (binary), or the mean over tasks "
+               "(multi-label, as OGB's ogbn-proteins)",
+    "micro_f1": "F1 over all (node, target) decisions pooled (multi-label: logit > 0 "
+                "predicts 1; PPI, Yelp); one class per node: accuracy",
+}
+
+
+def default_metric(num_classes: int, multilabel: bool = False) -> str:
+    """ROC-AUC for binary tasks (the heterophilous benchmarks' protocol) and multi-label ones
+    (OGB's ogbn-proteins), else accuracy."""
+    return "roc_auc" if num_classes == 2 or multilabel else "accuracy"
+
+
+def check_metric(metric: str, num_outputs: int, multilabel: bool) -> None:
+    """ValueError unless ``metric`` scores this kind of task: said before training, not at the
+    first evaluation."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
+    if multilabel and metric == "accuracy":
+        raise ValueError("metric 'accuracy' needs one class per node, but the labels are "
+                         "multi-label targets [N, T]; use 'roc_auc' or 'micro_f1'")
+    if not multilabel and metric == "roc_auc" and num_outputs < 2:
+        raise ValueError(f"metric 'roc_auc' scores the second output of a binary task, but "
+                         f"the model has {num_outputs} output(s); use 'accuracy'")
 
 
 def evaluate(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray, metric: str) -> float:
+    multilabel = labels.ndim == 2
+    check_metric(metric, logits.shape[-1], multilabel)
     if metric == "roc_auc":
-        return roc_auc(softmax(logits)[:, 1], labels, mask)
-    if metric == "accuracy":
-        return accuracy(logits, labels, mask)
-    raise ValueError(f"unknown metric {metric!r}; use 'accuracy' or 'roc_auc'")
+        return roc_auc(logits if multilabel else softmax(logits)[:, 1], labels, mask)
+    if metric == "micro_f1":
+        return micro_f1(logits, labels, mask)
+    return accuracy(logits, labels, mask)

@@ -26,7 +26,7 @@ from jgrind import checkpoint as ckpt, interrupts
 from jgrind.arguments import whole_number
 from jgrind.graph import Graph
 from jgrind.loss import node_weights, weighted_loss
-from jgrind.metrics import cross_entropy, default_metric, evaluate
+from jgrind.metrics import check_metric, cross_entropy, default_metric, evaluate
 from jgrind.models.model import GNN, Params
 
 
@@ -113,7 +113,7 @@ class TrainResult:
       best_params: parameters at ``best_epoch`` (by default the highest validation metric;
         see `train`'s ``select``).
       history: one dict per epoch (see `train`), also written to the metrics log.
-      metric: "accuracy" or "roc_auc".
+      metric: "accuracy", "roc_auc" or "micro_f1".
       best_epoch, val, test: model selection by validation: the validation and test metric at
         the best epoch.
       seconds: wall time of the epochs, those before a resume included (not counting
@@ -192,7 +192,8 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
       graph: the raw graph; the model's normalisation is applied here, on the whole graph.
       model, optimizer: a `GNN` and any optax transformation.
       split: which row of the graph's masks to use.
-      metric: "accuracy" or "roc_auc"; default by the number of classes.
+      metric: "accuracy", "roc_auc" or "micro_f1" (`jgrind.metrics.METRICS`); default by the
+        task: ROC-AUC for binary and multi-label tasks, else accuracy.
       eval_every: evaluate on val/test every this many epochs (and at the last).
       patience: stop when the selection score has not improved for this many evaluations.
       select: what picks the best epoch (``best_params``, ``val``, ``test``) and what
@@ -206,8 +207,9 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
       policy, num_parts, store, device_budget, host_budget, partitioner: run out of core, see
         `make_executor` and `jgrind.engine.OutOfCore`.
       loss: the per-node training loss, ``(logits [n, C], labels [n]) -> [n]`` in JAX
-        (`jgrind.loss.weighted_loss`; default `jgrind.loss.cross_entropy`); also what
-        ``val_loss`` reports.
+        (`jgrind.loss.weighted_loss`; default `jgrind.loss.cross_entropy`, or for multi-label
+        targets ``[n, T]`` `jgrind.loss.binary_cross_entropy`); also what ``val_loss``
+        reports.
       metrics: more metrics to log, ``{name: fn(logits, labels, mask) -> float}`` on host
         arrays (e.g. `jgrind.metrics.macro_f1`): each evaluation records ``train_NAME``,
         ``val_NAME`` and ``test_NAME``.
@@ -228,12 +230,8 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     val_loss = _host_loss(loss)
     graph.check_split(split)
     model.check_fits(graph)
-    metric = metric or default_metric(graph.num_classes)
-    if metric not in ("accuracy", "roc_auc"):
-        raise ValueError(f"unknown metric {metric!r}; use 'accuracy' or 'roc_auc'")
-    if metric == "roc_auc" and model.out_channels < 2:
-        raise ValueError(f"metric 'roc_auc' scores the second output of a binary task, but "
-                         f"the model has {model.out_channels} output(s); use 'accuracy'")
+    metric = metric or default_metric(graph.num_classes, graph.multilabel)
+    check_metric(metric, model.out_channels, graph.multilabel)
     masks = (graph.train_mask[split], graph.val_mask[split], graph.test_mask[split])
     labels = graph.labels
     owned_executor = executor is None
@@ -263,16 +261,25 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
         manager = ckpt.manager(checkpoint_dir, checkpoint_every) if checkpoint_dir else None
         if manager is not None:
             like = {"params": params, "opt_state": opt_state, "best_params": params}
+            fingerprint = graph.fingerprint()
             restored = ckpt.restore_latest(manager, like)
             if restored is not None:
                 saved_epoch, state, meta = restored
+                # older checkpoints recorded no graph: nothing to compare
+                differ = ckpt.graph_differences(meta.get("graph", fingerprint), fingerprint)
+                if differ:
+                    raise ckpt.CheckpointMismatch(
+                        f"the checkpoint in {checkpoint_dir} was trained on another graph than "
+                        f"{graph.name} ({', '.join(differ)} differ); resume it on the graph it "
+                        "was trained on, or use a new checkpoint directory")
                 params, opt_state = state["params"], state["opt_state"]
                 history = meta["history"]
                 chosen_by = meta.get("select", "val")  # older checkpoints: the metric
                 if chosen_by != select:
-                    raise ValueError(f"the checkpoint in {checkpoint_dir} chose its best epoch "
-                                     f"by select={chosen_by!r}; resume it with that, or use a "
-                                     "new checkpoint directory")
+                    raise ckpt.CheckpointMismatch(
+                        f"the checkpoint in {checkpoint_dir} chose its best epoch by "
+                        f"select={chosen_by!r}; resume it with that, or use a new checkpoint "
+                        "directory")
                 best = {**meta["best"], "params": state["best_params"], "score": -math.inf}
                 evaluated = [r for r in history if "val" in r]
                 if best["epoch"] >= 0:  # the score from the log (older checkpoints saved none)
@@ -282,10 +289,10 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                 stale = meta.get("stale", sum(r["epoch"] > best["epoch"] for r in evaluated))
                 start_epoch = saved_epoch + 1
                 if start_epoch > epochs:
-                    raise ValueError(f"the checkpoint in {checkpoint_dir} is of epoch "
-                                     f"{saved_epoch}, past this run's {epochs} epochs; train "
-                                     f"for at least {start_epoch} epochs to resume it, or use "
-                                     "a new checkpoint directory")
+                    raise ckpt.CheckpointMismatch(
+                        f"the checkpoint in {checkpoint_dir} is of epoch {saved_epoch}, past "
+                        f"this run's {epochs} epochs; train for at least {start_epoch} epochs "
+                        "to resume it, or use a new checkpoint directory")
 
         # -- epochs --------------------------------------------------------------------------
         if ready is not None:
@@ -340,7 +347,8 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             stop = patience is not None and stale >= patience
             if manager is not None:
                 meta = {"best": {k: v for k, v in best.items() if k != "params"},
-                        "history": history, "stale": stale, "select": select}
+                        "history": history, "stale": stale, "select": select,
+                        "graph": fingerprint}
                 state = {"params": params, "opt_state": opt_state,
                          "best_params": best["params"]}
                 ckpt.save(manager, epoch, state, meta, force=last or stop)
@@ -400,7 +408,7 @@ def _host_loss(node_loss: Optional[Callable]) -> Callable:
         return cross_entropy
 
     def mean_loss(logits, labels, mask) -> float:
-        keep = mask & (labels >= 0)
+        keep = mask & ((labels >= 0).any(axis=1) if labels.ndim == 2 else labels >= 0)
         if not keep.any():
             return float("nan")
         return float(jnp.mean(node_loss(jnp.asarray(logits[keep]), jnp.asarray(labels[keep]))))

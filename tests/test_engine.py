@@ -878,3 +878,21 @@ def test_without_a_host_budget_the_host_cache_fits_the_free_ram(tmp_path, monkey
         assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
         assert_same_gradients(grads, ref_grads)
     assert capacities == [everything, 32 << 10]
+
+
+def _multilabel_csbm():
+    # 5 binary targets per node, a fifth of them unknown (-1): the loss must skip exactly those
+    graph = generators.csbm(num_nodes=400, num_features=8, avg_degree=6, seed=1, num_tasks=5)
+    targets = np.array(graph.labels)
+    targets[np.random.default_rng(3).random(targets.shape) < 0.2] = -1
+    return graph.replace(labels=targets)
+
+
+@pytest.mark.parametrize("model,policy,parts", [("gcn", "ssd", 7), ("gat", "host", 2),
+                                                ("sage-res-ln", "grinnder", 16),
+                                                ("gcn-res-ln", "recompute", 1)])
+def test_multilabel_targets_every_model(model, policy, parts, tmp_path):
+    graph = _multilabel_csbm()
+    assert graph.multilabel and graph.labels.shape == (400, 5)
+    _check(graph, _models(8, 5)[model], _policies(tmp_path)[policy], parts, tmp_path,
+           partitioner=random_partition)

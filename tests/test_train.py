@@ -245,8 +245,9 @@ def test_smoothed_cross_entropy_matches_the_formula_and_is_the_cli_setting():
     labels = np.array([0, 3, 1, 1, 2])
     np.testing.assert_allclose(np.asarray(SmoothedCrossEntropy(0.2)(logits, labels)),
                                np.asarray(_smoothed(logits, labels, 0.2)), rtol=1e-6)
-    assert build_loss(RunConfig()) is None
-    assert build_loss(RunConfig(label_smoothing=0.1)) == SmoothedCrossEntropy(0.1)
+    g = community_graph(num_nodes=60)
+    assert build_loss(RunConfig(), g) is None
+    assert build_loss(RunConfig(label_smoothing=0.1), g) == SmoothedCrossEntropy(0.1)
 
 
 @pytest.mark.parametrize("settings, rates", [
@@ -321,3 +322,32 @@ def test_resume_keeps_the_selection_rule_and_reads_older_checkpoints(tmp_path):
     resumed = run(30, patience=4)
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in straight.history]
     assert resumed.best_epoch == straight.best_epoch
+
+
+def test_resume_refuses_a_checkpoint_of_another_graph(tmp_path):
+    from jgrind.checkpoint import CheckpointMismatch
+    from jgrind.datasets import load_saved, save_graph
+    g = community_graph(num_nodes=300, homophily=0.5, num_features=4)
+    model = models.gcn(g.num_features, 16, g.num_classes, dropout=0.0)
+    ckpt = tmp_path / "ck"
+    run = lambda graph, epochs: train(jax.random.key(0), graph, model, optax.adam(0.05),  # noqa
+                                      epochs=epochs, progress=False, checkpoint_dir=ckpt,
+                                      checkpoint_every=1)
+    run(g, 2)
+    # same sizes, other contents: only a fingerprint of the arrays tells
+    features = np.array(g.features)
+    features[17, 2] += 1.0
+    labels = np.array(g.labels)
+    labels[g.train_mask[0]] = (labels[g.train_mask[0]] + 1) % g.num_classes
+    for other, part in ((g.replace(features=features), "features"),
+                        (g.replace(labels=labels), "labels"),
+                        (g.replace(val_mask=g.test_mask, test_mask=g.val_mask), "masks")):
+        with pytest.raises(CheckpointMismatch, match=f"another graph .*its {part} differ"):
+            run(other, 4)
+    smaller = community_graph(num_nodes=290, homophily=0.5, num_features=4)
+    with pytest.raises(CheckpointMismatch, match="nodes 300 -> 290"):
+        run(smaller, 4)
+    # the same graph, memory-mapped from a saved copy: resumed
+    save_graph(g, tmp_path / "copy")
+    resumed = run(load_saved(tmp_path / "copy"), 4)
+    assert resumed.first_epoch == 2 and len(resumed.history) == 4

@@ -190,13 +190,17 @@ def read_npy(path, what: str, hint: str) -> np.ndarray:
 
 def as_labels(values: np.ndarray, where: str, hint: str) -> np.ndarray:
     """``[N]`` int labels from ints, or from floats that are whole numbers or NaN (NaN -> -1,
-    unlabelled, as OGB stores it)."""
+    unlabelled, as OGB stores it). A ``[N, T]`` array (T >= 2) is a multi-label task's binary
+    targets and is returned as it is (`jgrind.Graph` checks its values)."""
     values = np.asarray(values)
     if values.ndim == 2 and values.shape[1] == 1:
         values = values[:, 0]
+    if values.ndim == 2:
+        return values
     if values.ndim != 1:
-        raise DatasetError(f"{where}: labels must be one class id per node, found shape "
-                           f"{values.shape} (multi-label targets are not supported); {hint}")
+        raise DatasetError(f"{where}: labels must be one class id per node ([N]) or a row of "
+                           f"binary targets per node ([N, T]), found shape {values.shape}; "
+                           f"{hint}")
     if np.issubdtype(values.dtype, np.integer):
         return values
     if not np.issubdtype(values.dtype, np.floating):
@@ -215,11 +219,12 @@ def random_split(labels: np.ndarray, fractions=SPLIT_FRACTIONS, seed: int = SPLI
 
     A seeded permutation of the labelled nodes; the first ``round(f_train * n)`` train, the
     next ``round(f_val * n)`` val, the rest test."""
-    labelled = np.flatnonzero(np.asarray(labels) >= 0)
+    known = np.asarray(labels) >= 0
+    labelled = np.flatnonzero(known.any(axis=1) if known.ndim == 2 else known)
     perm = np.random.default_rng(seed).permutation(labelled)
     n_train = int(round(fractions[0] * perm.size))
     n_val = int(round(fractions[1] * perm.size))
-    masks = np.zeros((3, 1, np.asarray(labels).size), bool)
+    masks = np.zeros((3, 1, np.asarray(labels).shape[0]), bool)
     for m, ids in zip(masks, np.split(perm, [n_train, n_train + n_val])):
         m[0, ids] = True
     return masks[0], masks[1], masks[2]
@@ -311,8 +316,8 @@ def load_edge_list(edges_path, features_path=None, labels_path=None, *, masks_pa
                            f"{features.shape}; expected a numeric [N, F] array")
     n = features.shape[0]
     labels = as_labels(read_npy(labels_path, "labels file", hint), str(labels_path), hint)
-    if labels.shape != (n,):
-        raise DatasetError(f"labels file {labels_path} has {labels.size} labels but features "
+    if labels.shape[0] != n:
+        raise DatasetError(f"labels file {labels_path} has {labels.shape[0]} rows but features "
                            f"file {features_path} has {n} rows; they must match")
     edges = read_text_table(edges_path, ncols=2, dtype=np.int64, delimiter=delimiter,
                             comment=comment, hint="fix the line, or pass delimiter=/comment= "
@@ -331,7 +336,8 @@ def load_edge_list(edges_path, features_path=None, labels_path=None, *, masks_pa
     if undirected:
         keep = src != dst
         src, dst = src[keep], dst[keep]
-    num_classes = int(labels.max()) + 1 if (labels >= 0).any() else 1
+    num_classes = labels.shape[1] if labels.ndim == 2 else \
+        int(labels.max()) + 1 if (labels >= 0).any() else 1
     g = from_edges(src, dst, features, labels, num_classes=num_classes, train_mask=train,
                    val_mask=val, test_mask=test, name=name or edges_path.stem)
     return make_undirected(g) if undirected else g

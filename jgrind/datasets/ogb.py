@@ -1,14 +1,15 @@
-"""OGB node-property datasets (ogbn-arxiv, ogbn-products, ...) from the raw folder that the OGB
-download unpacks, read without the ``ogb`` package:
+"""OGB node-property datasets (ogbn-arxiv, ogbn-products, ogbn-proteins, ...) from the raw
+folder that the OGB download unpacks, read without the ``ogb`` package:
 
-  raw/edge.csv.gz            ``src,dst`` a line, 0-based, no header (directed as stored)
-  raw/node-feat.csv.gz       ``[N, F]`` comma-separated floats
-  raw/node-label.csv.gz      one class id a line; ``nan`` = unlabelled
+  raw/edge.csv.gz            ``src,dst`` a line, 0-based, no header
+  raw/node-feat.csv.gz       ``[N, F]`` comma-separated floats (ogbn-proteins has none)
+  raw/edge-feat.csv.gz       optional ``[E, D]`` edge features (ogbn-proteins: 8)
+  raw/node-label.csv.gz      one class id a line, ``nan`` = unlabelled; or T comma-separated
+                             binary targets a line (ogbn-proteins: 112), ``nan`` = unknown
   raw/num-node-list.csv.gz   optional: the node count
   split/<scheme>/{train,valid,test}.csv.gz   node ids, one a line
 
-Heterogeneous (ogbn-mag) and multi-label (ogbn-proteins) datasets do not fit a `Graph` and are
-refused with a `DatasetError`.
+Heterogeneous datasets (ogbn-mag) do not fit a `Graph` and are refused with a `DatasetError`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from jgrind.graph import from_edges
 from jgrind.transforms import make_undirected
 
 _SPLIT_FLAG = "on the command line: --set dataset_options=split:NAME"
+# OGB's master.csv ``add_inverse_edge``: these store each undirected edge once, and OGB's own
+# loaders add the reverse; the others (ogbn-arxiv, ogbn-papers100M) are directed as stored
+_INVERSE_EDGES = ("ogbn_products", "ogbn_proteins")
+# how `node_features` builds a node's features from its edges' (ogbn-proteins has no others)
+EDGE_FEATURE_REDUCTIONS = ("edge_mean", "edge_sum")
 _HINT = "re-extract the OGB download (it needs raw/ and split/ as OGB ships them)"
 
 
@@ -49,13 +55,62 @@ def _split_dir(directory: Path, split) -> Path:
     return schemes[0]
 
 
-def load_ogb_raw(directory, *, split=None, to_undirected: bool = False, name=None):
+def _stored_undirected(directory: Path) -> bool:
+    """Whether OGB's own loaders add the reverse of every edge of this dataset, by the folder's
+    name (``ogbn_products``, ``products``, ``ogbn-proteins`` ...)."""
+    name = directory.name.lower().replace("-", "_")
+    return any(name in (known, known.removeprefix("ogbn_")) for known in _INVERSE_EDGES)
+
+
+def _edge_feature_nodes(edges: np.ndarray, edge_feat: np.ndarray, n: int, reduction: str,
+                        both_ends: bool) -> np.ndarray:
+    """``[N, D]`` node features: each node's incident edges' features, summed or averaged (PyG's
+    and DGL's ogbn-proteins examples: mean and sum over the undirected graph). With
+    ``both_ends`` an edge counts at its source too (its reverse is added); otherwise only at
+    its destination. A node without edges gets zeros."""
+    ends = [edges[:, 1], edges[:, 0]] if both_ends else [edges[:, 1]]
+    out = np.zeros((n, edge_feat.shape[1]), np.float64)
+    count = np.zeros(n, np.int64)
+    for end in ends:
+        for d in range(edge_feat.shape[1]):  # bincount: one pass per column, not np.add.at
+            out[:, d] += np.bincount(end, weights=edge_feat[:, d], minlength=n)
+        count += np.bincount(end, minlength=n)
+    if reduction == "edge_mean":
+        out /= np.maximum(count, 1)[:, None]
+    return out.astype(np.float32)
+
+
+def _targets(values: np.ndarray, path: Path) -> np.ndarray:
+    """Class ids ``[N]`` (one column) or multi-label targets ``[N, T]`` (NaN -> -1)."""
+    if values.shape[1] == 1:
+        return as_labels(values[:, 0], str(path), _HINT)
+    bad = ~np.isnan(values) & (values != 0) & (values != 1)
+    if bad.any():
+        i, t = (int(v[0]) for v in np.nonzero(bad))
+        raise DatasetError(f"{path}: {values.shape[1]} columns, so binary targets (0, 1, nan "
+                           f"for unknown), but line {i + 1} column {t + 1} is {values[i, t].item()}; "
+                           f"{_HINT}")
+    return np.where(np.isnan(values), -1, values).astype(np.int8)
+
+
+def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=None, name=None):
     """Load an OGB node-property dataset from its unpacked folder (the one holding ``raw/``).
 
-    Edges are kept directed as stored (``src -> dst``; ogbn-arxiv is a directed citation graph)
-    unless `to_undirected`, which adds the reverse of every edge and drops duplicates (self
-    loops are kept either way: they are part of the stored graph). Labels ``nan`` -> -1. The
-    split comes from the only folder under ``split/``, or the one named `split`; masks
+    Edges: ``to_undirected=None`` (the default) does what OGB's own loaders do, by the folder's
+    name: ogbn-products and ogbn-proteins store each undirected edge once and get its reverse
+    (OGB's ``add_inverse_edge``); every other dataset (ogbn-arxiv is a directed citation graph)
+    is kept directed as stored. ``True`` adds the reverse of every edge and drops duplicates,
+    ``False`` keeps the edges as stored. Self loops are kept either way.
+
+    Labels: one column is class ids (``nan`` -> -1); T columns are a multi-label task's binary
+    targets (ogbn-proteins: 112; ``nan`` -> -1, unknown), scored by mean ROC-AUC over tasks.
+
+    Features: ``raw/node-feat.csv.gz``; a dataset without one (ogbn-proteins) needs
+    ``node_features="edge_mean"`` or ``"edge_sum"``: each node's incident edges' features
+    (``raw/edge-feat.csv.gz``) averaged or summed over the graph as loaded, as PyG's and DGL's
+    ogbn-proteins examples do.
+
+    The split comes from the only folder under ``split/``, or the one named `split`; masks
     ``[1, N]``. The graph is named `name` or the folder's name (e.g. ``ogbn_arxiv``).
     """
     directory = Path(directory)
@@ -63,39 +118,51 @@ def load_ogb_raw(directory, *, split=None, to_undirected: bool = False, name=Non
         problem = "is a file" if directory.exists() else "does not exist"
         raise DatasetError(f"OGB dataset folder {directory} {problem}; pass the folder "
                            "that holds raw/ and split/")
+    if node_features is not None and node_features not in EDGE_FEATURE_REDUCTIONS:
+        raise DatasetError(f"node_features={node_features!r}: use one of "
+                           f"{', '.join(EDGE_FEATURE_REDUCTIONS)} (or leave it out to read "
+                           "raw/node-feat.csv.gz)")
+    if to_undirected is not None and not isinstance(to_undirected, bool):
+        raise DatasetError(f"to_undirected={to_undirected!r}: use true or false (or leave it "
+                           "out for OGB's own choice)")
     raw = directory / "raw"
     if not (raw / "edge.csv.gz").exists() and (raw / "node-feat").is_dir():
         raise DatasetError(f"{directory} looks like a heterogeneous OGB dataset (raw/node-feat/ "
                            "is a folder); jgrind reads homogeneous node-property datasets only")
-    if not (raw / "node-feat.csv.gz").exists() and (raw / "edge.csv.gz").exists():
+    feature_file = raw / ("edge-feat.csv.gz" if node_features else "node-feat.csv.gz")
+    if node_features is None and not feature_file.exists() and (raw / "edge.csv.gz").exists():
+        edge_hint = (" It has edge features: pass node_features=edge_mean (on the command "
+                     "line: --set dataset_options=node_features:edge_mean) to average each "
+                     "node's edges' features, as OGB's ogbn-proteins examples do."
+                     if (raw / "edge-feat.csv.gz").exists() else "")
         raise DatasetError(f"{directory} has no raw/node-feat.csv.gz; jgrind needs node "
-                           "features and will not invent identity ones (e.g. ogbn-proteins "
-                           "has none)")
-    for f in ("edge.csv.gz", "node-feat.csv.gz", "node-label.csv.gz"):
+                           f"features and will not invent identity ones.{edge_hint}")
+    for f in ("edge.csv.gz", feature_file.name, "node-label.csv.gz"):
         require_file(raw / f, "OGB file", _HINT)
     split_dir = _split_dir(directory, split)  # before the big reads, so mistakes fail fast
+    undirected = _stored_undirected(directory) if to_undirected is None else to_undirected
     edges = _read(raw / "edge.csv.gz", np.int64, ncols=2)
-    features = _read(raw / "node-feat.csv.gz", np.float32)
-    labels = _read(raw / "node-label.csv.gz", np.float64)
-    if labels.shape[1] != 1:
-        raise DatasetError(f"{raw / 'node-label.csv.gz'} has {labels.shape[1]} columns; jgrind "
-                           "supports one class id per node (multi-label datasets such as "
-                           "ogbn-proteins are not supported)")
-    labels = as_labels(labels[:, 0], str(raw / "node-label.csv.gz"), _HINT)
-    n = features.shape[0]
+    features = _read(feature_file, np.float32)
+    labels = _targets(_read(raw / "node-label.csv.gz", np.float64), raw / "node-label.csv.gz")
+    n = labels.shape[0] if node_features else features.shape[0]
     if (raw / "num-node-list.csv.gz").exists():
         counts = _read(raw / "num-node-list.csv.gz", np.int64)
         if counts.size != 1:
             raise DatasetError(f"{raw / 'num-node-list.csv.gz'} lists {counts.size} graphs; a "
                                "node-property dataset has one")
         n = int(counts[0, 0])
-    if features.shape[0] != n or labels.size != n:
-        raise DatasetError(f"{directory}: {n} nodes, but node-feat has {features.shape[0]} rows "
-                           f"and node-label {labels.size}; {_HINT}")
     if edges.size and (edges.min() < 0 or edges.max() >= n):
         bad = int(edges.min()) if edges.min() < 0 else int(edges.max())
         raise DatasetError(f"{raw / 'edge.csv.gz'}: node id {bad} is out of range for {n} nodes; "
                            f"{_HINT}")
+    if node_features:
+        if features.shape[0] != edges.shape[0]:
+            raise DatasetError(f"{feature_file}: {features.shape[0]} rows for "
+                               f"{edges.shape[0]} edges; {_HINT}")
+        features = _edge_feature_nodes(edges, features, n, node_features, undirected)
+    if features.shape[0] != n or labels.shape[0] != n:
+        raise DatasetError(f"{directory}: {n} nodes, but node-feat has {features.shape[0]} rows "
+                           f"and node-label {labels.shape[0]}; {_HINT}")
 
     masks = np.zeros((3, 1, n), bool)
     for m, part in zip(masks, ("train", "valid", "test")):
@@ -105,8 +172,9 @@ def load_ogb_raw(directory, *, split=None, to_undirected: bool = False, name=Non
             raise DatasetError(f"{split_dir / (part + '.csv.gz')}: node id {bad} is out of range "
                                f"for {n} nodes; {_HINT}")
         m[0, ids] = True
-    num_classes = int(labels.max()) + 1 if (labels >= 0).any() else 1
+    num_classes = labels.shape[1] if labels.ndim == 2 else \
+        int(labels.max()) + 1 if (labels >= 0).any() else 1
     g = from_edges(edges[:, 0], edges[:, 1], features, labels, num_classes=num_classes,
                    train_mask=masks[0], val_mask=masks[1], test_mask=masks[2],
                    name=name or directory.name)
-    return make_undirected(g) if to_undirected else g
+    return make_undirected(g) if undirected else g

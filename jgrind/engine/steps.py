@@ -223,7 +223,7 @@ class PaddedPartition:
     num_inputs: int
     halo_owner: np.ndarray
     halo_row: np.ndarray
-    labels: np.ndarray           # [num_out] int32, -1 on padding
+    labels: np.ndarray           # [num_out] int32 (multi-label: [num_out, T] int8), -1 on padding
     weights: np.ndarray          # [num_out] float32 loss weights, 0 on padding
     owned: np.ndarray            # [num_owned] global ids
 
@@ -255,7 +255,7 @@ def pad_partition(part, shape: tuple, *, labels: np.ndarray, weights: np.ndarray
     ids[:n_in] = part.input_ids
     block = make_block(indptr.astype(np.int32), indices, weight, ids, num_out=n_out_pad,
                        needs_edges=needs_edges, needs_adjacency=needs_adjacency)
-    lab = np.full(n_out_pad, -1, np.int32)
+    lab = np.full((n_out_pad, *labels.shape[1:]), -1, labels.dtype)  # [n] ids or [n, T] targets
     lab[:n_own] = labels[part.owned]
     w = np.zeros(n_out_pad, np.float32)
     w[:n_own] = weights[part.owned]

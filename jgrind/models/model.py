@@ -92,6 +92,10 @@ class GNN:
             raise GraphError(f"the {self.name} model takes {self.in_channels} input features "
                              f"but {graph.name} has {graph.num_features}; build it with "
                              "in_channels=graph.num_features")
+        if graph.multilabel and self.out_channels != graph.num_classes:
+            raise GraphError(f"the {self.name} model has {self.out_channels} outputs but "
+                             f"{graph.name} has {graph.num_classes} binary targets per node (a "
+                             "logit each); build it with out_channels=graph.num_classes")
         if self.out_channels < graph.num_classes:  # (more outputs than classes: unused logits)
             raise GraphError(f"the {self.name} model has {self.out_channels} outputs but "
                              f"{graph.name} has {graph.num_classes} classes; build it with "

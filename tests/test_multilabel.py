@@ -1,0 +1,252 @@
+"""Multi-label node classification (ogbn-proteins, PPI, Yelp): ``[N, T]`` binary targets, the
+binary cross-entropy loss, per-task ROC-AUC and F1, the OGB loader, and the command line.
+(The engine's exactness on multi-label targets is in test_engine.py.)"""
+
+import gzip
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jgrind import datasets as D, from_edges, generators, metrics, models
+from jgrind.graph import GraphError
+from jgrind.loss import binary_cross_entropy, node_weights, weighted_loss
+from jgrind.train import train
+
+
+def _targets_graph(targets, **kw):
+    n = np.asarray(targets).shape[0]
+    src, dst = np.arange(n), np.roll(np.arange(n), 1)
+    return from_edges(src, dst, np.ones((n, 2)), targets, **kw)
+
+
+# -- the Graph ---------------------------------------------------------------------------------
+def test_targets_are_stored_as_int8_with_unknowns():
+    floats = np.array([[1.0, 0.0, np.nan], [0.0, 1.0, 1.0], [np.nan, np.nan, 0.0]])
+    g = _targets_graph(floats, train_mask=[True, True, True])
+    assert g.multilabel and g.num_classes == 3 and g.labels.dtype == np.int8
+    np.testing.assert_array_equal(g.labels, [[1, 0, -1], [0, 1, 1], [-1, -1, 0]])
+    assert "tasks=3" in repr(g)
+    booleans = _targets_graph(np.array([[True, False], [False, False]]))
+    np.testing.assert_array_equal(booleans.labels, [[1, 0], [0, 0]])
+
+
+def test_a_column_of_class_ids_is_not_multi_label():
+    # PyG's and OGB's y for ogbn-arxiv is [N, 1] class ids
+    g = _targets_graph(np.array([[0], [4], [2]]))
+    assert not g.multilabel and g.num_classes == 5
+    np.testing.assert_array_equal(g.labels, [0, 4, 2])
+
+
+def test_bad_targets_are_named():
+    with pytest.raises(GraphError, match="target 2 of node 1, task 0 is not 0 or 1"):
+        _targets_graph(np.array([[0, 1], [2, 0]]))
+    with pytest.raises(GraphError, match=r"shape \(2, 2\), expected \[2, num_classes=3\]"):
+        _targets_graph(np.array([[0, 1], [1, 0]]), num_classes=3)
+    with pytest.raises(GraphError, match="node 1 is in a mask of split 0 but has no label"):
+        _targets_graph(np.array([[0, 1], [-1, -1]]), train_mask=[True, True])
+    with pytest.raises(GraphError, match="targets are <U1"):
+        _targets_graph(np.array([["a", "b"], ["c", "d"]]))
+
+
+def test_a_model_must_predict_every_target():
+    g = generators.csbm(200, num_tasks=4)
+    models.gcn(g.num_features, 8, 4).check_fits(g)
+    with pytest.raises(GraphError, match="4 binary targets per node"):
+        models.gcn(g.num_features, 8, 5).check_fits(g)
+
+
+# -- the loss ----------------------------------------------------------------------------------
+def test_binary_cross_entropy_matches_optax_and_skips_unknown_targets():
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(6, 4)) * 3, jnp.float32)
+    targets = rng.integers(0, 2, (6, 4)).astype(np.int8)
+    want = optax.sigmoid_binary_cross_entropy(logits, targets.astype(np.float32)).mean(-1)
+    np.testing.assert_allclose(binary_cross_entropy(logits, jnp.asarray(targets)), want,
+                               rtol=1e-6)
+    # unknown targets: the node's loss is the mean over its known ones, whatever the logit
+    targets[0, 1:] = -1
+    targets[1] = -1
+    got = binary_cross_entropy(logits, jnp.asarray(targets))
+    assert float(got[0]) == pytest.approx(float(optax.sigmoid_binary_cross_entropy(
+        logits[0, 0], float(targets[0, 0]))), rel=1e-6)
+    assert float(got[1]) == 0.0
+    moved = logits.at[0, 2].set(100.0).at[1].set(-50.0)
+    np.testing.assert_allclose(binary_cross_entropy(moved, jnp.asarray(targets)), got)
+
+
+def test_the_full_graph_loss_is_the_mean_over_node_target_pairs():
+    # with every target known: OGB's BCEWithLogitsLoss over train nodes x tasks
+    rng = np.random.default_rng(1)
+    logits = jnp.asarray(rng.normal(size=(10, 3)), jnp.float32)
+    targets = rng.integers(0, 2, (10, 3)).astype(np.int8)
+    train = np.arange(10) % 3 != 0
+    loss = weighted_loss(None, logits, jnp.asarray(targets), jnp.asarray(node_weights(train)))
+    pairs = optax.sigmoid_binary_cross_entropy(logits[train], targets[train].astype(np.float32))
+    assert float(loss) == pytest.approx(float(pairs.mean()), rel=1e-6)
+
+
+# -- metrics -----------------------------------------------------------------------------------
+def test_roc_auc_is_the_mean_over_tasks_with_both_classes():
+    rng = np.random.default_rng(2)
+    scores = rng.normal(size=(40, 3))
+    targets = rng.integers(0, 2, (40, 3)).astype(np.int8)
+    targets[:, 2] = 1          # one class only: left out, as OGB's Evaluator does
+    targets[5, 0] = -1         # unknown: left out of its task
+    mask = np.arange(40) < 30
+    want = np.mean([metrics.roc_auc(scores[:, t], targets[:, t], mask & (targets[:, t] >= 0))
+                    for t in (0, 1)])
+    assert metrics.roc_auc(scores, targets, mask) == pytest.approx(want)
+    assert metrics.evaluate(scores, targets, mask, "roc_auc") == pytest.approx(want)
+    # a hand case: task 0 ranks perfectly, task 1 perfectly wrong
+    s = np.array([[0.9, 0.1], [0.1, 0.9]])
+    assert metrics.roc_auc(s, np.array([[1, 1], [0, 0]]), np.array([True, True])) == 0.5
+    assert np.isnan(metrics.roc_auc(s, np.array([[1, 1], [1, 1]]), np.array([True, True])))
+
+
+def test_f1_scores_of_multi_label_predictions():
+    logits = np.array([[2.0, -1.0, 3.0], [-2.0, 1.0, -1.0], [1.0, 1.0, 1.0]])
+    targets = np.array([[1, 0, 0], [0, 1, -1], [0, 1, 1]], np.int8)
+    mask = np.ones(3, bool)
+    # pooled over the 8 known targets: tp 4 (0,0 1,1 2,1 2,2), fp 2 (0,2 2,0), fn 0
+    assert metrics.micro_f1(logits, targets, mask) == pytest.approx(2 * 4 / (2 * 4 + 2))
+    # per task: task 0 tp 1 fp 1 -> 2/3; task 1 tp 2 -> 1; task 2 tp 1 fp 1 -> 2/3
+    assert metrics.macro_f1(logits, targets, mask) == pytest.approx((2 / 3 + 1 + 2 / 3) / 3)
+    with pytest.raises(ValueError, match="'accuracy' needs one class per node"):
+        metrics.evaluate(logits, targets, mask, "accuracy")
+    # one class per node: micro F1 is accuracy
+    ids = np.array([0, 1, 1])
+    assert metrics.micro_f1(logits, ids, mask) == metrics.accuracy(logits, ids, mask)
+
+
+def test_the_host_loss_matches_the_training_loss():
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(8, 3)).astype(np.float32)
+    targets = rng.integers(-1, 2, (8, 3)).astype(np.int8)
+    targets[0] = -1
+    mask = np.ones(8, bool)
+    per_node = np.asarray(binary_cross_entropy(jnp.asarray(logits), jnp.asarray(targets)))
+    assert metrics.cross_entropy(logits, targets, mask) == pytest.approx(per_node[1:].mean(),
+                                                                         rel=1e-5)
+
+
+# -- training ----------------------------------------------------------------------------------
+def test_training_learns_multi_label_targets_in_memory_and_out_of_core(tmp_path):
+    from jgrind import policies
+    g = generators.csbm(2000, num_features=16, num_tasks=6, avg_degree=8, seed=0)
+    model = models.gcn(g.num_features, 32, g.num_classes, num_layers=2, dropout=0.2)
+    kw = dict(epochs=25, progress=False)
+    first = train(jax.random.key(0), g, model, optax.adam(0.02), **kw)
+    assert first.metric == "roc_auc"
+    chance = train(jax.random.key(0), g, model, optax.adam(0.0), **kw)
+    assert first.test > 0.75 and chance.test < 0.65, (first.test, chance.test)
+    offloaded = train(jax.random.key(0), g, model, optax.adam(0.02), **kw,
+                      policy=policies.ssd_offload(tmp_path), num_parts=3)
+    assert offloaded.test == pytest.approx(first.test, abs=1e-3)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5),
+                 offloaded.params, first.params)
+    f1 = train(jax.random.key(0), g, model, optax.adam(0.02), metric="micro_f1",
+               **{**kw, "epochs": 2})
+    assert f1.metric == "micro_f1" and 0 < f1.test < 1
+    with pytest.raises(ValueError, match="'accuracy' needs one class per node"):
+        train(jax.random.key(0), g, model, optax.adam(0.02), metric="accuracy", **kw)
+
+
+# -- loading -----------------------------------------------------------------------------------
+def _write_gz(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        f.write("".join(",".join(str(v) for v in row) + "\n" for row in rows))
+
+
+def _tiny_proteins(tmp_path, name="ogbn_proteins", n=30, tasks=3):
+    """The layout of the ogbn-proteins download: no node features, 8 -> here 2 edge features,
+    `tasks` binary targets a node, each undirected edge stored once."""
+    rng = np.random.default_rng(0)
+    pairs = {(int(a), int(b)) for a, b in rng.integers(0, n, (80, 2)) if a < b}
+    edges = np.array(sorted(pairs))
+    edge_feat = rng.random((len(edges), 2)).round(3)
+    targets = rng.integers(0, 2, (n, tasks)).astype(float)
+    targets[3, 1] = np.nan
+    d = tmp_path / name
+    _write_gz(d / "raw/edge.csv.gz", edges.tolist())
+    _write_gz(d / "raw/edge-feat.csv.gz", edge_feat.tolist())
+    _write_gz(d / "raw/node-label.csv.gz",
+              [["nan" if np.isnan(v) else int(v) for v in row] for row in targets])
+    _write_gz(d / "raw/num-node-list.csv.gz", [[n]])
+    _write_gz(d / "raw/node_species.csv.gz", [[1]] * n)
+    for part, ids in zip(("train", "valid", "test"), np.split(rng.permutation(n), [18, 24])):
+        _write_gz(d / "split/species" / f"{part}.csv.gz", [[i] for i in ids])
+    return d, edges, edge_feat, targets
+
+
+def test_ogbn_proteins_layout(tmp_path):
+    d, edges, edge_feat, targets = _tiny_proteins(tmp_path)
+    with pytest.raises(D.DatasetError, match="node_features=edge_mean"):
+        D.load(f"ogb:{d}")
+    g = D.load(f"ogb:{d}", node_features="edge_mean")
+    assert g.multilabel and g.num_classes == 3 and g.labels[3, 1] == -1
+    np.testing.assert_array_equal(g.labels[~np.isnan(targets)], targets[~np.isnan(targets)])
+    # OGB adds the reverse of every ogbn-proteins edge (add_inverse_edge)
+    assert g.num_edges == 2 * len(edges)
+    # a node's features: the mean of its incident edges' features, both ends counting
+    for node in (0, 7, 19):
+        incident = (edges[:, 0] == node) | (edges[:, 1] == node)
+        want = edge_feat[incident].mean(0) if incident.any() else np.zeros(2)
+        np.testing.assert_allclose(g.features[node], want, rtol=1e-6)
+    summed = D.load_ogb_raw(d, node_features="edge_sum")
+    incident = (edges[:, 0] == 7) | (edges[:, 1] == 7)
+    np.testing.assert_allclose(summed.features[7], edge_feat[incident].sum(0), rtol=1e-6)
+    directed = D.load_ogb_raw(d, node_features="edge_mean", to_undirected=False)
+    assert directed.num_edges == len(edges)
+    with pytest.raises(D.DatasetError, match="node_features='mean': use one of edge_mean"):
+        D.load_ogb_raw(d, node_features="mean")
+
+
+def test_ogb_stores_products_once_and_arxiv_directed(tmp_path):
+    # the folder's name says which: OGB's own master.csv add_inverse_edge
+    for name, both in (("ogbn_products", True), ("products", True), ("ogbn_arxiv", False)):
+        d, edges, *_ = _tiny_proteins(tmp_path, name=name)
+        (d / "raw/edge-feat.csv.gz").rename(d / "raw/node-feat-unused.csv.gz")
+        _write_gz(d / "raw/node-feat.csv.gz", np.ones((30, 2)).tolist())
+        g = D.load_ogb_raw(d)
+        assert g.num_edges == (2 if both else 1) * len(edges), name
+
+
+def test_bad_ogb_targets_are_named(tmp_path):
+    d, *_ = _tiny_proteins(tmp_path)
+    _write_gz(d / "raw/node-label.csv.gz", [[0, 1, 1]] * 29 + [[0, 3, 1]])
+    with pytest.raises(D.DatasetError, match="line 30 column 2 is 3.0"):
+        D.load_ogb_raw(d, node_features="edge_mean")
+
+
+def test_an_edge_list_with_a_target_matrix(tmp_path):
+    (tmp_path / "e.txt").write_text("0 1\n1 2\n2 3\n3 0\n")
+    np.save(tmp_path / "features.npy", np.eye(4, 3, dtype=np.float32))
+    np.save(tmp_path / "labels.npy", np.array([[1, 0], [0, 1], [1, 1], [0, 0]], np.int64))
+    g = D.load(f"edgelist:{tmp_path / 'e.txt'}")
+    assert g.multilabel and g.num_classes == 2
+    assert (g.train_mask | g.val_mask | g.test_mask).sum() == 4
+
+
+# -- the command line --------------------------------------------------------------------------
+def test_command_line_trains_and_predicts_multi_label(tmp_path, capsys):
+    from jgrind.cli import main
+    out = tmp_path / "run"
+    base = ["train", "--dataset", "csbm", "--epochs", "3", "--out", str(out), "--set",
+            "num_nodes=600", "--set", "dataset_options=num_tasks:4"]
+    assert main(base + ["--set", "metric=accuracy"]) == 2
+    assert "'accuracy' needs one class per node" in capsys.readouterr().err
+    assert main(base + ["--set", "label_smoothing=0.1"]) == 2
+    assert "label_smoothing smooths one class per node" in capsys.readouterr().err
+    assert not out.exists()  # refused before anything was written
+    assert main(base + ["--policy", "host", "--parts", "2"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metric"] == "roc_auc" and 0 < summary["test_mean"] <= 1
+    save = tmp_path / "logits.npy"
+    assert main(["predict", "--run", str(out), "--save", str(save)]) == 0
+    assert np.load(save).shape == (600, 4)
+    assert "roc_auc of these logits" in capsys.readouterr().out
