@@ -51,15 +51,31 @@ def save(mgr: ocp.CheckpointManager, epoch: int, state: Any, meta: dict, force=F
                                             meta=ocp.args.JsonSave(meta)), force=force)
 
 
-def restore_latest(mgr: ocp.CheckpointManager, like: Any) -> Optional[tuple[int, Any, dict]]:
+def restore_latest(mgr: ocp.CheckpointManager, like: Any,
+                   graph: Optional[dict] = None) -> Optional[tuple[int, Any, dict]]:
     """``(epoch, state, meta)`` of the latest checkpoint, or None. ``like`` gives the pytree
-    structure (e.g. freshly initialised state). ValueError, before any array is read, if the
-    checkpoint holds other shapes (another model or optimizer): orbax's own errors for that
-    are pages long."""
+    structure (e.g. freshly initialised state). `CheckpointMismatch`, before any array is
+    read, if the checkpoint was trained on another graph than ``graph`` (a
+    `jgrind.Graph.fingerprint`; checked first, since another graph's sizes would also give
+    other shapes), or holds other shapes (another model or optimizer): orbax's own errors for
+    that are pages long. A checkpoint that records no graph (an older jgrind's) is resumed
+    with a warning."""
     step = mgr.latest_step()
     if step is None:
         return None
     meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    if graph is not None and "graph" not in meta:
+        import warnings
+        warnings.warn(f"the checkpoint in {mgr.directory} was saved by an older jgrind and "
+                      "records no fingerprint of its graph, so resuming cannot check that the "
+                      "graph is the same (OGB folders of ogbn-products and ogbn-proteins now "
+                      "load undirected, as OGB's own loaders do)", stacklevel=3)
+    differ = graph_differences(meta["graph"], graph) if graph is not None and "graph" in meta \
+        else []
+    if differ:
+        raise CheckpointMismatch(f"the checkpoint in {mgr.directory} was trained on another "
+                                 f"graph ({', '.join(differ)} differ); resume it on the graph "
+                                 "it was trained on, or use a new checkpoint directory")
     saved = meta.get("layout")
     if saved is not None and saved != layout(like):
         raise CheckpointMismatch(f"the checkpoint in {mgr.directory} (epoch {step}) was saved "

@@ -71,8 +71,8 @@ class RunConfig:
     label_smoothing: float = 0.0
     "cross entropy against targets smoothed toward uniform by this much (0 = off)"
     metric: str = ""
-    ("what evaluations score and val selects by: accuracy | roc_auc | micro_f1 ('' = roc_auc "
-     "for binary and multi-label tasks, else accuracy)")
+    ("what evaluations score and val selects by: accuracy | roc_auc | micro_f1 | macro_f1 "
+     "('' = roc_auc for binary and multi-label tasks, else accuracy)")
     select: str = "val"
     "what picks the best epoch and what patience watches: val (metric) | val_loss"
     min_delta: float = 0.0
@@ -195,8 +195,8 @@ _LIMITS = {
     "split": (lambda v: v >= -1, "-1 (one per seed) or a split's number, 0 or more"),
     "patience": (lambda v: v >= 0, "0 (off) or more"),
     "select": (lambda v: v in ("val", "val_loss"), "val or val_loss"),
-    "metric": (lambda v: v in ("", "accuracy", "roc_auc", "micro_f1"),
-               "'' (by the task), accuracy, roc_auc or micro_f1"),
+    "metric": (lambda v: v in ("", "accuracy", "roc_auc", "micro_f1", "macro_f1"),
+               "'' (by the task), accuracy, roc_auc, micro_f1 or macro_f1"),
     "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "optimizer": (lambda v: v in ("adam", "adamw", "sgd"), "adam, adamw or sgd"),
     "lr_schedule": (lambda v: v in ("constant", "cosine"), "constant or cosine"),

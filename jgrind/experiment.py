@@ -146,7 +146,7 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
     loss = build_loss(cfg, graph)
     if cfg.metric:
         try:
-            check_metric(cfg.metric, model.out_channels, graph.multilabel)
+            check_metric(cfg.metric, graph.num_classes, graph.multilabel)
         except ValueError as err:  # a setting: one line, before anything is written
             raise ConfigError(f"setting metric={cfg.metric}: {err}") from None
     plans: list = []  # the auto policy's plan, one per seed (the same for each)
@@ -193,7 +193,8 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
     summary = {
         "dataset": graph.name, "model": cfg.model, "metric": trials.metric,
         "graph": {"nodes": graph.num_nodes, "edges": graph.num_edges,
-                  "features": graph.num_features, "classes": graph.num_classes},
+                  "features": graph.num_features, "classes": graph.num_classes,
+                  "multilabel": graph.multilabel},
         "seeds": list(trials.seeds), "splits": splits,
         "test": [r.test for r in trials.results], "val": [r.val for r in trials.results],
         "best_epoch": [r.best_epoch for r in trials.results],

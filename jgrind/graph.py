@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import functools
 import numbers
 import zlib
 from typing import Optional
@@ -160,14 +161,20 @@ class Graph:
         """What a checkpoint records of the graph it was trained on, to refuse resuming on
         another: the sizes, and a CRC-32 of each part training reads (the edges and their
         weights, the features, the labels, the masks). One pass over the arrays, a slice of
-        rows at a time (a memory-mapped graph is not read into memory at once); zlib's CRC,
-        the same in every process."""
+        rows at a time (a memory-mapped graph is not read into memory at once), made once per
+        graph; zlib's CRC, the same in every process."""
+        return dict(self._fingerprint)
+
+    @functools.cached_property
+    def _fingerprint(self) -> dict:
         def crc(*arrays) -> int:
             value = 0
             for a in arrays:
                 if a is None:
                     continue
                 value = zlib.crc32(f"{a.dtype.str}{a.shape}".encode(), value)
+                if a.size == 0:
+                    continue
                 flat = a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1)
                 step = max(1, _CHECK_BYTES // max(flat[:1].nbytes, 1))
                 for start in range(0, flat.shape[0], step):
@@ -239,9 +246,10 @@ class Graph:
             raise GraphError(f"{name}: num_classes must be at least 1, got {self.num_classes}")
         if self.multilabel:
             if self.labels.shape != (n, self.num_classes):
+                flipped = " (transposed? a row per node)" if self.labels.shape[1] == n else ""
                 raise GraphError(f"{name}: multi-label targets have shape {self.labels.shape}, "
                                  f"expected [{n}, num_classes={self.num_classes}] (a row of "
-                                 "targets per node)")
+                                 f"targets per node){flipped}")
         else:
             self._check_class_ids()
         labelled = self.labelled()
@@ -260,7 +268,12 @@ class Graph:
         used = tr | va | te
         if np.any(used & ~labelled[None]):
             s, i = (int(v[0]) for v in np.nonzero(used & ~labelled[None]))
-            raise GraphError(f"{name}: node {i} is in a mask of split {s} but has no label (-1)")
+            count = int(np.sum(used[s] & ~labelled))
+            what, keep = ("every target unknown (-1)", "(labels >= 0).any(axis=1)") \
+                if self.multilabel else ("no label (-1)", "(labels >= 0)")
+            raise GraphError(f"{name}: node {i} is in a mask of split {s} but has {what}; "
+                             f"{count} such node(s) in that split. Drop them from the masks: "
+                             f"mask & {keep}")
         if self.edge_weight is not None:
             if self.edge_weight.shape != ix.shape:
                 raise GraphError(f"{name}: edge_weight has shape {self.edge_weight.shape}, "
@@ -312,6 +325,8 @@ def _binary_targets(name: str, targets: np.ndarray) -> np.ndarray:
     (OGB's convention), as is -1."""
     if targets.dtype == bool:
         return targets.astype(np.int8)
+    if targets.dtype == np.int8 and not np.any((targets < -1) | (targets > 1)):
+        return targets  # as stored (and as `Graph.replace` passes them on): not copied
     if not (np.issubdtype(targets.dtype, np.integer)
             or np.issubdtype(targets.dtype, np.floating)):
         raise GraphError(f"{name}: multi-label targets are {targets.dtype}; they must be 0 or 1 "
@@ -322,7 +337,8 @@ def _binary_targets(name: str, targets: np.ndarray) -> np.ndarray:
     bad = (targets != 0) & (targets != 1) & (targets != -1)
     if bad.any():
         i, t = (int(v[0]) for v in np.nonzero(bad))
-        raise GraphError(f"{name}: multi-label target {targets[i, t].item()} of node {i}, task {t} "
+        raise GraphError(f"{name}: multi-label target {targets[i, t].item()} of node {i}, "
+                         f"task {t} "
                          "is not 0 or 1 (-1 or NaN for unknown); a [N, T] label array holds "
                          "binary targets, a class id per node is a [N] array")
     return targets.astype(np.int8)
@@ -394,6 +410,12 @@ def from_edges(src, dst, features, labels, *, edge_weight=None, num_classes=None
     indptr = np.zeros(n + 1, dtype=idx_t)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
     labels = _targets(name, labels)
+    if labels.ndim == 2 and labels.size and np.all(labels.sum(axis=1) == 1) \
+            and not np.any(labels < 0):
+        import warnings
+        warnings.warn(f"{name}: the [N, {labels.shape[1]}] labels have exactly one 1 in every "
+                      "row, and are read as that many binary targets (a multi-label task); if "
+                      "they are one-hot class labels, pass labels.argmax(1)", stacklevel=2)
     if num_classes is None:
         num_classes = labels.shape[1] if labels.ndim == 2 else \
             int(labels.max()) + 1 if labels.size else 1

@@ -47,6 +47,38 @@ def binary_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
+class PairMeanBinaryCrossEntropy:
+    """Binary cross entropy averaged over the training set's known (node, target) pairs, not
+    node by node: ``torch.nn.BCEWithLogitsLoss`` on the known entries, as OGB and PyG scripts
+    compute it when some targets are unknown. (With every target known it equals
+    `binary_cross_entropy`.) A node's loss is its known targets' summed loss times ``scale``,
+    the training nodes per known training pair, so that the trainer's division by the number
+    of training nodes gives the pair mean; build it with `pair_mean_binary_cross_entropy`.
+    Its ``val_loss`` is the mean over validation nodes of that same per-node value."""
+
+    scale: float
+
+    def __call__(self, logits: jax.Array, targets: jax.Array) -> jax.Array:
+        known = targets >= 0
+        y = jnp.where(known, targets, 0).astype(logits.dtype)
+        per_target = jnp.maximum(logits, 0) - logits * y + jnp.log1p(jnp.exp(-jnp.abs(logits)))
+        return self.scale * jnp.sum(jnp.where(known, per_target, 0.0), axis=-1)
+
+
+def pair_mean_binary_cross_entropy(graph, split: int = 0) -> PairMeanBinaryCrossEntropy:
+    """`PairMeanBinaryCrossEntropy` for ``graph``'s multi-label targets and training mask."""
+    if graph.labels.ndim != 2:
+        raise ValueError(f"{graph.name} has one class per node; the pair mean is for "
+                         "multi-label targets [N, T]")
+    train = graph.train_mask[split]
+    pairs = int(np.sum(graph.labels[train] >= 0))
+    if pairs == 0:
+        raise ValueError(f"{graph.name}: no known target among the training nodes of split "
+                         f"{split}")
+    return PairMeanBinaryCrossEntropy(float(train.sum()) / pairs)
+
+
+@dataclasses.dataclass(frozen=True)
 class SmoothedCrossEntropy:
     """Cross entropy against targets smoothed toward uniform: ``(1 - smoothing)`` on the label,
     ``smoothing / C`` on every class (``torch.nn.CrossEntropyLoss(label_smoothing=)``). A frozen

@@ -10,8 +10,20 @@ from __future__ import annotations
 import numpy as np
 
 
+def _mask(mask) -> np.ndarray:
+    mask = np.asarray(mask)
+    if mask.dtype != bool:  # 0/1 integers would index rows 0 and 1
+        raise TypeError(f"a metric's mask must be a bool [N] array, got {mask.dtype}; pass "
+                        "ids as a mask with np.isin(np.arange(N), ids)")
+    return mask
+
+
 def accuracy(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
-    """Fraction of masked nodes whose argmax logit is the label."""
+    """Fraction of masked nodes whose argmax logit is the label (one class per node)."""
+    mask = _mask(mask)
+    if labels.ndim == 2:
+        raise ValueError("accuracy needs one class per node, but the labels are multi-label "
+                         "targets [N, T]; use roc_auc, micro_f1 or macro_f1")
     if not mask.any():
         return float("nan")
     return float(np.mean(np.argmax(logits[mask], -1) == labels[mask]))
@@ -27,6 +39,7 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
     ROC-AUC on its masked, known targets, leaving out tasks with one class only there: OGB's
     ``Evaluator`` for ogbn-proteins. NaN when no task has both.
     """
+    mask = _mask(mask)
     if labels.ndim == 2:
         per_task = [_binary_auc(scores[:, t][mask], labels[:, t][mask])
                     for t in range(labels.shape[1])]
@@ -57,7 +70,9 @@ def _binary_auc(scores: np.ndarray, labels: np.ndarray) -> float:
 def micro_f1(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
     """F1 of every masked (node, target) decision pooled: sklearn's ``f1_score(
     average="micro")``, the metric of PPI and Yelp (GraphSAINT). Multi-label: a logit above 0
-    predicts 1, unknown targets are left out. One class per node: equal to `accuracy`."""
+    predicts 1, unknown targets are left out, and with no true and no predicted positive it is
+    0 (sklearn's ``zero_division`` default). One class per node: equal to `accuracy`."""
+    mask = _mask(mask)
     if labels.ndim != 2:
         return accuracy(logits, labels, mask)
     y, known = labels[mask], labels[mask] >= 0
@@ -66,24 +81,25 @@ def micro_f1(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
     predicted = logits[mask] > 0
     tp = np.sum(predicted & (y == 1) & known)
     wrong = np.sum((predicted != (y == 1)) & known)  # false positives + false negatives
-    return float(2 * tp / (2 * tp + wrong)) if tp + wrong else 1.0
+    return float(2 * tp / (2 * tp + wrong)) if tp + wrong else 0.0
 
 
 def macro_f1(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
     """The unweighted mean over classes of each class's F1 (argmax predictions), over the
     classes present among the masked labels or predictions, as sklearn's
     ``f1_score(average="macro")`` (a class with no true and no predicted node is left out).
-    Multi-label: the mean over tasks of each task's F1 (a logit above 0 predicts 1) on its
-    known targets, over the tasks with a true or predicted positive."""
+    Multi-label: the mean over all tasks of each task's F1 (a logit above 0 predicts 1) on
+    its known targets, a task with no true and no predicted positive scoring 0, as sklearn's
+    ``f1_score(average="macro")`` on an indicator matrix."""
+    mask = _mask(mask)
     if not mask.any():
         return float("nan")
     if labels.ndim == 2:
         y, known, predicted = labels[mask], labels[mask] >= 0, logits[mask] > 0
         tp = np.sum(predicted & (y == 1) & known, axis=0).astype(np.float64)
         positives = np.sum(predicted & known, axis=0) + np.sum((y == 1) & known, axis=0)
-        present = positives > 0
-        return float(np.mean(2 * tp[present] / positives[present])) if present.any() \
-            else float("nan")
+        f1 = np.divide(2 * tp, positives, out=np.zeros_like(tp), where=positives > 0)
+        return float(f1.mean())
     y, p = labels[mask], np.argmax(logits[mask], -1)
     classes = np.union1d(y, p)
     tp = np.array([np.sum((p == c) & (y == c)) for c in classes], np.float64)
@@ -133,6 +149,7 @@ METRICS = {
                "(multi-label, as OGB's ogbn-proteins)",
     "micro_f1": "F1 over all (node, target) decisions pooled (multi-label: logit > 0 "
                 "predicts 1; PPI, Yelp); one class per node: accuracy",
+    "macro_f1": "the unweighted mean of every class's (multi-label: task's) F1",
 }
 
 
@@ -142,24 +159,30 @@ def default_metric(num_classes: int, multilabel: bool = False) -> str:
     return "roc_auc" if num_classes == 2 or multilabel else "accuracy"
 
 
-def check_metric(metric: str, num_outputs: int, multilabel: bool) -> None:
-    """ValueError unless ``metric`` scores this kind of task: said before training, not at the
-    first evaluation."""
+def check_metric(metric: str, num_classes: int, multilabel: bool) -> None:
+    """ValueError unless ``metric`` scores this kind of task (``num_classes`` classes, or
+    targets if ``multilabel``): said before training, not at the first evaluation."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
     if multilabel and metric == "accuracy":
         raise ValueError("metric 'accuracy' needs one class per node, but the labels are "
-                         "multi-label targets [N, T]; use 'roc_auc' or 'micro_f1'")
-    if not multilabel and metric == "roc_auc" and num_outputs < 2:
-        raise ValueError(f"metric 'roc_auc' scores the second output of a binary task, but "
-                         f"the model has {num_outputs} output(s); use 'accuracy'")
+                         "multi-label targets [N, T]; use 'roc_auc', 'micro_f1' or 'macro_f1'")
+    if not multilabel and metric == "roc_auc" and num_classes != 2:
+        raise ValueError(f"metric 'roc_auc' scores binary tasks (the second class's "
+                         f"probability) and multi-label ones, but this task has {num_classes} "
+                         f"class{'' if num_classes == 1 else 'es'}; use 'accuracy' or "
+                         "'macro_f1'")
 
 
 def evaluate(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray, metric: str) -> float:
+    """``metric`` (a name in `METRICS`) of ``logits`` on the masked nodes."""
     multilabel = labels.ndim == 2
-    check_metric(metric, logits.shape[-1], multilabel)
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
     if metric == "roc_auc":
+        if not multilabel and logits.shape[-1] < 2:
+            raise ValueError("metric 'roc_auc' scores the second output of a binary task, but "
+                             "the logits have one column")
         return roc_auc(logits if multilabel else softmax(logits)[:, 1], labels, mask)
-    if metric == "micro_f1":
-        return micro_f1(logits, labels, mask)
-    return accuracy(logits, labels, mask)
+    return {"micro_f1": micro_f1, "macro_f1": macro_f1, "accuracy": accuracy}[metric](
+        logits, labels, mask)

@@ -15,6 +15,7 @@ import json
 import math
 import pathlib
 import time
+import warnings
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 import jax
@@ -192,8 +193,9 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
       graph: the raw graph; the model's normalisation is applied here, on the whole graph.
       model, optimizer: a `GNN` and any optax transformation.
       split: which row of the graph's masks to use.
-      metric: "accuracy", "roc_auc" or "micro_f1" (`jgrind.metrics.METRICS`); default by the
-        task: ROC-AUC for binary and multi-label tasks, else accuracy.
+      metric: "accuracy", "roc_auc", "micro_f1" or "macro_f1" (`jgrind.metrics.METRICS`);
+        default by the task: ROC-AUC for binary and multi-label tasks, else accuracy. A
+        resumed checkpoint must have been scored by the same metric.
       eval_every: evaluate on val/test every this many epochs (and at the last).
       patience: stop when the selection score has not improved for this many evaluations.
       select: what picks the best epoch (``best_params``, ``val``, ``test``) and what
@@ -207,9 +209,10 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
       policy, num_parts, store, device_budget, host_budget, partitioner: run out of core, see
         `make_executor` and `jgrind.engine.OutOfCore`.
       loss: the per-node training loss, ``(logits [n, C], labels [n]) -> [n]`` in JAX
-        (`jgrind.loss.weighted_loss`; default `jgrind.loss.cross_entropy`, or for multi-label
-        targets ``[n, T]`` `jgrind.loss.binary_cross_entropy`); also what ``val_loss``
-        reports.
+        (`jgrind.loss.weighted_loss`; default `jgrind.loss.cross_entropy`); also what
+        ``val_loss`` reports. Multi-label targets reach it as ``[n, T]`` int8 with -1 for an
+        unknown target, which it must leave out (default
+        `jgrind.loss.binary_cross_entropy`). Checked on shapes before training.
       metrics: more metrics to log, ``{name: fn(logits, labels, mask) -> float}`` on host
         arrays (e.g. `jgrind.metrics.macro_f1`): each evaluation records ``train_NAME``,
         ``val_NAME`` and ``test_NAME``.
@@ -231,7 +234,9 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     graph.check_split(split)
     model.check_fits(graph)
     metric = metric or default_metric(graph.num_classes, graph.multilabel)
-    check_metric(metric, model.out_channels, graph.multilabel)
+    check_metric(metric, graph.num_classes, graph.multilabel)
+    if loss is not None:
+        _check_loss(loss, graph, model)
     masks = (graph.train_mask[split], graph.val_mask[split], graph.test_mask[split])
     labels = graph.labels
     owned_executor = executor is None
@@ -247,6 +252,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     log_file = manager = None
     stale = 0
     train_seconds = 0.0
+    warned_nan = False
     try:
         # Within the try, so that the store's files are removed below whatever fails next.
         # Made before anything is written: a budget or store directory it rejects is an error
@@ -262,24 +268,18 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
         if manager is not None:
             like = {"params": params, "opt_state": opt_state, "best_params": params}
             fingerprint = graph.fingerprint()
-            restored = ckpt.restore_latest(manager, like)
+            restored = ckpt.restore_latest(manager, like, graph=fingerprint)
             if restored is not None:
                 saved_epoch, state, meta = restored
-                # older checkpoints recorded no graph: nothing to compare
-                differ = ckpt.graph_differences(meta.get("graph", fingerprint), fingerprint)
-                if differ:
-                    raise ckpt.CheckpointMismatch(
-                        f"the checkpoint in {checkpoint_dir} was trained on another graph than "
-                        f"{graph.name} ({', '.join(differ)} differ); resume it on the graph it "
-                        "was trained on, or use a new checkpoint directory")
                 params, opt_state = state["params"], state["opt_state"]
                 history = meta["history"]
-                chosen_by = meta.get("select", "val")  # older checkpoints: the metric
-                if chosen_by != select:
-                    raise ckpt.CheckpointMismatch(
-                        f"the checkpoint in {checkpoint_dir} chose its best epoch by "
-                        f"select={chosen_by!r}; resume it with that, or use a new checkpoint "
-                        "directory")
+                # older checkpoints: selected by the metric, which they did not record
+                for name, value in (("select", select), ("metric", metric)):
+                    if meta.get(name, value if name == "metric" else "val") != value:
+                        raise ckpt.CheckpointMismatch(
+                            f"the checkpoint in {checkpoint_dir} was trained with "
+                            f"{name}={meta[name]!r} (its log and best epoch are scored so); "
+                            f"resume it with that, or use a new checkpoint directory")
                 best = {**meta["best"], "params": state["best_params"], "score": -math.inf}
                 evaluated = [r for r in history if "val" in r]
                 if best["epoch"] >= 0:  # the score from the log (older checkpoints saved none)
@@ -332,6 +332,13 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                     record.update({f"{part}_{name}": float(fn(logits, labels, m))
                                    for part, m in zip(("train", "val", "test"), masks)})
                 score = score_of(record)
+                if math.isnan(score) and not warned_nan:
+                    warned_nan = True
+                    warnings.warn(f"the selection score ({select}: {metric} on validation "
+                                  f"split {split}) is undefined (NaN) at epoch {epoch}, so it "
+                                  "cannot choose the best epoch: e.g. every validation node "
+                                  "has one class, or every task one class among them; use "
+                                  "another split, metric or select", stacklevel=2)
                 if score > best["score"] + min_delta or best["epoch"] < 0:
                     best = {"epoch": epoch, "val": record["val"], "test": record["test"],
                             "score": score, "params": jax.tree.map(jnp.copy, params)}
@@ -348,7 +355,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             if manager is not None:
                 meta = {"best": {k: v for k, v in best.items() if k != "params"},
                         "history": history, "stale": stale, "select": select,
-                        "graph": fingerprint}
+                        "metric": metric, "graph": fingerprint}
                 state = {"params": params, "opt_state": opt_state,
                          "best_params": best["params"]}
                 ckpt.save(manager, epoch, state, meta, force=last or stop)
@@ -400,6 +407,26 @@ def in_memory_bytes(graph: Graph, model: GNN) -> int:
     structure = 2 * (graph.indptr.nbytes + graph.indices.nbytes + 4 * graph.num_edges)
     return estimate(graph.num_nodes, graph.num_edges, graph.num_features,
                     layer_widths(model, graph.num_features), structure)
+
+
+def _check_loss(loss: Callable, graph: Graph, model: GNN) -> None:
+    """TypeError unless ``loss`` takes this graph's logits and labels and gives a value per
+    node: traced on shapes alone (`jax.eval_shape`), before anything is written, not a JAX
+    shape error at the first step."""
+    logits = jax.ShapeDtypeStruct((2, model.out_channels), jnp.float32)
+    labels = jax.ShapeDtypeStruct((2, *graph.labels.shape[1:]), graph.labels.dtype)
+    what = (f"multi-label targets [n, {graph.num_classes}] int8, -1 unknown"
+            if graph.multilabel else "class ids [n] int32")
+    try:
+        out = jax.eval_shape(loss, logits, labels)
+    except Exception as err:  # whatever the function raises on these shapes
+        message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise TypeError(f"the loss {loss!r} fails on this graph's labels ({what}) and logits "
+                        f"[n, {model.out_channels}]: {type(err).__name__}: {message}") from None
+    if getattr(out, "shape", None) != (2,):
+        raise TypeError(f"the loss must give one value per node ([n]); {loss!r} gives "
+                        f"{getattr(out, 'shape', out)} for logits [2, {model.out_channels}] and "
+                        f"{what}")
 
 
 def _host_loss(node_loss: Optional[Callable]) -> Callable:

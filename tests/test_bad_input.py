@@ -451,7 +451,7 @@ def test_a_metric_the_model_cannot_give_is_named(small):
     with pytest.raises(ValueError, match="unknown metric 'f1'"):
         _train(graph, jgrind.models.gcn(8, 8, 3), metric="f1")
     one = graph.replace(labels=np.zeros(graph.num_nodes, np.int32), num_classes=1)
-    with pytest.raises(ValueError, match="the model has 1 output"):
+    with pytest.raises(ValueError, match="roc_auc' scores binary tasks.* has 1 class;"):
         _train(one, jgrind.models.gcn(8, 8, 1), metric="roc_auc")
 
 
@@ -593,16 +593,61 @@ def test_space_promised_to_a_running_run_is_not_free(tmp_path):
     """Two runs on one store directory: the second counts what the first's plan will still
     write (its files are sparse, so the disk's free space shows only what is written)."""
     import shutil
+    from jgrind import disk_space
     from jgrind.engine.store import StoreError, make_run_dir
     free = shutil.disk_usage(tmp_path).free
     first = make_run_dir(tmp_path, free * 3 // 4, b"a" * 16)  # this process: alive
     with pytest.raises(StoreError, match=rf"GiB is promised to 1 other running jgrind run\(s\) "
-                                         rf"that have not written it yet \({first.name}\)"):
+                                         rf"that have not written it yet \({first.name}"):
         make_run_dir(tmp_path, free // 2, b"b" * 16)
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # the refused run left nothing
     second = make_run_dir(tmp_path, free // 8, b"c" * 16)  # what is left still fits
     assert second.exists()
-    # what the first has written is on the disk's books already: promised no more
-    (first / "reserved.json").write_text('{"bytes": 4096}')
-    (first / "activation-1.bin").write_bytes(b"\1" * 8192)
+    # a sparse file holds no blocks: still promised in full; written bytes are on the disk's
+    # books already, so the promise shrinks by them
+    with open(first / "activation-1.bin", "wb") as f:
+        f.truncate(free // 4)
+    promised = dict(disk_space.promised(tmp_path))
+    assert promised[first] >= free * 3 // 4 - 4096
+    (first / "gradient-1.bin").write_bytes(b"\1" * (1 << 20))
+    shrunk = dict(disk_space.promised(tmp_path))[first]
+    assert promised[first] - (1 << 20) - 65536 <= shrunk <= promised[first] - (1 << 20)
+    # a reservation whose process has ended, or whose pid another process has taken since
+    # (another start time), promises nothing
+    import json
+    record = json.loads((first / "reserved.json").read_text())
+    (first / "reserved.json").write_text(json.dumps({**record, "started": -1}))
+    assert first not in dict(disk_space.promised(tmp_path))
     assert make_run_dir(tmp_path, free // 2, b"d" * 16).exists()
+
+
+def test_two_runs_starting_together_cannot_claim_the_same_space(tmp_path, monkeypatch):
+    """The check and the reservation happen under a lock on the store directory: with the
+    window between them widened, one of two simultaneous runs still sees the other's claim."""
+    import shutil
+    import threading
+    import time
+    from jgrind import disk_space
+    from jgrind.engine.store import StoreError, make_run_dir
+    real = disk_space.promised
+
+    def slow(root):
+        found = real(root)
+        time.sleep(0.3)  # both would pass the check here without the lock
+        return found
+    monkeypatch.setattr(disk_space, "promised", slow)
+    free = shutil.disk_usage(tmp_path).free
+    outcomes, barrier = [], threading.Barrier(2)
+
+    def start(tag):
+        barrier.wait()
+        try:
+            outcomes.append(make_run_dir(tmp_path, free * 3 // 4, tag))
+        except StoreError as err:
+            outcomes.append(err)
+    threads = [threading.Thread(target=start, args=(bytes([65 + i]) * 16,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(type(o).__name__ for o in outcomes) == ["PosixPath", "StoreError"]

@@ -175,7 +175,7 @@ def _write_gz(path, lines):
         f.write("".join(line + "\n" for line in lines))
 
 
-def _tiny_ogb(tmp_path, n=50, name="ogbn_tiny"):
+def _tiny_ogb(tmp_path, n=50, name="ogbn_arxiv"):
     rng = np.random.default_rng(0)
     src = rng.integers(0, n, 200)
     dst = rng.integers(0, n, 200)
@@ -197,7 +197,7 @@ def _tiny_ogb(tmp_path, n=50, name="ogbn_tiny"):
 def test_ogb_raw_round_trip(tmp_path):
     d, src, dst, feats, labels, parts = _tiny_ogb(tmp_path)
     g = D.load(f"ogb:{d}")
-    assert g.name == "ogbn_tiny" and g.num_nodes == 50 and g.num_classes == 3
+    assert g.name == "ogbn_arxiv" and g.num_nodes == 50 and g.num_classes == 3
     np.testing.assert_array_equal(g.features, feats)
     assert g.labels[7] == -1
     np.testing.assert_array_equal(np.delete(g.labels, 7), np.delete(labels, 7).astype(int))

@@ -13,7 +13,8 @@ PACKAGE = pathlib.Path(jgrind.__file__).parent
 # ones. Every module must be named here: a new one is placed on purpose, not by default.
 STAGES = [
     ("foundations", ("jgrind._kernels", "jgrind.allocator", "jgrind.arguments", "jgrind.buffers",
-                     "jgrind.caches", "jgrind.checksum", "jgrind.host_memory", "jgrind.interrupts",
+                     "jgrind.caches", "jgrind.checksum", "jgrind.disk_space",
+                     "jgrind.host_memory", "jgrind.interrupts",
                      "jgrind.rows",
                      "jgrind.sparse",
                      "jgrind.loss", "jgrind.metrics", "jgrind.checkpoint", "jgrind.plots")),

@@ -45,11 +45,19 @@ def test_bad_targets_are_named():
     with pytest.raises(GraphError, match="target 2 of node 1, task 0 is not 0 or 1"):
         _targets_graph(np.array([[0, 1], [2, 0]]))
     with pytest.raises(GraphError, match=r"shape \(2, 2\), expected \[2, num_classes=3\]"):
-        _targets_graph(np.array([[0, 1], [1, 0]]), num_classes=3)
-    with pytest.raises(GraphError, match="node 1 is in a mask of split 0 but has no label"):
+        _targets_graph(np.array([[0, 1], [1, 1]]), num_classes=3)
+    with pytest.raises(GraphError, match="node 1 is in a mask of split 0 but has every target unknown"):
         _targets_graph(np.array([[0, 1], [-1, -1]]), train_mask=[True, True])
     with pytest.raises(GraphError, match="targets are <U1"):
         _targets_graph(np.array([["a", "b"], ["c", "d"]]))
+    with pytest.raises(GraphError, match=r"\(transposed\? a row per node\)"):
+        from_edges([0], [1], np.ones((2, 2)), np.zeros((3, 2)), num_classes=3)
+
+
+def test_one_hot_labels_read_as_targets_are_warned_about():
+    with pytest.warns(UserWarning, match=r"exactly one 1 in every row.*labels.argmax\(1\)"):
+        g = _targets_graph(np.eye(3, dtype=np.int64)[[0, 2, 1, 1]])
+    assert g.multilabel
 
 
 def test_a_model_must_predict_every_target():
@@ -108,15 +116,21 @@ def test_roc_auc_is_the_mean_over_tasks_with_both_classes():
 
 
 def test_f1_scores_of_multi_label_predictions():
-    logits = np.array([[2.0, -1.0, 3.0], [-2.0, 1.0, -1.0], [1.0, 1.0, 1.0]])
-    targets = np.array([[1, 0, 0], [0, 1, -1], [0, 1, 1]], np.int8)
+    # the unknown target (1, 2) has a positive logit: counted, it would be a false positive
+    logits = np.array([[2.0, -1.0, 3.0, -1.0], [-2.0, 1.0, 5.0, -1.0], [1.0, 1.0, 1.0, -1.0]])
+    targets = np.array([[1, 0, 0, 0], [0, 1, -1, 0], [0, 1, 1, 0]], np.int8)
     mask = np.ones(3, bool)
-    # pooled over the 8 known targets: tp 4 (0,0 1,1 2,1 2,2), fp 2 (0,2 2,0), fn 0
+    # pooled over the 11 known targets: tp 4 (0,0 1,1 2,1 2,2), fp 2 (0,2 2,0), fn 0
     assert metrics.micro_f1(logits, targets, mask) == pytest.approx(2 * 4 / (2 * 4 + 2))
-    # per task: task 0 tp 1 fp 1 -> 2/3; task 1 tp 2 -> 1; task 2 tp 1 fp 1 -> 2/3
-    assert metrics.macro_f1(logits, targets, mask) == pytest.approx((2 / 3 + 1 + 2 / 3) / 3)
-    with pytest.raises(ValueError, match="'accuracy' needs one class per node"):
+    # per task, as sklearn's macro F1 on an indicator matrix: task 0 tp 1 fp 1 -> 2/3; task 1
+    # tp 2 -> 1; task 2 tp 1 fp 1 -> 2/3; task 3 no true or predicted positive -> 0
+    assert metrics.macro_f1(logits, targets, mask) == pytest.approx((2 / 3 + 1 + 2 / 3) / 4)
+    # nothing positive, nothing predicted: 0, as sklearn's zero_division default
+    assert metrics.micro_f1(-np.ones((2, 2)), np.zeros((2, 2), np.int8), mask[:2]) == 0.0
+    with pytest.raises(ValueError, match="accuracy needs one class per node"):
         metrics.evaluate(logits, targets, mask, "accuracy")
+    with pytest.raises(TypeError, match="mask must be a bool"):
+        metrics.micro_f1(logits, targets, np.ones(3, int))
     # one class per node: micro F1 is accuracy
     ids = np.array([0, 1, 1])
     assert metrics.micro_f1(logits, ids, mask) == metrics.accuracy(logits, ids, mask)
@@ -153,6 +167,14 @@ def test_training_learns_multi_label_targets_in_memory_and_out_of_core(tmp_path)
     assert f1.metric == "micro_f1" and 0 < f1.test < 1
     with pytest.raises(ValueError, match="'accuracy' needs one class per node"):
         train(jax.random.key(0), g, model, optax.adam(0.02), metric="accuracy", **kw)
+    # a class-id loss on multi-label targets: said before training, not a JAX shape error
+    from jgrind.loss import SmoothedCrossEntropy
+    with pytest.raises(TypeError, match=r"fails on this graph's labels \(multi-label targets"):
+        train(jax.random.key(0), g, model, optax.adam(0.02), loss=SmoothedCrossEntropy(0.1),
+              **kw)
+    with pytest.raises(TypeError, match=r"one value per node.*gives \(2, 6\)"):
+        train(jax.random.key(0), g, model, optax.adam(0.02), **kw,
+              loss=lambda logits, y: optax.sigmoid_binary_cross_entropy(logits, y))
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -216,6 +238,19 @@ def test_ogb_stores_products_once_and_arxiv_directed(tmp_path):
         assert g.num_edges == (2 if both else 1) * len(edges), name
 
 
+def test_an_ogb_folder_of_another_name_is_kept_directed_with_a_warning(tmp_path):
+    d, edges, *_ = _tiny_proteins(tmp_path, name="my_copy")
+    with pytest.warns(UserWarning, match="'my_copy' is not named after an OGB dataset.*"
+                                         "to_undirected=True"):
+        g = D.load_ogb_raw(d, node_features="edge_mean")
+    assert g.num_edges == len(edges)
+    assert D.load_ogb_raw(d, node_features="edge_mean", to_undirected=np.True_).num_edges \
+        == 2 * len(edges)
+    (d / "raw/edge-feat.csv.gz").rename(d / "raw/node-feat.csv.gz")
+    with pytest.raises(D.DatasetError, match="has no raw/edge-feat.csv.gz; leave node_features"):
+        D.load_ogb_raw(d, node_features="edge_mean", to_undirected=False)
+
+
 def test_bad_ogb_targets_are_named(tmp_path):
     d, *_ = _tiny_proteins(tmp_path)
     _write_gz(d / "raw/node-label.csv.gz", [[0, 1, 1]] * 29 + [[0, 3, 1]])
@@ -250,3 +285,46 @@ def test_command_line_trains_and_predicts_multi_label(tmp_path, capsys):
     assert main(["predict", "--run", str(out), "--save", str(save)]) == 0
     assert np.load(save).shape == (600, 4)
     assert "roc_auc of these logits" in capsys.readouterr().out
+
+
+def test_a_saved_multi_label_graph_maps_back_the_same(tmp_path):
+    g = generators.csbm(300, num_tasks=3)
+    D.save_graph(g, tmp_path / "saved")
+    back = D.load(f"npy:{tmp_path / 'saved'}")
+    assert back.multilabel and back.labels.dtype == np.int8
+    np.testing.assert_array_equal(back.labels, g.labels)
+    assert back.fingerprint() == g.fingerprint()
+
+
+def test_the_pair_mean_loss_is_bce_over_known_training_pairs():
+    from jgrind.loss import pair_mean_binary_cross_entropy
+    g = generators.csbm(200, num_tasks=4, seed=2)
+    targets = np.array(g.labels)
+    targets[np.random.default_rng(5).random(targets.shape) < 0.3] = -1
+    targets[:, 0] = g.labels[:, 0]  # every node keeps a known target
+    g = g.replace(labels=targets)
+    loss = pair_mean_binary_cross_entropy(g)
+    logits = jnp.asarray(np.random.default_rng(6).normal(size=(200, 4)), jnp.float32)
+    train = g.train_mask[0]
+    got = weighted_loss(loss, logits, jnp.asarray(targets), jnp.asarray(node_weights(train)))
+    known = train[:, None] & (targets >= 0)
+    pairs = optax.sigmoid_binary_cross_entropy(logits, np.maximum(targets, 0).astype(np.float32))
+    assert float(got) == pytest.approx(float(pairs[known].mean()), rel=1e-5)
+    # node by node (the default) weighs a node with few known targets more: not the same
+    by_node = weighted_loss(None, logits, jnp.asarray(targets), jnp.asarray(node_weights(train)))
+    assert abs(float(by_node) - float(got)) > 1e-4
+
+
+def test_the_planned_working_set_counts_the_targets():
+    from jgrind.partition import contiguous, partition_graph
+    from jgrind.plan.cost import Workload
+    sizes = {}
+    multi = generators.csbm(400, num_tasks=40)
+    ids = multi.replace(labels=np.arange(400) % 40)  # the same graph, a class id per node
+    for kind, g in (("ids", ids), ("targets", multi)):
+        model = models.sage(g.num_features, 4, 40, num_layers=1)
+        pg = partition_graph(g, contiguous(g, 2), num_parts=2)
+        w = Workload.build(pg, model)
+        sizes[kind] = (w.working_set(), int(w.pad_out.max()))
+    (ids, pad), (targets, _) = sizes["ids"], sizes["targets"]
+    assert targets - ids == pad * 40 * (1 + 2 * 4)  # int8 targets, the loss and its cotangent

@@ -5,7 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from jgrind import metrics, models
+from jgrind import from_edges, metrics, models
 from jgrind.train import InMemory, run_trials, train
 
 from helpers import community_graph
@@ -306,7 +306,7 @@ def test_resume_keeps_the_selection_rule_and_reads_older_checkpoints(tmp_path):
                                      epochs=epochs, progress=False, checkpoint_dir=ckpt,
                                      checkpoint_every=1, **kw)
     run(10)
-    with pytest.raises(ValueError, match="chose its best epoch by select='val'"):
+    with pytest.raises(ValueError, match="trained with select='val'"):
         run(20, select="val_loss")
     # an older checkpoint: no select, no score, no early-stopping count in its meta
     mgr = ocp.CheckpointManager(ckpt.absolute())
@@ -344,10 +344,46 @@ def test_resume_refuses_a_checkpoint_of_another_graph(tmp_path):
                         (g.replace(val_mask=g.test_mask, test_mask=g.val_mask), "masks")):
         with pytest.raises(CheckpointMismatch, match=f"another graph .*its {part} differ"):
             run(other, 4)
+    src, dst = np.array(g.indices), np.repeat(np.arange(300), np.diff(g.indptr))
+    src[5] = (src[5] + 1) % 300  # one edge rewired: same sizes
+    rewired = from_edges(src, dst, g.features, g.labels, num_classes=g.num_classes,
+                         train_mask=g.train_mask, val_mask=g.val_mask, test_mask=g.test_mask)
+    with pytest.raises(CheckpointMismatch, match="its edges differ"):
+        run(rewired, 4)
     smaller = community_graph(num_nodes=290, homophily=0.5, num_features=4)
     with pytest.raises(CheckpointMismatch, match="nodes 300 -> 290"):
         run(smaller, 4)
+    # other features: another graph, said as such (not "another model": the shapes differ too)
+    wider = community_graph(num_nodes=300, homophily=0.5, num_features=5)
+    with pytest.raises(CheckpointMismatch, match="another graph .*features 4 -> 5"):
+        train(jax.random.key(0), wider, models.gcn(5, 16, g.num_classes, dropout=0.0),
+              optax.adam(0.05), epochs=4, progress=False, checkpoint_dir=ckpt,
+              checkpoint_every=1)
+    # another metric would mix two scores in one log and one choice of the best epoch
+    with pytest.raises(CheckpointMismatch, match="trained with metric='accuracy'"):
+        train(jax.random.key(0), g, model, optax.adam(0.05), epochs=4, progress=False,
+              checkpoint_dir=ckpt, checkpoint_every=1, metric="macro_f1")
     # the same graph, memory-mapped from a saved copy: resumed
     save_graph(g, tmp_path / "copy")
     resumed = run(load_saved(tmp_path / "copy"), 4)
     assert resumed.first_epoch == 2 and len(resumed.history) == 4
+
+
+def test_a_graph_without_edges_has_a_fingerprint():
+    g = from_edges([], [], np.ones((4, 3)), [0, 1, 0, 1], train_mask=[True, True, False, False])
+    assert g.fingerprint()["edges"] == 0
+    assert g.fingerprint() != g.replace(features=np.zeros((4, 3))).fingerprint()
+
+
+def test_an_undefined_validation_score_is_warned_about():
+    g = community_graph(num_nodes=120, num_classes=2)
+    val = np.array(g.val_mask)
+    val[0] &= g.labels == 0  # one class only in validation: ROC-AUC is undefined
+    g = g.replace(val_mask=val)
+    model = models.gcn(g.num_features, 8, 2)
+    with pytest.warns(UserWarning, match=r"selection score \(val: roc_auc .*undefined"):
+        train(jax.random.key(0), g, model, optax.adam(0.01), epochs=2, progress=False)
+    with pytest.raises(ValueError, match="'roc_auc' scores binary tasks .* 3 classes"):
+        g3 = community_graph(num_nodes=120, num_classes=3)
+        train(jax.random.key(0), g3, models.gcn(g3.num_features, 8, 3), optax.adam(0.01),
+              epochs=1, progress=False, metric="roc_auc")

@@ -14,6 +14,7 @@ Heterogeneous datasets (ogbn-mag) do not fit a `Graph` and are refused with a `D
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ _SPLIT_FLAG = "on the command line: --set dataset_options=split:NAME"
 # OGB's master.csv ``add_inverse_edge``: these store each undirected edge once, and OGB's own
 # loaders add the reverse; the others (ogbn-arxiv, ogbn-papers100M) are directed as stored
 _INVERSE_EDGES = ("ogbn_products", "ogbn_proteins")
+_DIRECTED = ("ogbn_arxiv", "ogbn_papers100m")
 # how `node_features` builds a node's features from its edges' (ogbn-proteins has no others)
 EDGE_FEATURE_REDUCTIONS = ("edge_mean", "edge_sum")
 _HINT = "re-extract the OGB download (it needs raw/ and split/ as OGB ships them)"
@@ -57,9 +59,19 @@ def _split_dir(directory: Path, split) -> Path:
 
 def _stored_undirected(directory: Path) -> bool:
     """Whether OGB's own loaders add the reverse of every edge of this dataset, by the folder's
-    name (``ogbn_products``, ``products``, ``ogbn-proteins`` ...)."""
-    name = directory.name.lower().replace("-", "_")
-    return any(name in (known, known.removeprefix("ogbn_")) for known in _INVERSE_EDGES)
+    name (``ogbn_products``, ``products``, ``ogbn-proteins`` ...). A name that is none of
+    OGB's is kept directed, with a warning: the files do not say."""
+    name = directory.resolve().name.lower().replace("-", "_")
+    named = lambda known: name in (known, known.removeprefix("ogbn_"))  # noqa: E731
+    if any(named(known) for known in _INVERSE_EDGES):
+        return True
+    if not any(named(known) for known in _DIRECTED):
+        warnings.warn(f"OGB folder {directory.resolve().name!r} is not named after an OGB "
+                      "dataset, so its edges are kept as stored (directed); a copy of "
+                      "ogbn-products or ogbn-proteins, which store each undirected edge once, "
+                      "needs to_undirected=True (--set dataset_options=to_undirected:true), and "
+                      "to_undirected=False silences this", stacklevel=3)
+    return False
 
 
 def _edge_feature_nodes(edges: np.ndarray, edge_feat: np.ndarray, n: int, reduction: str,
@@ -88,8 +100,8 @@ def _targets(values: np.ndarray, path: Path) -> np.ndarray:
     if bad.any():
         i, t = (int(v[0]) for v in np.nonzero(bad))
         raise DatasetError(f"{path}: {values.shape[1]} columns, so binary targets (0, 1, nan "
-                           f"for unknown), but line {i + 1} column {t + 1} is {values[i, t].item()}; "
-                           f"{_HINT}")
+                           f"for unknown), but line {i + 1} column {t + 1} is "
+                           f"{values[i, t].item()}; {_HINT}")
     return np.where(np.isnan(values), -1, values).astype(np.int8)
 
 
@@ -98,8 +110,9 @@ def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=Non
 
     Edges: ``to_undirected=None`` (the default) does what OGB's own loaders do, by the folder's
     name: ogbn-products and ogbn-proteins store each undirected edge once and get its reverse
-    (OGB's ``add_inverse_edge``); every other dataset (ogbn-arxiv is a directed citation graph)
-    is kept directed as stored. ``True`` adds the reverse of every edge and drops duplicates,
+    (OGB's ``add_inverse_edge``); ogbn-arxiv and ogbn-papers100M (directed citation graphs)
+    are kept directed as stored, as is a folder with another name, with a warning: the files
+    themselves do not say. ``True`` adds the reverse of every edge and drops duplicates,
     ``False`` keeps the edges as stored. Self loops are kept either way.
 
     Labels: one column is class ids (``nan`` -> -1); T columns are a multi-label task's binary
@@ -122,6 +135,8 @@ def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=Non
         raise DatasetError(f"node_features={node_features!r}: use one of "
                            f"{', '.join(EDGE_FEATURE_REDUCTIONS)} (or leave it out to read "
                            "raw/node-feat.csv.gz)")
+    if isinstance(to_undirected, np.bool_):
+        to_undirected = bool(to_undirected)
     if to_undirected is not None and not isinstance(to_undirected, bool):
         raise DatasetError(f"to_undirected={to_undirected!r}: use true or false (or leave it "
                            "out for OGB's own choice)")
@@ -130,6 +145,10 @@ def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=Non
         raise DatasetError(f"{directory} looks like a heterogeneous OGB dataset (raw/node-feat/ "
                            "is a folder); jgrind reads homogeneous node-property datasets only")
     feature_file = raw / ("edge-feat.csv.gz" if node_features else "node-feat.csv.gz")
+    if node_features and not feature_file.exists() and (raw / "edge.csv.gz").exists():
+        raise DatasetError(f"node_features={node_features} averages or sums edge features, but "
+                           f"{directory} has no raw/edge-feat.csv.gz; leave node_features out "
+                           "to read raw/node-feat.csv.gz")
     if node_features is None and not feature_file.exists() and (raw / "edge.csv.gz").exists():
         edge_hint = (" It has edge features: pass node_features=edge_mean (on the command "
                      "line: --set dataset_options=node_features:edge_mean) to average each "

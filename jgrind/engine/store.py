@@ -14,7 +14,6 @@ counts the bytes moved between tiers.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import shutil
@@ -28,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jgrind import disk_space
 from jgrind.buffers import aligned_empty, aligned_zeros
 from jgrind.engine.cache import HostCache
 from jgrind.engine.host_arrays import HostArrays
@@ -617,7 +617,6 @@ def make_run_dir(directory, needed_bytes: int, run_id: bytes) -> pathlib.Path:
     if usage.total == 0:  # /proc, /sys: the kernel's, not a disk
         raise StoreError(f"store directory {root} is on a virtual file system, not a disk; "
                          "choose a directory on a disk (--store)")
-    free = usage.free
     leftovers = leftover_runs(root)
     left = ""
     if leftovers:
@@ -627,50 +626,26 @@ def make_run_dir(directory, needed_bytes: int, run_id: bytes) -> pathlib.Path:
                 f"{', ...' if len(leftovers) > 3 else ''}): remove them if no other "
                 "machine's run uses this directory")
         warnings.warn(f"store directory {root}{left}", stacklevel=2)
-    promised = promised_to_running_runs(root)
-    others = ""
-    if promised:
-        others = (f", of which {sum(b for _, b in promised) / 2**30:.2f} GiB is promised to "
-                  f"{len(promised)} other running jgrind run(s) that have not written it yet "
-                  f"({', '.join(p.name for p, _ in promised[:3])}"
-                  f"{', ...' if len(promised) > 3 else ''})")
-    if free - sum(b for _, b in promised) < needed_bytes:
-        raise StoreError(f"store directory {root} has {free / 2**30:.2f} GiB free{others}, but "
-                         f"the plan writes {needed_bytes / 2**30:.2f} GiB to SSD; free space, "
-                         f"raise the host budget or choose another disk{left}")
     run_dir = root / f"jgrind-run-{os.getpid()}-{run_id.hex()[:12]}"
+
+    def check(free: int, promised: list) -> None:
+        others = ""
+        if promised:
+            others = (f", of which {sum(b for _, b in promised) / 2**30:.2f} GiB is promised to "
+                      f"{len(promised)} other running jgrind run(s) that have not written it "
+                      f"yet ({', '.join(p.name for p, _ in promised[:3])}"
+                      f"{', ...' if len(promised) > 3 else ''}; a folder whose process is no "
+                      "jgrind run may be removed)")
+        if free - sum(b for _, b in promised) < needed_bytes:
+            raise StoreError(f"store directory {root} has {free / 2**30:.2f} GiB free{others}, "
+                             f"but the plan writes {needed_bytes / 2**30:.2f} GiB to SSD; free "
+                             f"space, raise the host budget or choose another disk{left}")
+
     try:
-        run_dir.mkdir()
-        # what this run will write, for runs that start beside it (its files are sparse: the
-        # disk's free space shows only what has been written so far)
-        (run_dir / RESERVATION).write_text(json.dumps({"bytes": int(needed_bytes)}))
+        disk_space.reserve(root, run_dir, needed_bytes, check)
     except OSError as err:
-        shutil.rmtree(run_dir, ignore_errors=True)
         raise StoreError(f"cannot create a run directory in {root}: {err.strerror}") from None
     return run_dir
-
-
-RESERVATION = "reserved.json"  # in a run's folder: the SSD bytes its plan writes
-
-
-def promised_to_running_runs(root: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
-    """``(folder, bytes)`` for every running run in the store directory ``root`` (its process
-    alive on this machine) whose plan will write more than its files hold on disk yet: the
-    space each still needs. Runs of another machine sharing the disk cannot be told from dead
-    ones here and are not counted."""
-    found = []
-    for path in sorted(root.glob("jgrind-run-*-*")):
-        pid = path.name.split("-")[2]
-        if not (pid.isdigit() and path.is_dir()) or not _alive(int(pid)):
-            continue
-        try:
-            reserved = int(json.loads((path / RESERVATION).read_text())["bytes"])
-            on_disk = sum(f.stat().st_blocks * 512 for f in path.iterdir() if f.is_file())
-        except (OSError, ValueError, KeyError, TypeError):  # older runs, or removed meanwhile
-            continue
-        if reserved > on_disk:
-            found.append((path, reserved - on_disk))
-    return found
 
 
 def leftover_runs(root: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
@@ -679,9 +654,9 @@ def leftover_runs(root: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
     remove its files. Only reported, never removed: on a shared disk the process may be
     another machine's."""
     found = []
-    for path in sorted(root.glob("jgrind-run-*-*")):
+    for path in sorted(root.glob(disk_space.RUN_GLOB)):
         pid = path.name.split("-")[2]
-        if not (pid.isdigit() and path.is_dir()) or _alive(int(pid)):
+        if not (pid.isdigit() and path.is_dir()) or disk_space.alive(int(pid)):
             continue
         try:
             size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
@@ -689,13 +664,3 @@ def leftover_runs(root: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
             size = 0
         found.append((path, size))
     return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True

@@ -93,11 +93,11 @@ class GNN:
                              f"but {graph.name} has {graph.num_features}; build it with "
                              "in_channels=graph.num_features")
         if graph.multilabel and self.out_channels != graph.num_classes:
-            raise GraphError(f"the {self.name} model has {self.out_channels} outputs but "
+            raise GraphError(f"the {self.name} model has {_outputs(self.out_channels)} but "
                              f"{graph.name} has {graph.num_classes} binary targets per node (a "
                              "logit each); build it with out_channels=graph.num_classes")
         if self.out_channels < graph.num_classes:  # (more outputs than classes: unused logits)
-            raise GraphError(f"the {self.name} model has {self.out_channels} outputs but "
+            raise GraphError(f"the {self.name} model has {_outputs(self.out_channels)} but "
                              f"{graph.name} has {graph.num_classes} classes; build it with "
                              "out_channels=graph.num_classes")
 
@@ -219,3 +219,7 @@ def gat(in_channels: int, hidden_channels: int, out_channels: int, *, num_layers
                     dropout=dropout, residual=residual, layer_norm=layer_norm,
                     activation=activation)
     return GNN(layers, _gat_normalize, needs_adjacency=False, needs_edges=True, name="gat")
+
+
+def _outputs(n: int) -> str:
+    return f"{n} output" if n == 1 else f"{n} outputs"

@@ -122,6 +122,9 @@ class Workload:
         recomputing it (`jgrind.engine.steps`); the masks count towards the working set.
       aggregated: ``{l: width}`` of the aggregation ``Z_l`` a layer can keep
         (`jgrind.plan.inventory.aggregation_widths`).
+      loss_row_bytes: device bytes per output row of the top step beyond its output, for
+        multi-label targets: the row's T targets and the loss's two per-target tensors (the
+        loss and its cotangent). (A class id per row fits in the slack of the output's.)
     """
 
     widths: tuple
@@ -141,6 +144,7 @@ class Workload:
     num_edges: int
     masks: bool = True
     aggregated: dict = dataclasses.field(default_factory=dict)
+    loss_row_bytes: int = 0
 
     @property
     def num_parts(self) -> int:
@@ -197,7 +201,8 @@ class Workload:
             halo=halo, ssd_calls=by_width(calls), ssd_rows=by_width(span_rows),
             needs_edges=model.needs_edges,
             needs_adjacency=model.needs_adjacency, num_nodes=pg.graph.num_nodes,
-            num_edges=pg.graph.num_edges, aggregated=aggregation_widths(model))
+            num_edges=pg.graph.num_edges, aggregated=aggregation_widths(model),
+            loss_row_bytes=_loss_row_bytes(pg.graph.labels))
 
     # -- sizes ------------------------------------------------------------------------------
     def block_bytes(self, layer: int) -> np.ndarray:
@@ -278,8 +283,16 @@ class Workload:
             f_in, f_out = self.widths[l], self.widths[l + 1]
             need = ITEMSIZE * (self.step_inputs(l) * f_in * 2 + self.pad_out * f_out * 3) \
                 + structure
+            if l == self.num_layers - 1:
+                need = need + self.pad_out * self.loss_row_bytes
             worst = max(worst, int(need.max(initial=0)))
         return worst
+
+
+def _loss_row_bytes(labels: np.ndarray) -> int:
+    if labels.ndim != 2:
+        return 0
+    return int(labels.shape[1]) * (labels.itemsize + 2 * ITEMSIZE)
 
 
 # -- compute ---------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from jgrind import disk_space
 from jgrind.plan.cost import (D, FATES, H, R, S, Assignment, Prediction, Workload,
                               accumulate_seconds, backward_kind, fit_masks, format_bytes,
                               gather_seconds, in_memory_bytes, in_memory_seconds, predict,
@@ -609,9 +610,8 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
     normalized = model.normalize(graph)
     ssd_free = None
     if directory is not None:
-        import shutil
-        try:
-            ssd_free = shutil.disk_usage(directory).free
+        try:  # less what runs already using the directory will still write there
+            ssd_free = disk_space.free_bytes(directory)
         except OSError:
             ssd_free = None  # the store reports a missing directory with the right message
     counts = [int(num_parts)] if num_parts else None

@@ -1,0 +1,120 @@
+"""Free space in a store directory that several runs share.
+
+A run's SSD files are sparse: the disk's free space shows only what the run has written so far,
+not what its plan will write. So each run records what it will write in its folder
+(``reserved.json``), and a run starting beside it counts what the others have not written yet as
+taken (`free_bytes`). `reserve` checks and records under a lock on the directory, so that two
+runs starting at the same moment cannot both claim the same space.
+
+Runs are told apart by their folder, ``jgrind-run-<pid>-<id>``, and the reservation names the
+process (its pid and start time), so a folder whose process is gone, or whose pid another
+process has taken since, promises nothing. A run on another machine sharing the disk cannot be
+seen from here and is not counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import shutil
+from typing import Callable, Iterator, Optional
+
+RESERVATION = "reserved.json"  # in a run's folder: the SSD bytes its plan writes
+RUN_GLOB = "jgrind-run-*-*"
+
+
+def process_start(pid: int) -> Optional[int]:
+    """The start time of process ``pid`` in clock ticks since boot (Linux ``/proc``), or None
+    where it cannot be read: with the pid, it names one process, since pids are reused."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2:].split()[19])  # field 22, after "(comm)"
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def _owner_running(folder: pathlib.Path, reservation: dict) -> bool:
+    pid = folder.name.split("-")[2]
+    if not pid.isdigit() or not alive(int(pid)):
+        return False
+    started = reservation.get("started")
+    return started is None or process_start(int(pid)) in (None, started)
+
+
+def promised(root: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
+    """``(folder, bytes)`` for every running run in the store directory ``root`` whose plan will
+    write more than its files hold on disk yet (allocated blocks, not sizes: the files are
+    sparse): the space each still needs."""
+    found = []
+    for path in sorted(pathlib.Path(root).glob(RUN_GLOB)):
+        try:
+            reservation = json.loads((path / RESERVATION).read_text())
+            reserved = int(reservation["bytes"])
+            if not _owner_running(path, reservation):
+                continue
+            on_disk = sum(f.stat().st_blocks * 512 for f in path.iterdir()
+                          if f.is_file() and f.name != RESERVATION)
+        except (OSError, ValueError, KeyError, TypeError):  # older runs, or removed meanwhile
+            continue
+        if reserved > on_disk:
+            found.append((path, reserved - on_disk))
+    return found
+
+
+def free_bytes(root: pathlib.Path) -> int:
+    """The disk's free space at ``root`` less what running runs there will still write."""
+    return shutil.disk_usage(root).free - sum(b for _, b in promised(pathlib.Path(root)))
+
+
+@contextlib.contextmanager
+def _locked(root: pathlib.Path) -> Iterator[None]:
+    """An exclusive lock on the store directory (``flock`` on the directory itself: no lock
+    file is left in it), where the file system has one; without, the check and the record are
+    merely close together."""
+    try:
+        import fcntl
+        fd = os.open(root, os.O_RDONLY)
+    except (ImportError, OSError):
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # a file system without locks: as above
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def reserve(root: pathlib.Path, folder: pathlib.Path, needed_bytes: int,
+            check: Callable[[int, list], None]) -> None:
+    """Under the directory's lock: call ``check(free, promised)`` (free: the disk's free bytes;
+    promised: `promised`'s list), which raises if ``needed_bytes`` does not fit, then make
+    ``folder`` and record ``needed_bytes`` in it (written whole: a temporary file renamed).
+    On any error nothing is left behind."""
+    with _locked(root):
+        check(shutil.disk_usage(root).free, promised(root))
+        folder.mkdir()
+        try:
+            record = {"bytes": int(needed_bytes), "pid": os.getpid(),
+                      "started": process_start(os.getpid())}
+            partial = folder / f".{RESERVATION}.partial"
+            partial.write_text(json.dumps(record))
+            partial.rename(folder / RESERVATION)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
