@@ -180,7 +180,9 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
 
     trials = run_trials(run, seeds)
     plot_training([r.history for r in trials.results], out / "training.png",
-                  metric=trials.metric, labels=[f"seed {s}" for s in seeds],
+                  metric=trials.metric + (f" ({graph.num_classes} tasks)" if graph.multilabel
+                                          else ""),
+                  labels=[f"seed {s}" for s in seeds],
                   best_epochs=[r.best_epoch for r in trials.results],
                   title=f"{cfg.model} on {graph.name}")
     memory = trials.results[0].memory

@@ -114,10 +114,7 @@ def csbm(num_nodes: int = 10_000, num_classes: int = 4, num_features: int = 32,
     if not feature_signal >= 0:
         raise ValueError(f"feature_signal must be >= 0, got {feature_signal}")
     _check_fractions(train_fraction, val_fraction)
-    if num_tasks != 0 and not (isinstance(num_tasks, (int, np.integer)) and num_tasks >= 2):
-        raise ValueError(f"csbm needs num_tasks = 0 (class ids) or at least 2 (binary "
-                         f"targets), got {num_tasks!r}")
-    _check_probability("target_noise", target_noise)
+    _check_tasks(num_tasks, target_noise)
     # a fifth stream: spawned children do not depend on how many are spawned, so the first
     # four (and a single-label graph) are unchanged
     label_rng, edge_rng, feat_rng, split_rng, task_rng = _streams(seed, 5)
@@ -150,12 +147,30 @@ def csbm(num_nodes: int = 10_000, num_classes: int = 4, num_features: int = 32,
     features = _class_features(labels, k, int(num_features), float(feature_signal), feat_rng)
     train, val, test = _random_split(n, train_fraction, val_fraction, split_rng)
     if num_tasks:
-        code = task_rng.random((k, int(num_tasks))) < 0.5
-        flip = task_rng.random((n, int(num_tasks))) < target_noise
-        labels, k = (code[labels] ^ flip).astype(np.int8), int(num_tasks)
+        labels, k = _class_targets(labels, k, num_tasks, target_noise, task_rng), num_tasks
     return Graph(indptr=indptr, indices=indices, features=features, labels=labels,
                  train_mask=train, val_mask=val, test_mask=test, num_classes=k,
                  name=name if name is not None else f"csbm-{n}")
+
+
+def _check_tasks(num_tasks, target_noise) -> None:
+    if num_tasks != 0 and not (isinstance(num_tasks, (int, np.integer)) and num_tasks >= 2):
+        raise ValueError(f"num_tasks must be 0 (class ids) or at least 2 (binary targets), got "
+                         f"{num_tasks!r}")
+    _check_probability("target_noise", target_noise)
+
+
+def _class_targets(labels: np.ndarray, num_classes: int, num_tasks: int, noise: float,
+                   rng: np.random.Generator) -> np.ndarray:
+    """``[N, T]`` int8 binary targets: each node's class's code (a fair coin per class and
+    task), each target flipped with probability ``noise``; drawn a slice of rows at a time."""
+    code = rng.random((num_classes, int(num_tasks))) < 0.5
+    out = np.empty((labels.size, int(num_tasks)), np.int8)
+    step = max(1, (16 << 20) // int(num_tasks))
+    for s in range(0, labels.size, step):
+        flip = rng.random((min(step, labels.size - s), int(num_tasks))) < noise
+        out[s:s + step] = code[labels[s:s + step]] ^ flip
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -165,7 +180,7 @@ def rmat(num_nodes: int = 2_449_029, num_edges: int = 61_859_140, num_features: 
          num_classes: int = 47, a: float = 0.57, b: float = 0.19, c: float = 0.19,
          homophily: float = 0.8, feature_signal: float = 2.5, train_fraction: float = 0.08,
          val_fraction: float = 0.02, undirected: bool = True, seed: int = 0,
-         name: Optional[str] = None) -> Graph:
+         num_tasks: int = 0, target_noise: float = 0.1, name: Optional[str] = None) -> Graph:
     """An R-MAT power-law graph with exactly ``num_edges`` edges and learnable planted classes.
 
     The defaults give ogbn-products' node, feature and class counts: 2,449,029 nodes,
@@ -236,6 +251,9 @@ def rmat(num_nodes: int = 2_449_029, num_edges: int = 61_859_140, num_features: 
       train_fraction, val_fraction: shares of nodes in the train and val masks (>= 0, sum <= 1).
       undirected: store every pair in both directions (True) or keep a directed graph.
       seed: seeds every random choice.
+      num_tasks, target_noise: as `csbm`'s: 0, or T >= 2 binary targets per node (a
+        multi-label task like ogbn-proteins: ``[N, T]`` labels from the planted classes'
+        codes, ``num_classes`` T), on the same graph, features and split.
       name: graph name; default ``"rmat-<N>-<E>"``.
 
     Returns:
@@ -265,7 +283,8 @@ def rmat(num_nodes: int = 2_449_029, num_edges: int = 61_859_140, num_features: 
     if not feature_signal >= 0:
         raise ValueError(f"feature_signal must be >= 0, got {feature_signal}")
     _check_fractions(train_fraction, val_fraction)
-    class_rng, perm_rng, edge_rng, feat_rng, split_rng = _streams(seed, 5)
+    _check_tasks(num_tasks, target_noise)
+    class_rng, perm_rng, edge_rng, feat_rng, split_rng, task_rng = _streams(seed, 6)
 
     scale = max(1, math.ceil(math.log2(n)))
     bits = min(scale, max(_COMMUNITY_BITS, math.ceil(math.log2(k))))
@@ -283,6 +302,8 @@ def rmat(num_nodes: int = 2_449_029, num_edges: int = 61_859_140, num_features: 
     labels[perm] = pattern_class[np.arange(n, dtype=id_t) & id_t((1 << bits) - 1)]
     features = _class_features(labels, k, int(num_features), float(feature_signal), feat_rng)
     train, val, test = _random_split(n, train_fraction, val_fraction, split_rng)
+    if num_tasks:
+        labels, k = _class_targets(labels, k, num_tasks, target_noise, task_rng), num_tasks
     return Graph(indptr=indptr, indices=indices, features=features, labels=labels,
                  train_mask=train, val_mask=val, test_mask=test, num_classes=k,
                  name=name if name is not None else f"rmat-{n}-{e}")

@@ -328,3 +328,18 @@ def test_the_planned_working_set_counts_the_targets():
         sizes[kind] = (w.working_set(), int(w.pad_out.max()))
     (ids, pad), (targets, _) = sizes["ids"], sizes["targets"]
     assert targets - ids == pad * 40 * (1 + 2 * 4)  # int8 targets, the loss and its cotangent
+
+
+def test_rmat_targets_on_the_same_graph():
+    plain = generators.rmat(2000, 16000, num_features=8, num_classes=5)
+    multi = generators.rmat(2000, 16000, num_features=8, num_classes=5, num_tasks=7)
+    assert multi.multilabel and multi.labels.shape == (2000, 7) and multi.num_classes == 7
+    np.testing.assert_array_equal(multi.indices, plain.indices)
+    np.testing.assert_array_equal(multi.features, plain.features)
+    # a target is its node's class's code, up to the noise: nodes of one class mostly agree
+    cls = plain.labels
+    agree = np.mean([np.mean(multi.labels[cls == c] == np.round(
+        multi.labels[cls == c].mean(0))) for c in np.unique(cls)])
+    assert agree > 0.85
+    with pytest.raises(ValueError, match="num_tasks must be 0 .* or at least 2"):
+        generators.rmat(2000, 16000, num_tasks=1)

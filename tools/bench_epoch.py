@@ -2,13 +2,17 @@
 
     python tools/bench_epoch.py                    # 1M nodes, 10M directed edges, 128 features
     python tools/bench_epoch.py --nodes 200000 --edges 2000000 --epochs 5   # quick
+    python tools/bench_epoch.py --nodes 132534 --edges 79122504 --features 8 --tasks 112
+                                                   # ogbn-proteins' size, multi-label
 
 A 3-layer GCN (hidden 256, ReLU, dropout 0.5, Adam) trained on the whole graph, one optimizer step
 per epoch. The graph is an R-MAT power-law graph (`jgrind.generators.rmat`), generated once and
 saved to a temporary .npz; jgrind and PyG each run in their own subprocess that loads it, so
 each reports its own peak resident memory (``ru_maxrss``, graph included).
 
-PyG runs ``GCNConv(cached=True)`` on a ``torch.sparse_csr`` adjacency, the sparse-matrix path
+With ``--tasks T`` the task is multi-label (``rmat(num_tasks=T)``): both sides train binary
+cross entropy over T targets (PyG: ``BCEWithLogitsLoss`` on the training rows, as OGB's
+ogbn-proteins example). PyG runs ``GCNConv(cached=True)`` on a ``torch.sparse_csr`` adjacency, the sparse-matrix path
 of PyG's OGB examples (``adj_t``), with ``torch.set_num_threads`` = the machine's cores. Where
 PyTorch sees a CUDA GPU, PyG runs on it (as JAX does on a GPU machine), timed with
 ``torch.cuda.synchronize`` and reporting ``torch.cuda.max_memory_allocated``.
@@ -97,9 +101,11 @@ def run_pyg(path: str, hidden: int, epochs: int) -> dict:
                                     torch.from_numpy(d["indices"].astype(np.int64)),
                                     torch.ones(d["indices"].size), size=(n, n)).to(device)
     x = torch.from_numpy(d["features"]).to(device)
-    y = torch.from_numpy(d["labels"].astype(np.int64)).to(device)
+    multilabel = d["labels"].ndim == 2
+    y = torch.from_numpy(d["labels"].astype(np.float32 if multilabel else np.int64)).to(device)
     train = torch.from_numpy(d["train_mask"]).to(device)
     c = int(d["num_classes"])
+    criterion = F.binary_cross_entropy_with_logits if multilabel else F.cross_entropy
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     class GCN(torch.nn.Module):
@@ -125,7 +131,7 @@ def run_pyg(path: str, hidden: int, epochs: int) -> dict:
         sync()
         t = time.perf_counter()
         opt.zero_grad()
-        loss = F.cross_entropy(model(x, adj_t)[train], y[train])
+        loss = criterion(model(x, adj_t)[train], y[train])
         loss.backward()
         opt.step()
         sync()
@@ -208,6 +214,8 @@ def main():
     p.add_argument("--edges", type=int, default=10_000_000)
     p.add_argument("--features", type=int, default=128)
     p.add_argument("--classes", type=int, default=47)
+    p.add_argument("--tasks", type=int, default=0,
+                   help="binary targets per node (multi-label; 0: one class per node)")
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--skip-pyg", action="store_true")
@@ -223,7 +231,7 @@ def main():
     from jgrind.generators import rmat
     t0 = time.perf_counter()
     g = rmat(num_nodes=args.nodes, num_edges=args.edges, num_features=args.features,
-             num_classes=args.classes, seed=0)
+             num_classes=args.classes, num_tasks=args.tasks, seed=0)
     gen = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "graph.npz")
@@ -232,7 +240,7 @@ def main():
         del g
         results = {"graph": {"nodes": args.nodes, "edges": args.edges,
                              "features": args.features, "classes": args.classes,
-                             "generate_seconds": gen},
+                             "tasks": args.tasks, "generate_seconds": gen},
                    "jgrind": child("jgrind", path, args),
                    "floor": child("floor", path, args)}
         if not args.skip_pyg:
@@ -246,8 +254,10 @@ def main():
 def report(r: dict, args) -> None:
     med = lambda xs: float(np.median(xs))  # noqa: E731
     g = r["graph"]
+    task = (f"{g['tasks']} binary targets (BCE)" if g.get("tasks")
+            else f"{g['classes']} classes")
     print(f"graph: R-MAT, {g['nodes']:,} nodes, {g['edges']:,} directed edges, "
-          f"{g['features']} features, {g['classes']} classes; model: 3-layer GCN, hidden "
+          f"{g['features']} features, {task}; model: 3-layer GCN, hidden "
           f"{args.hidden}; median of {args.epochs} epochs after one warm-up")
     from jgrind.allocator import summary
     print(f"machine: {os.cpu_count()} cores, "
