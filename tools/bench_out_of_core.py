@@ -194,7 +194,8 @@ def save_graph(args, directory: str) -> tuple[str, float]:
     from jgrind.generators import rmat
     t0 = time.perf_counter()
     g = rmat(num_nodes=args.nodes, num_edges=args.edges, num_features=args.features,
-             num_classes=args.classes, seed=0)
+             num_classes=args.classes, num_tasks=args.tasks, seed=0,
+             **dict(zip("abc", (float(v) for v in args.skew.split(",")))))
     seconds = time.perf_counter() - t0
     path = os.path.join(directory, "graph.npz")
     np.savez(path, indptr=g.indptr, indices=g.indices, features=g.features, labels=g.labels,
@@ -276,8 +277,9 @@ def header(args, extra: str = "") -> list[str]:
     return [f"machine: {machine()}",
             f"command: {shlex.join([os.path.basename(sys.executable)] + sys.argv)}",
             f"graph: R-MAT, {args.nodes:,} nodes, {args.edges:,} directed edges, "
-            f"{args.features} features, {args.classes} classes; model: 3-layer GCN, hidden "
-            f"{args.hidden}, dropout 0.5, Adam{extra}"]
+            f"{args.features} features, "
+            f"{f'{args.tasks} binary targets (BCE)' if args.tasks else f'{args.classes} classes'}"
+            f"; model: 3-layer GCN, hidden {args.hidden}, dropout 0.5, Adam{extra}"]
 
 
 # -- overhead ------------------------------------------------------------------------------
@@ -844,6 +846,11 @@ def main():
         s.add_argument("--edges", type=int, default=edges)
         s.add_argument("--features", type=int, default=128)
         s.add_argument("--classes", type=int, default=47)
+        s.add_argument("--tasks", type=int, default=0,
+                       help="binary targets per node: a multi-label task trained with binary "
+                            "cross entropy (0: one class per node)")
+        s.add_argument("--skew", default="0.57,0.19,0.19",
+                       help="R-MAT quadrant probabilities a,b,c (more even for denser graphs)")
         s.add_argument("--hidden", type=int, default=256)
         s.add_argument("--parts", type=int, default=parts)
         s.add_argument("--partitioner", default=partitioner,
