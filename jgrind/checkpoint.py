@@ -26,8 +26,8 @@ def graph_differences(saved: dict, current: dict) -> list[str]:
              if saved.get(k) != current.get(k)]
     if sizes:
         return [f"{k} {saved.get(k)} -> {current.get(k)}" for k in sizes]
-    return [f"its {k.removesuffix('_crc')}" for k in ("edges_crc", "features_crc", "labels_crc",
-                                                       "masks_crc")
+    return [f"its {k.removesuffix('_crc')} differ" for k in ("edges_crc", "features_crc",
+                                                              "labels_crc", "masks_crc")
             if saved.get(k) != current.get(k)]
 
 
@@ -74,7 +74,7 @@ def restore_latest(mgr: ocp.CheckpointManager, like: Any,
         else []
     if differ:
         raise CheckpointMismatch(f"the checkpoint in {mgr.directory} was trained on another "
-                                 f"graph ({', '.join(differ)} differ); resume it on the graph "
+                                 f"graph ({'; '.join(differ)}); resume it on the graph "
                                  "it was trained on, or use a new checkpoint directory")
     saved = meta.get("layout")
     if saved is not None and saved != layout(like):

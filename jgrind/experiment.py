@@ -95,7 +95,8 @@ def check_out(out: str | pathlib.Path, cfg: RunConfig) -> pathlib.Path:
         # a schedule is laid over the run's epochs: another count is another schedule
         fixed = CHECKPOINTED + (("epochs",) if cfg.lr_schedule != "constant" else ())
         differ = [f"{k} {getattr(earlier, k)!r} -> {getattr(cfg, k)!r}" for k in fixed
-                  if getattr(earlier, k) != getattr(cfg, k)]
+                  if getattr(earlier, k) != getattr(cfg, k)
+                  and not (k == "dataset" and _moved(earlier.dataset, cfg.dataset))]
         if differ:
             raise ConfigError(f"{out}/checkpoints hold another experiment ({', '.join(differ)}), "
                               "which this run would resume; name another folder (--out), or "
@@ -107,6 +108,16 @@ def check_out(out: str | pathlib.Path, cfg: RunConfig) -> pathlib.Path:
                               f"{cfg.epochs} epochs; train for at least {max(saved) + 1} "
                               "epochs (--epochs) to resume them, or name another folder")
     return out
+
+
+def _moved(before: str, now: str) -> bool:
+    """Whether two dataset settings name files of one kind at different paths (``npy:/a``,
+    ``npy:/b``): a dataset moved to another disk may resume its checkpoints, which hold a
+    fingerprint of the graph they were trained on (`jgrind.Graph.fingerprint`), checked once
+    it is loaded."""
+    kind, sep, _ = before.partition(":")
+    return bool(sep) and kind.lower() in ("ogb", "npz", "edgelist", "npy") \
+        and now.partition(":")[0].lower() == kind.lower() and ":" in now
 
 
 def saved_config(out: pathlib.Path) -> Optional[RunConfig]:

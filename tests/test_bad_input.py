@@ -651,3 +651,28 @@ def test_two_runs_starting_together_cannot_claim_the_same_space(tmp_path, monkey
     for t in threads:
         t.join()
     assert sorted(type(o).__name__ for o in outcomes) == ["PosixPath", "StoreError"]
+
+
+def test_a_moved_dataset_resumes_and_a_changed_one_is_refused(tmp_path, capsys):
+    """A saved graph moved to another folder may resume its run's checkpoints (their graph
+    fingerprint says it is the same graph); a different graph under the old settings may
+    not, and nothing of the run is replaced."""
+    import shutil
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert main(["convert", "--dataset", "csbm", "--set", "num_nodes=300", "--out",
+                 str(first)]) == 0
+    out = tmp_path / "run"
+    run = ["train", "--epochs", "2", "--set", "checkpoint_every=1", "--out", str(out)]
+    assert main([*run, "--dataset", f"npy:{first}"]) == 0
+    shutil.move(first, second)
+    run[2] = "4"
+    assert main([*run, "--dataset", f"npy:{second}"]) == 0
+    assert len((out / "metrics-seed0.jsonl").read_text().splitlines()) == 4
+    capsys.readouterr()
+    assert main(["convert", "--dataset", "csbm", "--set", "num_nodes=300", "--set",
+                 "avg_degree=6", "--out", str(second), "--overwrite"]) == 0
+    before = (out / "summary.json").read_text()
+    run[2] = "6"
+    _fails(capsys, [*run, "--dataset", f"npy:{second}"], "was trained on another graph",
+           "edges 2828 -> 1740")
+    assert (out / "summary.json").read_text() == before
