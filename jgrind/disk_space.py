@@ -46,11 +46,19 @@ def alive(pid: int) -> bool:
     return True
 
 
-def _owner_running(folder: pathlib.Path, reservation: dict) -> bool:
+def owner_running(folder: pathlib.Path, reservation: Optional[dict] = None) -> bool:
+    """Whether the process that made the run folder ``folder`` (``jgrind-run-<pid>-<id>``)
+    still runs on this machine: its pid is alive and, where its reservation records one, has
+    the same start time (else the pid was reused by another process)."""
     pid = folder.name.split("-")[2]
     if not pid.isdigit() or not alive(int(pid)):
         return False
-    started = reservation.get("started")
+    if reservation is None:
+        try:
+            reservation = json.loads((folder / RESERVATION).read_text())
+        except (OSError, ValueError):
+            return True  # an older run's folder: the pid is all there is to go by
+    started = reservation.get("started") if isinstance(reservation, dict) else None
     return started is None or process_start(int(pid)) in (None, started)
 
 
@@ -63,7 +71,7 @@ def promised(root: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
         try:
             reservation = json.loads((path / RESERVATION).read_text())
             reserved = int(reservation["bytes"])
-            if not _owner_running(path, reservation):
+            if not owner_running(path, reservation):
                 continue
             on_disk = sum(f.stat().st_blocks * 512 for f in path.iterdir()
                           if f.is_file() and f.name != RESERVATION)
@@ -88,6 +96,8 @@ def _locked(root: pathlib.Path) -> Iterator[None]:
         import fcntl
         fd = os.open(root, os.O_RDONLY)
     except (ImportError, OSError):
+        fd = None
+    if fd is None:  # outside the except: an error of the caller's is not "during" this one
         yield
         return
     try:

@@ -35,12 +35,13 @@ from jgrind.train import run_trials, train
 
 # What a run's checkpoints depend on: resuming one under another value of these would load
 # parameters of another shape, or continue another experiment and report it as this one.
+# (The metric is checked by `train` against the checkpoint, once '' is resolved by the task.)
 # (Epochs, seeds, evaluation and every out-of-core setting may change: the engine computes the
 # same function whatever the policy, budgets or partitions.)
 CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "residual",
                 "layer_norm", "activation", "lr", "weight_decay", "seed", "split",
                 "row_normalize", "num_nodes", "avg_degree", "dataset_options", "select",
-                "min_delta", "label_smoothing", "output_heads", "attention_dropout", "metric",
+                "min_delta", "label_smoothing", "output_heads", "attention_dropout",
                 "optimizer", "lr_schedule", "warmup_epochs")
 # the files `run_config` writes (and a later run in the same folder replaces)
 RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png", "plan.txt")

@@ -66,7 +66,8 @@ class PairMeanBinaryCrossEntropy:
 
 
 def pair_mean_binary_cross_entropy(graph, split: int = 0) -> PairMeanBinaryCrossEntropy:
-    """`PairMeanBinaryCrossEntropy` for ``graph``'s multi-label targets and training mask."""
+    """`PairMeanBinaryCrossEntropy` for ``graph``'s multi-label targets and the training mask
+    of ``split``: build it for the split you train (another split's scale is off)."""
     if graph.labels.ndim != 2:
         raise ValueError(f"{graph.name} has one class per node; the pair mean is for "
                          "multi-label targets [N, T]")

@@ -88,9 +88,10 @@ def macro_f1(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
     """The unweighted mean over classes of each class's F1 (argmax predictions), over the
     classes present among the masked labels or predictions, as sklearn's
     ``f1_score(average="macro")`` (a class with no true and no predicted node is left out).
-    Multi-label: the mean over all tasks of each task's F1 (a logit above 0 predicts 1) on
-    its known targets, a task with no true and no predicted positive scoring 0, as sklearn's
-    ``f1_score(average="macro")`` on an indicator matrix."""
+    Multi-label: the mean over tasks of each task's F1 (a logit above 0 predicts 1) on its
+    known targets, a task with no true and no predicted positive scoring 0, as sklearn's
+    ``f1_score(average="macro")`` on an indicator matrix; a task with no known target among
+    the masked nodes is left out (NaN if every one is), as `roc_auc` leaves it out."""
     mask = _mask(mask)
     if not mask.any():
         return float("nan")
@@ -99,7 +100,8 @@ def macro_f1(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
         tp = np.sum(predicted & (y == 1) & known, axis=0).astype(np.float64)
         positives = np.sum(predicted & known, axis=0) + np.sum((y == 1) & known, axis=0)
         f1 = np.divide(2 * tp, positives, out=np.zeros_like(tp), where=positives > 0)
-        return float(f1.mean())
+        scored = known.any(axis=0)
+        return float(f1[scored].mean()) if scored.any() else float("nan")
     y, p = labels[mask], np.argmax(logits[mask], -1)
     classes = np.union1d(y, p)
     tp = np.array([np.sum((p == c) & (y == c)) for c in classes], np.float64)
@@ -180,9 +182,10 @@ def evaluate(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray, metric: s
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; use one of {', '.join(METRICS)}")
     if metric == "roc_auc":
-        if not multilabel and logits.shape[-1] < 2:
+        if not multilabel and (logits.shape[-1] < 2 or labels.max(initial=0) > 1):
             raise ValueError("metric 'roc_auc' scores the second output of a binary task, but "
-                             "the logits have one column")
+                             f"the logits have {logits.shape[-1]} column(s) and the labels "
+                             f"reach class {int(labels.max(initial=0))}")
         return roc_auc(logits if multilabel else softmax(logits)[:, 1], labels, mask)
     return {"micro_f1": micro_f1, "macro_f1": macro_f1, "accuracy": accuracy}[metric](
         logits, labels, mask)

@@ -114,7 +114,7 @@ class TrainResult:
       best_params: parameters at ``best_epoch`` (by default the highest validation metric;
         see `train`'s ``select``).
       history: one dict per epoch (see `train`), also written to the metrics log.
-      metric: "accuracy", "roc_auc" or "micro_f1".
+      metric: "accuracy", "roc_auc", "micro_f1" or "macro_f1".
       best_epoch, val, test: model selection by validation: the validation and test metric at
         the best epoch.
       seconds: wall time of the epochs, those before a resume included (not counting
@@ -275,10 +275,11 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                 history = meta["history"]
                 # older checkpoints: selected by the metric, which they did not record
                 for name, value in (("select", select), ("metric", metric)):
-                    if meta.get(name, value if name == "metric" else "val") != value:
+                    saved = meta.get(name, value if name == "metric" else "val")
+                    if saved != value:
                         raise ckpt.CheckpointMismatch(
                             f"the checkpoint in {checkpoint_dir} was trained with "
-                            f"{name}={meta[name]!r} (its log and best epoch are scored so); "
+                            f"{name}={saved!r} (its log and best epoch are scored so); "
                             f"resume it with that, or use a new checkpoint directory")
                 best = {**meta["best"], "params": state["best_params"], "score": -math.inf}
                 evaluated = [r for r in history if "val" in r]
@@ -334,11 +335,15 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                 score = score_of(record)
                 if math.isnan(score) and not warned_nan:
                     warned_nan = True
-                    warnings.warn(f"the selection score ({select}: {metric} on validation "
-                                  f"split {split}) is undefined (NaN) at epoch {epoch}, so it "
-                                  "cannot choose the best epoch: e.g. every validation node "
-                                  "has one class, or every task one class among them; use "
-                                  "another split, metric or select", stacklevel=2)
+                    what = "the validation loss" if select == "val_loss" else \
+                        f"the validation {metric}"
+                    why = "" if select == "val_loss" else \
+                        (", or every validation node has one class (every task one class "
+                         "among them)")
+                    warnings.warn(f"the selection score, {what} (split {split}), is undefined "
+                                  f"(NaN) at epoch {epoch}, so it cannot choose the best "
+                                  f"epoch: the validation mask is empty{why}; use another "
+                                  "split, metric or select", stacklevel=2)
                 if score > best["score"] + min_delta or best["epoch"] < 0:
                     best = {"epoch": epoch, "val": record["val"], "test": record["test"],
                             "score": score, "params": jax.tree.map(jnp.copy, params)}
@@ -404,17 +409,20 @@ def in_memory_bytes(graph: Graph, model: GNN) -> int:
     """Bytes the in-memory path holds at its peak (`jgrind.plan.cost.in_memory_bytes`)."""
     from jgrind.plan.cost import in_memory_bytes as estimate
     from jgrind.plan.inventory import layer_widths
+    from jgrind.plan.cost import loss_row_bytes
     structure = 2 * (graph.indptr.nbytes + graph.indices.nbytes + 4 * graph.num_edges)
     return estimate(graph.num_nodes, graph.num_edges, graph.num_features,
-                    layer_widths(model, graph.num_features), structure)
+                    layer_widths(model, graph.num_features), structure,
+                    loss_row_bytes(graph.labels))
 
 
 def _check_loss(loss: Callable, graph: Graph, model: GNN) -> None:
     """TypeError unless ``loss`` takes this graph's logits and labels and gives a value per
     node: traced on shapes alone (`jax.eval_shape`), before anything is written, not a JAX
     shape error at the first step."""
-    logits = jax.ShapeDtypeStruct((2, model.out_channels), jnp.float32)
-    labels = jax.ShapeDtypeStruct((2, *graph.labels.shape[1:]), graph.labels.dtype)
+    rows = 16
+    logits = jax.ShapeDtypeStruct((rows, model.out_channels), jnp.float32)
+    labels = jax.ShapeDtypeStruct((rows, *graph.labels.shape[1:]), graph.labels.dtype)
     what = (f"multi-label targets [n, {graph.num_classes}] int8, -1 unknown"
             if graph.multilabel else "class ids [n] int32")
     try:
@@ -423,10 +431,19 @@ def _check_loss(loss: Callable, graph: Graph, model: GNN) -> None:
         message = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise TypeError(f"the loss {loss!r} fails on this graph's labels ({what}) and logits "
                         f"[n, {model.out_channels}]: {type(err).__name__}: {message}") from None
-    if getattr(out, "shape", None) != (2,):
-        raise TypeError(f"the loss must give one value per node ([n]); {loss!r} gives "
-                        f"{getattr(out, 'shape', out)} for logits [2, {model.out_channels}] and "
-                        f"{what}")
+    if getattr(out, "shape", None) != (rows,) \
+            or not jnp.issubdtype(getattr(out, "dtype", jnp.int32), jnp.floating):
+        raise TypeError(f"the loss must give one float value per node ([n]); {loss!r} gives "
+                        f"{getattr(out, 'shape', out)} {getattr(out, 'dtype', '')} for logits "
+                        f"[{rows}, {model.out_channels}] and {what}")
+    if graph.multilabel:  # a loss that trains on -1 as a target: said, not silently learnt
+        unknown = loss(jnp.ones((1, model.out_channels), jnp.float32),
+                       jnp.full((1, graph.num_classes), -1, graph.labels.dtype))
+        if float(jnp.abs(unknown[0])) > 0:
+            warnings.warn(f"the loss {loss!r} gives {float(unknown[0]):.4g}, not 0, for a node "
+                          "whose targets are all unknown (-1): it seems to train on -1 as a "
+                          "target; leave out targets < 0 (jgrind.loss.binary_cross_entropy "
+                          "does)", stacklevel=3)
 
 
 def _host_loss(node_loss: Optional[Callable]) -> Callable:

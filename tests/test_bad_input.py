@@ -618,7 +618,8 @@ def test_space_promised_to_a_running_run_is_not_free(tmp_path):
     record = json.loads((first / "reserved.json").read_text())
     (first / "reserved.json").write_text(json.dumps({**record, "started": -1}))
     assert first not in dict(disk_space.promised(tmp_path))
-    assert make_run_dir(tmp_path, free // 2, b"d" * 16).exists()
+    with pytest.warns(UserWarning, match=f"process is gone .*{first.name}"):
+        assert make_run_dir(tmp_path, free // 2, b"d" * 16).exists()
 
 
 def test_two_runs_starting_together_cannot_claim_the_same_space(tmp_path, monkeypatch):
@@ -676,3 +677,22 @@ def test_a_moved_dataset_resumes_and_a_changed_one_is_refused(tmp_path, capsys):
     _fails(capsys, [*run, "--dataset", f"npy:{second}"], "was trained on another graph",
            "edges 2828 -> 1740")
     assert (out / "summary.json").read_text() == before
+
+
+def test_a_run_folder_whose_pid_was_reused_is_a_leftover(tmp_path):
+    """A killed run's pid taken since by another process: its reservation's start time tells
+    them apart, so the folder is reported as left over and promises no space."""
+    import json
+    from jgrind import disk_space
+    from jgrind.engine.store import leftover_runs
+    folder = tmp_path / f"jgrind-run-{os.getpid()}-0123456789ab"  # a live pid: this process
+    folder.mkdir()
+    (folder / "reserved.json").write_text(json.dumps(
+        {"bytes": 1 << 30, "pid": os.getpid(), "started": -1}))  # another process's start
+    (folder / "activation-1.bin").write_bytes(b"\0" * 4096)
+    assert [p for p, _ in leftover_runs(tmp_path)] == [folder]
+    assert disk_space.promised(tmp_path) == []
+    started = disk_space.process_start(os.getpid())
+    (folder / "reserved.json").write_text(json.dumps(
+        {"bytes": 1 << 30, "pid": os.getpid(), "started": started}))
+    assert leftover_runs(tmp_path) == [] and len(disk_space.promised(tmp_path)) == 1

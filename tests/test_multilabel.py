@@ -131,6 +131,11 @@ def test_f1_scores_of_multi_label_predictions():
         metrics.evaluate(logits, targets, mask, "accuracy")
     with pytest.raises(TypeError, match="mask must be a bool"):
         metrics.micro_f1(logits, targets, np.ones(3, int))
+    # a task with no known target among the masked nodes is left out, as roc_auc does
+    hidden = targets.copy()
+    hidden[:, 3] = -1
+    assert metrics.macro_f1(logits, hidden, mask) == pytest.approx((2 / 3 + 1 + 2 / 3) / 3)
+    assert np.isnan(metrics.macro_f1(logits, np.full_like(targets, -1), mask))
     # one class per node: micro F1 is accuracy
     ids = np.array([0, 1, 1])
     assert metrics.micro_f1(logits, ids, mask) == metrics.accuracy(logits, ids, mask)
@@ -172,9 +177,13 @@ def test_training_learns_multi_label_targets_in_memory_and_out_of_core(tmp_path)
     with pytest.raises(TypeError, match=r"fails on this graph's labels \(multi-label targets"):
         train(jax.random.key(0), g, model, optax.adam(0.02), loss=SmoothedCrossEntropy(0.1),
               **kw)
-    with pytest.raises(TypeError, match=r"one value per node.*gives \(2, 6\)"):
+    with pytest.raises(TypeError, match=r"one float value per node.*gives \(16, 6\)"):
         train(jax.random.key(0), g, model, optax.adam(0.02), **kw,
               loss=lambda logits, y: optax.sigmoid_binary_cross_entropy(logits, y))
+    # a loss that trains on -1 as a target: warned about before training
+    with pytest.warns(UserWarning, match="seems to train on -1 as a target"):
+        train(jax.random.key(0), g, model, optax.adam(0.02), **{**kw, "epochs": 1},
+              loss=lambda logits, y: optax.sigmoid_binary_cross_entropy(logits, y).mean(-1))
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -246,6 +255,10 @@ def test_an_ogb_folder_of_another_name_is_kept_directed_with_a_warning(tmp_path)
     assert g.num_edges == len(edges)
     assert D.load_ogb_raw(d, node_features="edge_mean", to_undirected=np.True_).num_edges \
         == 2 * len(edges)
+    link = tmp_path / "links" / "ogbn_proteins"  # a link named after the dataset: its name counts
+    link.parent.mkdir()
+    link.symlink_to(d)
+    assert D.load_ogb_raw(link, node_features="edge_mean").num_edges == 2 * len(edges)
     (d / "raw/edge-feat.csv.gz").rename(d / "raw/node-feat.csv.gz")
     with pytest.raises(D.DatasetError, match="has no raw/edge-feat.csv.gz; leave node_features"):
         D.load_ogb_raw(d, node_features="edge_mean", to_undirected=False)
@@ -281,6 +294,17 @@ def test_command_line_trains_and_predicts_multi_label(tmp_path, capsys):
     assert main(base + ["--policy", "host", "--parts", "2"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["metric"] == "roc_auc" and 0 < summary["test_mean"] <= 1
+    # the metric the run resolved ('' -> roc_auc) may be named on resume; another may not
+    ck = tmp_path / "ck"
+    resumable = [*base[:5], "--out", str(ck), "--set", "num_nodes=600", "--set",
+                 "dataset_options=num_tasks:4", "--set", "checkpoint_every=1"]
+    assert main(resumable) == 0
+    resumable[resumable.index("3")] = "4"
+    assert main([*resumable, "--set", "metric=roc_auc"]) == 0
+    resumable[resumable.index("4")] = "5"
+    capsys.readouterr()
+    assert main([*resumable, "--set", "metric=micro_f1"]) == 2
+    assert "trained with metric='roc_auc'" in capsys.readouterr().err
     save = tmp_path / "logits.npy"
     assert main(["predict", "--run", str(out), "--save", str(save)]) == 0
     assert np.load(save).shape == (600, 4)

@@ -313,13 +313,17 @@ def test_resume_keeps_the_selection_rule_and_reads_older_checkpoints(tmp_path):
     step = mgr.latest_step()
     meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     old = {**meta, "best": {k: v for k, v in meta["best"].items() if k != "score"}}
-    for key in ("select", "stale"):
+    for key in ("select", "stale", "metric", "graph"):
         old.pop(key)
     mgr.close()
     (ckpt / str(step) / "meta" / "metadata").write_text(__import__("json").dumps(old))
+    with pytest.warns(UserWarning, match="records no fingerprint"), \
+            pytest.raises(ValueError, match="trained with select='val'"):  # chose by the metric
+        run(20, select="val_loss")
     straight = train(jax.random.key(0), g, model, optax.adam(0.05), epochs=30, patience=4,
                      progress=False)
-    resumed = run(30, patience=4)
+    with pytest.warns(UserWarning, match="records no fingerprint of its graph"):
+        resumed = run(30, patience=4)
     assert [h["loss"] for h in resumed.history] == [h["loss"] for h in straight.history]
     assert resumed.best_epoch == straight.best_epoch
 
@@ -381,8 +385,13 @@ def test_an_undefined_validation_score_is_warned_about():
     val[0] &= g.labels == 0  # one class only in validation: ROC-AUC is undefined
     g = g.replace(val_mask=val)
     model = models.gcn(g.num_features, 8, 2)
-    with pytest.warns(UserWarning, match=r"selection score \(val: roc_auc .*undefined"):
+    with pytest.warns(UserWarning, match=r"the validation roc_auc \(split 0\), is undefined"
+                                         r".*every validation node has one class"):
         train(jax.random.key(0), g, model, optax.adam(0.01), epochs=2, progress=False)
+    empty = g.replace(val_mask=np.zeros_like(g.val_mask))
+    with pytest.warns(UserWarning, match=r"the validation loss \(split 0\).*mask is empty;"):
+        train(jax.random.key(0), empty, model, optax.adam(0.01), epochs=2, progress=False,
+              select="val_loss")
     with pytest.raises(ValueError, match="'roc_auc' scores binary tasks .* 3 classes"):
         g3 = community_graph(num_nodes=120, num_classes=3)
         train(jax.random.key(0), g3, models.gcn(g3.num_features, 8, 3), optax.adam(0.01),

@@ -40,6 +40,14 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
 
 
+def skew(text: str) -> dict:
+    """``--skew a,b,c`` as `jgrind.generators.rmat`'s keyword arguments."""
+    values = [float(v) for v in text.split(",")]
+    if len(values) != 3:
+        raise SystemExit(f"--skew takes three probabilities a,b,c (d is the rest), got {text!r}")
+    return dict(zip("abc", values))
+
+
 def load(path):
     d = np.load(path)
     return {k: d[k] for k in d.files}
@@ -234,7 +242,7 @@ def main():
     t0 = time.perf_counter()
     g = rmat(num_nodes=args.nodes, num_edges=args.edges, num_features=args.features,
              num_classes=args.classes, num_tasks=args.tasks, seed=0,
-             **dict(zip("abc", (float(v) for v in args.skew.split(",")))))
+             **skew(args.skew))
     gen = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "graph.npz")

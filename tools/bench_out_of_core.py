@@ -41,7 +41,7 @@ from typing import Optional
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_epoch import load, run_pyg  # noqa: E402  (tools/ is not a package)
+from bench_epoch import load, run_pyg, skew  # noqa: E402  (tools/ is not a package)
 from memory_cgroup import drop_caches, joining, memory_cgroup  # noqa: E402
 
 RUNS = ("in-memory", "device", "host", "ssd", "recompute", "naive")
@@ -195,7 +195,7 @@ def save_graph(args, directory: str) -> tuple[str, float]:
     t0 = time.perf_counter()
     g = rmat(num_nodes=args.nodes, num_edges=args.edges, num_features=args.features,
              num_classes=args.classes, num_tasks=args.tasks, seed=0,
-             **dict(zip("abc", (float(v) for v in args.skew.split(",")))))
+             **skew(args.skew))
     seconds = time.perf_counter() - t0
     path = os.path.join(directory, "graph.npz")
     np.savez(path, indptr=g.indptr, indices=g.indices, features=g.features, labels=g.labels,

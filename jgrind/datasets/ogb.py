@@ -61,8 +61,9 @@ def _stored_undirected(directory: Path) -> bool:
     """Whether OGB's own loaders add the reverse of every edge of this dataset, by the folder's
     name (``ogbn_products``, ``products``, ``ogbn-proteins`` ...). A name that is none of
     OGB's is kept directed, with a warning: the files do not say."""
-    name = directory.resolve().name.lower().replace("-", "_")
-    named = lambda known: name in (known, known.removeprefix("ogbn_"))  # noqa: E731
+    # the name as given (a link named after the dataset) or of the folder it leads to
+    names = {p.name.lower().replace("-", "_") for p in (directory, directory.resolve())}
+    named = lambda known: bool(names & {known, known.removeprefix("ogbn_")})  # noqa: E731
     if any(named(known) for known in _INVERSE_EDGES):
         return True
     if not any(named(known) for known in _DIRECTED):

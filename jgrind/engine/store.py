@@ -656,7 +656,7 @@ def leftover_runs(root: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
     found = []
     for path in sorted(root.glob(disk_space.RUN_GLOB)):
         pid = path.name.split("-")[2]
-        if not (pid.isdigit() and path.is_dir()) or disk_space.alive(int(pid)):
+        if not (pid.isdigit() and path.is_dir()) or disk_space.owner_running(path):
             continue
         try:
             size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())

@@ -202,7 +202,7 @@ class Workload:
             needs_edges=model.needs_edges,
             needs_adjacency=model.needs_adjacency, num_nodes=pg.graph.num_nodes,
             num_edges=pg.graph.num_edges, aggregated=aggregation_widths(model),
-            loss_row_bytes=_loss_row_bytes(pg.graph.labels))
+            loss_row_bytes=loss_row_bytes(pg.graph.labels))
 
     # -- sizes ------------------------------------------------------------------------------
     def block_bytes(self, layer: int) -> np.ndarray:
@@ -289,7 +289,10 @@ class Workload:
         return worst
 
 
-def _loss_row_bytes(labels: np.ndarray) -> int:
+def loss_row_bytes(labels: np.ndarray) -> int:
+    """Device bytes per node of the loss beyond the logits: for multi-label targets ``[N, T]``
+    the targets and two per-target float tensors (the loss and its cotangent); 0 for class
+    ids (they fit in the slack of the output's estimate)."""
     if labels.ndim != 2:
         return 0
     return int(labels.shape[1]) * (labels.itemsize + 2 * ITEMSIZE)
@@ -1064,11 +1067,13 @@ def uniform(num_parts: int, num_layers: int, activation: Sequence[int],
 
 
 def in_memory_bytes(num_nodes: int, num_edges: int, num_features: int, widths: Sequence[int],
-                    structure_bytes: Optional[int] = None) -> int:
+                    structure_bytes: Optional[int] = None, loss_bytes_per_node: int = 0) -> int:
     """Bytes the in-memory fast path holds at its peak, estimated from shapes: the graph
     structure (and its transpose), the features, and per layer the input activation, its
-    gradient and about one more tensor of intermediates the backward pass keeps."""
+    gradient and about one more tensor of intermediates the backward pass keeps; plus the
+    loss's bytes per node beyond the logits (`loss_row_bytes`)."""
     structure = structure_bytes if structure_bytes is not None else \
         2 * (ITEMSIZE * (num_nodes + 1) + 2 * ITEMSIZE * num_edges)
     activations = ITEMSIZE * num_nodes * sum(widths)
-    return int(structure + ITEMSIZE * num_nodes * num_features + 3 * activations)
+    return int(structure + ITEMSIZE * num_nodes * num_features + 3 * activations
+               + num_nodes * loss_bytes_per_node)

@@ -40,9 +40,9 @@ import numpy as np
 from jgrind import disk_space
 from jgrind.plan.cost import (D, FATES, H, R, S, Assignment, Prediction, Workload,
                               accumulate_seconds, backward_kind, fit_masks, format_bytes,
-                              gather_seconds, in_memory_bytes, in_memory_seconds, predict,
-                              read_block_seconds, step_seconds, sweep_order, with_page_cache,
-                              write_seconds)
+                              gather_seconds, in_memory_bytes, in_memory_seconds, loss_row_bytes,
+                              predict, read_block_seconds, step_seconds, sweep_order,
+                              with_page_cache, write_seconds)
 from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT
 
 UNLIMITED = 1 << 62
@@ -596,7 +596,7 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
     widths = layer_widths(model, graph.num_features)
     structure = 2 * (graph.indptr.nbytes + graph.indices.nbytes + 4 * graph.num_edges)
     fast_bytes = in_memory_bytes(graph.num_nodes, graph.num_edges, graph.num_features, widths,
-                                 structure)
+                                 structure, loss_row_bytes(graph.labels))
     num_params = _num_params(widths)
     if num_parts in (None, 1) and fast_bytes <= dev:
         w = _single_partition_workload(graph, model)
