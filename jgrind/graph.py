@@ -11,6 +11,7 @@ import contextvars
 import dataclasses
 import functools
 import numbers
+import warnings
 import zlib
 from typing import Optional
 
@@ -338,9 +339,8 @@ def _binary_targets(name: str, targets: np.ndarray) -> np.ndarray:
     if bad.any():
         i, t = (int(v[0]) for v in np.nonzero(bad))
         raise GraphError(f"{name}: multi-label target {targets[i, t].item()} of node {i}, "
-                         f"task {t} "
-                         "is not 0 or 1 (-1 or NaN for unknown); a [N, T] label array holds "
-                         "binary targets, a class id per node is a [N] array")
+                         f"task {t} is not 0 or 1 (-1 or NaN for unknown); a [N, T] label "
+                         "array holds binary targets, a class id per node is a [N] array")
     return targets.astype(np.int8)
 
 
@@ -412,7 +412,6 @@ def from_edges(src, dst, features, labels, *, edge_weight=None, num_classes=None
     labels = _targets(name, labels)
     if labels.ndim == 2 and labels.size and np.all(labels.sum(axis=1) == 1) \
             and not np.any(labels < 0):
-        import warnings
         warnings.warn(f"{name}: the [N, {labels.shape[1]}] labels have exactly one 1 in every "
                       "row, and are read as that many binary targets (a multi-label task); if "
                       "they are one-hot class labels, pass labels.argmax(1)", stacklevel=2)

@@ -37,13 +37,19 @@ def binary_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     With every target known, the mean of these over the training nodes is the mean over all
     node-target pairs, as ``torch.nn.BCEWithLogitsLoss`` in OGB's ogbn-proteins examples. A
     node with no known target has loss 0."""
+    per_target, known = _known_target_losses(logits, targets)
+    count = jnp.sum(known, axis=-1)
+    return jnp.sum(per_target, axis=-1) / jnp.maximum(count, 1).astype(logits.dtype)
+
+
+def _known_target_losses(logits: jax.Array, targets: jax.Array):
+    """``([n, T] sigmoid cross entropy of every known target, 0 for unknown ones, [n, T]
+    known)``."""
     known = targets >= 0
     y = jnp.where(known, targets, 0).astype(logits.dtype)
     # log(1 + exp(-|x|)) + max(x, 0) - x y: finite for any logit
     per_target = jnp.maximum(logits, 0) - logits * y + jnp.log1p(jnp.exp(-jnp.abs(logits)))
-    count = jnp.sum(known, axis=-1)
-    total = jnp.sum(jnp.where(known, per_target, 0.0), axis=-1)
-    return total / jnp.maximum(count, 1).astype(logits.dtype)
+    return jnp.where(known, per_target, 0.0), known
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,10 +65,7 @@ class PairMeanBinaryCrossEntropy:
     scale: float
 
     def __call__(self, logits: jax.Array, targets: jax.Array) -> jax.Array:
-        known = targets >= 0
-        y = jnp.where(known, targets, 0).astype(logits.dtype)
-        per_target = jnp.maximum(logits, 0) - logits * y + jnp.log1p(jnp.exp(-jnp.abs(logits)))
-        return self.scale * jnp.sum(jnp.where(known, per_target, 0.0), axis=-1)
+        return self.scale * jnp.sum(_known_target_losses(logits, targets)[0], axis=-1)
 
 
 def pair_mean_binary_cross_entropy(graph, split: int = 0) -> PairMeanBinaryCrossEntropy:
