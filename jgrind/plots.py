@@ -6,6 +6,7 @@ its path.
 
 from __future__ import annotations
 
+import math
 import pathlib
 from typing import Sequence
 
@@ -29,15 +30,21 @@ def _save(plt, fig, path) -> pathlib.Path:
 def plot_training(histories: Sequence[list], path: str | pathlib.Path, *, metric: str,
                   labels: Sequence[str] | None = None, title: str = "",
                   best_epochs: Sequence[int] | None = None) -> pathlib.Path:
-    """Training loss (left) and validation/test metric (right) per epoch, one line per run;
-    a star at each run's selected epoch (``best_epochs``, default: its best validation
-    metric)."""
+    """Training loss, and validation loss where evaluated (left), and validation/test metric
+    (right) per epoch, one colour per run; a star at each run's selected epoch
+    (``best_epochs``, default: its best validation metric), on both panels, so that a choice
+    by the validation loss (``select="val_loss"``) shows what chose it."""
     plt = _pyplot()
     fig, (ax_loss, ax_metric) = plt.subplots(1, 2, figsize=(11, 4))
     labels = labels or [f"run {i}" for i in range(len(histories))]
     best_epochs = best_epochs or [None] * len(histories)
     for history, label, chosen in zip(histories, labels, best_epochs):
-        ax_loss.plot([r["epoch"] for r in history], [r["loss"] for r in history], label=label)
+        trained, = ax_loss.plot([r["epoch"] for r in history], [r["loss"] for r in history],
+                                label=label)
+        checked = [r for r in history if r.get("val_loss") is not None
+                   and math.isfinite(r["val_loss"])]
+        ax_loss.plot([r["epoch"] for r in checked], [r["val_loss"] for r in checked],
+                     linestyle="--", color=trained.get_color(), alpha=0.6)
         evaluated = [r for r in history if "val" in r]
         line, = ax_metric.plot([r["epoch"] for r in evaluated], [r["val"] for r in evaluated],
                                label=f"{label} val")
@@ -48,9 +55,13 @@ def plot_training(histories: Sequence[list], path: str | pathlib.Path, *, metric
                 next(r for r in evaluated if r["epoch"] == chosen)
             ax_metric.plot([best["epoch"]], [best["test"]], marker="*", markersize=11,
                            color=line.get_color(), linestyle="none")
-    ax_loss.set(xlabel="epoch", ylabel="training loss", yscale="log", title="loss")
+            if best in checked:
+                ax_loss.plot([best["epoch"]], [best["val_loss"]], marker="*", markersize=11,
+                             color=trained.get_color(), linestyle="none")
+    ax_loss.set(xlabel="epoch", ylabel="loss", yscale="log",
+                title="loss (solid training, dashed validation)")
     ax_metric.set(xlabel="epoch", ylabel=metric,
-                  title=f"{metric} (solid val, dashed test, * the selected epoch)")
+                  title=f"{metric}: solid val, dashed test, * selected")
     for ax in (ax_loss, ax_metric):
         ax.grid(alpha=0.3)
     if len(histories) <= 10:

@@ -48,6 +48,18 @@ def test_training_plot_marks_the_selected_epoch(figures, tmp_path):
     assert list(star.get_xdata()) == [3]  # another selection rule (select="val_loss")
 
 
+def test_training_plot_draws_the_validation_loss_that_can_choose_the_epoch(figures, tmp_path):
+    history = [{"epoch": e, "loss": 1.0 / (e + 1), "val": 0.5, "test": 0.5, "val_loss": vl}
+               for e, vl in enumerate([2.0, 1.0, 1.5, float("nan")])]
+    plots.plot_training([history], tmp_path / "t.png", metric="accuracy", best_epochs=[1])
+    loss_axes = figures[-1].axes[0]
+    dashed, = [line for line in loss_axes.get_lines() if line.get_linestyle() == "--"]
+    assert list(dashed.get_xdata()) == [0, 1, 2]  # NaN (an empty validation set) left out
+    assert list(dashed.get_ydata()) == [2.0, 1.0, 1.5]
+    star, = [line for line in loss_axes.get_lines() if line.get_marker() == "*"]
+    assert list(star.get_xdata()) == [1] and list(star.get_ydata()) == [1.0]
+
+
 def test_the_learning_rate_is_logged_where_the_optimizer_shows_it():
     g = community_graph(num_nodes=200)
     model = models.gcn(g.num_features, 8, g.num_classes)
