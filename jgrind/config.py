@@ -70,6 +70,10 @@ class RunConfig:
     "early stopping patience in evaluations (0 = off)"
     label_smoothing: float = 0.0
     "cross entropy against targets smoothed toward uniform by this much (0 = off)"
+    multilabel_loss: str = "node_mean"
+    ("multi-label tasks: binary cross entropy averaged over each node's known targets, then "
+     "nodes (node_mean), or over all known (node, target) pairs of the training set "
+     "(pair_mean: torch's BCEWithLogitsLoss on the known entries)")
     metric: str = ""
     ("what evaluations score and val selects by: accuracy | roc_auc | micro_f1 | macro_f1 "
      "('' = roc_auc for binary and multi-label tasks, else accuracy)")
@@ -198,6 +202,7 @@ _LIMITS = {
     "metric": (lambda v: v in ("", "accuracy", "roc_auc", "micro_f1", "macro_f1"),
                "'' (by the task), accuracy, roc_auc, micro_f1 or macro_f1"),
     "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
+    "multilabel_loss": (lambda v: v in ("node_mean", "pair_mean"), "node_mean or pair_mean"),
     "optimizer": (lambda v: v in ("adam", "adamw", "sgd"), "adam, adamw or sgd"),
     "lr_schedule": (lambda v: v in ("constant", "cosine"), "constant or cosine"),
     "warmup_epochs": (lambda v: v >= 0, "0 (off) or more"),
@@ -258,13 +263,19 @@ def build_model(cfg: RunConfig, graph: Graph) -> GNN:
     raise ConfigError(f"unknown model {cfg.model!r}; use gcn, sage or gat")
 
 
-def build_loss(cfg: RunConfig, graph: Graph):
-    """The per-node training loss (`jgrind.loss.weighted_loss`); None: the task's default
-    (cross entropy, or binary cross entropy for multi-label targets)."""
-    from jgrind.loss import SmoothedCrossEntropy
+def build_loss(cfg: RunConfig, graph: Graph, split: int = 0):
+    """The per-node training loss (`jgrind.loss.weighted_loss`) for training on ``split``;
+    None: the task's default (cross entropy, or binary cross entropy for multi-label targets,
+    averaged node by node)."""
+    from jgrind.loss import SmoothedCrossEntropy, pair_mean_binary_cross_entropy
     if cfg.label_smoothing and graph.multilabel:
         raise ConfigError(f"label_smoothing smooths one class per node, but {graph.name} has "
                           "multi-label targets; leave label_smoothing at 0")
+    if cfg.multilabel_loss == "pair_mean":
+        if not graph.multilabel:
+            raise ConfigError(f"multilabel_loss=pair_mean averages binary targets, but "
+                              f"{graph.name} has one class per node; leave it at node_mean")
+        return pair_mean_binary_cross_entropy(graph, split)
     return SmoothedCrossEntropy(cfg.label_smoothing) if cfg.label_smoothing else None
 
 

@@ -41,8 +41,8 @@ from jgrind.train import run_trials, train
 CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "residual",
                 "layer_norm", "activation", "lr", "weight_decay", "seed", "split",
                 "row_normalize", "num_nodes", "avg_degree", "dataset_options", "select",
-                "min_delta", "label_smoothing", "output_heads", "attention_dropout",
-                "optimizer", "lr_schedule", "warmup_epochs")
+                "min_delta", "label_smoothing", "multilabel_loss", "output_heads",
+                "attention_dropout", "optimizer", "lr_schedule", "warmup_epochs")
 # the files `run_config` writes (and a later run in the same folder replaces)
 RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png", "plan.txt")
 PARAMS = "params"  # the folder of every seed's final parameters
@@ -155,7 +155,7 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
     graph = load_graph(cfg)
     model = build_model(cfg, graph)
     optimizer = build_optimizer(cfg)
-    loss = build_loss(cfg, graph)
+    build_loss(cfg, graph)  # a setting the task cannot take: said before anything is written
     if cfg.metric:
         try:
             check_metric(cfg.metric, graph.num_classes, graph.multilabel)
@@ -179,7 +179,7 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
         result = train(jax.random.key(seed), graph, model, optimizer, epochs=cfg.epochs,
                        split=splits[trial], eval_every=cfg.eval_every,
                        patience=cfg.patience or None, select=cfg.select,
-                       loss=loss, metric=cfg.metric or None,
+                       loss=build_loss(cfg, graph, splits[trial]), metric=cfg.metric or None,
                        min_delta=cfg.min_delta,
                        log_path=out / f"metrics-seed{seed}.jsonl", checkpoint_dir=ckpt_dir,
                        checkpoint_every=cfg.checkpoint_every or 1, progress=progress,

@@ -290,8 +290,12 @@ def test_command_line_trains_and_predicts_multi_label(tmp_path, capsys):
     assert "'accuracy' needs one class per node" in capsys.readouterr().err
     assert main(base + ["--set", "label_smoothing=0.1"]) == 2
     assert "label_smoothing smooths one class per node" in capsys.readouterr().err
+    assert main([*base[:5], "--out", str(out), "--set", "num_nodes=600", "--set",
+                 "multilabel_loss=pair_mean"]) == 2
+    assert "pair_mean averages binary targets" in capsys.readouterr().err
     assert not out.exists()  # refused before anything was written
-    assert main(base + ["--policy", "host", "--parts", "2"]) == 0
+    assert main(base + ["--policy", "host", "--parts", "2", "--set",
+                        "multilabel_loss=pair_mean"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["metric"] == "roc_auc" and 0 < summary["test_mean"] <= 1
     # the metric the run resolved ('' -> roc_auc) may be named on resume; another may not
@@ -318,6 +322,23 @@ def test_a_saved_multi_label_graph_maps_back_the_same(tmp_path):
     assert back.multilabel and back.labels.dtype == np.int8
     np.testing.assert_array_equal(back.labels, g.labels)
     assert back.fingerprint() == g.fingerprint()
+
+
+def test_the_pair_mean_loss_from_the_run_settings():
+    from jgrind.config import RunConfig, build_loss
+    from jgrind.loss import PairMeanBinaryCrossEntropy
+    g = generators.csbm(300, num_tasks=4, seed=3)
+    targets = np.array(g.labels)
+    targets[:100, 1:] = -1  # a third of the nodes keep one known target of four
+    g = g.replace(labels=targets, train_mask=np.stack([g.train_mask[0], g.val_mask[0]]),
+                  val_mask=np.stack([g.val_mask[0], g.train_mask[0]]),
+                  test_mask=np.repeat(g.test_mask, 2, axis=0))
+    assert build_loss(RunConfig(), g) is None  # node by node, the default
+    for split in (0, 1):  # each split's own training pairs
+        loss = build_loss(RunConfig(multilabel_loss="pair_mean"), g, split)
+        train_nodes = g.train_mask[split]
+        pairs = int(np.sum(targets[train_nodes] >= 0))
+        assert loss == PairMeanBinaryCrossEntropy(train_nodes.sum() / pairs)
 
 
 def test_the_pair_mean_loss_is_bce_over_known_training_pairs():
