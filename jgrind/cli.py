@@ -313,14 +313,35 @@ def cmd_partition(args) -> int:
 
 
 def cmd_convert(args) -> int:
+    import shutil
+    import uuid
     from jgrind.config import load_graph
-    from jgrind.datasets import save_graph
+    from jgrind.datasets import DatasetError, save_graph
     from jgrind.datasets.stored import check_target
     cfg = dataclasses.replace(RunConfig(), dataset=args.dataset).with_overrides(args.overrides)
     check_target(args.out, args.overwrite)  # before a large graph is loaded for nothing
-    graph = load_graph(cfg)
-    print(graph)
-    folder = save_graph(graph, args.out, overwrite=args.overwrite)
+    out = pathlib.Path(args.out).expanduser().absolute()
+    extra, scratch = {}, None
+    if cfg.dataset.lower().startswith("ogb:") and "scratch" not in cfg.loader_options():
+        # OGB's binary layout decompresses its features into a file here, not into memory
+        scratch = out.parent / f".{out.name}.scratch-{uuid.uuid4().hex[:8]}"
+        try:
+            scratch.mkdir()
+        except OSError as e:
+            raise DatasetError(f"cannot write beside {out} ({e.strerror or e}); choose an "
+                               "--out on a disk you can write to") from e
+        extra["scratch"] = scratch
+    try:
+        graph = load_graph(cfg, **extra)
+        print(graph)
+        folder = save_graph(graph, out, overwrite=args.overwrite)
+    finally:
+        if scratch is not None:
+            try:
+                shutil.rmtree(scratch)
+            except OSError as e:
+                warnings.warn(f"could not remove the scratch folder {scratch} ({e}); remove "
+                              "it by hand")
     print(f"saved {graph.nbytes() / 2**20:,.1f} MiB to {folder}; load it with "
           f"--dataset npy:{folder}")
     return 0

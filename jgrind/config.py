@@ -307,7 +307,8 @@ def build_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
         learning_rate=rate)
 
 
-def load_graph(cfg: RunConfig) -> Graph:
+def load_graph(cfg: RunConfig, **loader_options) -> Graph:
+    """The graph ``cfg`` names; ``loader_options`` go to its loader beside the settings'."""
     from jgrind import datasets
     from jgrind.datasets.errors import DatasetError
     from jgrind.datasets.features import row_normalize_features
@@ -316,7 +317,7 @@ def load_graph(cfg: RunConfig) -> Graph:
         try:
             graph = datasets.load(cfg.dataset, **{"num_nodes": cfg.num_nodes,
                                                   "avg_degree": cfg.avg_degree,
-                                                  **cfg.loader_options()})
+                                                  **cfg.loader_options(), **loader_options})
         except DatasetError:
             raise
         except ValueError as err:  # the generator's own check of its arguments
@@ -325,7 +326,7 @@ def load_graph(cfg: RunConfig) -> Graph:
                               + (f", {cfg.dataset_options}" if cfg.dataset_options else "")
                               + f": {err}") from None
     else:
-        graph = datasets.load(cfg.dataset, **cfg.loader_options())
+        graph = datasets.load(cfg.dataset, **{**cfg.loader_options(), **loader_options})
     return row_normalize_features(graph) if cfg.row_normalize else graph
 
 

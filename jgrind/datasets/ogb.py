@@ -9,19 +9,26 @@ folder that the OGB download unpacks, read without the ``ogb`` package:
   raw/num-node-list.csv.gz   optional: the node count
   split/<scheme>/{train,valid,test}.csv.gz   node ids, one a line
 
+or in OGB's binary layout (ogbn-papers100M: ``raw/data.npz`` and ``raw/node-label.npz``),
+read a slice at a time (`load_ogb_binary`).
+
 Heterogeneous datasets (ogbn-mag) do not fit a `Graph` and are refused with a `DatasetError`.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import warnings
 from pathlib import Path
 
 import numpy as np
 
+from jgrind.datasets import npz
+from jgrind.datasets.csr import csr_from_edge_chunks
 from jgrind.datasets.edgelist import as_labels, read_text_table
 from jgrind.datasets.errors import DatasetError, require_file
-from jgrind.graph import from_edges
+from jgrind.graph import Graph, from_edges
 from jgrind.transforms import make_undirected
 
 _SPLIT_FLAG = "on the command line: --set dataset_options=split:NAME"
@@ -106,8 +113,11 @@ def _targets(values: np.ndarray, path: Path) -> np.ndarray:
     return np.where(np.isnan(values), -1, values).astype(np.int8)
 
 
-def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=None, name=None):
-    """Load an OGB node-property dataset from its unpacked folder (the one holding ``raw/``).
+def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=None, name=None,
+                 scratch=None):
+    """Load an OGB node-property dataset from its unpacked folder (the one holding ``raw/``),
+    in OGB's text layout (``raw/*.csv.gz``) or its binary one (``raw/data.npz``,
+    ogbn-papers100M; see `load_ogb_binary`, the only one that uses ``scratch``).
 
     Edges: ``to_undirected=None`` (the default) does what OGB's own loaders do, by the folder's
     name: ogbn-products and ogbn-proteins store each undirected edge once and get its reverse
@@ -127,21 +137,16 @@ def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=Non
     The split comes from the only folder under ``split/``, or the one named `split`; masks
     ``[1, N]``. The graph is named `name` or the folder's name (e.g. ``ogbn_arxiv``).
     """
-    directory = Path(directory)
-    if not directory.is_dir():
-        problem = "is a file" if directory.exists() else "does not exist"
-        raise DatasetError(f"OGB dataset folder {directory} {problem}; pass the folder "
-                           "that holds raw/ and split/")
+    directory = _check_folder(directory)
+    to_undirected = _check_undirected(to_undirected)
+    raw = directory / "raw"
+    if (raw / "data.npz").exists():  # the binary layout (ogbn-papers100M)
+        return load_ogb_binary(directory, split=split, to_undirected=to_undirected,
+                               node_features=node_features, name=name, scratch=scratch)
     if node_features is not None and node_features not in EDGE_FEATURE_REDUCTIONS:
         raise DatasetError(f"node_features={node_features!r}: use one of "
                            f"{', '.join(EDGE_FEATURE_REDUCTIONS)} (or leave it out to read "
                            "raw/node-feat.csv.gz)")
-    if isinstance(to_undirected, np.bool_):
-        to_undirected = bool(to_undirected)
-    if to_undirected is not None and not isinstance(to_undirected, bool):
-        raise DatasetError(f"to_undirected={to_undirected!r}: use true or false (or leave it "
-                           "out for OGB's own choice)")
-    raw = directory / "raw"
     if not (raw / "edge.csv.gz").exists() and (raw / "node-feat").is_dir():
         raise DatasetError(f"{directory} looks like a heterogeneous OGB dataset (raw/node-feat/ "
                            "is a folder); jgrind reads homogeneous node-property datasets only")
@@ -184,6 +189,139 @@ def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=Non
         raise DatasetError(f"{directory}: {n} nodes, but node-feat has {features.shape[0]} rows "
                            f"and node-label {labels.shape[0]}; {_HINT}")
 
+    masks = _masks(split_dir, n)
+    num_classes = _num_classes(labels)
+    g = from_edges(edges[:, 0], edges[:, 1], features, labels, num_classes=num_classes,
+                   train_mask=masks[0], val_mask=masks[1], test_mask=masks[2],
+                   name=name or directory.name)
+    return make_undirected(g) if undirected else g
+
+
+def load_ogb_binary(directory, *, split=None, to_undirected=None, node_features=None,
+                    name=None, scratch=None):
+    """Load an OGB node-property dataset in OGB's binary layout (ogbn-papers100M)::
+
+      raw/data.npz         edge_index [2, E], node_feat [N, F], num_nodes_list [1], ...
+      raw/node-label.npz   node_label [N] or [N, 1] (``nan`` = unlabelled), or [N, T]
+      split/<scheme>/{train,valid,test}.csv.gz
+
+    without reading an array whole into memory (OGB's own loader needs more than 100 GB of
+    RAM for ogbn-papers100M; see `jgrind.datasets.npz`):
+
+    - the edges are read twice, a slice at a time, into the CSR (`jgrind.datasets.csr`):
+      besides the CSR's own 4 bytes per edge, memory grows with the nodes, not the edges;
+    - features stored uncompressed (``np.savez``) are memory-mapped where they lie. Features
+      compressed (``np.savez_compressed``, as OGB ships them), in Fortran order or not
+      float32 are decompressed a slice at a time, into memory, or with ``scratch=FOLDER``
+      into a new ``.npy`` file there (``node_feat-*.npy``, its space allocated first) that
+      is memory-mapped: the process's own memory then holds one slice at a time. The file
+      is the caller's to remove with the folder once done with the graph; `jgrind convert`
+      does so.
+
+    Edges, labels, the split and `name` work as in `load_ogb_raw`; ``to_undirected=True``
+    symmetrises in memory (it sorts every edge, about 16 bytes each). A folder holding both
+    layouts is read in this one. Other arrays in ``data.npz`` (such as
+    ``node_year``) are not read.
+    """
+    directory = _check_folder(directory)
+    to_undirected = _check_undirected(to_undirected)
+    raw = directory / "raw"
+    if node_features is not None:
+        raise DatasetError(f"node_features={node_features!r} builds features from edge features "
+                           f"in OGB's text layout; {directory} has the binary one "
+                           "(raw/data.npz), read with its node_feat: leave node_features out")
+    data = npz.members(raw / "data.npz", _HINT)
+    npz.require(data, ("edge_index", "node_feat"), raw / "data.npz", _HINT)
+    label_file = raw / "node-label.npz"
+    labels = npz.members(label_file, _HINT)
+    npz.require(labels, ("node_label",), label_file, _HINT)
+    split_dir = _split_dir(directory, split)  # before the big reads, so mistakes fail fast
+    undirected = _stored_undirected(directory) if to_undirected is None else to_undirected
+    feat = data["node_feat"]
+    if len(feat.shape) != 2:
+        raise DatasetError(f"{raw / 'data.npz'}: node_feat has shape {feat.shape}, expected "
+                           f"[N, F]; {_HINT}")
+    n = feat.shape[0]
+    if "num_nodes_list" in data:
+        counts = npz.read_array(data["num_nodes_list"]).reshape(-1)
+        if counts.size != 1:
+            raise DatasetError(f"{raw / 'data.npz'}: num_nodes_list lists {counts.size} graphs; "
+                               "a node-property dataset has one")
+        if int(counts[0]) != n:
+            raise DatasetError(f"{raw / 'data.npz'}: num_nodes_list says {int(counts[0])} nodes "
+                               f"but node_feat has {n} rows; {_HINT}")
+    if scratch is not None:
+        scratch = Path(scratch)
+        if not scratch.is_dir():
+            raise DatasetError(f"scratch folder {scratch} does not exist; create it, or leave "
+                               "scratch out to decompress into memory")
+    values = np.array(npz.read_array(labels["node_label"]))
+    if values.ndim == 1:
+        values = values[:, None]
+    if values.ndim != 2 or values.shape[0] != n:
+        raise DatasetError(f"{label_file}: node_label has shape {values.shape}, expected "
+                           f"[{n}, 1] or [{n}, T] for node_feat's {n} rows; {_HINT}")
+    if not (np.issubdtype(values.dtype, np.number) or values.dtype == bool):
+        raise DatasetError(f"{label_file}: node_label holds {values.dtype} values, not numbers; "
+                           f"{_HINT}")
+    target = _targets(values.astype(np.float64, copy=False), label_file)
+    masks = _masks(split_dir, n)  # small files, read before the big ones
+    try:
+        edges = npz.edge_chunks(data["edge_index"])
+    except ValueError as e:
+        raise DatasetError(f"{raw / 'data.npz'}: {e}; {_HINT}") from None
+    indptr, indices = csr_from_edge_chunks(edges, n, what=f"{raw / 'data.npz'} edge_index",
+                                           hint=_HINT)
+    if npz.mappable(feat, np.float32):
+        features = npz.read_array(feat)  # mapped where it lies
+    else:
+        out = None if scratch is None else _scratch_array(scratch, feat.shape)
+        features = npz.read_array(feat, dtype=np.float32, out=out)
+    g = Graph(indptr=indptr, indices=indices, features=features, labels=target,
+              train_mask=masks[0], val_mask=masks[1], test_mask=masks[2],
+              num_classes=_num_classes(target), name=name or directory.name)
+    return make_undirected(g) if undirected else g
+
+
+def _scratch_array(folder: Path, shape) -> np.ndarray:
+    """A new float32 ``.npy`` file of ``shape`` in ``folder``, mapped for writing, with its
+    disk space allocated now: a disk without room is an error here, not a crash (SIGBUS)
+    when a page of the map is first written."""
+    fd, name = tempfile.mkstemp(dir=folder, prefix="node_feat-", suffix=".npy")
+    os.close(fd)
+    try:
+        out = np.lib.format.open_memmap(name, mode="w+", dtype=np.float32, shape=tuple(shape))
+        with open(name, "r+b") as fh:
+            os.posix_fallocate(fh.fileno(), 0, os.path.getsize(name))
+        return out
+    except OSError as e:
+        Path(name).unlink(missing_ok=True)
+        need = 4 * int(np.prod(shape)) / 2**30
+        raise DatasetError(f"cannot decompress the features ({need:.2f} GiB) into the scratch "
+                           f"folder {folder}: {e.strerror or e}; free space there or choose "
+                           "another folder") from e
+
+
+def _check_folder(directory) -> Path:
+    directory = Path(directory)
+    if not directory.is_dir():
+        problem = "is a file" if directory.exists() else "does not exist"
+        raise DatasetError(f"OGB dataset folder {directory} {problem}; pass the folder "
+                           "that holds raw/ and split/")
+    return directory
+
+
+def _check_undirected(to_undirected):
+    if isinstance(to_undirected, np.bool_):
+        to_undirected = bool(to_undirected)
+    if to_undirected is not None and not isinstance(to_undirected, bool):
+        raise DatasetError(f"to_undirected={to_undirected!r}: use true or false (or leave it "
+                           "out for OGB's own choice)")
+    return to_undirected
+
+
+def _masks(split_dir: Path, n: int) -> np.ndarray:
+    """``[3, 1, N]``: the train, valid and test node ids of ``split_dir`` as masks."""
     masks = np.zeros((3, 1, n), bool)
     for m, part in zip(masks, ("train", "valid", "test")):
         ids = _read(split_dir / f"{part}.csv.gz", np.int64, ncols=1)[:, 0]
@@ -192,9 +330,9 @@ def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=Non
             raise DatasetError(f"{split_dir / (part + '.csv.gz')}: node id {bad} is out of range "
                                f"for {n} nodes; {_HINT}")
         m[0, ids] = True
-    num_classes = labels.shape[1] if labels.ndim == 2 else \
+    return masks
+
+
+def _num_classes(labels: np.ndarray) -> int:
+    return labels.shape[1] if labels.ndim == 2 else \
         int(labels.max()) + 1 if (labels >= 0).any() else 1
-    g = from_edges(edges[:, 0], edges[:, 1], features, labels, num_classes=num_classes,
-                   train_mask=masks[0], val_mask=masks[1], test_mask=masks[2],
-                   name=name or directory.name)
-    return make_undirected(g) if undirected else g

@@ -56,9 +56,6 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False) -> Path:
     target = Path(directory).expanduser().absolute()
     state = check_target(target, overwrite)
     parent = target.parent
-    if not parent.is_dir():
-        raise DatasetError(f"cannot save the graph to {target}: its parent folder {parent} "
-                           "does not exist; create it first")
     arrays = {k: getattr(graph, k) for k in ARRAYS}
     if graph.edge_weight is not None:
         arrays["edge_weight"] = graph.edge_weight
@@ -107,6 +104,9 @@ def check_target(target, overwrite: bool = False) -> str:
     empty folder) or ``"replace"`` (a saved graph, with ``overwrite``); raises `DatasetError`
     if it may not. Changes nothing (callers check before loading a large graph)."""
     target = Path(target).expanduser().absolute()
+    if not target.parent.is_dir():
+        raise DatasetError(f"cannot save the graph to {target}: its parent folder "
+                           f"{target.parent} does not exist; create it first")
     if not target.exists():
         return "absent"
     if not target.is_dir():
