@@ -3,7 +3,7 @@ every array whole, as OGB's loader does, against jgrind's slice-at-a-time reader
 fresh process and optionally in a memory cgroup (as on a machine with that much RAM).
 
     python tools/bench_ogb_binary.py --nodes 4000000 --edges 40000000 --features 128 \\
-        --folder /tmp/ogb-bin [--stored] [--memory-limit 3GiB] [--runs whole,jgrind,convert]
+        --folder /tmp/ogb-bin [--stored] [--undirected] [--memory-limit 3GiB] [--runs ...]
 
 The dataset is written once into ``--folder`` (kept for later runs) with OGB's file names and a
 papers100M-like task: 172 classes, 1.4 % of the nodes labelled and split 78/8/14. Its arrays are
@@ -16,6 +16,9 @@ Runs:
            features decompressed slice by slice into memory (mapped in place with ``--stored``)
   scratch  the same with ``scratch=`` a folder: features decompressed into a mapped file there
   convert  ``jgrind convert --dataset ogb:... --out ...`` (it uses a scratch folder on its own)
+
+``--undirected`` adds the reverse of every edge (``to_undirected=True``; for ``whole``,
+`jgrind.transforms.make_undirected` after `from_edges`), as GCN examples on ogbn-papers100M do.
 
 Each prints its time, its peak RSS (``VmHWM``: file pages it mapped and touched count too),
 its anonymous memory at the end (``RssAnon``), and a CRC of the graph's fingerprint
@@ -74,7 +77,7 @@ def status_bytes(field: str) -> int:
     return -1
 
 
-def run(kind: str, dataset: pathlib.Path) -> dict:
+def run(kind: str, dataset: pathlib.Path, undirected: bool) -> dict:
     """In this fresh process: one way of loading ``dataset``."""
     import jgrind
     t0 = time.perf_counter()
@@ -91,13 +94,16 @@ def run(kind: str, dataset: pathlib.Path) -> dict:
                                       num_classes=_num_classes(labels), train_mask=masks[0],
                                       val_mask=masks[1], test_mask=masks[2],
                                       name=dataset.name)
+            if undirected:
+                graph = jgrind.transforms.make_undirected(graph)
         elif kind in ("jgrind", "scratch"):
-            graph = jgrind.datasets.load(f"ogb:{dataset}",
+            graph = jgrind.datasets.load(f"ogb:{dataset}", to_undirected=undirected,
                                          **({"scratch": tmp} if kind == "scratch" else {}))
         elif kind == "convert":
             from jgrind.cli import main
             out = pathlib.Path(tmp) / "saved"
-            if main(["convert", "--dataset", f"ogb:{dataset}", "--out", str(out)]) != 0:
+            if main(["convert", "--dataset", f"ogb:{dataset}", "--out", str(out), "--set",
+                     f"dataset_options=to_undirected:{str(undirected).lower()}"]) != 0:
                 raise SystemExit("convert failed")
             graph = jgrind.datasets.load(f"npy:{out}")
         else:
@@ -117,12 +123,15 @@ def main() -> None:
     p.add_argument("--folder", required=True)
     p.add_argument("--stored", action="store_true", help="np.savez (uncompressed) archives")
     p.add_argument("--runs", default=",".join(RUNS))
+    p.add_argument("--undirected", action="store_true",
+                   help="make the graph undirected (to_undirected=True; whole: make_undirected)")
     p.add_argument("--memory-limit", default="", help="run each in a memory cgroup this size")
     p.add_argument("--_run", help=argparse.SUPPRESS)
     args = p.parse_args()
     folder = pathlib.Path(args.folder)
     if args._run:
-        print("RESULT " + json.dumps(run(args._run, folder / "ogbn_papers100M")))
+        print("RESULT " + json.dumps(run(args._run, folder / "ogbn_papers100M",
+                                         args.undirected)))
         return
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
     from jgrind.config import parse_bytes
@@ -131,11 +140,13 @@ def main() -> None:
     dataset = write_dataset(folder, args.nodes, args.edges, args.features, args.stored)
     sizes = {f.name: f.stat().st_size for f in (dataset / "raw").iterdir()}
     print(f"dataset {dataset} ({', '.join(f'{k} {v / 2**30:.2f} GiB' for k, v in sizes.items())}"
-          f"; ready in {time.perf_counter() - t0:.0f} s); memory limit: "
+          f"; ready in {time.perf_counter() - t0:.0f} s); "
+          f"{'undirected' if args.undirected else 'directed'}; memory limit: "
           f"{args.memory_limit or 'none'}", flush=True)
     for kind in args.runs.split(","):
         drop_caches()  # every run reads the archives from the disk
-        cmd = [sys.executable, __file__, "--folder", str(folder), "--_run", kind]
+        cmd = [sys.executable, __file__, "--folder", str(folder), "--_run", kind,
+               *(["--undirected"] if args.undirected else [])]
         t1 = time.perf_counter()
         with memory_cgroup(limit) as procs:
             done = subprocess.run(joining(procs, cmd), capture_output=True, text=True)

@@ -7,6 +7,8 @@ a slice at a time: the first pass counts each node's in-edges (the row pointers)
 places every slice's sources at their rows' next free positions. Within a slice the placement
 keeps the edges' order, and slices come in order, so the result is the one `from_edges` gives,
 bit for bit: the same row pointers, and each row's sources in the order the file lists them.
+An undirected graph (``symmetric=True``) is built the same way with every edge placed in both
+directions, then sorted and deduplicated row block by row block in place.
 """
 
 from __future__ import annotations
@@ -18,17 +20,24 @@ from tqdm import tqdm
 
 from jgrind.datasets.errors import DatasetError
 from jgrind.graph import index_dtype
+from jgrind.transforms import _sorted_unique
 
 EdgeChunks = Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]
 
 
 def csr_from_edge_chunks(chunks: EdgeChunks, num_nodes: int, *, what: str, hint: str,
-                         out: Optional[Callable[[int, np.dtype], np.ndarray]] = None
+                         symmetric: bool = False, block_edges: int = 1 << 24
                          ) -> tuple[np.ndarray, np.ndarray]:
     """``(indptr, indices)`` of the graph whose edges ``src -> dst`` ``chunks()`` yields (it is
     called twice, and must yield the same slices both times); rows are destinations, as in
-    `jgrind.graph.Graph`. ``out(num_edges, dtype)`` may supply the indices array (e.g. a
-    ``.npy`` file opened with ``np.lib.format.open_memmap``); by default it is in memory.
+    `jgrind.graph.Graph`.
+
+    With ``symmetric``, the graph of every edge and its reverse, each pair once: the CSR that
+    `jgrind.transforms.make_undirected` gives (each row's sources sorted, duplicates
+    dropped), built here with both directions placed and then each block of rows of about
+    ``block_edges`` edges sorted in place. It holds the placed indices (4 bytes each, 8 once
+    there are 2^31 or more) plus about 32 bytes per edge of one block, where sorting every
+    key at once (`make_undirected`) takes 16 bytes per directed edge and more.
 
     Raises `DatasetError` naming ``what`` for a node id outside ``[0, num_nodes)`` or a
     non-integer id, before anything of the size of the edges is allocated.
@@ -38,40 +47,83 @@ def csr_from_edge_chunks(chunks: EdgeChunks, num_nodes: int, *, what: str, hint:
     with _bar(f"counting edges of {what}") as bar:
         for src, dst in chunks():
             for ids, end in ((src, "source"), (dst, "destination")):
-                _check_ids(ids, end, num_nodes, total, what, hint)
-            if 4 * dst.size >= num_nodes:
-                counts += np.bincount(dst, minlength=num_nodes)
-            else:  # a slice much smaller than the graph: no pass over all nodes for it
-                rows, found = np.unique(dst, return_counts=True)
-                counts[rows] += found
-            total += int(dst.size)
+                _check_ids(ids, end, num_nodes, total // (1 + symmetric), what, hint)
+            for ids in (dst, src) if symmetric else (dst,):
+                _count(counts, ids)
+                total += int(ids.size)
             bar.update(int(dst.size))
     idx_t = index_dtype(max(num_nodes, total))
     indptr = np.zeros(num_nodes + 1, idx_t)
     np.cumsum(counts, out=indptr[1:])
     del counts
-    indices = np.empty(total, idx_t) if out is None else out(total, idx_t)
+    indices = np.empty(total, idx_t)
     cursor = indptr[:-1].astype(np.int64)  # each row's next free position
     placed = 0
     with _bar(f"placing edges of {what}", total=total) as bar:
         for src, dst in chunks():
-            order = np.argsort(dst, kind="stable")
-            rows = np.asarray(dst)[order]
-            if rows.size:
-                first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
-                length = np.diff(np.r_[first, rows.size])
-                rank = np.arange(rows.size) - np.repeat(first, length)
-                try:
-                    indices[cursor[rows] + rank] = np.asarray(src)[order]
-                except IndexError:  # ids beyond what the first pass saw
-                    raise _changed(what, hint) from None
-                cursor[rows[first]] += length
-            placed += int(rows.size)
-            bar.update(int(rows.size))
+            for rows, cols in ((dst, src), (src, dst)) if symmetric else ((dst, src),):
+                placed += _place(indices, cursor, np.asarray(rows), np.asarray(cols), what,
+                                 hint)
+                bar.update(int(rows.size))
     # every row filled exactly: the second read gave what the first one counted
     if placed != total or not np.array_equal(cursor, indptr[1:]):
         raise _changed(what, hint)
+    if symmetric:
+        return _sort_rows_unique(indptr, indices, num_nodes, block_edges)
     return indptr, indices
+
+
+def _count(counts: np.ndarray, rows: np.ndarray) -> None:
+    if 4 * rows.size >= counts.size:
+        counts += np.bincount(rows, minlength=counts.size)
+    else:  # a slice much smaller than the graph: no pass over all nodes for it
+        found, number = np.unique(rows, return_counts=True)
+        counts[found] += number
+
+
+def _place(indices, cursor, rows, cols, what, hint) -> int:
+    """Put ``cols`` at their ``rows``' next free positions, in their order within each row."""
+    if not rows.size:
+        return 0
+    order = np.argsort(rows, kind="stable")
+    rows = rows[order]
+    first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+    length = np.diff(np.r_[first, rows.size])
+    rank = np.arange(rows.size) - np.repeat(first, length)
+    try:
+        indices[cursor[rows] + rank] = cols[order]
+    except IndexError:  # ids beyond what the first pass saw
+        raise _changed(what, hint) from None
+    cursor[rows[first]] += length
+    return int(rows.size)
+
+
+def _sort_rows_unique(indptr, indices, n: int, block_edges: int):
+    """Each row's entries sorted with duplicates dropped, a block of rows at a time, written
+    back into ``indices`` from its start (a row never moves right, so a block's output never
+    overtakes the rows still to read); then the buffer is shrunk to what is kept, in the
+    index dtype of the final edge count (as `make_undirected` chooses it)."""
+    new_indptr = np.zeros(indptr.size, np.int64)
+    written = row = 0
+    with _bar("sorting rows", total=int(indptr[-1])) as bar:
+        while row < n:
+            stop = int(np.searchsorted(indptr, int(indptr[row]) + block_edges,
+                                       side="right")) - 1
+            stop = min(max(stop, row + 1), n)
+            lo, hi = int(indptr[row]), int(indptr[stop])
+            local = np.repeat(np.arange(stop - row, dtype=np.int64),
+                              np.diff(indptr[row:stop + 1]))
+            keys = _sorted_unique(local * n + indices[lo:hi])  # by row, then by column
+            key_rows, cols = np.divmod(keys, n)
+            indices[written:written + keys.size] = cols
+            new_indptr[row + 1:stop + 1] = written + np.cumsum(
+                np.bincount(key_rows, minlength=stop - row))
+            written += keys.size
+            row = stop
+            bar.update(hi - lo)
+    indices.resize(written, refcheck=False)  # hands the dropped duplicates' tail back
+    idx_t = index_dtype(max(n, written))
+    return new_indptr.astype(idx_t), indices.astype(idx_t, copy=False)
 
 
 def _changed(what: str, hint: str) -> DatasetError:

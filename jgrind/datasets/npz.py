@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
+from tqdm import tqdm
 
 from jgrind.datasets.errors import DatasetError, require_file
 
@@ -183,14 +184,15 @@ def mappable(member: Member, dtype=None) -> bool:
 
 
 def read_array(member: Member, *, dtype=None, out: Optional[np.ndarray] = None,
-               chunk_bytes: Optional[int] = None) -> np.ndarray:
+               chunk_bytes: Optional[int] = None, progress: Optional[str] = None) -> np.ndarray:
     """The whole array in C order, as ``dtype`` (default: its own).
 
     A `mappable` member asked for without ``out`` comes back as a read-only memory map of
     the archive: nothing is read until it is used. Otherwise it is read slice by slice into
     ``out`` (a C-contiguous array of its shape, e.g. a ``.npy`` file opened with
     ``np.lib.format.open_memmap``) or into a new array, converting each slice. A 2-d array
-    stored in Fortran order arrives column by column.
+    stored in Fortran order arrives column by column. ``progress`` names a progress bar
+    (shown on a terminal only) for a slow read.
     """
     dtype = member.dtype if dtype is None else np.dtype(dtype)
     if out is None and mappable(member, dtype):
@@ -207,18 +209,21 @@ def read_array(member: Member, *, dtype=None, out: Optional[np.ndarray] = None,
     rows = member.shape[0] if member.shape else 1
     flat = out.reshape(-1)
     at = 0
-    for piece in read_flat(member, 0, member.size, chunk_bytes=chunk_bytes):
-        if member.fortran_order and len(member.shape) == 2:
-            # storage order is column by column: element k is out[k % rows, k // rows]
-            done = 0
-            while done < piece.size:
-                col, row = divmod(at + done, rows)
-                take = min(rows - row, piece.size - done)
-                out[row:row + take, col] = piece[done:done + take]
-                done += take
-        else:
-            flat[at:at + piece.size] = piece
-        at += piece.size
+    with tqdm(total=member.nbytes, desc=progress, unit="B", unit_scale=True, leave=False,
+              disable=None if progress else True) as bar:
+        for piece in read_flat(member, 0, member.size, chunk_bytes=chunk_bytes):
+            if member.fortran_order and len(member.shape) == 2:
+                # storage order is column by column: element k is out[k % rows, k // rows]
+                done = 0
+                while done < piece.size:
+                    col, row = divmod(at + done, rows)
+                    take = min(rows - row, piece.size - done)
+                    out[row:row + take, col] = piece[done:done + take]
+                    done += take
+            else:
+                flat[at:at + piece.size] = piece
+            at += piece.size
+            bar.update(piece.nbytes)
     return out
 
 
