@@ -6,6 +6,8 @@ graphs far larger than the accelerator.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from jgrind.graph import Graph, index_dtype
@@ -44,22 +46,86 @@ def coo(graph: Graph) -> tuple[np.ndarray, np.ndarray]:
     return graph.indices, graph.edge_destinations()
 
 
+# -- row by row: self loops -------------------------------------------------------------------
+# A CSR's rows are its edges grouped by destination, so edits that stay within rows (dropping
+# self loops, adding one per node, sorting each row by source) need no sort of all E edges:
+# they run over blocks of whole rows, about `BLOCK_EDGES` edges at a time, in memory of the
+# output plus one block. Their results are the `_rebuild` of the same edges, bit for bit.
+BLOCK_EDGES = 1 << 24
+
+
+def row_blocks(indptr: np.ndarray, block_edges: Optional[int] = None):
+    """``(first row, stop row)`` of consecutive blocks of whole rows covering every row, each
+    of at most ``block_edges`` (default `BLOCK_EDGES`) edges unless a single row has more."""
+    block_edges = block_edges or BLOCK_EDGES
+    n = indptr.size - 1
+    row = 0
+    while row < n:
+        stop = int(np.searchsorted(indptr, int(indptr[row]) + block_edges, side="right")) - 1
+        stop = min(max(stop, row + 1), n)
+        yield row, stop
+        row = stop
+
+
+def _block_rows(indptr: np.ndarray, first: int, stop: int, dtype) -> np.ndarray:
+    """The row (destination) of every edge of rows ``[first, stop)``."""
+    return np.repeat(np.arange(first, stop, dtype=dtype), np.diff(indptr[first:stop + 1]))
+
+
+def _sort_rows(indptr: np.ndarray, indices: np.ndarray, weight, n: int) -> None:
+    """Sort every row by source in place (stably: duplicates keep their order), block by block;
+    rows already sorted cost one comparison per edge."""
+    for first, stop in row_blocks(indptr):
+        lo, hi = int(indptr[first]), int(indptr[stop])
+        cols = indices[lo:hi]
+        rows = _block_rows(indptr, first, stop, np.int64)
+        if not np.any((cols[1:] < cols[:-1]) & (rows[1:] == rows[:-1])):
+            continue
+        order = np.argsort((rows - first) * n + cols, kind="stable")
+        indices[lo:hi] = cols[order]
+        if weight is not None:
+            weight[lo:hi] = weight[lo:hi][order]
+
+
 def remove_self_loops(graph: Graph) -> Graph:
-    src, dst = coo(graph)
-    keep = src != dst
-    w = None if graph.edge_weight is None else graph.edge_weight[keep]
-    return _rebuild(graph, src[keep], dst[keep], w)
+    """Drop every edge ``v -> v``; each row comes out sorted by source."""
+    n, indptr, indices = graph.num_nodes, graph.indptr, graph.indices
+    keep = np.empty(indices.size, bool)
+    loops = np.zeros(n, np.int64)
+    for first, stop in row_blocks(indptr):
+        lo, hi = int(indptr[first]), int(indptr[stop])
+        rows = _block_rows(indptr, first, stop, indices.dtype)
+        np.not_equal(indices[lo:hi], rows, out=keep[lo:hi])
+        loops[first:stop] = np.bincount(rows[~keep[lo:hi]] - first, minlength=stop - first)
+    new_indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.diff(indptr) - loops, out=new_indptr[1:])
+    new_indices = indices[keep]
+    weight = None if graph.edge_weight is None else graph.edge_weight[keep]
+    _sort_rows(new_indptr, new_indices, weight, n)
+    idx_t = index_dtype(max(n, new_indices.size))
+    return graph.replace(indptr=new_indptr.astype(idx_t), indices=new_indices.astype(idx_t),
+                         edge_weight=weight)
 
 
 def add_self_loops(graph: Graph, fill_value: float = 1.0) -> Graph:
-    """Add one self loop to every node (after removing any existing ones, as PyG does)."""
+    """Add one self loop to every node (after removing any existing ones, as PyG does); each
+    row comes out sorted by source, the loop in its place."""
     g = remove_self_loops(graph)
-    src, dst = coo(g)
-    loops = np.arange(g.num_nodes, dtype=src.dtype)
-    w = None
+    n, indptr, indices = g.num_nodes, g.indptr, g.indices
+    below = np.zeros(n, np.int64)  # per row: sources smaller than the row, before its loop
+    for first, stop in row_blocks(indptr):
+        lo, hi = int(indptr[first]), int(indptr[stop])
+        rows = _block_rows(indptr, first, stop, indices.dtype)
+        below[first:stop] = np.bincount(rows[indices[lo:hi] < rows] - first,
+                                        minlength=stop - first)
+    at = indptr[:-1].astype(np.int64) + below  # (np.insert puts equal positions in order)
+    idx_t = index_dtype(max(n, indices.size + n))
+    new_indices = np.insert(indices.astype(idx_t, copy=False), at, np.arange(n, dtype=idx_t))
+    weight = None
     if g.edge_weight is not None:
-        w = np.concatenate([g.edge_weight, np.full(g.num_nodes, fill_value, np.float32)])
-    return _rebuild(g, np.concatenate([src, loops]), np.concatenate([dst, loops]), w)
+        weight = np.insert(g.edge_weight, at, np.float32(fill_value))
+    return g.replace(indptr=indptr.astype(np.int64) + np.arange(n + 1), indices=new_indices,
+                     edge_weight=weight)
 
 
 def remove_duplicate_edges(graph: Graph) -> Graph:
@@ -115,26 +181,50 @@ def gcn_norm(graph: Graph, add_loops: bool = True) -> Graph:
 
     Computed once on the whole graph: partitioning later slices these weights, so the model does
     not depend on how the graph is cut. Degrees are weighted in-degrees of ``A + I`` (rows of the
-    CSR), as in PyG's ``gcn_norm``; nodes of degree 0 get weight 0.
+    CSR), as in PyG's ``gcn_norm``; nodes of degree 0 get weight 0. Row block by row block,
+    in the memory of the weights plus one block.
     """
     g = add_self_loops(graph) if add_loops else graph
-    w = g.edge_weight if g.edge_weight is not None else np.ones(g.num_edges, np.float32)
-    src, dst = coo(g)
-    deg = np.bincount(dst, weights=w, minlength=g.num_nodes)
+    w = g.edge_weight
+    deg = _row_sums(g, w)
     with np.errstate(divide="ignore"):
         dinv = np.where(deg > 0, 1.0 / np.sqrt(deg), 0.0)
-    return g.replace(edge_weight=(dinv[src] * w * dinv[dst]).astype(np.float32))
+    out = np.empty(g.num_edges, np.float32)
+    for first, stop in row_blocks(g.indptr):
+        lo, hi = int(g.indptr[first]), int(g.indptr[stop])
+        rows = _block_rows(g.indptr, first, stop, g.indices.dtype)
+        ones = np.ones(hi - lo, np.float32) if w is None else w[lo:hi]
+        out[lo:hi] = dinv[g.indices[lo:hi]] * ones * dinv[rows]
+    return g.replace(edge_weight=out)
 
 
 def mean_norm(graph: Graph) -> Graph:
     """Row normalisation ``D^-1 A``: the mean over in-neighbours (GraphSAGE-mean). Nodes with no
     in-neighbours aggregate to zero."""
     g = graph
-    w = g.edge_weight if g.edge_weight is not None else np.ones(g.num_edges, np.float32)
-    deg = np.bincount(g.edge_destinations(), weights=w, minlength=g.num_nodes)
+    w = g.edge_weight
+    deg = _row_sums(g, w)
     with np.errstate(divide="ignore"):
         inv = np.where(deg > 0, 1.0 / deg, 0.0)
-    return g.replace(edge_weight=(w * inv[g.edge_destinations()]).astype(np.float32))
+    out = np.empty(g.num_edges, np.float32)
+    for first, stop in row_blocks(g.indptr):
+        lo, hi = int(g.indptr[first]), int(g.indptr[stop])
+        rows = _block_rows(g.indptr, first, stop, g.indices.dtype)
+        ones = np.ones(hi - lo, np.float32) if w is None else w[lo:hi]
+        out[lo:hi] = ones * inv[rows]
+    return g.replace(edge_weight=out)
+
+
+def _row_sums(graph: Graph, weight) -> np.ndarray:
+    """``[N]`` float64: every row's weights summed (its in-degree when unweighted), in edge
+    order, as ``np.bincount(destinations, weights)`` sums them."""
+    deg = np.zeros(graph.num_nodes, np.float64)
+    for first, stop in row_blocks(graph.indptr):
+        lo, hi = int(graph.indptr[first]), int(graph.indptr[stop])
+        rows = _block_rows(graph.indptr, first, stop, graph.indices.dtype) - first
+        w = np.ones(hi - lo, np.float32) if weight is None else weight[lo:hi]
+        deg[first:stop] = np.bincount(rows, weights=w, minlength=stop - first)
+    return deg
 
 
 def permute_nodes(graph: Graph, perm: np.ndarray) -> Graph:

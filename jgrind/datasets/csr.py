@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from jgrind.datasets.errors import DatasetError
 from jgrind.graph import index_dtype
-from jgrind.transforms import _sorted_unique
+from jgrind.transforms import _sorted_unique, row_blocks
 
 EdgeChunks = Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]
 
@@ -104,12 +104,9 @@ def _sort_rows_unique(indptr, indices, n: int, block_edges: int):
     overtakes the rows still to read); then the buffer is shrunk to what is kept, in the
     index dtype of the final edge count (as `make_undirected` chooses it)."""
     new_indptr = np.zeros(indptr.size, np.int64)
-    written = row = 0
+    written = 0
     with _bar("sorting rows", total=int(indptr[-1])) as bar:
-        while row < n:
-            stop = int(np.searchsorted(indptr, int(indptr[row]) + block_edges,
-                                       side="right")) - 1
-            stop = min(max(stop, row + 1), n)
+        for row, stop in row_blocks(indptr, block_edges):
             lo, hi = int(indptr[row]), int(indptr[stop])
             local = np.repeat(np.arange(stop - row, dtype=np.int64),
                               np.diff(indptr[row:stop + 1]))
@@ -119,7 +116,6 @@ def _sort_rows_unique(indptr, indices, n: int, block_edges: int):
             new_indptr[row + 1:stop + 1] = written + np.cumsum(
                 np.bincount(key_rows, minlength=stop - row))
             written += keys.size
-            row = stop
             bar.update(hi - lo)
     indices.resize(written, refcheck=False)  # hands the dropped duplicates' tail back
     idx_t = index_dtype(max(n, written))
