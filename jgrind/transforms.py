@@ -57,7 +57,7 @@ BLOCK_EDGES = 1 << 24
 def row_blocks(indptr: np.ndarray, block_edges: Optional[int] = None):
     """``(first row, stop row)`` of consecutive blocks of whole rows covering every row, each
     of at most ``block_edges`` (default `BLOCK_EDGES`) edges unless a single row has more."""
-    block_edges = block_edges or BLOCK_EDGES
+    block_edges = BLOCK_EDGES if block_edges is None else block_edges
     n = indptr.size - 1
     row = 0
     while row < n:
@@ -103,8 +103,8 @@ def remove_self_loops(graph: Graph) -> Graph:
     weight = None if graph.edge_weight is None else graph.edge_weight[keep]
     _sort_rows(new_indptr, new_indices, weight, n)
     idx_t = index_dtype(max(n, new_indices.size))
-    return graph.replace(indptr=new_indptr.astype(idx_t), indices=new_indices.astype(idx_t),
-                         edge_weight=weight)
+    return graph.replace(indptr=new_indptr.astype(idx_t, copy=False),
+                         indices=new_indices.astype(idx_t, copy=False), edge_weight=weight)
 
 
 def add_self_loops(graph: Graph, fill_value: float = 1.0) -> Graph:

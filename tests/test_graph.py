@@ -63,17 +63,20 @@ def test_self_loops_and_duplicates():
     assert np.array_equal(np.diag(dense_adjacency(looped)), [1, 1, 1])
 
 
-def _by_sorting_all_edges(graph, add_loops):
-    """The self-loop transforms and `gcn_norm` as written before they ran row by row: every
-    edge through one lexsort, degrees by one bincount. The reference for the row-wise ones."""
+def _by_sorting_all_edges(graph, add_loops, fill=1.0):
+    """The self-loop transforms and the GCN / mean weights as written before they ran row by
+    row: every edge through one lexsort, degrees by one bincount. The reference for the
+    row-wise ones."""
     src, dst, w = graph.indices, graph.edge_destinations(), graph.edge_weight
-    keep = src != dst
-    src, dst, w = src[keep], dst[keep], None if w is None else w[keep]
+    if add_loops is not None:
+        keep = src != dst
+        src, dst, w = src[keep], dst[keep], None if w is None else w[keep]
     if add_loops:
         loops = np.arange(graph.num_nodes, dtype=src.dtype)
         src, dst = np.concatenate([src, loops]), np.concatenate([dst, loops])
-        w = None if w is None else np.concatenate([w, np.full(graph.num_nodes, 1.0, np.float32)])
-    order = np.lexsort((src, dst))
+        w = None if w is None else np.concatenate([w, np.full(graph.num_nodes, fill,
+                                                              np.float32)])
+    order = np.lexsort((src, dst)) if add_loops is not None else slice(None)
     indptr = np.zeros(graph.num_nodes + 1, np.int64)
     np.cumsum(np.bincount(dst, minlength=graph.num_nodes), out=indptr[1:])
     g = graph.replace(indptr=indptr, indices=src[order],
@@ -88,30 +91,46 @@ def _by_sorting_all_edges(graph, add_loops):
     return g, gcn, mean
 
 
+def _same_arrays(got, want):
+    for field in ("indptr", "indices", "edge_weight"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert (a is None) == (b is None), field
+        if a is not None:  # the bits: -0.0 is not 0.0 here
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), field
+
+
+def _row_wise_cases(rng):
+    n, e = 40, 300
+    src, dst = rng.integers(0, n, e), rng.integers(2, n // 2, e)  # rows 0, 1 and n/2.. empty
+    src[:6], dst[:6] = [3, 3, 5, 5, 9, 9], [3, 3, 5, 4, 9, 9]  # several loops in a row
+    yield src, dst, n
+    yield np.array([], int), np.array([], int), 5  # no edges
+    yield np.array([0, 0]), np.array([0, 0]), 1  # one node, only loops
+    yield np.array([2, 2, 1, 0, 0]), np.array([2, 2, 1, 0, 0]), 3  # every edge a loop
+
+
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("block", [1, 7, 1 << 24])
 def test_row_wise_self_loops_and_norms_equal_sorting_every_edge(monkeypatch, weighted, block):
     """Self loops dropped and added, and GCN / mean weights, row block by row block: the same
     arrays, bit for bit, as one sort of all edges, on rows out of order, with duplicates, self
-    loops (several in a row) and empty rows, whatever the block size."""
+    loops (several in a row), empty rows, no edges, only loops, whatever the block size."""
     monkeypatch.setattr(transforms, "BLOCK_EDGES", block)
     rng = np.random.default_rng(7)
-    n, e = 40, 300
-    src, dst = rng.integers(0, n, e), rng.integers(0, n // 2, e)  # rows n/2.. are empty
-    src[:6], dst[:6] = [3, 3, 5, 5, 9, 9], [3, 3, 5, 4, 9, 9]
-    weight = rng.uniform(0.5, 2, e).astype(np.float32) if weighted else None
-    g = from_edges(src, dst, np.ones((n, 1)), np.zeros(n, int), edge_weight=weight)
-    for add_loops, got in ((False, transforms.remove_self_loops(g)),
-                           (True, transforms.add_self_loops(g))):
-        want, gcn, mean = _by_sorting_all_edges(g, add_loops)
-        for field in ("indptr", "indices", "edge_weight"):
-            a, b = getattr(got, field), getattr(want, field)
-            assert (a is None) == (b is None)
-            if a is not None:
-                assert a.dtype == b.dtype and np.array_equal(a, b), field
-        if add_loops:
-            np.testing.assert_array_equal(transforms.gcn_norm(g).edge_weight, gcn)
-        np.testing.assert_array_equal(transforms.mean_norm(want).edge_weight, mean)
+    for src, dst, n in _row_wise_cases(rng):
+        weight = rng.uniform(0.5, 2, src.size).astype(np.float32) if weighted else None
+        g = from_edges(src, dst, np.ones((n, 1)), np.zeros(n, int), edge_weight=weight)
+        want, _, mean = _by_sorting_all_edges(g, False)
+        _same_arrays(transforms.remove_self_loops(g), want)
+        looped, gcn, _ = _by_sorting_all_edges(g, True, fill=0.3)
+        _same_arrays(transforms.add_self_loops(g, fill_value=0.3), looped)
+        _, gcn, _ = _by_sorting_all_edges(g, True)
+        assert transforms.gcn_norm(g).edge_weight.tobytes() == gcn.tobytes()
+        _, raw_gcn, raw_mean = _by_sorting_all_edges(g, None)  # the edges as they are
+        assert transforms.gcn_norm(g, add_loops=False).edge_weight.tobytes() == \
+            raw_gcn.tobytes()
+        assert transforms.mean_norm(g).edge_weight.tobytes() == raw_mean.tobytes()
+        assert transforms.mean_norm(want).edge_weight.tobytes() == mean.tobytes()
 
 
 def test_make_undirected_is_symmetric_and_idempotent():

@@ -205,8 +205,8 @@ def load_ogb_binary(directory, *, split=None, to_undirected=None, node_features=
       raw/node-label.npz   node_label [N] or [N, 1] (``nan`` = unlabelled), or [N, T]
       split/<scheme>/{train,valid,test}.csv.gz
 
-    without reading an array whole into memory (OGB's own loader needs more than 100 GB of
-    RAM for ogbn-papers100M; see `jgrind.datasets.npz`):
+    without reading an array whole into memory, as OGB's own loader does (see
+    `jgrind.datasets.npz`):
 
     - the edges are read twice, a slice at a time, into the CSR (`jgrind.datasets.csr`):
       besides the CSR's own 4 bytes per edge, memory grows with the nodes, not the edges;
@@ -280,10 +280,9 @@ def load_ogb_binary(directory, *, split=None, to_undirected=None, node_features=
         out = None if scratch is None else _scratch_array(scratch, feat.shape)
         features = npz.read_array(feat, dtype=np.float32, out=out,
                                   progress=f"reading {raw / 'data.npz'} node_feat")
-    g = Graph(indptr=indptr, indices=indices, features=features, labels=target,
-              train_mask=masks[0], val_mask=masks[1], test_mask=masks[2],
-              num_classes=_num_classes(target), name=name or directory.name)
-    return g
+    return Graph(indptr=indptr, indices=indices, features=features, labels=target,
+                 train_mask=masks[0], val_mask=masks[1], test_mask=masks[2],
+                 num_classes=_num_classes(target), name=name or directory.name)
 
 
 def _scratch_array(folder: Path, shape) -> np.ndarray:
