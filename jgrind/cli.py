@@ -334,7 +334,8 @@ def cmd_convert(args) -> int:
     try:
         graph = load_graph(cfg, **extra)
         print(graph)
-        folder = save_graph(graph, out, overwrite=args.overwrite)
+        folder = save_graph(graph, out, overwrite=args.overwrite,
+                            adopt=() if scratch is None else (scratch,))
     finally:
         if scratch is not None:
             try:

@@ -295,11 +295,15 @@ def test_convert_decompresses_beside_the_output_and_cleans_up(tmp_path, capsys, 
 
     def spy(cfg, **options):  # the scratch folder convert passes, and what is in it then
         graph = load_graph(cfg, **options)
-        scratches.append(sorted(p.name for p in options["scratch"].iterdir()))
+        scratches.extend((p.name, p.stat().st_ino) for p in options["scratch"].iterdir())
         return graph
     monkeypatch.setattr(jgrind.config, "load_graph", spy)
     assert main(["convert", "--dataset", f"ogb:{d}", "--out", str(out)]) == 0
-    assert len(scratches) == 1 and scratches[0][0].startswith("node_feat-")
+    [(name, inode)] = scratches
+    assert name.startswith("node_feat-")
+    assert (out / "features.npy").stat().st_ino == inode  # moved into place, not written again
+    mode = lambda name: (out / name).stat().st_mode & 0o777  # noqa: E731
+    assert mode("features.npy") == mode("indptr.npy")  # readable as any file np.save writes
     _same_graph(D.load(f"npy:{out}"), D.load(f"ogb:{text}"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["binary", "ogbn_papers100M", "saved"]
     # a NaN feature is found once the features are decompressed into the scratch folder

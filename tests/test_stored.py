@@ -211,3 +211,53 @@ def test_convert_command_then_train_from_the_folder(tmp_path, capsys):
                  "--parts", "2", "--out", str(run), "--no-progress"]) == 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["graph"]["nodes"] == 300
+
+
+def test_a_mapped_file_in_an_adopted_folder_is_moved_not_copied(tmp_path):
+    """`save_graph(adopt=...)` renames a whole ``.npy`` file that an array maps (the features
+    `jgrind convert` decompressed into its scratch folder) instead of writing it again; any
+    other array, or the same without ``adopt``, is copied."""
+    g = community_graph(num_nodes=60)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    mapped = np.lib.format.open_memmap(scratch / "x.npy", mode="w+", dtype=np.float32,
+                                       shape=g.features.shape)
+    mapped[:] = g.features
+    inode = (scratch / "x.npy").stat().st_ino
+    h = g.replace(features=mapped)
+    D.save_graph(h, tmp_path / "copied")
+    assert (scratch / "x.npy").exists()  # not adopted: copied
+    D.save_graph(h, tmp_path / "moved", adopt=(scratch,))
+    assert not (scratch / "x.npy").exists()
+    assert (tmp_path / "moved/features.npy").stat().st_ino == inode
+    for folder in ("copied", "moved"):
+        np.testing.assert_array_equal(D.load(f"npy:{tmp_path / folder}").features, g.features)
+    np.testing.assert_array_equal(h.features, g.features)  # its map still reads the file
+    # a map of part of a file is copied, the file left where it is
+    part = np.lib.format.open_memmap(scratch / "y.npy", mode="w+", dtype=np.float32,
+                                     shape=(61, g.num_features))
+    part[:60] = g.features
+    D.save_graph(g.replace(features=part[:60]), tmp_path / "part", adopt=(scratch,))
+    assert (scratch / "y.npy").exists()
+    np.testing.assert_array_equal(D.load(f"npy:{tmp_path / 'part'}").features, g.features)
+
+
+def test_an_adopted_file_goes_back_when_the_save_fails(tmp_path, monkeypatch):
+    """A save that fails after moving an adopted file puts it back: nothing is lost."""
+    g = community_graph(num_nodes=60)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    mapped = np.lib.format.open_memmap(scratch / "x.npy", mode="w+", dtype=np.float32,
+                                       shape=g.features.shape)
+    mapped[:] = g.features
+    real_save = np.save
+
+    def save(fh, a, **kw):  # the disk fills up at the labels, after the features moved
+        if a is g.labels:
+            raise OSError(28, "No space left on device")
+        return real_save(fh, a, **kw)
+    monkeypatch.setattr(np, "save", save)
+    with pytest.raises(D.DatasetError, match="No space left"):
+        D.save_graph(g.replace(features=mapped), tmp_path / "out", adopt=(scratch,))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch"]
+    np.testing.assert_array_equal(np.load(scratch / "x.npy"), g.features)

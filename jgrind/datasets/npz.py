@@ -84,7 +84,7 @@ def members(path, hint: str) -> dict[str, Member]:
                 if info.flag_bits & 0x1:
                     raise DatasetError(f"{path}: {info.filename} is encrypted; {hint}")
                 with archive.open(info) as fh:
-                    shape, fortran, dtype = _npy_header(fh)
+                    shape, fortran, dtype = read_npy_header(fh)
                     header = fh.tell()
                 if dtype.hasobject or dtype.itemsize == 0:
                     raise DatasetError(f"{path}: {info.filename} holds "
@@ -119,7 +119,9 @@ def require(found: dict[str, Member], keys, path, hint: str) -> None:
                            f"{', '.join(sorted(found)) or 'none'}); {hint}")
 
 
-def _npy_header(fh):
+def read_npy_header(fh):
+    """``(shape, fortran_order, dtype)`` from the ``.npy`` header at ``fh``'s position, which
+    it leaves at the array's first byte (format versions 1.0 and 2.0)."""
     version = np.lib.format.read_magic(fh)
     if version == (1, 0):
         return np.lib.format.read_array_header_1_0(fh)
@@ -150,7 +152,7 @@ def read_flat(member: Member, start: int, count: int, *,
                 yield flat[lo:min(lo + step, start + count)]
             return
         with zipfile.ZipFile(member.archive) as archive, archive.open(member.entry) as fh:
-            _npy_header(fh)
+            read_npy_header(fh)
             _skip(fh, start * member.dtype.itemsize)
             for lo in range(start, start + count, step):
                 n = min(step, start + count - lo)

@@ -18,7 +18,7 @@ Heterogeneous datasets (ogbn-mag) do not fit a `Graph` and are refused with a `D
 from __future__ import annotations
 
 import os
-import tempfile
+import uuid
 import warnings
 from pathlib import Path
 
@@ -289,15 +289,15 @@ def _scratch_array(folder: Path, shape) -> np.ndarray:
     """A new float32 ``.npy`` file of ``shape`` in ``folder``, mapped for writing, with its
     disk space allocated now: a disk without room is an error here, not a crash (SIGBUS)
     when a page of the map is first written."""
-    fd, name = tempfile.mkstemp(dir=folder, prefix="node_feat-", suffix=".npy")
-    os.close(fd)
+    # a new name (not mkstemp's file: its mode 0600 would follow the file into a saved graph)
+    name = folder / f"node_feat-{uuid.uuid4().hex}.npy"
     try:
         out = np.lib.format.open_memmap(name, mode="w+", dtype=np.float32, shape=tuple(shape))
         with open(name, "r+b") as fh:
             os.posix_fallocate(fh.fileno(), 0, os.path.getsize(name))
         return out
     except OSError as e:
-        Path(name).unlink(missing_ok=True)
+        name.unlink(missing_ok=True)
         need = 4 * int(np.prod(shape)) / 2**30
         raise DatasetError(f"cannot decompress the features ({need:.2f} GiB) into the scratch "
                            f"folder {folder}: {e.strerror or e}; free space there or choose "

@@ -27,10 +27,12 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
 from jgrind.datasets.errors import DatasetError, npy_problem, require_file
+from jgrind.datasets.npz import read_npy_header
 from jgrind.graph import Graph
 
 FORMAT = "jgrind-graph"
@@ -44,7 +46,7 @@ _SLACK_BYTES = 1 << 20
 _HINT = "save the graph again (jgrind.datasets.save_graph, or `jgrind convert`)"
 
 
-def save_graph(graph: Graph, directory, *, overwrite: bool = False) -> Path:
+def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) -> Path:
     """Write ``graph`` to the folder ``directory`` (see the module docstring); returns it.
 
     The files are written into a hidden folder beside ``directory`` and renamed into place
@@ -52,6 +54,12 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False) -> Path:
     an existing folder as it was. Free space is checked first. An existing ``directory`` is
     replaced only with ``overwrite`` and only if it is an empty folder or a saved graph:
     anything else in it is never deleted.
+
+    ``adopt``: folders whose ``.npy`` files the save may *move* into the graph's folder
+    instead of copying them, when an array is a memory map of a whole such file on the same
+    disk (`jgrind convert` passes its scratch folder: the decompressed features are then
+    not written a second time). The files are gone from there afterwards; if the save
+    fails they are put back.
     """
     target = Path(directory).expanduser().absolute()
     state = check_target(target, overwrite)
@@ -59,7 +67,9 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False) -> Path:
     arrays = {k: getattr(graph, k) for k in ARRAYS}
     if graph.edge_weight is not None:
         arrays["edge_weight"] = graph.edge_weight
-    need = sum(int(a.nbytes) for a in arrays.values()) + _SLACK_BYTES
+    moved = {k: f for k, a in arrays.items()
+             if (f := _adoptable(a, adopt, parent)) is not None}
+    need = sum(int(a.nbytes) for k, a in arrays.items() if k not in moved) + _SLACK_BYTES
     free = shutil.disk_usage(parent).free
     if need > free:
         raise DatasetError(f"cannot save the graph to {target}: it needs {_gib(need)} and the "
@@ -71,6 +81,11 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False) -> Path:
     try:
         partial.mkdir()
         for key, a in arrays.items():
+            if key in moved:  # its map stays valid: the file is renamed, not rewritten
+                with open(moved[key], "rb+") as fh:
+                    os.fsync(fh.fileno())  # what was written through the map, on disk
+                moved[key].rename(partial / f"{key}.npy")
+                continue
             with open(partial / f"{key}.npy", "wb") as fh:
                 np.save(fh, a, allow_pickle=False)
                 fh.flush()
@@ -88,6 +103,9 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False) -> Path:
             target.rename(old)
         partial.rename(target)
     except BaseException as e:
+        for key, source in moved.items():  # an adopted file goes back where it was
+            if (partial / f"{key}.npy").exists() and not source.exists():
+                (partial / f"{key}.npy").rename(source)
         shutil.rmtree(partial, ignore_errors=True)
         if old.exists() and not target.exists():
             old.rename(target)  # put the graph that was there back
@@ -97,6 +115,34 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False) -> Path:
         raise
     shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def _adoptable(a: np.ndarray, folders, parent: Path) -> Optional[Path]:
+    """The ``.npy`` file in one of ``folders`` that ``a`` maps whole (every element, from
+    the first, in C order, the file's own dtype and shape) on ``parent``'s disk, else None."""
+    if not folders:
+        return None
+    base = a
+    while not isinstance(base, np.memmap) and isinstance(base.base, np.ndarray):
+        base = base.base
+    name = getattr(base, "filename", None)
+    if name is None or not a.flags.c_contiguous:
+        return None
+    path = Path(name)
+    if path.suffix != ".npy" or not any(path.parent == Path(f).expanduser().absolute()
+                                        for f in folders):
+        return None
+    try:
+        with open(path, "rb") as fh:
+            shape, fortran, dtype = read_npy_header(fh)
+            header = fh.tell()
+        same_disk = path.stat().st_dev == parent.stat().st_dev
+    except (OSError, ValueError):
+        return None
+    whole = (base.offset == header and tuple(shape) == a.shape and dtype == a.dtype
+             and not fortran and a.ctypes.data == base.ctypes.data
+             and path.stat().st_size == header + a.nbytes)
+    return path if whole and same_disk else None
 
 
 def check_target(target, overwrite: bool = False) -> str:
