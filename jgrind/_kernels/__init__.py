@@ -3,7 +3,8 @@
 Nothing happens at import: the first call of `load` (or `available`) compiles
 ``csr_spmm.cc`` (the sparse product), ``rows.cc`` (host row gathers and scatter-adds, see
 `jgrind.rows`), ``spans.cc`` (the SSD tier's row reads and read-add-writes, see
-`jgrind.engine.ssd`) and ``checksum.cc`` (CRC32C, see `jgrind.checksum`) with the system C++
+`jgrind.engine.ssd`), ``checksum.cc`` (CRC32C, see `jgrind.checksum`) and ``labels.cc``
+(label propagation's inner loop, see `jgrind.partition.partitioners`) with the system C++
 compiler into one library in a cache directory (see `build`), loads it with ctypes and
 registers the FFI target ``CSR_SPMM_TARGET`` for the CPU platform. The outcome, success or
 failure, is remembered for the life of the process.
@@ -27,8 +28,9 @@ from pathlib import Path
 from typing import Optional
 
 CSR_SPMM_TARGET = "jgrind_csr_spmm_f32"
-_ABI_VERSION = 4  # 2: the row kernels (rows.cc); 3: with int32 indices too;
-#                  4: SSD row spans (spans.cc), the CRC32C checksum (checksum.cc)
+_ABI_VERSION = 5  # 2: the row kernels (rows.cc); 3: with int32 indices too;
+#                  4: SSD row spans (spans.cc), the CRC32C checksum (checksum.cc);
+#                  5: label propagation's best labels (labels.cc)
 
 _lock = threading.Lock()
 _state: Optional["Native"] = None
@@ -109,6 +111,38 @@ def _load() -> Native:
     lib.jgrind_crc32c.restype = ctypes.c_uint32
     lib.jgrind_crc32c.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int64]
     lib.jgrind_crc32c_hardware.restype = ctypes.c_int
+    # (indptr, indices, indices are int64, weights, labels, n, k, salt, per-node ties,
+    #  penalty, extra, best, gain, threads): see labels.cc
+    lib.jgrind_best_labels.restype = ctypes.c_int
+    lib.jgrind_best_labels.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_int64, ctypes.c_int64, ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    # (indptr, indices, indices are int64, weights, inverse, member ptr, members, clusters,
+    #  out ptr, out indices, out indices are int64, out weights, threads)
+    lib.jgrind_contract.restype = None
+    lib.jgrind_contract.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_int64]
+    # (target, gain, random, m, k, order, group starts, threads)
+    lib.jgrind_group_order.restype = ctypes.c_int
+    lib.jgrind_group_order.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 2 + [
+        ctypes.c_void_p] * 2 + [ctypes.c_int64]
+    # (labels, best, n, candidates, m, k, constraints, their node weights, capacities, rooms)
+    lib.jgrind_capacity_fits.restype = ctypes.c_int64
+    lib.jgrind_capacity_fits.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                         ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                         ctypes.c_void_p]
+    # (labels, best, gain, candidates, m, k, constraints, node weights, rooms, random, threads)
+    lib.jgrind_capacity_accept.restype = ctypes.c_int64
+    lib.jgrind_capacity_accept.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [
+        ctypes.c_void_p] * 3 + [ctypes.c_int64]
+    # (indptr, indices, indices are int64, n, threads)
+    lib.jgrind_is_symmetric.restype = ctypes.c_int
+    lib.jgrind_is_symmetric.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                        ctypes.c_int64, ctypes.c_int64]
     jax.ffi.register_ffi_target(CSR_SPMM_TARGET, jax.ffi.pycapsule(lib.JgrindCsrSpmmF32),
                                 platform="cpu")
     return Native(path=result.path, isa=lib.jgrind_kernel_isa().decode(),

@@ -1,12 +1,13 @@
 """Node partitioners: ``(graph, num_parts, *, seed=0, ...) -> [N] int32`` partition of every node.
 
 Every partitioner is deterministic for given inputs and seed, and returns a `np.int32` array
-``assignment`` with ``0 <= assignment[v] < num_parts``. They all run on the host in NumPy, in
-O(N + E) memory, so they work on graphs far larger than the accelerator.
+``assignment`` with ``0 <= assignment[v] < num_parts``. They all run on the host, in O(N + E)
+memory, so they work on graphs far larger than the accelerator.
 
 * `contiguous` - node ids cut into consecutive ranges (free, good when ids have locality).
 * `random` - a seeded permutation cut into equal pieces (the worst-case baseline).
-* `label_propagation` - balanced label propagation (Spinner-like), vectorised over the CSR.
+* `label_propagation` - balanced label propagation (Spinner-like): native loops over the CSR
+  (NumPy when the kernels cannot be built, with the same result).
 * `metis` - METIS through the optional ``pymetis`` package.
 
 `PARTITIONERS` maps the CLI names to these functions.
@@ -14,10 +15,12 @@ O(N + E) memory, so they work on graphs far larger than the accelerator.
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
 
+from jgrind import _kernels
 from jgrind.graph import Graph, GraphError
 
 __all__ = ["contiguous", "random", "label_propagation", "metis", "PARTITIONERS",
@@ -94,20 +97,21 @@ def neighbour_csr(graph: Graph, symmetric=None) -> tuple[np.ndarray, np.ndarray]
     """``(indptr, indices)`` of the undirected neighbourhood: row ``v`` lists in- and
     out-neighbours of ``v``, self loops dropped.
 
-    For a symmetric graph (checked structurally in O(N + E) unless ``symmetric`` says so) this
-    is the graph's own CSR. Otherwise row ``v`` is the in-row followed by the out-row, so an edge
-    stored in both directions is listed twice - it is cut twice if ``v`` is separated from it.
+    For a symmetric graph (checked structurally in O(N + E) time unless ``symmetric`` says so;
+    natively in no extra memory when its rows are sorted) this is the graph's own CSR.
+    Otherwise row ``v`` is the in-row followed by the out-row, so an edge stored in both
+    directions is listed twice - it is cut twice if ``v`` is separated from it.
     """
     import scipy.sparse as sp
     n = graph.num_nodes
+    if symmetric is None:
+        symmetric = _is_symmetric(graph)
+    if symmetric:
+        return _drop_self_loops(np.asarray(graph.indptr), np.asarray(graph.indices))
     a = sp.csr_matrix((np.ones(graph.num_edges, np.int8), graph.indices, graph.indptr),
                       shape=(n, n))
     at = a.T.tocsr()  # counting sort: O(N + E), rows come out sorted
-    if symmetric is None:
-        symmetric = bool(np.array_equal(at.indptr, graph.indptr)) and bool(np.array_equal(
-            at.indices, _csr_sorted_indices(graph.indptr, graph.indices, n)))
-    if symmetric:
-        return _drop_self_loops(np.asarray(graph.indptr), np.asarray(graph.indices))
+    del a
     deg_in = np.diff(graph.indptr).astype(np.int64)
     deg_out = np.diff(at.indptr).astype(np.int64)
     indptr = np.zeros(n + 1, np.int64)
@@ -123,16 +127,48 @@ def neighbour_csr(graph: Graph, symmetric=None) -> tuple[np.ndarray, np.ndarray]
     return _drop_self_loops(indptr, indices)
 
 
+def _is_symmetric(graph: Graph) -> bool:
+    """Whether the graph's pattern, with multiplicities, equals its transpose's: natively
+    without building the transpose when every row is sorted, else by scipy's transpose."""
+    import scipy.sparse as sp
+    lib = _kernels.library()
+    indices = np.asarray(graph.indices)
+    if lib is not None and indices.dtype in (np.int32, np.int64):
+        indptr = np.ascontiguousarray(graph.indptr, np.int64)
+        indices = np.ascontiguousarray(indices)
+        verdict = lib.jgrind_is_symmetric(indptr.ctypes.data, indices.ctypes.data,
+                                          int(indices.dtype == np.int64), graph.num_nodes,
+                                          _num_threads())
+        if verdict >= 0:
+            return bool(verdict)
+    n = graph.num_nodes
+    a = sp.csr_matrix((np.ones(graph.num_edges, np.int8), graph.indices, graph.indptr),
+                      shape=(n, n))
+    at = a.T.tocsr()
+    return bool(np.array_equal(at.indptr, graph.indptr)) and bool(np.array_equal(
+        at.indices, _csr_sorted_indices(graph.indptr, graph.indices, n)))
+
+
 def _drop_self_loops(indptr: np.ndarray, indices: np.ndarray):
-    """The CSR without its diagonal entries (the same arrays when there are none)."""
+    """The CSR without its diagonal entries (the same arrays when there are none), a block
+    of rows at a time: no E-sized temporaries beyond the result."""
+    from jgrind.transforms import row_blocks
     n = indptr.size - 1
-    rows = np.repeat(np.arange(n, dtype=indices.dtype), np.diff(indptr))
-    loop = rows == indices
-    if not loop.any():
+    loops = np.zeros(n, np.int64)
+    for a, b in row_blocks(indptr, 1 << 22):
+        s, e = int(indptr[a]), int(indptr[b])
+        rows = np.repeat(np.arange(a, b, dtype=np.int64), np.diff(indptr[a:b + 1]))
+        loops[a:b] = np.bincount(rows[rows == indices[s:e]] - a, minlength=b - a)
+    if not loops.any():
         return indptr, indices
     new_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.diff(indptr) - np.bincount(rows[loop], minlength=n), out=new_ptr[1:])
-    return new_ptr, indices[~loop]
+    np.cumsum(np.diff(indptr) - loops, out=new_ptr[1:])
+    out = np.empty(int(new_ptr[-1]), indices.dtype)
+    for a, b in row_blocks(indptr, 1 << 22):
+        s, e = int(indptr[a]), int(indptr[b])
+        rows = np.repeat(np.arange(a, b, dtype=np.int64), np.diff(indptr[a:b + 1]))
+        out[new_ptr[a]:new_ptr[b]] = indices[s:e][rows != indices[s:e]]
+    return new_ptr, out
 
 
 _M1 = np.uint64(0x9E3779B97F4A7C15)
@@ -166,6 +202,48 @@ _EPS = 1e-12
 
 def _best_labels(indptr, indices, weights, labels, k, salt, chunk_entries, per_node_ties,
                  penalty=None, extra=None):
+    """Every node's best label and the gain of moving there: `_best_labels_numpy`'s result,
+    bit for bit, from the native kernel (``labels.cc``: one pass, threaded, no E-sized
+    temporaries; 5.5x faster on two cores) when it is available, else from NumPy."""
+    lib = _kernels.library()
+    if lib is None:
+        return _best_labels_numpy(indptr, indices, weights, labels, k, salt, chunk_entries,
+                                  per_node_ties, penalty, extra)
+    n = labels.size
+    indptr = np.ascontiguousarray(indptr, np.int64)
+    if indices.dtype not in (np.int32, np.int64):
+        indices = indices.astype(np.int64)
+    indices = np.ascontiguousarray(indices)
+    labels = np.ascontiguousarray(labels, np.int64)
+    if weights is not None:
+        weights = np.ascontiguousarray(weights, np.int64)
+    if penalty is not None:
+        penalty = np.ascontiguousarray(penalty, np.float64)
+    if extra is not None:
+        extra = np.ascontiguousarray(extra, np.int64)
+    best = np.empty(n, np.int64)
+    gain = np.empty(n, np.float64)
+    ptr = lambda a: None if a is None else a.ctypes.data  # noqa: E731
+    rc = lib.jgrind_best_labels(indptr.ctypes.data, indices.ctypes.data,
+                                int(indices.dtype == np.int64), ptr(weights), labels.ctypes.data,
+                                n, k, salt, int(per_node_ties), ptr(penalty), ptr(extra),
+                                best.ctypes.data, gain.ctypes.data, _num_threads())
+    if rc != 0:
+        raise ValueError("label propagation: edge weights must be positive")
+    return best, gain
+
+
+def _num_threads() -> int:
+    """``JGRIND_NUM_THREADS``, else the CPUs this process may run on."""
+    try:
+        return max(1, int(os.environ.get("JGRIND_NUM_THREADS", "")))
+    except ValueError:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+
+
+def _best_labels_numpy(indptr, indices, weights, labels, k, salt, chunk_entries,
+                       per_node_ties, penalty=None, extra=None):
     """Every node's best label and the gain of moving there.
 
     The value of label ``l`` for node ``v`` is the weight of v's neighbours labelled ``l``
@@ -258,6 +336,9 @@ def _capacity_moves(labels, best, gain, constraints, k, rng, move_probability):
         cand = cand[rng.random(cand.size) < move_probability]
     if cand.size == 0:
         return 0
+    lib = _kernels.library()
+    if lib is not None and labels.dtype == np.int64 and labels.flags.c_contiguous:
+        return _capacity_moves_native(lib, labels, best, gain, cand, constraints, k, rng)
     tgt, src = best[cand], labels[cand]
     weights, rooms = [], []
     for w, cap in constraints:
@@ -270,9 +351,8 @@ def _capacity_moves(labels, best, gain, constraints, k, rng, move_probability):
         fits &= w <= (room + np.bincount(src, weights=w, minlength=k).astype(np.int64))[tgt]
     cand, tgt, src = cand[fits], tgt[fits], src[fits]
     weights = [w[fits] for w in weights]
-    order = np.lexsort((rng.random(cand.size), -gain[cand], tgt))
+    order, group_start = _group_order(tgt, gain[cand], rng.random(cand.size), k)
     cand, tgt, src = cand[order], tgt[order], src[order]
-    group_start = np.searchsorted(tgt, np.arange(k))
     cums = []
     for i, w in enumerate(weights):
         w = weights[i] = w[order]
@@ -303,7 +383,100 @@ def _capacity_moves(labels, best, gain, constraints, k, rng, move_probability):
     return int(accepted.sum())
 
 
+def _capacity_moves_native(lib, labels, best, gain, cand, constraints, k, rng) -> int:
+    """`_capacity_moves` from ``cand`` on, in ``labels.cc``: the same moves, drawing the same
+    random numbers, without NumPy's dozen candidate-sized temporaries."""
+    best = np.ascontiguousarray(best, np.int64)
+    gain = np.ascontiguousarray(gain, np.float64)
+    cand = np.array(cand, np.int64)  # filtered in place
+    node_weights = [None if w is None else np.ascontiguousarray(w, np.int64)
+                    for w, _ in constraints]
+    pointers = np.array([0 if w is None else w.ctypes.data for w in node_weights], np.uint64)
+    capacities = np.array([float(cap) for _, cap in constraints], np.float64)
+    rooms = np.empty((len(constraints), k), np.int64)
+    kept = lib.jgrind_capacity_fits(labels.ctypes.data, best.ctypes.data, labels.size,
+                                    cand.ctypes.data, cand.size, k, len(constraints),
+                                    pointers.ctypes.data, capacities.ctypes.data,
+                                    rooms.ctypes.data)
+    random = np.ascontiguousarray(rng.random(kept))  # as the NumPy code draws them
+    if kept == 0:
+        return 0
+    return int(lib.jgrind_capacity_accept(labels.ctypes.data, best.ctypes.data,
+                                          gain.ctypes.data, cand.ctypes.data, kept, k,
+                                          len(constraints), pointers.ctypes.data,
+                                          rooms.ctypes.data, random.ctypes.data,
+                                          _num_threads()))
+
+
+def _group_order(target, gain, random, k):
+    """``np.lexsort((random, -gain, target))`` (moves grouped by target, highest gain first,
+    ties in a random order) and every group's start, ``[k]``; natively a counting sort by
+    target and short sorts within the groups."""
+    lib = _kernels.library()
+    if lib is None:
+        order = np.lexsort((random, -gain, target))
+        return order, np.searchsorted(target[order], np.arange(k))
+    target = np.ascontiguousarray(target, np.int64)
+    gain = np.ascontiguousarray(gain, np.float64)
+    random = np.ascontiguousarray(random, np.float64)
+    order = np.empty(target.size, np.int64)
+    group_start = np.empty(k, np.int64)
+    if lib.jgrind_group_order(target.ctypes.data, gain.ctypes.data, random.ctypes.data,
+                              target.size, k, order.ctypes.data, group_start.ctypes.data,
+                              _num_threads()):
+        raise ValueError("label propagation: a move's target label is out of range")
+    return order, group_start
+
+
 def _contract(indptr, indices, weights, node_weights, labels):
+    """The graph of clusters: node ``c`` is the cluster ``labels == u[c]``, edge weights count
+    the fine edges between clusters (intra-cluster edges dropped), node weights are summed.
+    Returns ``(indptr, indices, weights, node_weights, inverse)``, ``inverse[v]`` = v's cluster.
+
+    Natively each coarse row gathers its members' rows (two passes: count, then fill), so
+    the memory is the coarse graph's and what grows with the nodes; the NumPy reference
+    (`_contract_numpy`, the same arrays) holds about 30 bytes per fine edge.
+    """
+    lib = _kernels.library()
+    if lib is None:
+        return _contract_numpy(indptr, indices, weights, node_weights, labels)
+    n = labels.size
+    if labels.min(initial=0) < 0 or labels.max(initial=0) >= n:
+        inv = np.unique(labels, return_inverse=True)[1].astype(np.int64)
+    else:  # labels are node ids (as `_cluster_order` makes them): no sort needed
+        present = np.zeros(n, bool)
+        present[labels] = True
+        rank = np.cumsum(present, dtype=np.int64) - 1
+        inv = rank[labels]  # np.unique's inverse: the rank of a node's label among those used
+        del present, rank
+    c = int(inv.max(initial=-1)) + 1
+    counts = np.bincount(inv, minlength=c)
+    mptr = np.zeros(c + 1, np.int64)
+    np.cumsum(counts, out=mptr[1:])
+    members = np.argsort(inv, kind="stable")
+    indptr = np.ascontiguousarray(indptr, np.int64)
+    if indices.dtype not in (np.int32, np.int64):
+        indices = indices.astype(np.int64)
+    indices = np.ascontiguousarray(indices)
+    if weights is not None:
+        weights = np.ascontiguousarray(weights, np.int64)
+    out_ptr = np.zeros(c + 1, np.int64)
+    args = (indptr.ctypes.data, indices.ctypes.data, int(indices.dtype == np.int64),
+            None if weights is None else weights.ctypes.data, inv.ctypes.data,
+            mptr.ctypes.data, members.ctypes.data, c)
+    lib.jgrind_contract(*args, out_ptr.ctypes.data, None, 0, None, _num_threads())
+    np.cumsum(out_ptr, out=out_ptr)
+    idx_t = np.int32 if c < 2**31 - 1 else np.int64
+    out_indices = np.empty(int(out_ptr[-1]), idx_t)
+    out_weights = np.empty(int(out_ptr[-1]), np.int64)
+    lib.jgrind_contract(*args, out_ptr.ctypes.data, out_indices.ctypes.data,
+                        int(idx_t == np.int64), out_weights.ctypes.data, _num_threads())
+    inv = inv.astype(idx_t)
+    nws = [np.bincount(inv, weights=nw, minlength=c).astype(np.int64) for nw in node_weights]
+    return out_ptr, out_indices, out_weights, nws, inv
+
+
+def _contract_numpy(indptr, indices, weights, node_weights, labels):
     """The graph of clusters: node ``c`` is the cluster ``labels == u[c]``, edge weights count
     the fine edges between clusters (intra-cluster edges dropped), node weights are summed.
     Returns ``(indptr, indices, weights, node_weights, inverse)``, ``inverse[v]`` = v's cluster.
@@ -464,7 +637,10 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
        gain first, as far as the bounds allow (see `_capacity_moves`). Stops early at a fixed
        point.
 
-    Per-(node, label) counting is a sparse ``rows x k`` matrix per chunk of ``chunk_entries``
+    The per-node work (best labels, the capacity-bounded moves, contracting clusters) runs in
+    native code (``jgrind/_kernels/labels.cc``, on ``JGRIND_NUM_THREADS`` or all allowed CPUs)
+    when the kernels can be built, else in NumPy: the same partition either way. In NumPy,
+    per-(node, label) counting is a sparse ``rows x k`` matrix per chunk of ``chunk_entries``
     CSR entries: no dense ``N x k`` array.
     """
     k = check_num_parts(graph, num_parts)
@@ -494,7 +670,7 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
         order = np.random.default_rng(seed).permutation(n)
     else:
         order = np.arange(n)
-    labels = _balanced_cut(order, in_degree, np.diff(indptr) == 0, k, node_cap)
+    labels = _balanced_cut(order, in_degree, np.diff(indptr) == 0, k, node_cap).astype(np.int64)
     _propagate(indptr, indices, None, labels, k, [(None, node_cap), (in_degree, edge_cap)],
                iterations, rng, move_probability, True, chunk_entries, balance)
     return labels.astype(np.int32, copy=False)
