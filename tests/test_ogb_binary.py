@@ -3,6 +3,8 @@ members mapped in place or decompressed piecewise (`jgrind.datasets.npz`), and t
 two passes over the edges (`jgrind.datasets.csr`). The text layout of the same data is the
 reference: both must give the same graph, bit for bit."""
 
+import os
+import sys
 import tracemalloc
 import zipfile
 
@@ -295,7 +297,8 @@ def test_convert_decompresses_beside_the_output_and_cleans_up(tmp_path, capsys, 
 
     def spy(cfg, **options):  # the scratch folder convert passes, and what is in it then
         graph = load_graph(cfg, **options)
-        scratches.extend((p.name, p.stat().st_ino) for p in options["scratch"].iterdir())
+        scratches.extend((p.name, p.stat().st_ino) for p in options["scratch"].iterdir()
+                         if p.name != "owner")
         return graph
     monkeypatch.setattr(jgrind.config, "load_graph", spy)
     assert main(["convert", "--dataset", f"ogb:{d}", "--out", str(out)]) == 0
@@ -318,3 +321,29 @@ def test_convert_decompresses_beside_the_output_and_cleans_up(tmp_path, capsys, 
     monkeypatch.setattr(jgrind.config, "load_graph", None)
     assert main(["convert", "--dataset", f"ogb:{d}", "--out", str(tmp_path / "no/out")]) == 2
     assert "parent folder" in capsys.readouterr().err
+
+
+def test_convert_sweeps_scratch_folders_that_a_killed_convert_left(tmp_path, capsys):
+    """A convert killed with SIGKILL leaves its scratch folder (features decompressed, tens
+    of GB on papers100M). The next convert to the same --out removes it when its owner
+    process is gone; a live owner's, another host's or an unmarked folder stays."""
+    import socket
+    import subprocess
+    text, *_ = _tiny_ogb(tmp_path, name="ogbn_papers100M")
+    d = _binary_twin(text, np.savez_compressed)
+    out = tmp_path / "saved"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+    owners = {"dead": f"{host} {gone.pid}", "alive": f"{host} {os.getpid()}",
+              "elsewhere": f"another-{host} {gone.pid}", "unmarked": None}
+    for key, owner in owners.items():
+        folder = tmp_path / f".saved.scratch-{key}"
+        folder.mkdir()
+        (folder / "node_feat-x.npy").write_bytes(b"0" * 64)
+        if owner is not None:
+            (folder / "owner").write_text(owner + "\n")
+    assert main(["convert", "--dataset", f"ogb:{d}", "--out", str(out)]) == 0
+    left = sorted(p.name for p in tmp_path.iterdir() if ".scratch-" in p.name)
+    assert left == [".saved.scratch-alive", ".saved.scratch-elsewhere", ".saved.scratch-unmarked"]
+    assert "scratch-dead: left by a convert that did not finish" in capsys.readouterr().out
