@@ -214,3 +214,110 @@ def test_capacity_moves_equal_numpy(native, without_native):
     for (count, moved, after), (want_count, want, want_after) in zip(native_runs, numpy_runs):
         assert count == want_count and after == want_after
         np.testing.assert_array_equal(moved, want)
+
+
+def test_many_threads_and_rows(native, without_native, monkeypatch):
+    """Rows and clusters pulled by several threads, in several batches each (4 threads, more
+    rows than 4 x 4096): the same arrays as NumPy's."""
+    monkeypatch.setenv("JGRIND_NUM_THREADS", "4")
+    rng = np.random.default_rng(7)
+    n = 30_000
+    indptr, indices = _random_csr(rng, n, 240_000, symmetric=True)
+    indices = indices.astype(np.int32)
+    for k, shared in ((16, False), (n, True)):
+        labels = rng.integers(0, k, n)
+        penalty = rng.random(k) if k == 16 else None
+        extra = rng.integers(0, k, n) if k == 16 else None
+        got = P._best_labels(indptr, indices, None, labels, k, 99, 1 << 22, shared, penalty,
+                             extra)
+        want = P._best_labels_numpy(indptr, indices, None, labels, k, 99, 1 << 14, shared,
+                                    penalty, extra)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(_bits(got[1]), _bits(want[1]))
+    clusters = rng.integers(0, 5000, n)
+    got = P._contract(indptr, indices, None, [np.ones(n, np.int64)], clusters)
+    want = P._contract_numpy(indptr, indices, None, [np.ones(n, np.int64)], clusters)
+    for g, w in zip((*got[:3], got[4]), (*want[:3], want[4])):
+        np.testing.assert_array_equal(g, w)
+    graph = _graph(indptr, indices)
+    assert P._is_symmetric(graph)
+    broken = indices.copy()
+    broken[indptr[n // 2]] = (broken[indptr[n // 2]] + 1) % n  # one entry moved
+    assert not P._is_symmetric(_graph(indptr, broken))
+    without_native()
+    assert not P._is_symmetric(_graph(indptr, broken))
+
+
+def test_capacity_moves_past_two_hundred_rounds(native, without_native):
+    """A chain of 300 full labels, each node wanting the next one: rejecting from "all
+    moves accepted" takes a round per link, so after 200 rounds the rule restarts from
+    "none accepted"; the kernel must do the same."""
+    length = 300
+    labels = np.arange(length + 1)
+    best = np.minimum(labels + 1, length)
+    weights = np.ones(length + 1, np.int64)  # every label full, the last one too
+    args = (best, np.ones(length + 1), [(weights, 1)], length + 1)
+    moved = labels.copy()
+    count = P._capacity_moves(moved, *args, np.random.default_rng(0), 1.0)
+    assert count == 0  # no move fits: stopping after 200 rounds would leave 100 accepted
+    want = labels.copy()
+    without_native()
+    assert count == P._capacity_moves(want, *args, np.random.default_rng(0), 1.0)
+    np.testing.assert_array_equal(moved, want)
+
+
+def test_int64_indices_symmetry(native):
+    """`Graph` keeps int32 indices below 2^31 edges; the kernel's int64 path is used above."""
+    from types import SimpleNamespace
+    rng = np.random.default_rng(8)
+    indptr, indices = _random_csr(rng, 300, 2000, symmetric=True)
+    for idx, want in ((indices, True), (np.r_[indices[:-1], (indices[-1] + 1) % 300], False)):
+        g = SimpleNamespace(indptr=indptr, indices=idx.astype(np.int64), num_nodes=300,
+                            num_edges=idx.size)
+        assert P._is_symmetric(g) is want
+
+
+def test_inputs_the_kernels_do_not_take(native):
+    """Weights that are not whole numbers and non-finite penalties go to NumPy (a sum of
+    fractions depends on its order); labels out of range and non-positive weights are
+    errors; a NaN balance is refused."""
+    indptr, indices = np.array([0, 2, 3, 4]), np.array([1, 2, 0, 0], np.int32)
+    labels = np.array([0, 1, 2])
+    best, gain = P._best_labels(indptr, indices, np.array([1.5, 1, 1, 1]), labels, 3, 0,
+                                1 << 22, True)
+    assert best[0] == 1 and gain[0] == 1.5
+    best, _ = P._best_labels(indptr, indices, None, labels, 3, 0, 1 << 22, True,
+                             np.array([np.nan, 0, 0]))
+    want, _ = P._best_labels_numpy(indptr, indices, None, labels, 3, 0, 1 << 22, True,
+                                   np.array([np.nan, 0, 0]))
+    np.testing.assert_array_equal(best, want)
+    with pytest.raises(ValueError, match="outside"):
+        P._best_labels(indptr, indices, None, np.array([0, 1, 3]), 3, 0, 1 << 22, True)
+    with pytest.raises(ValueError, match="positive"):
+        P._best_labels(indptr, indices, np.array([1, 0, 1, 1]), labels, 3, 0, 1 << 22, True)
+    with pytest.raises(ValueError, match="finite"):
+        label_propagation(community_graph(num_nodes=100), 2, balance=float("nan"))
+
+
+def test_out_of_memory_is_an_error_not_an_abort(native):
+    """A C++ allocation that fails raises MemoryError in Python instead of terminating the
+    process: under an address-space limit 300 MiB above the process, NumPy's 200 MB of group
+    starts fit and the kernel's 200 MB copy of them does not."""
+    import subprocess
+    import sys
+    code = (
+        "import resource, numpy as np\n"
+        "from jgrind import _kernels\n"
+        "from jgrind.partition import partitioners as P\n"
+        "assert _kernels.library() is not None\n"
+        "size = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize'))"
+        ".split()[1]) * 1024\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + 300 * 2**20, resource.RLIM_INFINITY))\n"
+        "try:\n"
+        "    P._group_order(np.zeros(0, np.int64), np.zeros(0), np.zeros(0), 25_000_000)\n"
+        "except MemoryError as e:\n"
+        "    print('MemoryError:', e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "MemoryError: label propagation: a native kernel ran out of memory" in done.stdout

@@ -120,7 +120,7 @@ def _load() -> Native:
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     # (indptr, indices, indices are int64, weights, inverse, member ptr, members, clusters,
     #  out ptr, out indices, out indices are int64, out weights, threads)
-    lib.jgrind_contract.restype = None
+    lib.jgrind_contract.restype = ctypes.c_int
     lib.jgrind_contract.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,

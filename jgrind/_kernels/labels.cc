@@ -27,6 +27,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -38,6 +40,7 @@ constexpr uint64_t kM2 = 0xBF58476D1CE4E5B9ULL;
 constexpr uint64_t kM3 = 0x94D049BB133111EBULL;
 constexpr int64_t kDenseLabels = 1 << 16;  // a dense per-thread table up to this many labels
 constexpr int64_t kRowsPerGrab = 4096;
+constexpr int kFailed = 9;  // a C++ exception (out of memory) stopped the function
 
 // The NumPy code's `_hash`: splitmix64's finaliser, top 20 bits.
 inline int64_t Hash(uint64_t a, uint64_t b, uint64_t salt) {
@@ -144,15 +147,28 @@ int Rows(const Args& a, std::atomic<int64_t>& next) {
 
 // Runs `work()` on `num_threads` threads (the caller's included); fewer if threads cannot be
 // made. Work is pulled from shared counters, so any number of threads gives the same result.
+// An exception in any thread (std::bad_alloc) is rethrown here once all have stopped; the
+// exported functions turn it into an error code, never an abort of the Python process.
 template <typename F>
 void Parallel(int64_t num_threads, F work) {
+  std::exception_ptr error;
+  std::mutex error_lock;
+  auto guarded = [&] {
+    try {
+      work();
+    } catch (...) {
+      std::lock_guard<std::mutex> hold(error_lock);
+      if (!error) error = std::current_exception();
+    }
+  };
   std::vector<std::thread> helpers;
   try {
-    for (int64_t t = 1; t < num_threads; ++t) helpers.emplace_back(work);
+    for (int64_t t = 1; t < num_threads; ++t) helpers.emplace_back(guarded);
   } catch (...) {
   }
-  work();
+  guarded();
   for (auto& t : helpers) t.join();
+  if (error) std::rethrow_exception(error);
 }
 
 // Contraction: coarse row r gathers the fine rows of its members (members[mptr[r]..mptr[r+1]]),
@@ -279,7 +295,7 @@ void GroupOrder(const int64_t* target, const double* gain, const double* random,
     std::vector<int64_t> fill(group_start, group_start + k);
     for (int64_t i = 0; i < m; ++i) records[fill[target[i]]++] = Record{-gain[i], random[i], i};
   }
-  num_threads = std::max<int64_t>(num_threads, 1);
+  num_threads = std::max<int64_t>(1, std::min<int64_t>(num_threads, m / 65536 + 1));
   const int64_t grab = std::max<int64_t>(1, k / (64 * num_threads));  // groups per grab
   std::atomic<int64_t> next{0};
   Parallel(num_threads, [&] {
@@ -299,14 +315,18 @@ void GroupOrder(const int64_t* target, const double* gain, const double* random,
 
 extern "C" {
 
+// Every function returns an error code rather than letting a C++ exception (out of memory)
+// reach Python: kFailed (below) for the int ones, -1 for those returning a count, and -2 for
+// jgrind_is_symmetric.
+
 // The contraction's two passes (see ContractRows): out_weights == nullptr counts into
 // out_ptr[1..c]; otherwise fills out_indices (int64 if out64, else int32) and out_weights
-// from the row starts in out_ptr.
-__attribute__((visibility("default"))) void jgrind_contract(
+// from the row starts in out_ptr. Returns 0, or kFailed.
+__attribute__((visibility("default"))) int jgrind_contract(
     const int64_t* indptr, const void* indices, int indices64, const int64_t* weights,
     const int64_t* inv, const int64_t* mptr, const int64_t* members, int64_t c,
     int64_t* out_ptr, void* out_indices, int out64, int64_t* out_weights,
-    int64_t num_threads) {
+    int64_t num_threads) try {
   std::atomic<int64_t> next{0};
   Parallel(std::min<int64_t>(std::max<int64_t>(num_threads, 1), (c + 255) / 256 + 1), [&] {
     if (indices64)
@@ -316,16 +336,21 @@ __attribute__((visibility("default"))) void jgrind_contract(
       ContractRows(indptr, static_cast<const int32_t*>(indices), weights, inv, mptr, members,
                    c, out_ptr, out_indices, out64 != 0, out_weights, next);
   });
+  return 0;
+} catch (...) {
+  return kFailed;
 }
 
-// GroupOrder (above) for NumPy arrays; returns 1 if a target is out of [0, k), else 0.
+// GroupOrder (above) for NumPy arrays; returns 1 if a target is out of [0, k), kFailed, or 0.
 __attribute__((visibility("default"))) int jgrind_group_order(
     const int64_t* target, const double* gain, const double* random, int64_t m, int64_t k,
-    int64_t* order, int64_t* group_start, int64_t num_threads) {
+    int64_t* order, int64_t* group_start, int64_t num_threads) try {
   for (int64_t i = 0; i < m; ++i)
     if (target[i] < 0 || target[i] >= k) return 1;
   GroupOrder(target, gain, random, m, k, order, group_start, num_threads);
   return 0;
+} catch (...) {
+  return kFailed;
 }
 
 // Label propagation's capacity-bounded moves (`_capacity_moves`), in two calls around the
@@ -345,7 +370,7 @@ __attribute__((visibility("default"))) int jgrind_group_order(
 __attribute__((visibility("default"))) int64_t jgrind_capacity_fits(
     const int64_t* labels, const int64_t* best, int64_t n, int64_t* cand, int64_t m, int64_t k,
     int64_t num_constraints, const int64_t* const* node_weights, const double* capacities,
-    int64_t* rooms) {
+    int64_t* rooms) try {
   std::vector<int64_t> load(k), leaving(k);
   std::vector<char> fits(m, 1);
   for (int64_t c = 0; c < num_constraints; ++c) {
@@ -366,12 +391,14 @@ __attribute__((visibility("default"))) int64_t jgrind_capacity_fits(
   for (int64_t i = 0; i < m; ++i)
     if (fits[i]) cand[kept++] = cand[i];
   return kept;
+} catch (...) {
+  return -1;
 }
 
 __attribute__((visibility("default"))) int64_t jgrind_capacity_accept(
     int64_t* labels, const int64_t* best, const double* gain, const int64_t* cand, int64_t m,
     int64_t k, int64_t num_constraints, const int64_t* const* node_weights,
-    const int64_t* rooms, const double* random, int64_t num_threads) {
+    const int64_t* rooms, const double* random, int64_t num_threads) try {
   std::vector<int64_t> target(m), cand_gain_order(m), group_start(k);
   {
     std::vector<double> cand_gain(m);
@@ -449,15 +476,17 @@ __attribute__((visibility("default"))) int64_t jgrind_capacity_accept(
     ++moves;
   }
   return moves;
+} catch (...) {
+  return -1;
 }
 
-// Returns 0, or 1 when a weight is not positive (the dense table needs weights > 0). Labels,
+// Returns 0, 1 when a weight is not positive (the dense table needs weights > 0), or kFailed. Labels,
 // extra labels and indices must lie in range (the caller checks them: they are its own arrays).
 __attribute__((visibility("default"))) int jgrind_best_labels(
     const int64_t* indptr, const void* indices, int indices64, const int64_t* weights,
     const int64_t* labels, int64_t n, int64_t k, uint64_t salt, int per_node_ties,
     const double* penalty, const int64_t* extra, int64_t* best, double* gain,
-    int64_t num_threads) {
+    int64_t num_threads) try {
   if (weights) {
     for (int64_t j = 0, e = indptr[n]; j < e; ++j)
       if (weights[j] <= 0) return 1;
@@ -469,6 +498,8 @@ __attribute__((visibility("default"))) int jgrind_best_labels(
   std::atomic<int64_t> next{0};
   Parallel(num_threads, [&] { a.indices64 ? Rows<int64_t>(a, next) : Rows<int32_t>(a, next); });
   return 0;
+} catch (...) {
+  return kFailed;
 }
 
 // Whether the CSR's pattern (with multiplicities, self loops aside) equals its transpose's,
@@ -476,7 +507,7 @@ __attribute__((visibility("default"))) int jgrind_best_labels(
 // caller must decide another way).
 __attribute__((visibility("default"))) int jgrind_is_symmetric(
     const int64_t* indptr, const void* indices, int indices64, int64_t n,
-    int64_t num_threads) {
+    int64_t num_threads) try {
   auto run = [&](auto* idx) {
     if (!AllRows(n, num_threads,
                  [&](int64_t lo, int64_t hi) { return SortedRows(indptr, idx, lo, hi); }))
@@ -489,6 +520,8 @@ __attribute__((visibility("default"))) int jgrind_is_symmetric(
   };
   return indices64 ? run(static_cast<const int64_t*>(indices))
                    : run(static_cast<const int32_t*>(indices));
+} catch (...) {
+  return -2;
 }
 
 }  // extern "C"

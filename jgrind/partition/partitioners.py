@@ -139,6 +139,7 @@ def _is_symmetric(graph: Graph) -> bool:
         verdict = lib.jgrind_is_symmetric(indptr.ctypes.data, indices.ctypes.data,
                                           int(indices.dtype == np.int64), graph.num_nodes,
                                           _num_threads())
+        _check_native(verdict == -2)
         if verdict >= 0:
             return bool(verdict)
     n = graph.num_nodes
@@ -206,9 +207,13 @@ def _best_labels(indptr, indices, weights, labels, k, salt, chunk_entries, per_n
     bit for bit, from the native kernel (``labels.cc``: one pass, threaded, no E-sized
     temporaries; 5.5x faster on two cores) when it is available, else from NumPy."""
     lib = _kernels.library()
-    if lib is None:
+    if lib is None or not _whole(weights) or (penalty is not None
+                                              and not np.isfinite(penalty).all()):
         return _best_labels_numpy(indptr, indices, weights, labels, k, salt, chunk_entries,
                                   per_node_ties, penalty, extra)
+    for what, a in (("label", labels), ("extra label", extra)):
+        if a is not None and a.size and not (0 <= a.min() and a.max() < k):
+            raise ValueError(f"label propagation: a {what} lies outside [0, {k})")
     n = labels.size
     indptr = np.ascontiguousarray(indptr, np.int64)
     if indices.dtype not in (np.int32, np.int64):
@@ -228,9 +233,22 @@ def _best_labels(indptr, indices, weights, labels, k, salt, chunk_entries, per_n
                                 int(indices.dtype == np.int64), ptr(weights), labels.ctypes.data,
                                 n, k, salt, int(per_node_ties), ptr(penalty), ptr(extra),
                                 best.ctypes.data, gain.ctypes.data, _num_threads())
-    if rc != 0:
+    if rc == 1:
         raise ValueError("label propagation: edge weights must be positive")
+    _check_native(rc != 0)
     return best, gain
+
+
+def _whole(weights) -> bool:
+    """Whether ``weights`` (or None: unit weights) are integers, as the kernels need: sums of
+    them are exact in any order, which is what makes the kernels match NumPy bit for bit."""
+    return weights is None or np.issubdtype(np.asarray(weights).dtype, np.integer)
+
+
+def _check_native(failed: bool) -> None:
+    if failed:
+        raise MemoryError("label propagation: a native kernel ran out of memory; partition "
+                          "on a machine with more memory, or with JGRIND_DISABLE_NATIVE=1")
 
 
 def _num_threads() -> int:
@@ -337,7 +355,8 @@ def _capacity_moves(labels, best, gain, constraints, k, rng, move_probability):
     if cand.size == 0:
         return 0
     lib = _kernels.library()
-    if lib is not None and labels.dtype == np.int64 and labels.flags.c_contiguous:
+    if (lib is not None and labels.dtype == np.int64 and labels.flags.c_contiguous
+            and all(_whole(w) for w, _ in constraints)):
         return _capacity_moves_native(lib, labels, best, gain, cand, constraints, k, rng)
     tgt, src = best[cand], labels[cand]
     weights, rooms = [], []
@@ -398,14 +417,16 @@ def _capacity_moves_native(lib, labels, best, gain, cand, constraints, k, rng) -
                                     cand.ctypes.data, cand.size, k, len(constraints),
                                     pointers.ctypes.data, capacities.ctypes.data,
                                     rooms.ctypes.data)
+    _check_native(kept < 0)
     random = np.ascontiguousarray(rng.random(kept))  # as the NumPy code draws them
     if kept == 0:
         return 0
-    return int(lib.jgrind_capacity_accept(labels.ctypes.data, best.ctypes.data,
-                                          gain.ctypes.data, cand.ctypes.data, kept, k,
-                                          len(constraints), pointers.ctypes.data,
-                                          rooms.ctypes.data, random.ctypes.data,
-                                          _num_threads()))
+    moves = lib.jgrind_capacity_accept(labels.ctypes.data, best.ctypes.data,
+                                       gain.ctypes.data, cand.ctypes.data, kept, k,
+                                       len(constraints), pointers.ctypes.data,
+                                       rooms.ctypes.data, random.ctypes.data, _num_threads())
+    _check_native(moves < 0)
+    return int(moves)
 
 
 def _group_order(target, gain, random, k):
@@ -421,10 +442,12 @@ def _group_order(target, gain, random, k):
     random = np.ascontiguousarray(random, np.float64)
     order = np.empty(target.size, np.int64)
     group_start = np.empty(k, np.int64)
-    if lib.jgrind_group_order(target.ctypes.data, gain.ctypes.data, random.ctypes.data,
-                              target.size, k, order.ctypes.data, group_start.ctypes.data,
-                              _num_threads()):
+    rc = lib.jgrind_group_order(target.ctypes.data, gain.ctypes.data, random.ctypes.data,
+                                target.size, k, order.ctypes.data, group_start.ctypes.data,
+                                _num_threads())
+    if rc == 1:
         raise ValueError("label propagation: a move's target label is out of range")
+    _check_native(rc != 0)
     return order, group_start
 
 
@@ -438,7 +461,7 @@ def _contract(indptr, indices, weights, node_weights, labels):
     (`_contract_numpy`, the same arrays) holds about 30 bytes per fine edge.
     """
     lib = _kernels.library()
-    if lib is None:
+    if lib is None or not _whole(weights):
         return _contract_numpy(indptr, indices, weights, node_weights, labels)
     n = labels.size
     if labels.min(initial=0) < 0 or labels.max(initial=0) >= n:
@@ -464,13 +487,15 @@ def _contract(indptr, indices, weights, node_weights, labels):
     args = (indptr.ctypes.data, indices.ctypes.data, int(indices.dtype == np.int64),
             None if weights is None else weights.ctypes.data, inv.ctypes.data,
             mptr.ctypes.data, members.ctypes.data, c)
-    lib.jgrind_contract(*args, out_ptr.ctypes.data, None, 0, None, _num_threads())
+    _check_native(lib.jgrind_contract(*args, out_ptr.ctypes.data, None, 0, None,
+                                      _num_threads()) != 0)
     np.cumsum(out_ptr, out=out_ptr)
     idx_t = np.int32 if c < 2**31 - 1 else np.int64
     out_indices = np.empty(int(out_ptr[-1]), idx_t)
     out_weights = np.empty(int(out_ptr[-1]), np.int64)
-    lib.jgrind_contract(*args, out_ptr.ctypes.data, out_indices.ctypes.data,
-                        int(idx_t == np.int64), out_weights.ctypes.data, _num_threads())
+    _check_native(lib.jgrind_contract(*args, out_ptr.ctypes.data, out_indices.ctypes.data,
+                                      int(idx_t == np.int64), out_weights.ctypes.data,
+                                      _num_threads()) != 0)
     inv = inv.astype(idx_t)
     nws = [np.bincount(inv, weights=nw, minlength=c).astype(np.int64) for nw in node_weights]
     return out_ptr, out_indices, out_weights, nws, inv
@@ -652,8 +677,8 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
         raise ValueError(f"iterations must be >= 0, got {iterations}, {cluster_iterations}")
     if not 0.0 < move_probability <= 1.0:
         raise ValueError(f"move_probability must lie in (0, 1], got {move_probability}")
-    if balance < 0:
-        raise ValueError(f"balance must be >= 0, got {balance}")
+    if not balance >= 0 or not np.isfinite(balance):
+        raise ValueError(f"balance must be a finite number >= 0, got {balance}")
     if init not in ("clusters", "contiguous", "random"):
         raise ValueError(f"init must be 'clusters', 'contiguous' or 'random', got {init!r}")
     if k == 1:
