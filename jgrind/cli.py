@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 import pathlib
 import signal
 import sys
@@ -313,47 +312,24 @@ def cmd_partition(args) -> int:
     return 0
 
 
-_SCRATCH_OWNER = "owner"  # "host pid" of the convert that made a scratch folder
-
-
-def _sweep_scratch(out: pathlib.Path) -> None:
-    """Remove the scratch folders beside ``out`` that a killed `jgrind convert` left (their
-    decompressed features can be tens of GB): those whose owner process, on this host, is
-    gone. A folder without an owner file, or another host's, is left alone."""
-    import shutil
-    import socket
-    for old in out.parent.glob(f".{out.name}.scratch-*"):
-        try:
-            host, pid = (old / _SCRATCH_OWNER).read_text().split()
-            if host != socket.gethostname():
-                continue
-            os.kill(int(pid), 0)  # raises if no such process
-            continue  # alive (or its pid reused): not ours to remove
-        except ProcessLookupError:
-            shutil.rmtree(old, ignore_errors=True)
-            print(f"removed {old}: left by a convert that did not finish")
-        except (OSError, ValueError):
-            continue
-
-
 def cmd_convert(args) -> int:
     import shutil
-    import socket
     import uuid
     from jgrind.config import load_graph
     from jgrind.datasets import DatasetError, save_graph
-    from jgrind.datasets.stored import check_target
+    from jgrind.datasets.stored import check_target, mark_owner, sweep_abandoned
     cfg = dataclasses.replace(RunConfig(), dataset=args.dataset).with_overrides(args.overrides)
     check_target(args.out, args.overwrite)  # before a large graph is loaded for nothing
     out = pathlib.Path(args.out).expanduser().absolute()
     extra, scratch = {}, None
     if cfg.dataset.lower().startswith("ogb:") and "scratch" not in cfg.loader_options():
         # OGB's binary layout decompresses its features into a file here, not into memory
-        _sweep_scratch(out)
+        for old in sweep_abandoned(out.parent, f".{out.name}.scratch-*"):
+            print(f"removed {old}: left by a convert that did not finish")
         scratch = out.parent / f".{out.name}.scratch-{uuid.uuid4().hex[:8]}"
         try:
             scratch.mkdir()
-            (scratch / _SCRATCH_OWNER).write_text(f"{socket.gethostname()} {os.getpid()}\n")
+            mark_owner(scratch)
         except OSError as e:
             shutil.rmtree(scratch, ignore_errors=True)
             raise DatasetError(f"cannot write beside {out} ({e.strerror or e}); choose an "

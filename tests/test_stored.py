@@ -2,6 +2,7 @@
 out-of-core training from a mapped graph, and every way a save or a load can go wrong."""
 
 import json
+import os
 import pathlib
 
 import jax
@@ -213,16 +214,22 @@ def test_convert_command_then_train_from_the_folder(tmp_path, capsys):
     assert summary["graph"]["nodes"] == 300
 
 
-def test_a_mapped_file_in_an_adopted_folder_is_moved_not_copied(tmp_path):
-    """`save_graph(adopt=...)` renames a whole ``.npy`` file that an array maps (the features
-    `jgrind convert` decompressed into its scratch folder) instead of writing it again; any
-    other array, or the same without ``adopt``, is copied."""
+def _features_in_a_scratch_file(tmp_path):
+    """A graph, a scratch folder, and the graph's features in a mapped ``.npy`` file there."""
     g = community_graph(num_nodes=60)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     mapped = np.lib.format.open_memmap(scratch / "x.npy", mode="w+", dtype=np.float32,
                                        shape=g.features.shape)
     mapped[:] = g.features
+    return g, scratch, mapped
+
+
+def test_a_mapped_file_in_an_adopted_folder_is_moved_not_copied(tmp_path):
+    """`save_graph(adopt=...)` renames a whole ``.npy`` file that an array maps (the features
+    `jgrind convert` decompressed into its scratch folder) instead of writing it again; any
+    other array, or the same without ``adopt``, is copied."""
+    g, scratch, mapped = _features_in_a_scratch_file(tmp_path)
     inode = (scratch / "x.npy").stat().st_ino
     h = g.replace(features=mapped)
     D.save_graph(h, tmp_path / "copied")
@@ -244,12 +251,7 @@ def test_a_mapped_file_in_an_adopted_folder_is_moved_not_copied(tmp_path):
 
 def test_an_adopted_file_goes_back_when_the_save_fails(tmp_path, monkeypatch):
     """A save that fails after moving an adopted file puts it back: nothing is lost."""
-    g = community_graph(num_nodes=60)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    mapped = np.lib.format.open_memmap(scratch / "x.npy", mode="w+", dtype=np.float32,
-                                       shape=g.features.shape)
-    mapped[:] = g.features
+    g, scratch, mapped = _features_in_a_scratch_file(tmp_path)
     real_save = np.save
 
     def save(fh, a, **kw):  # the disk fills up at the labels, after the features moved
@@ -261,3 +263,34 @@ def test_an_adopted_file_goes_back_when_the_save_fails(tmp_path, monkeypatch):
         D.save_graph(g.replace(features=mapped), tmp_path / "out", adopt=(scratch,))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch"]
     np.testing.assert_array_equal(np.load(scratch / "x.npy"), g.features)
+
+
+def test_a_killed_save_leaves_a_folder_the_next_save_removes(tmp_path):
+    """A save killed mid-write (SIGKILL: no cleanup runs) leaves its hidden partial folder;
+    the next save to the same target removes it when its owner process is gone, and keeps
+    a live writer's or an unmarked folder. The saved graph holds no owner file."""
+    import socket
+    import subprocess
+    import sys
+    code = ("import os, signal, numpy as np, jgrind.datasets as D\n"
+            "from helpers import community_graph\n"
+            "real = np.save\n"
+            "def save(fh, a, **kw):\n"
+            "    real(fh, a, **kw)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "np.save = save\n"
+            f"D.save_graph(community_graph(num_nodes=60), {str(tmp_path / 'g')!r})\n")
+    killed = subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(__file__).parent,
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    [left] = tmp_path.glob(".g.partial-*")
+    assert (left / "indptr.npy").exists()
+    alive = tmp_path / ".g.partial-alive"
+    alive.mkdir()
+    (alive / "owner").write_text(f"{socket.gethostname()} {os.getpid()}\n")
+    (tmp_path / ".g.partial-unmarked").mkdir()
+    D.save_graph(community_graph(num_nodes=60), tmp_path / "g")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".g.partial-alive",
+                                                          ".g.partial-unmarked", "g"]
+    assert "owner" not in {p.name for p in (tmp_path / "g").iterdir()}
+    assert D.load(f"npy:{tmp_path / 'g'}").num_nodes == 60

@@ -30,7 +30,7 @@ from typing import Optional
 CSR_SPMM_TARGET = "jgrind_csr_spmm_f32"
 _ABI_VERSION = 5  # 2: the row kernels (rows.cc); 3: with int32 indices too;
 #                  4: SSD row spans (spans.cc), the CRC32C checksum (checksum.cc);
-#                  5: label propagation's best labels (labels.cc)
+#                  5: label propagation's kernels (labels.cc)
 
 _lock = threading.Lock()
 _state: Optional["Native"] = None

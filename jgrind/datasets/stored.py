@@ -17,6 +17,10 @@ file replaced or cut short since is an error, not a different graph::
 
   graph.json  indptr.npy  indices.npy  features.npy  labels.npy
   train_mask.npy  val_mask.npy  test_mask.npy  [edge_weight.npy]
+
+A save writes into a hidden ``.NAME.partial-*`` folder beside the target and renames it into
+place when complete. A save that was killed leaves that folder behind; the next save to the
+same target removes it once its owner process is gone (`sweep_abandoned`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import json
 import mmap
 import os
 import shutil
+import socket
 import uuid
 from pathlib import Path
 from typing import Optional
@@ -76,10 +81,12 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
                            f"disk holding {parent} has {_gib(free)} free; free some space or "
                            "choose a folder on another disk")
     # renames within one folder are atomic (POSIX): the target is whole or absent
+    sweep_abandoned(parent, f".{target.name}.partial-*")
     partial = parent / f".{target.name}.partial-{uuid.uuid4().hex[:8]}"
     old = parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
     try:
         partial.mkdir()
+        mark_owner(partial)
         for key, a in arrays.items():
             if key in moved:  # its map stays valid: the file is renamed, not rewritten
                 with open(moved[key], "rb+") as fh:
@@ -97,6 +104,7 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
                 "arrays": {k: {"dtype": a.dtype.str, "shape": list(a.shape)}
                            for k, a in arrays.items()}}
         (partial / META).write_text(json.dumps(meta, indent=2) + "\n")
+        (partial / OWNER).unlink()  # not part of the saved graph
         if state == "empty":
             target.rmdir()
         elif state == "replace":  # the old folder goes only once the new one is complete
@@ -115,6 +123,36 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
         raise
     shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+OWNER = "owner"  # "host pid" of the process writing a hidden working folder
+
+
+def mark_owner(folder: Path) -> None:
+    """Record this process (host and pid) as the owner of the working folder ``folder``, so
+    that `sweep_abandoned` can tell, after a crash, that nobody is using it any more."""
+    (Path(folder) / OWNER).write_text(f"{socket.gethostname()} {os.getpid()}\n")
+
+
+def sweep_abandoned(parent, pattern: str) -> list[Path]:
+    """Remove the folders in ``parent`` matching ``pattern`` whose owner (`mark_owner`) was a
+    process on this host that no longer runs: what a killed convert or save left behind (a
+    convert's decompressed features can be tens of GB). A folder without an owner file, or
+    another host's, or a live process's, is left alone. Returns the folders removed."""
+    removed = []
+    for old in sorted(Path(parent).glob(pattern)):
+        try:
+            host, pid = (old / OWNER).read_text().split()
+            if host != socket.gethostname():
+                continue
+            os.kill(int(pid), 0)  # raises if no such process
+            continue  # alive (or its pid reused): not ours to remove
+        except ProcessLookupError:
+            shutil.rmtree(old, ignore_errors=True)
+            removed.append(old)
+        except (OSError, ValueError):
+            continue
+    return removed
 
 
 def _adoptable(a: np.ndarray, folders, parent: Path) -> Optional[Path]:

@@ -502,10 +502,8 @@ def _contract(indptr, indices, weights, node_weights, labels):
 
 
 def _contract_numpy(indptr, indices, weights, node_weights, labels):
-    """The graph of clusters: node ``c`` is the cluster ``labels == u[c]``, edge weights count
-    the fine edges between clusters (intra-cluster edges dropped), node weights are summed.
-    Returns ``(indptr, indices, weights, node_weights, inverse)``, ``inverse[v]`` = v's cluster.
-    """
+    """`_contract` in NumPy and scipy (COO -> CSR, duplicates summed): the reference, and the
+    fallback without native kernels."""
     import scipy.sparse as sp
     _, inv = np.unique(labels, return_inverse=True)
     c = int(inv.max()) + 1
