@@ -74,6 +74,10 @@ class RunConfig:
     ("multi-label tasks: binary cross entropy averaged over each node's known targets, then "
      "nodes (node_mean), or over all known (node, target) pairs of the training set "
      "(pair_mean: torch's BCEWithLogitsLoss on the known entries)")
+    pos_weight: str = "none"
+    ("multi-label tasks: weight of each task's positive targets in the loss (torch's "
+     "pos_weight): none, auto (the training set's negatives per positive, task by task) or "
+     "one number for every task")
     metric: str = ""
     ("what evaluations score and val selects by: accuracy | roc_auc | micro_f1 | macro_f1 "
      "('' = roc_auc for binary and multi-label tasks, else accuracy)")
@@ -184,6 +188,13 @@ class RunConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _positive_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text)) and float(text) > 0
+    except ValueError:
+        return False
+
+
 # every number a run takes, and what it must be: checked when a RunConfig is made, so that a bad
 # value is one line before anything is loaded or written, not a traceback epochs later
 _LIMITS = {
@@ -203,6 +214,8 @@ _LIMITS = {
                "'' (by the task), accuracy, roc_auc, micro_f1 or macro_f1"),
     "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
     "multilabel_loss": (lambda v: v in ("node_mean", "pair_mean"), "node_mean or pair_mean"),
+    "pos_weight": (lambda v: v in ("none", "auto") or _positive_number(v),
+                   "none, auto or a finite number above 0"),
     "optimizer": (lambda v: v in ("adam", "adamw", "sgd"), "adam, adamw or sgd"),
     "lr_schedule": (lambda v: v in ("constant", "cosine"), "constant or cosine"),
     "warmup_epochs": (lambda v: v >= 0, "0 (off) or more"),
@@ -267,15 +280,25 @@ def build_loss(cfg: RunConfig, graph: Graph, split: int = 0):
     """The per-node training loss (`jgrind.loss.weighted_loss`) for training on ``split``;
     None: the task's default (cross entropy, or binary cross entropy for multi-label targets,
     averaged node by node)."""
-    from jgrind.loss import SmoothedCrossEntropy, pair_mean_binary_cross_entropy
+    from jgrind.loss import (SmoothedCrossEntropy, WeightedBinaryCrossEntropy,
+                             pair_mean_binary_cross_entropy, positive_weights)
     if cfg.label_smoothing and graph.multilabel:
         raise ConfigError(f"label_smoothing smooths one class per node, but {graph.name} has "
                           "multi-label targets; leave label_smoothing at 0")
+    pos_weight = None
+    if cfg.pos_weight != "none":
+        if not graph.multilabel:
+            raise ConfigError(f"pos_weight weights binary targets, but {graph.name} has one "
+                              "class per node; leave it at none")
+        pos_weight = (positive_weights(graph, split) if cfg.pos_weight == "auto"
+                      else (float(cfg.pos_weight),) * graph.num_classes)
     if cfg.multilabel_loss == "pair_mean":
         if not graph.multilabel:
             raise ConfigError(f"multilabel_loss=pair_mean averages binary targets, but "
                               f"{graph.name} has one class per node; leave it at node_mean")
-        return pair_mean_binary_cross_entropy(graph, split)
+        return pair_mean_binary_cross_entropy(graph, split, pos_weight)
+    if pos_weight is not None:
+        return WeightedBinaryCrossEntropy(pos_weight)
     return SmoothedCrossEntropy(cfg.label_smoothing) if cfg.label_smoothing else None
 
 

@@ -41,7 +41,7 @@ from jgrind.train import run_trials, train
 CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "residual",
                 "layer_norm", "activation", "lr", "weight_decay", "seed", "split",
                 "row_normalize", "num_nodes", "avg_degree", "dataset_options", "select",
-                "min_delta", "label_smoothing", "multilabel_loss", "output_heads",
+                "min_delta", "label_smoothing", "multilabel_loss", "pos_weight", "output_heads",
                 "attention_dropout", "optimizer", "lr_schedule", "warmup_epochs")
 # the files `run_config` writes (and a later run in the same folder replaces)
 RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png", "plan.txt")

@@ -42,14 +42,52 @@ def binary_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.sum(per_target, axis=-1) / jnp.maximum(count, 1).astype(logits.dtype)
 
 
-def _known_target_losses(logits: jax.Array, targets: jax.Array):
+def _known_target_losses(logits: jax.Array, targets: jax.Array, pos_weight=None):
     """``([n, T] sigmoid cross entropy of every known target, 0 for unknown ones, [n, T]
-    known)``."""
+    known)``; ``pos_weight`` (``[T]``) scales each task's positive term, as torch's."""
     known = targets >= 0
     y = jnp.where(known, targets, 0).astype(logits.dtype)
-    # log(1 + exp(-|x|)) + max(x, 0) - x y: finite for any logit
-    per_target = jnp.maximum(logits, 0) - logits * y + jnp.log1p(jnp.exp(-jnp.abs(logits)))
+    if pos_weight is None:
+        # log(1 + exp(-|x|)) + max(x, 0) - x y: finite for any logit
+        per_target = jnp.maximum(logits, 0) - logits * y + jnp.log1p(jnp.exp(-jnp.abs(logits)))
+    else:
+        # p y softplus(-x) + (1 - y) softplus(x): sums of non-negative terms, no cancellation
+        # (torch's (1 - y) x + (1 + (p - 1) y) softplus(-x) loses digits of small losses)
+        p = jnp.asarray(pos_weight, logits.dtype)
+        tail = jnp.log1p(jnp.exp(-jnp.abs(logits)))
+        per_target = (p * y * (jnp.maximum(-logits, 0) + tail)
+                      + (1 - y) * (jnp.maximum(logits, 0) + tail))
     return jnp.where(known, per_target, 0.0), known
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightedBinaryCrossEntropy:
+    """`binary_cross_entropy` with every task's positive term weighted: ``pos_weight[t]``
+    times the loss of a positive target of task ``t``, as ``torch.nn.BCEWithLogitsLoss(
+    pos_weight=...)``, for tasks whose positives are rare. Build it with `positive_weights`
+    (negatives per positive among the training targets) or give the weights yourself."""
+
+    pos_weight: tuple
+
+    def __call__(self, logits: jax.Array, targets: jax.Array) -> jax.Array:
+        per_target, known = _known_target_losses(logits, targets, self.pos_weight)
+        count = jnp.sum(known, axis=-1)
+        return jnp.sum(per_target, axis=-1) / jnp.maximum(count, 1).astype(logits.dtype)
+
+
+def positive_weights(graph, split: int = 0) -> tuple:
+    """Every task's negatives per positive among the known targets of ``split``'s training
+    nodes (the ``pos_weight`` torch's documentation suggests); 1.0 for a task without a
+    positive or a negative there."""
+    if graph.labels.ndim != 2:
+        raise ValueError(f"{graph.name} has one class per node; positive weights are for "
+                         "multi-label targets [N, T]")
+    targets = np.asarray(graph.labels[graph.train_mask[split]])
+    positives = np.sum(targets == 1, axis=0)
+    negatives = np.sum(targets == 0, axis=0)
+    ratio = np.where((positives > 0) & (negatives > 0),
+                     negatives / np.maximum(positives, 1), 1.0)
+    return tuple(float(r) for r in ratio)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,12 +101,15 @@ class PairMeanBinaryCrossEntropy:
     Its ``val_loss`` is the mean over validation nodes of that same per-node value."""
 
     scale: float
+    pos_weight: Optional[tuple] = None  # as in `WeightedBinaryCrossEntropy`
 
     def __call__(self, logits: jax.Array, targets: jax.Array) -> jax.Array:
-        return self.scale * jnp.sum(_known_target_losses(logits, targets)[0], axis=-1)
+        per_target = _known_target_losses(logits, targets, self.pos_weight)[0]
+        return self.scale * jnp.sum(per_target, axis=-1)
 
 
-def pair_mean_binary_cross_entropy(graph, split: int = 0) -> PairMeanBinaryCrossEntropy:
+def pair_mean_binary_cross_entropy(graph, split: int = 0,
+                                   pos_weight=None) -> PairMeanBinaryCrossEntropy:
     """`PairMeanBinaryCrossEntropy` for ``graph``'s multi-label targets and the training mask
     of ``split``: build it for the split you train (another split's scale is off)."""
     if graph.labels.ndim != 2:
@@ -79,7 +120,8 @@ def pair_mean_binary_cross_entropy(graph, split: int = 0) -> PairMeanBinaryCross
     if pairs == 0:
         raise ValueError(f"{graph.name}: no known target among the training nodes of split "
                          f"{split}")
-    return PairMeanBinaryCrossEntropy(float(train.sum()) / pairs)
+    return PairMeanBinaryCrossEntropy(float(train.sum()) / pairs,
+                                      None if pos_weight is None else tuple(pos_weight))
 
 
 @dataclasses.dataclass(frozen=True)
