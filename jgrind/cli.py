@@ -226,7 +226,25 @@ def cmd_predict(args) -> int:
     if "metric" in info:
         print(f"{info['metric']} of these logits: train {info['train']:.4f}, val "
               f"{info['val']:.4f}, test {info['test']:.4f}")
+    if "test_per_task" in info:
+        print(_per_task_line(np.asarray(info["test_per_task"])))
     return 0
+
+
+def _per_task_line(auc) -> str:
+    """The spread of per-task test ROC-AUC in one line: the weakest and strongest tasks and
+    the median, and how many tasks have one class only among the test nodes."""
+    import numpy as np
+    scored = np.flatnonzero(~np.isnan(auc))
+    if scored.size == 0:
+        return "test roc_auc per task: no task has both classes among the test nodes"
+    low, high = scored[np.argmin(auc[scored])], scored[np.argmax(auc[scored])]
+    line = (f"test roc_auc per task ({scored.size} of {auc.size} tasks): lowest "
+            f"{auc[low]:.4f} (task {low}), median {np.median(auc[scored]):.4f}, highest "
+            f"{auc[high]:.4f} (task {high})")
+    if scored.size < auc.size:
+        line += f"; {auc.size - scored.size} with one class only, left out"
+    return line
 
 
 def cmd_plan(args) -> int:

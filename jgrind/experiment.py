@@ -29,7 +29,7 @@ from jgrind.plan.cost import format_bytes
 from jgrind.plan.report import format_plan, plan_line
 from jgrind.plots import plot_memory, plot_training
 from jgrind.inference import load_checkpoint, predict
-from jgrind.metrics import check_metric, default_metric, evaluate
+from jgrind.metrics import check_metric, default_metric, evaluate, roc_auc_per_task
 from jgrind.train import run_trials, train
 
 
@@ -298,4 +298,7 @@ def predict_run(out: str | pathlib.Path, seed: Optional[int] = None, layer: Opti
         info.update({name: evaluate(array, graph.labels, mask[split], metric)
                      for name, mask in (("train", graph.train_mask), ("val", graph.val_mask),
                                         ("test", graph.test_mask))})
+        if graph.multilabel and metric == "roc_auc":
+            info["test_per_task"] = roc_auc_per_task(array, graph.labels,
+                                                     graph.test_mask[split]).tolist()
     return array, info

@@ -41,11 +41,21 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> float:
     """
     mask = _mask(mask)
     if labels.ndim == 2:
-        per_task = [_binary_auc(scores[:, t][mask], labels[:, t][mask])
-                    for t in range(labels.shape[1])]
-        per_task = [a for a in per_task if not np.isnan(a)]
-        return float(np.mean(per_task)) if per_task else float("nan")
+        per_task = roc_auc_per_task(scores, labels, mask)
+        per_task = per_task[~np.isnan(per_task)]
+        return float(np.mean(per_task)) if per_task.size else float("nan")
     return _binary_auc(scores[mask], labels[mask])
+
+
+def roc_auc_per_task(scores: np.ndarray, labels: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``[T]``: each task's ROC-AUC on its masked, known targets (multi-label ``scores`` and
+    ``labels`` ``[N, T]``), NaN for a task with one class only there; `roc_auc` is their mean
+    over the others. Which tasks a model fails shows here, not in the mean."""
+    if labels.ndim != 2:
+        raise ValueError("per-task ROC-AUC needs multi-label targets [N, T]")
+    mask = _mask(mask)
+    return np.array([_binary_auc(scores[:, t][mask], labels[:, t][mask])
+                     for t in range(labels.shape[1])], np.float64)
 
 
 def _binary_auc(scores: np.ndarray, labels: np.ndarray) -> float:

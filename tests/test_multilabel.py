@@ -115,6 +115,32 @@ def test_roc_auc_is_the_mean_over_tasks_with_both_classes():
     assert np.isnan(metrics.roc_auc(s, np.array([[1, 1], [1, 1]]), np.array([True, True])))
 
 
+def test_roc_auc_task_by_task():
+    """Each task's ROC-AUC as a binary task's, NaN where the masked targets hold one class;
+    `roc_auc` is the mean of the others. The command line's line names the weakest task."""
+    from jgrind.cli import _per_task_line
+    rng = np.random.default_rng(9)
+    scores = rng.normal(size=(50, 4))
+    targets = rng.integers(0, 2, (50, 4)).astype(np.int8)
+    targets[:, 2] = 1  # one class only
+    targets[rng.random((50, 4)) < 0.2] = -1
+    mask = rng.random(50) < 0.7
+    per_task = metrics.roc_auc_per_task(scores, targets, mask)
+    for t in (0, 1, 3):
+        keep = mask & (targets[:, t] >= 0)
+        two = np.stack([-scores[:, t], scores[:, t]], 1)
+        assert per_task[t] == pytest.approx(metrics.evaluate(two, targets[:, t].astype(np.int32),
+                                                             keep, "roc_auc"))
+    assert np.isnan(per_task[2])
+    assert metrics.roc_auc(scores, targets, mask) == pytest.approx(np.nanmean(per_task))
+    line = _per_task_line(per_task)
+    low = int(np.nanargmin(per_task))
+    assert f"(3 of 4 tasks): lowest {per_task[low]:.4f} (task {low})" in line
+    assert line.endswith("1 with one class only, left out")
+    with pytest.raises(ValueError, match="multi-label"):
+        metrics.roc_auc_per_task(scores[:, 0], targets[:, 0], mask)
+
+
 def test_f1_scores_of_multi_label_predictions():
     # the unknown target (1, 2) has a positive logit: counted, it would be a false positive
     logits = np.array([[2.0, -1.0, 3.0, -1.0], [-2.0, 1.0, 5.0, -1.0], [1.0, 1.0, 1.0, -1.0]])
@@ -312,7 +338,9 @@ def test_command_line_trains_and_predicts_multi_label(tmp_path, capsys):
     save = tmp_path / "logits.npy"
     assert main(["predict", "--run", str(out), "--save", str(save)]) == 0
     assert np.load(save).shape == (600, 4)
-    assert "roc_auc of these logits" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "roc_auc of these logits" in printed
+    assert "test roc_auc per task (4 of 4 tasks): lowest" in printed
 
 
 def test_a_saved_multi_label_graph_maps_back_the_same(tmp_path):
