@@ -69,10 +69,23 @@ class WeightedBinaryCrossEntropy:
 
     pos_weight: tuple
 
+    def __post_init__(self):
+        object.__setattr__(self, "pos_weight", _check_pos_weight(self.pos_weight))
+
     def __call__(self, logits: jax.Array, targets: jax.Array) -> jax.Array:
         per_target, known = _known_target_losses(logits, targets, self.pos_weight)
         count = jnp.sum(known, axis=-1)
         return jnp.sum(per_target, axis=-1) / jnp.maximum(count, 1).astype(logits.dtype)
+
+
+def _check_pos_weight(pos_weight) -> tuple:
+    """``pos_weight`` as a tuple of floats (hashable: equal losses share compiled steps),
+    each finite and above 0."""
+    weights = tuple(float(p) for p in np.ravel(pos_weight))
+    if not weights or not all(np.isfinite(p) and p > 0 for p in weights):
+        raise ValueError(f"pos_weight must be one finite number above 0 per task, got "
+                         f"{pos_weight!r}")
+    return weights
 
 
 def positive_weights(graph, split: int = 0) -> tuple:
@@ -103,6 +116,10 @@ class PairMeanBinaryCrossEntropy:
     scale: float
     pos_weight: Optional[tuple] = None  # as in `WeightedBinaryCrossEntropy`
 
+    def __post_init__(self):
+        if self.pos_weight is not None:
+            object.__setattr__(self, "pos_weight", _check_pos_weight(self.pos_weight))
+
     def __call__(self, logits: jax.Array, targets: jax.Array) -> jax.Array:
         per_target = _known_target_losses(logits, targets, self.pos_weight)[0]
         return self.scale * jnp.sum(per_target, axis=-1)
@@ -120,8 +137,7 @@ def pair_mean_binary_cross_entropy(graph, split: int = 0,
     if pairs == 0:
         raise ValueError(f"{graph.name}: no known target among the training nodes of split "
                          f"{split}")
-    return PairMeanBinaryCrossEntropy(float(train.sum()) / pairs,
-                                      None if pos_weight is None else tuple(pos_weight))
+    return PairMeanBinaryCrossEntropy(float(train.sum()) / pairs, pos_weight)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -440,6 +440,11 @@ def test_positive_weights_are_torch_pos_weight():
     want = np.where(known, pair, 0).sum(1) / np.maximum(known.sum(1), 1)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert np.isfinite(got).all()
+    assert WeightedBinaryCrossEntropy(np.array([3, 0.5, 1])) == WeightedBinaryCrossEntropy(
+        pos_weight)  # any sequence, kept as a hashable tuple of floats
+    for bad in ([], [1.0, -2.0], [np.inf]):
+        with pytest.raises(ValueError, match="pos_weight must be one finite number above 0"):
+            WeightedBinaryCrossEntropy(bad)
     ones = WeightedBinaryCrossEntropy((1.0,) * 3)(jnp.asarray(logits, jnp.float32),
                                                   jnp.asarray(targets))
     np.testing.assert_allclose(ones, binary_cross_entropy(jnp.asarray(logits, jnp.float32),
