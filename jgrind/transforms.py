@@ -87,9 +87,10 @@ def _sort_rows(indptr: np.ndarray, indices: np.ndarray, weight, n: int) -> None:
             weight[lo:hi] = weight[lo:hi][order]
 
 
-def remove_self_loops(graph: Graph) -> Graph:
-    """Drop every edge ``v -> v``; each row comes out sorted by source."""
-    n, indptr, indices = graph.num_nodes, graph.indptr, graph.indices
+def self_loop_mask(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``([E] bool: the entries that are not self loops, [N + 1] int64: the row pointers
+    without the loops)`` of a CSR, a block of rows at a time."""
+    n = indptr.size - 1
     keep = np.empty(indices.size, bool)
     loops = np.zeros(n, np.int64)
     for first, stop in row_blocks(indptr):
@@ -99,6 +100,13 @@ def remove_self_loops(graph: Graph) -> Graph:
         loops[first:stop] = np.bincount(rows[~keep[lo:hi]] - first, minlength=stop - first)
     new_indptr = np.zeros(n + 1, np.int64)
     np.cumsum(np.diff(indptr) - loops, out=new_indptr[1:])
+    return keep, new_indptr
+
+
+def remove_self_loops(graph: Graph) -> Graph:
+    """Drop every edge ``v -> v``; each row comes out sorted by source."""
+    n, indices = graph.num_nodes, graph.indices
+    keep, new_indptr = self_loop_mask(graph.indptr, indices)
     new_indices = indices[keep]
     weight = None if graph.edge_weight is None else graph.edge_weight[keep]
     _sort_rows(new_indptr, new_indices, weight, n)

@@ -142,7 +142,8 @@ def test_self_loops_dropped_block_by_block(monkeypatch):
     assert not keep.all()
     from jgrind import transforms
     real = transforms.row_blocks
-    monkeypatch.setattr(transforms, "row_blocks", lambda ptr, _: real(ptr, 7))  # many blocks
+    monkeypatch.setattr(transforms, "row_blocks",  # many blocks
+                        lambda ptr, block_edges=None: real(ptr, 7))
     new_ptr, new_idx = P._drop_self_loops(indptr, indices)
     np.testing.assert_array_equal(new_idx, indices[keep])
     np.testing.assert_array_equal(np.diff(new_ptr), np.bincount(rows[keep], minlength=50))
