@@ -44,6 +44,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_epoch import load, run_pyg, skew  # noqa: E402  (tools/ is not a package)
 from memory_cgroup import drop_caches, joining, memory_cgroup  # noqa: E402
 
+def partition(partitioners, name: str, graph, parts: int):
+    """``name`` from `jgrind.partition.PARTITIONERS`, seed 0; ``label_propagation:START``
+    passes ``init=START``."""
+    partitioner, _, start = name.partition(":")
+    return partitioners[partitioner](graph, parts, seed=0, **({"init": start} if start else {}))
+
+
 RUNS = ("in-memory", "device", "host", "ssd", "recompute", "naive")
 # ssd-cache: ssd_offload with the host cache on (GriNNder's host caching). *-keep: the same
 # policy keeping every layer's aggregation Z_l in the same tier instead of regathering H_l in
@@ -426,7 +433,7 @@ def overhead(args) -> dict:
         graph = load_graph(path)
         normalized = gcn(graph, args.hidden).normalize(graph)
         t0 = time.perf_counter()
-        assignment = PARTITIONERS[args.partitioner](normalized, args.parts, seed=0)
+        assignment = partition(PARTITIONERS, args.partitioner, normalized, args.parts)
         part_seconds = time.perf_counter() - t0
         del graph, normalized
         apath = os.path.join(tmp, "assignment.npy")
@@ -649,7 +656,7 @@ def wall_child(cfg: dict) -> dict:
     model = gcn(graph, cfg["hidden"])
     normalized = model.normalize(graph)
     t0 = time.perf_counter()
-    assignment = PARTITIONERS[cfg["partitioner"]](normalized, cfg["parts"], seed=0)
+    assignment = partition(PARTITIONERS, cfg["partitioner"], normalized, cfg["parts"])
     part_seconds = time.perf_counter() - t0
     pg = partition_graph(normalized, assignment, num_parts=cfg["parts"])
     stages["partitioned"] = (current_rss(), peak_rss(), current_rss("RssAnon"))
@@ -854,7 +861,9 @@ def main():
         s.add_argument("--hidden", type=int, default=256)
         s.add_argument("--parts", type=int, default=parts)
         s.add_argument("--partitioner", default=partitioner,
-                       help="contiguous, random, label_propagation, metis")
+                       help="contiguous, random, label_propagation, metis; "
+                       "label_propagation:START runs it with init=START (e.g. clusters, "
+                       "the single-level start)")
         s.add_argument("--epochs", type=int, default=epochs)
         s.add_argument("--store", default=default_store,
                        help="SSD tier directory (default $JGRIND_STORE or a directory in /tmp)")

@@ -6,8 +6,9 @@ memory, so they work on graphs far larger than the accelerator.
 
 * `contiguous` - node ids cut into consecutive ranges (free, good when ids have locality).
 * `random` - a seeded permutation cut into equal pieces (the worst-case baseline).
-* `label_propagation` - balanced label propagation (Spinner-like): native loops over the CSR
-  (NumPy when the kernels cannot be built, with the same result).
+* `label_propagation` - multilevel balanced label propagation (GriNNder / KaMinPar-like):
+  coarsen by clustering, partition the coarsest graph, refine level by level; native loops
+  over the CSR (NumPy when the kernels cannot be built, with the same result).
 * `metis` - METIS through the optional ``pymetis`` package.
 
 `PARTITIONERS` maps the CLI names to these functions.
@@ -437,10 +438,12 @@ def _group_order(target, gain, random, k):
     return order, group_start
 
 
-def _contract(indptr, indices, weights, node_weights, labels):
+def _contract(indptr, indices, weights, node_weights, labels, max_entries=None):
     """The graph of clusters: node ``c`` is the cluster ``labels == u[c]``, edge weights count
     the fine edges between clusters (intra-cluster edges dropped), node weights are summed.
-    Returns ``(indptr, indices, weights, node_weights, inverse)``, ``inverse[v]`` = v's cluster.
+    Returns ``(indptr, indices, weights, node_weights, inverse)``, ``inverse[v]`` = v's cluster;
+    None when the coarse graph would have more than ``max_entries`` entries (natively found
+    out before any of them is stored).
 
     Natively each coarse row gathers its members' rows (two passes: count, then fill), so
     the memory is the coarse graph's and what grows with the nodes; the NumPy reference
@@ -448,7 +451,8 @@ def _contract(indptr, indices, weights, node_weights, labels):
     """
     lib = _kernels.library()
     if lib is None or not _whole(weights):
-        return _contract_numpy(indptr, indices, weights, node_weights, labels)
+        coarse = _contract_numpy(indptr, indices, weights, node_weights, labels)
+        return None if max_entries is not None and coarse[1].size > max_entries else coarse
     n = labels.size
     if labels.min(initial=0) < 0 or labels.max(initial=0) >= n:
         inv = np.unique(labels, return_inverse=True)[1].astype(np.int64)
@@ -476,6 +480,8 @@ def _contract(indptr, indices, weights, node_weights, labels):
     _check_native(lib.jgrind_contract(*args, out_ptr.ctypes.data, None, 0, None,
                                       _num_threads()) != 0)
     np.cumsum(out_ptr, out=out_ptr)
+    if max_entries is not None and out_ptr[-1] > max_entries:
+        return None
     idx_t = np.int32 if c < 2**31 - 1 else np.int64
     out_indices = np.empty(int(out_ptr[-1]), idx_t)
     out_weights = np.empty(int(out_ptr[-1]), np.int64)
@@ -506,31 +512,33 @@ def _contract_numpy(indptr, indices, weights, node_weights, labels):
     return m.indptr, m.indices, m.data.astype(np.int64), nws, inv
 
 
-def _cluster_order(indptr, indices, in_degree, k, rng, chunk_entries, cluster_iterations):
+def _cluster_order(graph, k, rng, chunk_entries, cluster_iterations):
     """A node order that keeps clusters (and clusters of clusters) together.
 
+    ``graph`` is ``(indptr, indices, edge_weights or None, [node weights, edge loads])``.
     Multilevel size-constrained label propagation (as in KaHIP's SCLaP coarsening): cluster
-    the nodes from singletons, each cluster holding at most ``ceil(N/k)`` nodes and
-    ``ceil(E/k)`` edges, contract, cluster the clusters with 4x larger bounds, ... until the
-    graph stops shrinking. Nodes are ordered by their cluster at the coarsest level, then the
-    next finer, and so on.
+    the nodes from singletons, each cluster holding at most a ``1/k`` share of the node
+    weight and of the edge load, contract, cluster the clusters with 4x larger bounds, ...
+    until the graph stops shrinking. Nodes are ordered by their cluster at the coarsest level,
+    then the next finer, and so on.
     """
-    n = in_degree.size
+    ip, ix, w, nws = graph
+    total_n, total_e = int(nws[0].sum()), int(nws[1].sum())
     levels = []  # inverse maps, finest first
-    ip, ix, w = indptr, indices, None
-    nws = [np.ones(n, np.int64), in_degree.astype(np.int64)]
-    size = n
-    bound_n = -(-n // k)
-    bound_e = max(1, -(-int(in_degree.sum()) // k), int(in_degree.max(initial=0)))
+    size = ip.size - 1
+    bound_n = -(-total_n // k)
+    bound_e = max(1, -(-total_e // k), int(nws[1].max(initial=0)))
     while size > 1:
         labels = np.arange(size, dtype=np.int64)
         _propagate(ip, ix, w, labels, size, [(nws[0], bound_n), (nws[1], bound_e)],
                    cluster_iterations, rng, 1.0, False, chunk_entries)
         ip, ix, w, nws, inv = _contract(ip, ix, w, nws, labels)
         levels.append(inv)
-        if ip.size - 1 > 0.95 * size or bound_n >= n:
+        if ip.size - 1 > 0.95 * size or bound_n >= total_n:
             break
         size, bound_n, bound_e = ip.size - 1, bound_n * 4, bound_e * 4
+    if not levels:
+        return np.arange(size)
     keys = [levels[0]]  # cluster id at every level, coarsest most significant
     for inv in levels[1:]:
         keys.append(inv[keys[-1]])
@@ -565,59 +573,271 @@ def _propagate(indptr, indices, weights, labels, k, constraints, iterations, rng
     return labels
 
 
-def _balanced_cut(order, in_degree, free, k, node_capacity):
-    """Cut ``order`` into ``k`` partitions of at most ``node_capacity`` nodes with near-equal
-    shares of the edges (in-degrees).
+def _balanced_cut(order, node_weight, edge_load, free, k, node_capacity):
+    """Cut ``order`` into ``k`` partitions of at most ``node_capacity`` node weight with
+    near-equal shares of the edge load (in-degrees, summed over clusters).
 
     Nodes with neighbours (``~free``) are cut into consecutive ranges of ``order``: range ``i``
-    ends where its edges reach the fair share of the remaining edges, within the node bounds
-    (at most ``node_capacity``; enough left for the ranges after it). Free nodes (no neighbour
-    at all, so their placement never changes the cut) then level the node counts, lowest
-    partitions first (water filling), which balances nodes and edges together on graphs with
-    many isolated nodes (R-MAT, crawls).
+    ends where its load reaches the fair share of the remaining load, within the node bounds
+    (at most ``node_capacity``; enough left for the ranges after it; with weighted nodes these
+    bounds hold when the heaviest node leaves room, else see `_enforce_node_capacity`).
+    Free nodes (no neighbour at all, so their placement never changes the cut; weight 1) then
+    level the node counts, lowest partitions first (`_water_fill`), which balances nodes and
+    edges together on graphs with many isolated nodes (R-MAT, crawls).
     """
     n = order.size
     busy = order[~free[order]]
     idle = order[free[order]]
     m = busy.size
     cum = np.zeros(m + 1, np.int64)
-    np.cumsum(in_degree[busy], out=cum[1:])
-    total = int(cum[-1])
+    np.cumsum(edge_load[busy], out=cum[1:])
+    cum_nodes = np.zeros(m + 1, np.int64)
+    np.cumsum(node_weight[busy], out=cum_nodes[1:])
+    total, total_nodes = int(cum[-1]), int(cum_nodes[-1])
+    # A range can end short of a node bound by up to the heaviest node's weight less one; the
+    # ranges after it are kept that far within the bound, so that the last one fits too
+    # (which holds from the start when ``k * (node_capacity - short) >= total weight``).
+    short = int(node_weight[busy].max(initial=1)) - 1
     bounds = np.zeros(k + 1, np.int64)
     need = 1 if m >= k else 0  # every range non-empty when there are enough busy nodes
     s = 0
     for i in range(k - 1):
         left = k - i
         end = int(np.searchsorted(cum, cum[s] + (total - cum[s]) / left, side="left"))
-        lo = max(s + need, m - (left - 1) * node_capacity)
-        hi = min(s + node_capacity, m - (left - 1) * need)
+        enough_left = int(np.searchsorted(
+            cum_nodes, total_nodes - (left - 1) * (node_capacity - short), side="left"))
+        within = int(np.searchsorted(cum_nodes, cum_nodes[s] + node_capacity, side="right")) - 1
+        lo = max(s + need, enough_left)
+        hi = min(within, m - (left - 1) * need)
         s = bounds[i + 1] = min(max(end, lo), hi)
     bounds[k] = m
-    labels = np.empty(n, np.int32)
-    labels[busy] = np.repeat(np.arange(k, dtype=np.int32), np.diff(bounds))
-    # water filling: raise the smallest partitions to a common level with the free nodes
-    size = np.diff(bounds)
-    srt = np.argsort(size, kind="stable")
-    sz = size[srt]
+    labels = np.empty(n, np.int64)
+    labels[busy] = np.repeat(np.arange(k), np.diff(bounds))
+    load = np.bincount(labels[busy], weights=node_weight[busy], minlength=k).astype(np.int64)
+    labels[idle] = _water_fill(load, idle.size)
+    return labels
+
+
+def _water_fill(load, count):
+    """Labels for ``count`` unit-weight items that raise the least loaded of ``k`` partitions
+    (``load``) to a common level, lowest first: grouped by label."""
+    k = load.size
+    srt = np.argsort(load, kind="stable")
+    sz = load[srt]
     csum = np.cumsum(sz)
     j = np.arange(1, k + 1)
-    ok = np.flatnonzero(j * sz - csum <= idle.size)  # cost to raise the first j to sz[j-1]
+    ok = np.flatnonzero(j * sz - csum <= count)  # cost to raise the first j to sz[j-1]
     top = int(ok[-1]) + 1
-    level, extra = divmod(idle.size + int(csum[top - 1]), top)
+    level, extra = divmod(count + int(csum[top - 1]), top)
     fill = np.zeros(k, np.int64)
     fill[srt[:top]] = level - sz[:top]
     fill[srt[:extra]] += 1
-    labels[idle] = np.repeat(np.arange(k, dtype=np.int32), fill)
+    return np.repeat(np.arange(k), fill)
+
+
+# -- multilevel: coarsen, partition the coarsest graph, refine on the way back ---------------
+# Cluster weights are bounded by this fraction of the partitions' slack (capacity minus the
+# fair share), so that whole clusters can still be moved between partitions near capacity
+# and the coarsest graph can be cut within the node bound.
+_CLUSTER_SLACK = 0.5
+# Coarsening stops at this many clusters per partition (KaMinPar's contraction limit is of
+# this order): enough for a good initial partition, few enough to try several.
+_COARSEST_PER_PART = 64
+# Synchronous label propagation lets every node adopt its neighbours' label at once, so
+# neighbours swap labels instead of merging, and on meshes the clustering stalls after a
+# level or two with far too many clusters; half of the nodes moving per round breaks the
+# symmetry, and each level then shrinks the graph about 4x there.
+_CLUSTER_MOVE_PROBABILITY = 0.5
+# Coarsening stops at a level that leaves more than this fraction of the clusters: the
+# clustering has stalled, and more levels would cost time for little.
+_STALLED = 0.8
+# A level is built only when its coarse graph has at most this fraction of the finer
+# graph's neighbour entries (counted before any is stored). Contracting a graph without
+# structure (uniform random edges) removes almost no edge, so its coarse graphs would cost
+# 12 bytes per entry for no better cut; such graphs get the single-level start instead.
+_SHRINK_ENTRIES = 0.85
+# Coarse graphs are kept for the refinement on the way back while, together, they hold at
+# most this fraction of the input's neighbour entries. On graphs without locality (R-MAT,
+# SBM) every level keeps 55-85 % of the entries (12 bytes each), so keeping them all cost
+# up to 2.8x the partitioner's memory (R-MAT, k = 256) for a few percent of cut; such levels
+# are projected through without refinement.
+_KEPT_ENTRIES = 0.5
+# Initial partitions tried on the coarsest graph (the best cut is kept) when it has at most
+# _ATTEMPT_ENTRIES neighbour entries.
+_ATTEMPTS = 4
+_ATTEMPT_ENTRIES = 1 << 20
+
+
+def _coarsen(indptr, indices, in_degree, k, node_cap, edge_cap, rng, chunk_entries,
+             cluster_iterations):
+    """The multilevel hierarchy: ``(levels, coarsest)``, ``levels[i] = (graph_i, inverse_i)``
+    with ``graph_0`` the input graph and ``inverse_i[v]`` the cluster of ``graph_i``'s node
+    ``v`` in ``graph_{i+1}`` (the next one, or ``coarsest``); -1 for a node without
+    neighbours, which is left out of the coarse graphs and placed by `_project`. ``graph_i``
+    is None (i > 0) where keeping it would pass `_KEPT_ENTRIES`.
+
+    A graph is ``(indptr, indices, edge_weights or None, [node weights, edge loads])``.
+    Every level is size-constrained label propagation from singletons (at most
+    `_CLUSTER_SLACK` of the slack per cluster, in nodes and edge load) and a contraction;
+    coarsening stops at `_COARSEST_PER_PART` clusters per partition, or when a level would
+    leave more than `_STALLED` of the clusters or `_SHRINK_ENTRIES` of the entries.
+    """
+    n = in_degree.size
+    bound_n = max(1, int(_CLUSTER_SLACK * (node_cap - n / k)))
+    bound_e = max(1, int(in_degree.max(initial=0)),
+                  int(_CLUSTER_SLACK * (edge_cap - in_degree.sum() / k)))
+    graph = (indptr, indices, None, [np.ones(n, np.int64), in_degree])
+    levels = []
+    size = int(np.count_nonzero(np.diff(indptr)))
+    room = _KEPT_ENTRIES * indices.size  # for coarse graphs kept for refinement
+    while size > _COARSEST_PER_PART * k and bound_n > 1:
+        ip, ix, w, nws = graph
+        labels = np.arange(ip.size - 1, dtype=np.int64)
+        _propagate(ip, ix, w, labels, labels.size, [(nws[0], bound_n), (nws[1], bound_e)],
+                   cluster_iterations, rng, _CLUSTER_MOVE_PROBABILITY, False, chunk_entries)
+        coarse = _contract(ip, ix, w, nws, labels, max_entries=_SHRINK_ENTRIES * ix.size)
+        del labels
+        if coarse is None:
+            break
+        coarse, inv = _drop_free(*coarse)
+        coarse_size = coarse[0].size - 1
+        if coarse_size > _STALLED * size:
+            break
+        keep = not levels or ix.size <= room  # the input is kept anyway
+        if levels and keep:
+            room -= ix.size
+        levels.append((graph if keep else None, inv))
+        graph, size = coarse, coarse_size
+        del ip, ix, w, nws, coarse
+    return levels, graph
+
+
+def _drop_free(indptr, indices, weights, node_weights, inverse):
+    """Leave single nodes without neighbours out of a contracted graph (their rows are empty,
+    so no index changes but the renumbering): ``(graph, inverse)``, -1 for those nodes."""
+    free = (np.diff(indptr) == 0) & (node_weights[0] == 1)
+    if not free.any():
+        return (indptr, indices, weights, node_weights), inverse
+    keep = ~free
+    renumber = np.cumsum(keep, dtype=np.int64) - 1
+    renumber[free] = -1
+    indptr = np.concatenate([[0], indptr[1:][keep]])
+    indices = renumber.astype(indices.dtype)[indices]  # no int64 copy of the entries
+    return (indptr, indices, weights, [w[keep] for w in node_weights]), renumber[inverse]
+
+
+def _cut_weight(indptr, indices, weights, labels) -> int:
+    """The summed weight of the entries between partitions."""
+    rows = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
+    cut = labels[rows] != labels[indices]
+    return int(cut.sum() if weights is None else weights[cut].sum())
+
+
+def _initial_partition(graph, coarse, k, node_cap, edge_cap, rng, chunk_entries,
+                       cluster_iterations, iterations, move_probability, balance):
+    """Partition the coarsest graph: an order from `_cluster_order`, cut by `_balanced_cut`,
+    refined to a fixed point (at most ``4 * iterations`` rounds); the lowest cut of
+    `_ATTEMPTS` tries when the graph is small. When the graph is the input (not ``coarse``),
+    a single try is left for the caller to refine, as the ``"clusters"`` start."""
+    ip, ix, w, nws = graph
+    free = (np.diff(ip) == 0) & (nws[0] == 1)
+    attempts = _ATTEMPTS if ix.size <= _ATTEMPT_ENTRIES else 1
+    rounds = 4 * iterations if coarse else iterations if attempts > 1 else 0
+    best_cut, best = None, None
+    for _ in range(attempts):
+        order = _cluster_order(graph, k, rng, chunk_entries, cluster_iterations)
+        labels = _balanced_cut(order, nws[0], nws[1], free, k, node_cap)
+        _propagate(ip, ix, w, labels, k, [(nws[0], node_cap), (nws[1], edge_cap)],
+                   rounds, rng, move_probability, True, chunk_entries, balance)
+        cut = _cut_weight(ip, ix, w, labels) if attempts > 1 else 0
+        if best is None or cut < best_cut:
+            best_cut, best = cut, labels
+    return best
+
+
+def _project(coarse_labels, inverse, k):
+    """Fine labels from the clusters' (``inverse``, -1 for left-out nodes, which then level
+    the partitions' node counts, see `_water_fill`)."""
+    left_out = inverse < 0
+    if not left_out.any():
+        return coarse_labels[inverse]
+    labels = np.empty(inverse.size, np.int64)
+    labels[~left_out] = coarse_labels[inverse[~left_out]]
+    load = np.bincount(labels[~left_out], minlength=k)
+    labels[left_out] = _water_fill(load, int(left_out.sum()))
     return labels
+
+
+def _multilevel(indptr, indices, in_degree, k, node_cap, edge_cap, rng, chunk_entries,
+                cluster_iterations, iterations, move_probability, balance):
+    """Fine labels from the multilevel scheme, before the finest level's refinement (which
+    `label_propagation` runs): coarsen, partition the coarsest graph, then project level by
+    level, refining every coarse level with the same capacities (moves of whole clusters)."""
+    levels, coarsest = _coarsen(indptr, indices, in_degree, k, node_cap, edge_cap, rng,
+                                chunk_entries, cluster_iterations)
+    labels = _initial_partition(coarsest, bool(levels), k, node_cap, edge_cap, rng,
+                                chunk_entries, cluster_iterations, iterations, move_probability,
+                                balance)
+    for depth in range(len(levels) - 1, -1, -1):
+        graph, inverse = levels[depth]
+        labels = _project(labels, inverse, k)
+        if depth > 0 and graph is not None:  # the finest level is refined by the caller
+            _refine_level(graph, labels, k, node_cap, edge_cap, iterations, rng,
+                          move_probability, chunk_entries, balance)
+    return labels
+
+
+def _refine_level(graph, labels, k, node_cap, edge_cap, iterations, rng, move_probability,
+                  chunk_entries, balance):
+    """Refine a coarse level's partition in place: label propagation moving whole clusters,
+    with the partitions' capacities in fine nodes and edges (the clusters' summed weights)."""
+    ip, ix, w, nws = graph
+    _propagate(ip, ix, w, labels, k, [(nws[0], node_cap), (nws[1], edge_cap)], iterations, rng,
+               move_probability, True, chunk_entries, balance)
+
+
+def _enforce_node_capacity(indptr, indices, labels, k, node_cap):
+    """Bring every partition within ``node_cap`` nodes, in place: the last guard of the hard
+    node bound.
+
+    Moves never push a partition past a capacity, and the cut of the coarsest graph meets the
+    node bound whenever its heaviest cluster leaves room (see `_balanced_cut`), which the
+    cluster bound of `_coarsen` ensures; this holds the bound should a start ever miss it.
+    The excess nodes leave, those with the fewest neighbours in their partition first (ties:
+    lowest id), for the partitions with the most room.
+    """
+    load = np.bincount(labels, minlength=k)
+    excess = np.maximum(load - node_cap, 0)
+    if not excess.any():
+        return labels
+    cand = np.flatnonzero(excess[labels] > 0)
+    deg = np.diff(indptr)[cand]
+    rows = np.repeat(np.arange(cand.size), deg)
+    starts = np.repeat(indptr[cand] - np.concatenate([[0], np.cumsum(deg)[:-1]]), deg)
+    inside = np.bincount(rows, weights=labels[indices[np.arange(rows.size) + starts]]
+                         == labels[cand][rows], minlength=cand.size)
+    order = np.lexsort((cand, inside, labels[cand]))  # by partition, fewest inside first
+    cand = cand[order]
+    rank = np.arange(cand.size) - np.searchsorted(labels[cand], labels[cand])
+    movers = cand[rank < excess[labels[cand]]]
+    room = np.maximum(node_cap - load, 0)
+    by_room = np.argsort(-room, kind="stable")
+    targets = np.repeat(by_room, room[by_room])[:movers.size]
+    labels[movers] = targets
+    return labels
+
+
+_STARTS = ("multilevel", "clusters", "contiguous", "random")
 
 
 def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations: int = 10,
                       imbalance: float = 1.05, edge_imbalance: float = 1.1,
-                      init: str = "clusters", move_probability: float = 0.5,
+                      init: str = "multilevel", move_probability: float = 0.5,
                       balance: float = 1.0, cluster_iterations: int = 8, symmetric=None,
                       chunk_entries: int = 1 << 22) -> np.ndarray:
-    """Balanced label propagation, in the spirit of Spinner (Martella et al., 2017) and
-    GriNNder's partitioner; vectorised NumPy over the CSR in O(N + E) memory.
+    """Balanced multilevel label propagation, in the spirit of GriNNder's partitioner,
+    Spinner (Martella et al., 2017) and KaMinPar (Gottesbüren et al., 2021), over the CSR in
+    O(N + E) memory.
 
     Balance: every partition holds at most ``max(ceil(N/k), floor(imbalance * N / k))`` nodes
     (a hard bound, always met), and no move pushes a partition past
@@ -625,26 +845,36 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
     of the compute); partitions over that edge bound at the start are drained by the load
     penalty below, which brings them under it in practice but is not guaranteed.
 
-    1. An initial order of the nodes (``init``), cut into ``num_parts`` ranges of at most the
-       node bound holding near-equal shares of the edges:
+    1. A start (``init``):
 
-       * ``"clusters"`` (default): multilevel size-constrained label propagation (see
-         `_cluster_order`) so that communities are contiguous in the order. Plain k-label
-         propagation from a random or contiguous start gets stuck when two communities pick
-         the same label (the label is full and nobody can leave), so this start matters on
-         graphs without id locality.
-       * ``"contiguous"``: node ids (keeps any locality of the ids).
-       * ``"random"``: a seeded random permutation.
+       * ``"multilevel"`` (default): coarsen the graph by size-constrained label propagation
+         (clusters of at most half the partitions' slack) and contraction, level after level,
+         until about 64 clusters per partition are left (`_coarsen`); partition the coarsest
+         graph as ``"clusters"`` does below (best of a few tries); then project the partition
+         back level by level, refining it at every level (moving whole clusters at the coarse
+         ones). The coarsest graph's partition places the boundaries as a whole, which
+         node-level moves alone cannot do on graphs with locality (meshes, road networks,
+         co-purchase graphs: they only shift the boundaries they start from); the refinement
+         of every level then smooths them.
+       * ``"clusters"``: one order of the nodes that keeps clusters together (`_cluster_order`:
+         size-constrained label propagation with bounds growing 4x per level), cut into
+         ``num_parts`` ranges of at most the node bound holding near-equal shares of the
+         edges (`_balanced_cut`). Plain k-label propagation from a random or contiguous start
+         gets stuck when two communities pick the same label (the label is full and nobody
+         can leave), so a start matters on graphs without id locality.
+       * ``"contiguous"``: node ids, cut the same way (keeps any locality of the ids).
+       * ``"random"``: a seeded random permutation, cut the same way.
 
-    2. ``iterations`` rounds of refinement: node ``v`` values partition ``l`` at
+    2. ``iterations`` rounds of refinement of the nodes (and of every coarse level's
+       clusters): node ``v`` values partition ``l`` at
        ``(neighbours of v in l) / deg(v) - balance * load(l)`` (Spinner's score; ``load`` is
        the mean of the node and edge loads relative to their bounds; neighbours are in- and
-       out-neighbours, for a directed graph through a transpose computed once), over the
-       partitions of its neighbours plus one lightly loaded partition. Nodes whose best
-       partition beats their current one move - each with probability ``move_probability``,
-       since synchronous label propagation oscillates when everyone moves at once - highest
-       gain first, as far as the bounds allow (see `_capacity_moves`). Stops early at a fixed
-       point.
+       out-neighbours, for a directed graph through a transpose computed once; on a coarse
+       level, edges and loads are weighted), over the partitions of its neighbours plus one
+       lightly loaded partition. Nodes whose best partition beats their current one move -
+       each with probability ``move_probability``, since synchronous label propagation
+       oscillates when everyone moves at once - highest gain first, as far as the bounds
+       allow (see `_capacity_moves`). Stops early at a fixed point.
 
     The per-node work (best labels, the capacity-bounded moves, contracting clusters) runs in
     native code (``jgrind/_kernels/labels.cc``, on ``JGRIND_NUM_THREADS`` or all allowed CPUs)
@@ -663,8 +893,8 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
         raise ValueError(f"move_probability must lie in (0, 1], got {move_probability}")
     if not balance >= 0 or not np.isfinite(balance):
         raise ValueError(f"balance must be a finite number >= 0, got {balance}")
-    if init not in ("clusters", "contiguous", "random"):
-        raise ValueError(f"init must be 'clusters', 'contiguous' or 'random', got {init!r}")
+    if init not in _STARTS:
+        raise ValueError(f"init must be one of {', '.join(map(repr, _STARTS))}; got {init!r}")
     if k == 1:
         return np.zeros(n, np.int32)
     rng = np.random.default_rng(seed)
@@ -673,16 +903,23 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
     edge_cap = max(1, int(in_degree.max()), int(np.floor(edge_imbalance * graph.num_edges / k)))
     indptr, indices = neighbour_csr(graph, symmetric)
     indptr = indptr.astype(np.int64, copy=False)  # once, not in every kernel call
-    if init == "clusters":
-        order = _cluster_order(indptr, indices, in_degree, k, rng, chunk_entries,
-                               cluster_iterations)
-    elif init == "random":
-        order = np.random.default_rng(seed).permutation(n)
+    if init == "multilevel":
+        labels = _multilevel(indptr, indices, in_degree, k, node_cap, edge_cap, rng,
+                             chunk_entries, cluster_iterations, iterations, move_probability,
+                             balance)
     else:
-        order = np.arange(n)
-    labels = _balanced_cut(order, in_degree, np.diff(indptr) == 0, k, node_cap).astype(np.int64)
+        if init == "clusters":
+            order = _cluster_order((indptr, indices, None, [np.ones(n, np.int64), in_degree]),
+                                   k, rng, chunk_entries, cluster_iterations)
+        elif init == "random":
+            order = np.random.default_rng(seed).permutation(n)
+        else:
+            order = np.arange(n)
+        labels = _balanced_cut(order, np.ones(n, np.int64), in_degree, np.diff(indptr) == 0,
+                               k, node_cap)
     _propagate(indptr, indices, None, labels, k, [(None, node_cap), (in_degree, edge_cap)],
                iterations, rng, move_probability, True, chunk_entries, balance)
+    _enforce_node_capacity(indptr, indices, labels, k, node_cap)
     return labels.astype(np.int32, copy=False)
 
 
