@@ -294,3 +294,69 @@ def test_a_killed_save_leaves_a_folder_the_next_save_removes(tmp_path):
                                                           ".g.partial-unmarked", "g"]
     assert "owner" not in {p.name for p in (tmp_path / "g").iterdir()}
     assert D.load(f"npy:{tmp_path / 'g'}").num_nodes == 60
+
+
+def _save_killed_at(tmp_path, rename_number: int, *, replacing: bool):
+    """Save a 70-node graph to ``tmp_path / "g"`` in a subprocess that SIGKILLs itself right
+    after its ``rename_number``-th folder rename (1: the old graph moved aside when
+    replacing; 2: the new graph moved into place) or, with 0, right after its first
+    ``unlink`` (the owner file, after both renames)."""
+    import subprocess
+    import sys
+    hook = ("real = pathlib.Path.rename\n"
+            "count = [0]\n"
+            "def rename(self, target):\n"
+            "    out = real(self, target)\n"
+            "    if self.is_dir() or pathlib.Path(target).is_dir():\n"
+            "        count[0] += 1\n"
+            f"        if count[0] == {rename_number}:\n"
+            "            os.kill(os.getpid(), signal.SIGKILL)\n"
+            "    return out\n"
+            "pathlib.Path.rename = rename\n") if rename_number else (
+            "real = pathlib.Path.unlink\n"
+            "def unlink(self, *a, **kw):\n"
+            "    real(self, *a, **kw)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "pathlib.Path.unlink = unlink\n")
+    code = ("import os, signal, pathlib, jgrind.datasets as D\n"
+            "from helpers import community_graph\n" + hook +
+            f"D.save_graph(community_graph(num_nodes=70), {str(tmp_path / 'g')!r}, "
+            f"overwrite={replacing})\n")
+    killed = subprocess.run([sys.executable, "-c", code], cwd=pathlib.Path(__file__).parent,
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+
+
+@pytest.mark.parametrize("rename_number", [1, 2, 0])
+def test_a_replacing_save_killed_between_its_renames_is_finished(tmp_path, rename_number):
+    """Killed with the old graph moved aside and the new one complete but not in place (1),
+    right after the new one is in place (2), or before its owner file is removed (0): the
+    next load or save finds the new graph whole, with no owner file, and nothing hidden
+    left behind."""
+    D.save_graph(community_graph(num_nodes=50), tmp_path / "g")
+    _save_killed_at(tmp_path, rename_number, replacing=True)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert any(n.startswith(".g.old-") for n in names)
+    if rename_number == 1:
+        assert "g" not in names  # the state this recovers: no graph at the target at all
+    g = D.load(f"npy:{tmp_path / 'g'}")
+    assert g.num_nodes == 70  # the new graph, which was complete
+    D.save_graph(community_graph(num_nodes=80), tmp_path / "g", overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g"]
+    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == sorted(
+        ["graph.json"] + [f"{k}.npy" for k in stored.ARRAYS])
+    assert D.load(f"npy:{tmp_path / 'g'}").num_nodes == 80
+
+
+def test_recover_leaves_live_and_unmarked_folders_and_a_whole_target(tmp_path):
+    import socket
+    D.save_graph(community_graph(num_nodes=50), tmp_path / "g")
+    for name, owner in ((".g.old-alive", f"{socket.gethostname()} {os.getpid()}"),
+                        (".g.old-elsewhere", "another-host 1"), (".g.old-unmarked", None),
+                        (".g.partial-alive", f"{socket.gethostname()} {os.getpid()}")):
+        (tmp_path / name).mkdir()
+        if owner:
+            (tmp_path / name / "owner").write_text(owner + "\n")
+    assert stored.recover(tmp_path / "g") is None
+    assert len(list(tmp_path.iterdir())) == 5
+    assert D.load(f"npy:{tmp_path / 'g'}").num_nodes == 50

@@ -167,8 +167,8 @@ def main() -> None:
                       getattr(store_module.Table, op)))
     plain_steps = engine_module.layer_steps
 
-    def counted_steps(layer, remat=None, input_mask=None):
-        steps = plain_steps(layer, remat, input_mask)
+    def counted_steps(layer, *args, **kwargs):  # layer_steps' own arguments, passed on
+        steps = plain_steps(layer, *args, **kwargs)
         inner = unwrap(layer)  # a layer running its consumer's dropout: named "+dropout"
         label = (f"{type(inner).__name__}{'+dropout' if inner is not layer else ''} "
                  f"{layer.in_channels}->{getattr(layer, 'out_channels', '')}")

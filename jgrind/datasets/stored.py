@@ -19,8 +19,10 @@ file replaced or cut short since is an error, not a different graph::
   train_mask.npy  val_mask.npy  test_mask.npy  [edge_weight.npy]
 
 A save writes into a hidden ``.NAME.partial-*`` folder beside the target and renames it into
-place when complete. A save that was killed leaves that folder behind; the next save to the
-same target removes it once its owner process is gone (`sweep_abandoned`).
+place when complete; a replaced graph is first renamed to ``.NAME.old-*`` and removed last.
+A save that was killed leaves those folders behind. The next save to the same target, or a
+load that finds the target missing, finishes or cleans up what its owner process, now gone,
+left (`recover`): a complete new graph is moved into place, an incomplete one removed.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
     fails they are put back.
     """
     target = Path(directory).expanduser().absolute()
+    if target.parent.is_dir():
+        recover(target)
     state = check_target(target, overwrite)
     parent = target.parent
     arrays = {k: getattr(graph, k) for k in ARRAYS}
@@ -81,7 +85,6 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
                            f"disk holding {parent} has {_gib(free)} free; free some space or "
                            "choose a folder on another disk")
     # renames within one folder are atomic (POSIX): the target is whole or absent
-    sweep_abandoned(parent, f".{target.name}.partial-*")
     partial = parent / f".{target.name}.partial-{uuid.uuid4().hex[:8]}"
     old = parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
     try:
@@ -104,12 +107,13 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
                 "arrays": {k: {"dtype": a.dtype.str, "shape": list(a.shape)}
                            for k, a in arrays.items()}}
         (partial / META).write_text(json.dumps(meta, indent=2) + "\n")
-        (partial / OWNER).unlink()  # not part of the saved graph
         if state == "empty":
             target.rmdir()
         elif state == "replace":  # the old folder goes only once the new one is complete
-            target.rename(old)
+            mark_owner(target)  # it moves with the folder: killed from here on, `recover`
+            target.rename(old)  # finishes the save
         partial.rename(target)
+        (target / OWNER).unlink()  # not part of the saved graph
     except BaseException as e:
         for key, source in moved.items():  # an adopted file goes back where it was
             if (partial / f"{key}.npy").exists() and not source.exists():
@@ -117,6 +121,8 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
         shutil.rmtree(partial, ignore_errors=True)
         if old.exists() and not target.exists():
             old.rename(target)  # put the graph that was there back
+        if target.is_dir():
+            (target / OWNER).unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise DatasetError(f"cannot save the graph to {target}: {e}; nothing was "
                                "written there") from e
@@ -141,18 +147,56 @@ def sweep_abandoned(parent, pattern: str) -> list[Path]:
     another host's, or a live process's, is left alone. Returns the folders removed."""
     removed = []
     for old in sorted(Path(parent).glob(pattern)):
-        try:
-            host, pid = (old / OWNER).read_text().split()
-            if host != socket.gethostname():
-                continue
-            os.kill(int(pid), 0)  # raises if no such process
-            continue  # alive (or its pid reused): not ours to remove
-        except ProcessLookupError:
+        if _owner_gone(old):
             shutil.rmtree(old, ignore_errors=True)
             removed.append(old)
-        except (OSError, ValueError):
-            continue
     return removed
+
+
+def _owner_gone(folder: Path) -> bool:
+    """Whether ``folder``'s owner (`mark_owner`) was a process on this host that no longer
+    runs; False without an owner file, for another host's, or a live (or reused) pid."""
+    try:
+        host, pid = (folder / OWNER).read_text().split()
+        if host != socket.gethostname():
+            return False
+        os.kill(int(pid), 0)  # raises if no such process
+        return False
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def recover(target) -> Optional[Path]:
+    """Finish or clean up what a killed `save_graph` to ``target`` left; returns the folder
+    moved into place, if any.
+
+    A save killed after writing everything but before its renames finished leaves its
+    complete graph in ``.NAME.partial-*`` (with ``graph.json`` and its dead owner), the graph
+    it replaces in ``.NAME.old-*``, and possibly no ``target``: the complete graph is moved
+    into place (the newest if several) and the old one removed. Incomplete partial folders
+    and old folders whose owner is gone are removed too, as is a stray owner file in
+    ``target``. Folders of live processes, other hosts or without an owner are left alone.
+    """
+    target = Path(target).expanduser().absolute()
+    parent, restored = target.parent, None
+    partials = [p for p in sorted(parent.glob(f".{target.name}.partial-*"))
+                if p.is_dir() and _owner_gone(p)]
+    if not target.exists():
+        complete = [p for p in partials if (p / META).is_file()]
+        if complete:
+            restored = max(complete, key=lambda p: (p / META).stat().st_mtime)
+            restored.rename(target)
+            partials.remove(restored)
+    if (target / OWNER).is_file() and _owner_gone(target):
+        (target / OWNER).unlink()
+    if target.exists():  # an old graph is only removed once the target is whole
+        partials += [p for p in sorted(parent.glob(f".{target.name}.old-*"))
+                     if p.is_dir() and _owner_gone(p)]
+    for folder in partials:
+        shutil.rmtree(folder, ignore_errors=True)
+    return restored
 
 
 def _adoptable(a: np.ndarray, folders, parent: Path) -> Optional[Path]:
@@ -215,6 +259,8 @@ def load_saved(directory, *, mmap: bool = True, name=None) -> Graph:
     a saved graph, or a file whose dtype or shape differs from ``graph.json`` (replaced or
     truncated since it was saved)."""
     folder = Path(directory).expanduser()
+    if not folder.exists() and folder.absolute().parent.is_dir():
+        recover(folder)  # a save killed between its renames: its complete graph
     if not folder.is_dir():
         problem = "is a file, not a folder" if folder.exists() else "does not exist"
         raise DatasetError(f"saved graph folder {folder} {problem}; write one with "
