@@ -335,16 +335,19 @@ def cmd_convert(args) -> int:
     import uuid
     from jgrind.config import load_graph
     from jgrind.datasets import DatasetError, save_graph
-    from jgrind.datasets.stored import check_target, mark_owner, sweep_abandoned
+    from jgrind.datasets.stored import (check_target, hidden_name, mark_owner, recover,
+                                        sweep_abandoned)
     cfg = dataclasses.replace(RunConfig(), dataset=args.dataset).with_overrides(args.overrides)
-    check_target(args.out, args.overwrite)  # before a large graph is loaded for nothing
     out = pathlib.Path(args.out).expanduser().absolute()
+    if out.parent.is_dir():
+        recover(out)  # what a killed save left, before the target is checked
+    check_target(out, args.overwrite)  # before a large graph is loaded for nothing
     extra, scratch = {}, None
     if cfg.dataset.lower().startswith("ogb:") and "scratch" not in cfg.loader_options():
         # OGB's binary layout decompresses its features into a file here, not into memory
-        for old in sweep_abandoned(out.parent, f".{out.name}.scratch-*"):
+        for old in sweep_abandoned(out, "scratch"):
             print(f"removed {old}: left by a convert that did not finish")
-        scratch = out.parent / f".{out.name}.scratch-{uuid.uuid4().hex[:8]}"
+        scratch = out.parent / hidden_name(out.name, "scratch", uuid.uuid4().hex[:8])
         try:
             scratch.mkdir()
             mark_owner(scratch)

@@ -335,8 +335,9 @@ def test_convert_sweeps_scratch_folders_that_a_killed_convert_left(tmp_path, cap
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     host = socket.gethostname()
-    owners = {"dead": f"{host} {gone.pid}", "alive": f"{host} {os.getpid()}",
-              "elsewhere": f"another-{host} {gone.pid}", "unmarked": None}
+    # tags as the convert makes them, 8 hex digits: dead, alive, elsewhere, unmarked
+    owners = {"dead0000": f"{host} {gone.pid}", "a11be000": f"{host} {os.getpid()}",
+              "e15e0000": f"another-{host} {gone.pid}", "0000beef": None}
     for key, owner in owners.items():
         folder = tmp_path / f".saved.scratch-{key}"
         folder.mkdir()
@@ -345,5 +346,6 @@ def test_convert_sweeps_scratch_folders_that_a_killed_convert_left(tmp_path, cap
             (folder / "owner").write_text(owner + "\n")
     assert main(["convert", "--dataset", f"ogb:{d}", "--out", str(out)]) == 0
     left = sorted(p.name for p in tmp_path.iterdir() if ".scratch-" in p.name)
-    assert left == [".saved.scratch-alive", ".saved.scratch-elsewhere", ".saved.scratch-unmarked"]
-    assert "scratch-dead: left by a convert that did not finish" in capsys.readouterr().out
+    assert left == [".saved.scratch-0000beef", ".saved.scratch-a11be000",
+                    ".saved.scratch-e15e0000"]
+    assert "scratch-dead0000: left by a convert that did not finish" in capsys.readouterr().out

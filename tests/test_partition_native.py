@@ -298,6 +298,10 @@ def test_inputs_the_kernels_do_not_take(native):
         P._best_labels(indptr, indices, np.array([1, 0, 1, 1]), labels, 3, 0, 1 << 22, True)
     with pytest.raises(ValueError, match="finite"):
         label_propagation(community_graph(num_nodes=100), 2, balance=float("nan"))
+    for bad in ({"imbalance": float("nan")}, {"edge_imbalance": float("inf")},
+                {"imbalance": 0.9}):
+        with pytest.raises(ValueError, match="finite numbers >= 1.0"):
+            label_propagation(community_graph(num_nodes=100), 2, **bad)
 
 
 def test_out_of_memory_is_an_error_not_an_abort(native):

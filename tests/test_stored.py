@@ -285,13 +285,13 @@ def test_a_killed_save_leaves_a_folder_the_next_save_removes(tmp_path):
     assert killed.returncode == -9, killed.stderr[-2000:]
     [left] = tmp_path.glob(".g.partial-*")
     assert (left / "indptr.npy").exists()
-    alive = tmp_path / ".g.partial-alive"
+    alive = tmp_path / ".g.partial-a11be000"  # tags are 8 hex digits, as saves make them
     alive.mkdir()
     (alive / "owner").write_text(f"{socket.gethostname()} {os.getpid()}\n")
-    (tmp_path / ".g.partial-unmarked").mkdir()
+    (tmp_path / ".g.partial-0000beef").mkdir()  # unmarked
     D.save_graph(community_graph(num_nodes=60), tmp_path / "g")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".g.partial-alive",
-                                                          ".g.partial-unmarked", "g"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".g.partial-0000beef",
+                                                          ".g.partial-a11be000", "g"]
     assert "owner" not in {p.name for p in (tmp_path / "g").iterdir()}
     assert D.load(f"npy:{tmp_path / 'g'}").num_nodes == 60
 
@@ -351,12 +351,91 @@ def test_a_replacing_save_killed_between_its_renames_is_finished(tmp_path, renam
 def test_recover_leaves_live_and_unmarked_folders_and_a_whole_target(tmp_path):
     import socket
     D.save_graph(community_graph(num_nodes=50), tmp_path / "g")
-    for name, owner in ((".g.old-alive", f"{socket.gethostname()} {os.getpid()}"),
-                        (".g.old-elsewhere", "another-host 1"), (".g.old-unmarked", None),
-                        (".g.partial-alive", f"{socket.gethostname()} {os.getpid()}")):
+    for name, owner in ((".g.old-a11be000", f"{socket.gethostname()} {os.getpid()}"),
+                        (".g.old-e15e0000", "another-host 1"), (".g.old-0000beef", None),
+                        (".g.partial-a11be000", f"{socket.gethostname()} {os.getpid()}")):
         (tmp_path / name).mkdir()
         if owner:
             (tmp_path / name / "owner").write_text(owner + "\n")
     assert stored.recover(tmp_path / "g") is None
     assert len(list(tmp_path.iterdir())) == 5
     assert D.load(f"npy:{tmp_path / 'g'}").num_nodes == 50
+
+
+def test_recover_moves_the_old_graph_back_when_no_new_one_is_complete(tmp_path):
+    """Killed with the old graph moved aside, and the new one's folder gone (removed by hand):
+    the old graph is the only copy and comes back."""
+    import shutil
+    D.save_graph(community_graph(num_nodes=50), tmp_path / "g")
+    _save_killed_at(tmp_path, 1, replacing=True)
+    for partial in tmp_path.glob(".g.partial-*"):
+        shutil.rmtree(partial)
+    assert D.load(f"npy:{tmp_path / 'g'}").num_nodes == 50
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g"]
+    assert "owner" not in {p.name for p in (tmp_path / "g").iterdir()}
+
+
+def _left_behind(tmp_path, kind: str, tag: str, num_nodes: int, *, owner="dead"):
+    """A hidden working folder of target ``g`` holding a whole saved graph, as a killed save
+    leaves it, owned by a process that has exited (or by this one, with owner="alive")."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    folder = tmp_path / f".g.{kind}-{tag}"
+    shutil.copytree(D.save_graph(community_graph(num_nodes=num_nodes), tmp_path / "src"),
+                    folder)
+    shutil.rmtree(tmp_path / "src")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    pid = os.getpid() if owner == "alive" else gone.pid
+    (folder / "owner").write_text(f"{socket.gethostname()} {pid}\n")
+    return folder
+
+
+def test_recover_never_takes_a_broken_new_graph_for_a_finished_one(tmp_path):
+    """A save interrupted twice (its rollback killed while deleting the new graph) leaves the
+    old graph aside and a new one with graph.json but a file gone; or a first save killed
+    while writing graph.json leaves it torn. Neither is moved into place: the old graph
+    comes back, the broken folders go."""
+    _left_behind(tmp_path, "old", "0000aaaa", 50)
+    broken = _left_behind(tmp_path, "partial", "0000bbbb", 70)
+    (broken / "features.npy").unlink()
+    torn = _left_behind(tmp_path, "partial", "0000cccc", 80)
+    (torn / "graph.json").write_text('{"format": "jgrind-gr')
+    assert D.load(f"npy:{tmp_path / 'g'}").num_nodes == 50
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g"]
+
+
+def test_recover_leaves_everything_when_something_else_is_at_the_target(tmp_path):
+    """An empty folder (a script's mkdir -p) or a file at the target: neither the finished
+    new graph nor the old one may be removed."""
+    _left_behind(tmp_path, "old", "0000aaaa", 50)
+    _left_behind(tmp_path, "partial", "0000bbbb", 70)
+    (tmp_path / "g").mkdir()
+    assert stored.recover(tmp_path / "g") is None
+    assert len(list(tmp_path.iterdir())) == 3
+    (tmp_path / "g").rmdir()
+    (tmp_path / "g").write_text("not a graph")
+    with pytest.raises(D.DatasetError, match="it is a file"):
+        D.save_graph(community_graph(num_nodes=60), tmp_path / "g", overwrite=True)
+    assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_recover_matches_only_its_own_target_name(tmp_path):
+    """Names are matched literally: ``g[1]`` (a glob pattern for ``g1``) takes nothing of
+    ``g1``'s, and ``g1`` finds its own leftovers."""
+    import shutil
+    folder = _left_behind(tmp_path, "partial", "0000bbbb", 70)
+    folder.rename(tmp_path / ".g1.partial-0000bbbb")
+    with pytest.raises(D.DatasetError, match="does not exist"):
+        D.load(f"npy:{tmp_path / 'g[1]'}")
+    assert (tmp_path / ".g1.partial-0000bbbb").is_dir()
+    assert D.load(f"npy:{tmp_path / 'g1'}").num_nodes == 70
+    shutil.rmtree(tmp_path / "g1")
+    # another target whose own hidden folders look like ours: g.old-1 beside g
+    _left_behind(tmp_path, "partial", "0000dddd", 40).rename(
+        tmp_path / ".g.old-1.partial-0000dddd")
+    D.save_graph(community_graph(num_nodes=50), tmp_path / "g")
+    assert stored.recover(tmp_path / "g") is None
+    assert (tmp_path / ".g.old-1.partial-0000dddd").is_dir()

@@ -27,6 +27,7 @@ left (`recover`): a complete new graph is moved into place, an incomplete one re
 
 from __future__ import annotations
 
+import glob
 import json
 import mmap
 import os
@@ -85,8 +86,8 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
                            f"disk holding {parent} has {_gib(free)} free; free some space or "
                            "choose a folder on another disk")
     # renames within one folder are atomic (POSIX): the target is whole or absent
-    partial = parent / f".{target.name}.partial-{uuid.uuid4().hex[:8]}"
-    old = parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+    partial = parent / hidden_name(target.name, "partial", uuid.uuid4().hex[:8])
+    old = parent / hidden_name(target.name, "old", uuid.uuid4().hex[:8])
     try:
         partial.mkdir()
         mark_owner(partial)
@@ -106,7 +107,9 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
                 "num_splits": graph.num_splits,
                 "arrays": {k: {"dtype": a.dtype.str, "shape": list(a.shape)}
                            for k, a in arrays.items()}}
-        (partial / META).write_text(json.dumps(meta, indent=2) + "\n")
+        # written whole or not at all: `recover` takes a folder with it for a finished save
+        (partial / f"{META}.tmp").write_text(json.dumps(meta, indent=2) + "\n")
+        (partial / f"{META}.tmp").rename(partial / META)
         if state == "empty":
             target.rmdir()
         elif state == "replace":  # the old folder goes only once the new one is complete
@@ -115,12 +118,14 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
         partial.rename(target)
         (target / OWNER).unlink()  # not part of the saved graph
     except BaseException as e:
+        # the old graph back first: killed during what follows, no complete graph is lost
+        if old.exists() and not target.exists():
+            old.rename(target)
+        (partial / META).unlink(missing_ok=True)  # `recover` must not take it for finished
         for key, source in moved.items():  # an adopted file goes back where it was
             if (partial / f"{key}.npy").exists() and not source.exists():
                 (partial / f"{key}.npy").rename(source)
         shutil.rmtree(partial, ignore_errors=True)
-        if old.exists() and not target.exists():
-            old.rename(target)  # put the graph that was there back
         if target.is_dir():
             (target / OWNER).unlink(missing_ok=True)
         if isinstance(e, OSError):
@@ -140,16 +145,16 @@ def mark_owner(folder: Path) -> None:
     (Path(folder) / OWNER).write_text(f"{socket.gethostname()} {os.getpid()}\n")
 
 
-def sweep_abandoned(parent, pattern: str) -> list[Path]:
-    """Remove the folders in ``parent`` matching ``pattern`` whose owner (`mark_owner`) was a
-    process on this host that no longer runs: what a killed convert or save left behind (a
-    convert's decompressed features can be tens of GB). A folder without an owner file, or
-    another host's, or a live process's, is left alone. Returns the folders removed."""
+def sweep_abandoned(target, kind: str) -> list[Path]:
+    """Remove the working folders of ``kind`` beside ``target`` (`leftovers`) whose owner
+    (`mark_owner`) was a process on this host that no longer runs: what a killed convert
+    left behind (its decompressed features can be tens of GB). A folder without an owner
+    file, or another host's, or a live process's, is left alone. Returns those removed."""
     removed = []
-    for old in sorted(Path(parent).glob(pattern)):
-        if _owner_gone(old):
-            shutil.rmtree(old, ignore_errors=True)
-            removed.append(old)
+    for folder in leftovers(Path(target).expanduser().absolute(), kind):
+        if _owner_gone(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
     return removed
 
 
@@ -168,35 +173,72 @@ def _owner_gone(folder: Path) -> bool:
         return False
 
 
+def hidden_name(name: str, kind: str, tag: str) -> str:
+    """The hidden working folder ``.NAME.KIND-TAG`` of a save or convert to ``NAME``."""
+    return f".{name}.{kind}-{tag}"
+
+
+def leftovers(target: Path, kind: str) -> list[Path]:
+    """The working folders of ``kind`` beside ``target`` (`hidden_name`, an 8-hex-digit tag):
+    the name is matched literally, and another target's (``g.old-1`` beside ``g``) never."""
+    pattern = hidden_name(glob.escape(target.name), kind, "?" * 8)
+    return [p for p in sorted(target.parent.glob(pattern))
+            if p.is_dir() and all(c in "0123456789abcdef" for c in p.name[-8:])]
+
+
 def recover(target) -> Optional[Path]:
     """Finish or clean up what a killed `save_graph` to ``target`` left; returns the folder
-    moved into place, if any.
+    moved into place, if any. Only folders whose owner process is gone (`mark_owner`) are
+    touched: a live process's, another host's or an unmarked folder is left alone.
 
-    A save killed after writing everything but before its renames finished leaves its
-    complete graph in ``.NAME.partial-*`` (with ``graph.json`` and its dead owner), the graph
-    it replaces in ``.NAME.old-*``, and possibly no ``target``: the complete graph is moved
-    into place (the newest if several) and the old one removed. Incomplete partial folders
-    and old folders whose owner is gone are removed too, as is a stray owner file in
-    ``target``. Folders of live processes, other hosts or without an owner are left alone.
+    * No ``target``: a save killed after writing everything, before its renames finished,
+      left its finished graph in ``.NAME.partial-*`` (a folder that loads); it is moved into
+      place, the newest if several. Without one, the graph it was replacing
+      (``.NAME.old-*``) is moved back.
+    * A stray owner file in ``target`` is removed.
+    * A partial folder that does not load (a save killed while writing) is removed.
+    * Once ``target`` is a saved graph, the remaining partial and old folders are removed.
+      Anything else at ``target`` (an empty folder, a file) leaves those where they are.
     """
     target = Path(target).expanduser().absolute()
-    parent, restored = target.parent, None
-    partials = [p for p in sorted(parent.glob(f".{target.name}.partial-*"))
-                if p.is_dir() and _owner_gone(p)]
+    restored = None
+    partials = [p for p in leftovers(target, "partial") if _owner_gone(p)]
+    olds = [p for p in leftovers(target, "old") if _owner_gone(p)]
+    finished = [p for p in partials if _loads(p)]
+    for folder in partials:  # a save killed while writing: nothing whole in it
+        if folder not in finished:
+            shutil.rmtree(folder, ignore_errors=True)
+    partials = finished
     if not target.exists():
-        complete = [p for p in partials if (p / META).is_file()]
-        if complete:
-            restored = max(complete, key=lambda p: (p / META).stat().st_mtime)
-            restored.rename(target)
-            partials.remove(restored)
-    if (target / OWNER).is_file() and _owner_gone(target):
-        (target / OWNER).unlink()
-    if target.exists():  # an old graph is only removed once the target is whole
-        partials += [p for p in sorted(parent.glob(f".{target.name}.old-*"))
-                     if p.is_dir() and _owner_gone(p)]
-    for folder in partials:
-        shutil.rmtree(folder, ignore_errors=True)
+        candidates = finished or olds  # a new graph that is whole, else the one it replaced
+        if candidates:
+            restored = max(candidates, key=lambda p: (p / META).stat().st_mtime
+                           if (p / META).exists() else p.stat().st_mtime)
+            try:
+                restored.rename(target)
+            except OSError as e:
+                if not target.exists():  # not another process that recovered it first
+                    raise DatasetError(f"cannot move {restored} into place as {target}: {e}; "
+                                       "move it there by hand") from e
+                return None
+    if (target / META).is_file():
+        if _owner_gone(target):
+            (target / OWNER).unlink(missing_ok=True)
+        for folder in partials + olds:
+            if folder != restored:
+                shutil.rmtree(folder, ignore_errors=True)
     return restored
+
+
+def _loads(folder: Path) -> bool:
+    """Whether ``folder`` holds a whole saved graph (every file as ``graph.json`` says)."""
+    if not (folder / META).is_file():
+        return False
+    try:
+        load_saved(folder)
+        return True
+    except DatasetError:
+        return False
 
 
 def _adoptable(a: np.ndarray, folders, parent: Path) -> Optional[Path]:

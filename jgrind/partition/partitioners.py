@@ -884,9 +884,9 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
     """
     k = check_num_parts(graph, num_parts)
     n = graph.num_nodes
-    if imbalance < 1.0 or edge_imbalance < 1.0:
-        raise ValueError(f"imbalance and edge_imbalance must be >= 1.0, got {imbalance}, "
-                         f"{edge_imbalance}")
+    if not (1.0 <= imbalance < np.inf and 1.0 <= edge_imbalance < np.inf):  # NaN too
+        raise ValueError(f"imbalance and edge_imbalance must be finite numbers >= 1.0, got "
+                         f"{imbalance}, {edge_imbalance}")
     if iterations < 0 or cluster_iterations < 0:
         raise ValueError(f"iterations must be >= 0, got {iterations}, {cluster_iterations}")
     if not 0.0 < move_probability <= 1.0:
