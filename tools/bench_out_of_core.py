@@ -45,10 +45,11 @@ from bench_epoch import load, run_pyg, skew  # noqa: E402  (tools/ is not a pack
 from memory_cgroup import drop_caches, joining, memory_cgroup  # noqa: E402
 
 def partition(partitioners, name: str, graph, parts: int):
-    """``name`` from `jgrind.partition.PARTITIONERS`, seed 0; ``label_propagation:START``
-    passes ``init=START``."""
-    partitioner, _, start = name.partition(":")
-    return partitioners[partitioner](graph, parts, seed=0, **({"init": start} if start else {}))
+    """``name`` from `jgrind.partition.PARTITIONERS` (or ``label_propagation:START``, see
+    `bench_partition.partitioner_spec`), seed 0."""
+    from bench_partition import partitioner_spec
+    partitioner, options = partitioner_spec(name)
+    return partitioners[partitioner](graph, parts, seed=0, **options)
 
 
 RUNS = ("in-memory", "device", "host", "ssd", "recompute", "naive")

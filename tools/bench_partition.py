@@ -26,6 +26,13 @@ from jgrind.graph import Graph
 from jgrind.partition import PARTITIONERS, measure, partition_graph, quality
 
 
+def partitioner_spec(name: str) -> tuple[str, dict]:
+    """``(name in PARTITIONERS, keyword arguments)``: ``label_propagation:START`` is
+    ``label_propagation`` with ``init=START``."""
+    partitioner, _, start = name.partition(":")
+    return partitioner, ({"init": start} if start else {})
+
+
 def _empty_graph(indptr, indices, n: int, name: str) -> Graph:
     return Graph(indptr=indptr, indices=indices, features=np.zeros((n, 1), np.float32),
                  labels=np.zeros(n, np.int32), train_mask=np.zeros((1, n), bool),
@@ -72,7 +79,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--verbose", action="store_true", help="print every full quality report")
     args = ap.parse_args(argv)
-    unknown = [name for name in args.partitioners if name.split(":")[0] not in PARTITIONERS]
+    unknown = [name for name in args.partitioners
+               if partitioner_spec(name)[0] not in PARTITIONERS]
     if unknown:
         raise SystemExit(f"unknown partitioner(s) {unknown}; choose from {sorted(PARTITIONERS)}")
 
@@ -92,8 +100,8 @@ def main(argv=None):
     print("-" * len(head))
     for k in args.parts:
         for name in args.partitioners:
-            partitioner, _, start = name.partition(":")
-            m = measure(partitioner, g, k, seed=args.seed, **({"init": start} if start else {}))
+            partitioner, options = partitioner_spec(name)
+            m = measure(partitioner, g, k, seed=args.seed, **options)
             t1 = time.perf_counter()
             pg = partition_graph(g, m.assignment, num_parts=k)
             build = time.perf_counter() - t1

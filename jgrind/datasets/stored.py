@@ -141,7 +141,8 @@ OWNER = "owner"  # "host pid" of the process writing a hidden working folder
 
 def mark_owner(folder: Path) -> None:
     """Record this process (host and pid) as the owner of the working folder ``folder``, so
-    that `sweep_abandoned` can tell, after a crash, that nobody is using it any more."""
+    that `recover` and `sweep_abandoned` can tell, after a crash, that nobody is using it
+    any more."""
     (Path(folder) / OWNER).write_text(f"{socket.gethostname()} {os.getpid()}\n")
 
 

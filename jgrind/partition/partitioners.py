@@ -646,7 +646,7 @@ _COARSEST_PER_PART = 64
 # Synchronous label propagation lets every node adopt its neighbours' label at once, so
 # neighbours swap labels instead of merging, and on meshes the clustering stalls after a
 # level or two with far too many clusters; half of the nodes moving per round breaks the
-# symmetry, and each level then shrinks the graph about 4x there.
+# symmetry (docs/results.md, section 6: the mesh-like graph's cut comes from this).
 _CLUSTER_MOVE_PROBABILITY = 0.5
 # Coarsening stops at a level that leaves more than this fraction of the clusters: the
 # clustering has stalled, and more levels would cost time for little.
@@ -658,9 +658,9 @@ _STALLED = 0.8
 _SHRINK_ENTRIES = 0.85
 # Coarse graphs are kept for the refinement on the way back while, together, they hold at
 # most this fraction of the input's neighbour entries. On graphs without locality (R-MAT,
-# SBM) every level keeps 55-85 % of the entries (12 bytes each), so keeping them all cost
-# up to 2.8x the partitioner's memory (R-MAT, k = 256) for a few percent of cut; such levels
-# are projected through without refinement.
+# SBM) every level keeps most of the entries (12 bytes each), so keeping them all would
+# multiply the partitioner's memory for a few percent of cut; such levels are projected
+# through without refinement.
 _KEPT_ENTRIES = 0.5
 # Initial partitions tried on the coarsest graph (the best cut is kept) when it has at most
 # _ATTEMPT_ENTRIES neighbour entries.
