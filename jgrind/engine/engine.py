@@ -55,6 +55,7 @@ import optax
 
 from jgrind import host_memory, interrupts
 from jgrind.arguments import whole_number
+from jgrind.engine.spares import Spares
 from jgrind.engine.steps import LayerSteps, PaddedPartition, layer_steps, pad_partition
 from jgrind.engine.store import BudgetError, Snapshot, Store, Table
 from jgrind.graph import Graph
@@ -164,6 +165,10 @@ class OutOfCore:
                                     needs_edges=model.needs_edges,
                                     needs_adjacency=model.needs_adjacency)
                       for p in pg.partitions if p.num_owned > 0]
+        # Partitions run grouped by padded shape (in index order within a shape): a step's
+        # stored output is then reused by a step after it (`Spares`) instead of waiting
+        # while steps of another shape run, or being dropped.
+        self.parts.sort(key=lambda part: (part.num_out, part.num_in))
         # -- plan: a fate per block, checked against the budgets before any work ---------------
         self.inventory = build_inventory(model, pg)
         # output masks (ReLU layers' backward without recomputing the output) when they fit
@@ -235,6 +240,13 @@ class OutOfCore:
         self.writer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="jgrind-writer") \
             if prefetch else None
         self._in_flight: collections.deque = collections.deque()  # see `_loaded`
+        # Stored step outputs, donated to the next step of the same shape (no fresh pages). A
+        # kept one lives from its write to that step's end, where without it the step's own
+        # buffer would live from the step's start: one more output alive, which the device
+        # budget must hold beside the plan (the 1M-node benchmark: +0.16-0.25 GiB
+        # of peak RSS, docs/results.md section 4).
+        self.spares = Spares(enabled=self.memory.device + self._largest_output()
+                             <= self.device_budget)
         self._update = jax.jit(self._apply_update, donate_argnums=(0, 1))
 
     # -- planning helpers ---------------------------------------------------------------------
@@ -379,16 +391,23 @@ class OutOfCore:
         snap = self._snapshots.get(l)
         snap = snap if snap is not None and not snap.filled else None
         pending: collections.deque = collections.deque()
+        self.spares.plan([shape for p in self.parts for shape in
+                          [(p.num_out, dst.width)] + ([(p.num_out, kept.width)]
+                                                      if kept is not None else [])],
+                         per_step=1 if kept is None else 2)
         for part, h_in in self._inputs(l, src):
             if snap is not None:
                 self._write(pending, snap.write, part.index, h_in)
+            spare = self.spares.take((part.num_out, dst.width))
             if kept is not None:
-                out, z = steps.forward_saving(p_l, self._device_block(part), h_in, k_l)
-                self._write(pending, kept.write, part.index, z)
+                out, z = steps.forward_saving(p_l, self._device_block(part), h_in, k_l,
+                                              (spare, self.spares.take((part.num_out,
+                                                                        kept.width))))
+                self._write(pending, self._stored, kept.write, part.index, z)
             else:
-                out = steps.forward(p_l, self._step_block(part, l), h_in, k_l)
+                out = steps.forward(p_l, self._step_block(part, l), h_in, k_l, spare)
             self._dispatched(out)
-            self._write(pending, dst.write, part.index, out)
+            self._write(pending, self._stored, dst.write, part.index, out)
         self._wait(pending)
         if snap is not None:
             snap.filled = True
@@ -406,10 +425,14 @@ class OutOfCore:
         snap = self._snapshots.get(l)
         snap = snap if snap is not None and snap.filled else None
         store_input_gradient = self._store_input_gradient(l, lower)
+        # the input gradients' buffers (the top step makes one even for a one-layer model)
+        spared = top or lower is not None
+        self.spares.plan([self._input_shape(p, l) for p in self.parts] if spared else [])
         for part, h_in in self._inputs(l, self.activations[l], snap):
             block = self._step_block(part, l)
+            spare = self.spares.take(self._input_shape(part, l)) if spared else None
             if top:
-                out = steps.top(p_l, block, h_in, k_l, part.labels, part.weights, acc)
+                out = steps.top(p_l, block, h_in, k_l, part.labels, part.weights, acc, spare)
                 loss = loss + out[0]
                 out = out[1:]
             else:
@@ -421,14 +444,17 @@ class OutOfCore:
                            steps.masked_backward_params(p_l, block, h_in, k_l, mask, g_out, acc))
                     self._dispatched(acc)
                     continue
-                out = (steps.backward(p_l, block, h_in, k_l, g_out, acc) if mask is None else
-                       steps.masked_backward(p_l, block, h_in, k_l, mask, g_out, acc))
+                out = (steps.backward(p_l, block, h_in, k_l, g_out, acc, spare)
+                       if mask is None else
+                       steps.masked_backward(p_l, block, h_in, k_l, mask, g_out, acc, spare))
             acc, d_h = out[0], out[1]
             self._dispatched(acc)
             if made is not None:
                 made[part.index] = out[2]
             if lower is not None:
-                self._write(pending, store_input_gradient, part, d_h)
+                self._write(pending, self._stored, store_input_gradient, part, d_h)
+            else:  # a one-layer model's input gradient: nothing stores it
+                self.spares.give(d_h)
         self._wait(pending)
         return loss, acc, made
 
@@ -439,6 +465,8 @@ class OutOfCore:
         steps, p_l, k_l = self.steps[l], params[l], self._key(key, l)
         kept = self.aggregations[l]
         pending: collections.deque = collections.deque()
+        self.spares.plan([(p.num_in, self.widths[l]) for p in self.parts]
+                         if lower is not None else [])
         for part, z in self._loaded(lambda part: kept.read(part.index, part.num_out)):
             block = self._device_block(part)
             g_out = upper.read(part.index, part.num_out)
@@ -447,12 +475,31 @@ class OutOfCore:
                 acc = steps.saved_backward_params(p_l, block, z, k_l, mask, g_out, acc)
                 self._dispatched(acc)
                 continue
-            acc, d_h = steps.saved_backward(p_l, block, z, k_l, mask, g_out, acc)
+            acc, d_h = steps.saved_backward(p_l, block, z, k_l, mask, g_out, acc,
+                                            self.spares.take((part.num_in, self.widths[l])))
             self._dispatched(acc)
-            self._write(pending, lower.accumulate, part.index, part.halo_owner,
+            self._write(pending, self._stored, lower.accumulate, part.index, part.halo_owner,
                         part.halo_row, d_h)
         self._wait(pending)
         return acc
+
+    def _largest_output(self) -> int:
+        """Bytes of the largest step output `spares` may keep: a layer's output rows, or an
+        input gradient (shaped like the step's input)."""
+        return 4 * max([p.num_out * self.widths[l + 1] for p in self.parts
+                        for l in range(self.num_layers)]
+                       + [p.num_in * self.widths[l] for p in self.parts
+                          for l in range(self.num_layers)], default=0)
+
+    def _input_shape(self, part: PaddedPartition, l: int) -> tuple:
+        """The shape of layer l's step input for ``part`` (and of its input gradient)."""
+        return (part.num_out if self.local[l] else part.num_in, self.widths[l])
+
+    def _stored(self, store: Callable, *args) -> None:
+        """``store(*args)``, whose last argument is a step output, then hand that output to
+        `spares` for a later step: it is read no more."""
+        store(*args)
+        self.spares.give(args[-1])
 
     def _store_input_gradient(self, l: int, lower: Optional[Table]) -> Callable:
         """How layer l's backward stores a partition's input gradient into ``G_l``: its own
@@ -546,7 +593,8 @@ class OutOfCore:
         logits = np.zeros((self.num_nodes, self.widths[-1]), np.float32)
         steps, p_top = self.steps[-1], params[-1]
         for part, h_in in self._inputs(L - 1, self.activations[L - 1]):
-            out = steps.forward(p_top, self._step_block(part, L - 1), h_in, None)
+            out = steps.forward(p_top, self._step_block(part, L - 1), h_in, None,
+                                self.spares.take((part.num_out, self.widths[-1])))
             self._dispatched(out)
             logits[part.owned] = np.asarray(out)[: part.num_owned]
         for l in range(1, L):

@@ -34,6 +34,12 @@ below), ``top`` and ``backward`` of layer l+1 also return that pattern, bit-pack
   its forward). No regathered input, no second sparse product. ``mask`` is the output mask
   as above, or None to recompute the pre-activation from ``z`` (one matmul).
 
+*Spares*: every step with a large output (``forward``, ``forward_saving``, ``backward``,
+``masked_backward``, ``top``, ``saved_backward``) takes one more argument, ``spare``: arrays
+shaped like some of its outputs (the output rows; the input gradient, shaped like ``h_in``),
+*donated*, so that XLA writes those outputs into them instead of allocating new ones
+(`jgrind.engine.spares`: why, and where they come from). Its values are never read.
+
 ``remat_policy`` (a ``jax.checkpoint_policies`` policy) decides which intermediates *inside* a
 layer step (aggregations, attention coefficients, pre-activations) are saved for that step's own
 backward and which are recomputed: recomputation within a partition step is also a choice.
@@ -88,6 +94,20 @@ def masked_cotangent(mask: jax.Array, g_out: jax.Array, scale: float = 1.0) -> j
     return jnp.where(keep, kept, jnp.zeros((), g_out.dtype))
 
 
+def _spared(fn, donated: tuple = ()):
+    """``jit(fn)`` taking one more trailing argument, ``spare``, donated with ``donated``.
+    ``keep_unused``: jit drops unused arguments, and a dropped argument is not donated."""
+    count = fn.__code__.co_argcount
+
+    def with_spare(*args):
+        return fn(*args[:count])
+
+    # the name only (profilers label steps by it): functools.wraps would also make jit read
+    # fn's signature, which has no ``spare``
+    with_spare.__name__ = with_spare.__qualname__ = fn.__name__
+    return jax.jit(with_spare, donate_argnums=(*donated, count), keep_unused=True)
+
+
 @functools.lru_cache(maxsize=256)
 def layer_steps(layer, remat_policy: Optional[Callable] = None,
                 input_mask: Optional[Callable] = None,
@@ -110,6 +130,9 @@ def layer_steps(layer, remat_policy: Optional[Callable] = None,
         if input_mask is None:
             return outs
         return (*outs, pack_mask(input_mask(h[: block.num_out])))
+
+    def forward(params, block, h, key):
+        return apply(params, block, h, key)
 
     def backward(params, block, h, key, g_out, acc):
         _, vjp = jax.vjp(lambda p, x: apply(p, block, x, key), params, h)
@@ -160,7 +183,7 @@ def layer_steps(layer, remat_policy: Optional[Callable] = None,
             (d_params,) = vjp(masked_cotangent(mask, g_out, cot_scale(key)))
             return _tree_add(acc, d_params)
 
-        masked = jax.jit(masked_backward, donate_argnums=6)
+        masked = _spared(masked_backward, (6,))
         masked_params = jax.jit(masked_backward_params, donate_argnums=6)
 
     saving = saved = saved_params = None
@@ -193,15 +216,15 @@ def layer_steps(layer, remat_policy: Optional[Callable] = None,
         def saved_backward_params(params, block, z, key, mask, g_out, acc):
             return _tree_add(acc, params_vjp(params, block, key, z, mask, g_out, False)[0])
 
-        saving = jax.jit(forward_saving)
-        saved = jax.jit(saved_backward, donate_argnums=6)
+        saving = _spared(forward_saving)
+        saved = _spared(saved_backward, (6,))
         saved_params = jax.jit(saved_backward_params, donate_argnums=6)
 
     # the gradient accumulator is donated: it is replaced by the returned sum
-    return LayerSteps(forward=jax.jit(apply),
-                      backward=jax.jit(backward, donate_argnums=5),
+    return LayerSteps(forward=_spared(forward),
+                      backward=_spared(backward, (5,)),
                       backward_params=jax.jit(backward_params, donate_argnums=5),
-                      top=jax.jit(top, donate_argnums=6),
+                      top=_spared(top, (6,)),
                       masked_backward=masked, masked_backward_params=masked_params,
                       emits_mask=input_mask is not None, forward_saving=saving,
                       saved_backward=saved, saved_backward_params=saved_params)
