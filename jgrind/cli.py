@@ -342,7 +342,7 @@ def cmd_convert(args) -> int:
     if out.parent.is_dir():
         recover(out)  # what a killed save left, before the target is checked
     check_target(out, args.overwrite)  # before a large graph is loaded for nothing
-    extra, scratch = {}, None
+    extra, scratch, owner = {}, None, None
     if cfg.dataset.lower().startswith("ogb:") and "scratch" not in cfg.loader_options():
         # OGB's binary layout decompresses its features into a file here, not into memory
         for old in sweep_abandoned(out, "scratch"):
@@ -350,7 +350,7 @@ def cmd_convert(args) -> int:
         scratch = out.parent / hidden_name(out.name, "scratch", uuid.uuid4().hex[:8])
         try:
             scratch.mkdir()
-            mark_owner(scratch)
+            owner = mark_owner(scratch)  # locked until the scratch folder is removed
         except OSError as e:
             shutil.rmtree(scratch, ignore_errors=True)
             raise DatasetError(f"cannot write beside {out} ({e.strerror or e}); choose an "
@@ -362,6 +362,8 @@ def cmd_convert(args) -> int:
         folder = save_graph(graph, out, overwrite=args.overwrite,
                             adopt=() if scratch is None else (scratch,))
     finally:
+        if owner is not None:
+            owner.close()
         if scratch is not None:
             try:
                 shutil.rmtree(scratch)

@@ -439,3 +439,60 @@ def test_recover_matches_only_its_own_target_name(tmp_path):
     D.save_graph(community_graph(num_nodes=50), tmp_path / "g")
     assert stored.recover(tmp_path / "g") is None
     assert (tmp_path / ".g.old-1.partial-0000dddd").is_dir()
+
+
+def test_an_owner_whose_pid_is_not_visible_but_holds_the_lock_is_alive(tmp_path):
+    """A save in another container that shares this host's name runs under a pid this process
+    cannot see; the lock `mark_owner` holds on its owner file shows it is alive. Its folders
+    are left alone until it exits, then recovered."""
+    import subprocess
+    import sys
+    import textwrap
+    folder = _left_behind(tmp_path, "partial", "0000aaaa", 60)  # its pid: gone
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import fcntl, sys
+            fh = open({str(folder / "owner")!r}, "rb")
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            print("locked", flush=True)
+            sys.stdin.read()
+            """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert stored.recover(tmp_path / "g") is None
+        assert stored.sweep_abandoned(tmp_path / "g", "partial") == []
+        assert folder.exists() and not (tmp_path / "g").exists()
+    finally:
+        holder.communicate("", timeout=60)
+    assert stored.recover(tmp_path / "g") == folder  # moved into place
+    assert D.load(f"npy:{tmp_path / 'g'}").num_nodes == 60
+
+
+def test_mark_owner_holds_its_lock_while_open(tmp_path):
+    import subprocess
+    import sys
+    folder = tmp_path / ".g.scratch-0000aaaa"
+    folder.mkdir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with stored.mark_owner(folder) as owner:
+        host, pid = (folder / "owner").read_text().split()
+        assert int(pid) == os.getpid()
+        # the same owner seen from where its pid means nothing (another pid namespace)
+        (folder / "owner").write_text(f"{host} {gone.pid}\n")
+        assert not owner.closed
+        assert stored.sweep_abandoned(tmp_path / "g", "scratch") == []
+    assert stored.sweep_abandoned(tmp_path / "g", "scratch") == [folder]
+
+
+def test_a_save_holds_its_owner_lock_while_it_writes(tmp_path, monkeypatch):
+    seen = []
+    real_save = np.save
+
+    def save(fh, a, **kw):
+        [partial] = tmp_path.glob(".g.partial-*")
+        seen.append(stored._locked_by_another(partial / "owner"))
+        return real_save(fh, a, **kw)
+    monkeypatch.setattr(np, "save", save)
+    D.save_graph(community_graph(num_nodes=60), tmp_path / "g")
+    assert seen and all(seen)

@@ -27,6 +27,7 @@ left (`recover`): a complete new graph is moved into place, an incomplete one re
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import mmap
@@ -35,7 +36,7 @@ import shutil
 import socket
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import IO, Optional
 
 import numpy as np
 
@@ -88,9 +89,10 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
     # renames within one folder are atomic (POSIX): the target is whole or absent
     partial = parent / hidden_name(target.name, "partial", uuid.uuid4().hex[:8])
     old = parent / hidden_name(target.name, "old", uuid.uuid4().hex[:8])
+    owners = contextlib.ExitStack()  # the owner files' locks, held until the save ends
     try:
         partial.mkdir()
-        mark_owner(partial)
+        owners.enter_context(mark_owner(partial))
         for key, a in arrays.items():
             if key in moved:  # its map stays valid: the file is renamed, not rewritten
                 with open(moved[key], "rb+") as fh:
@@ -113,8 +115,9 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
         if state == "empty":
             target.rmdir()
         elif state == "replace":  # the old folder goes only once the new one is complete
-            mark_owner(target)  # it moves with the folder: killed from here on, `recover`
-            target.rename(old)  # finishes the save
+            # it moves with the folder: killed from here on, `recover` finishes the save
+            owners.enter_context(mark_owner(target))
+            target.rename(old)
         partial.rename(target)
         (target / OWNER).unlink()  # not part of the saved graph
     except BaseException as e:
@@ -132,6 +135,8 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
             raise DatasetError(f"cannot save the graph to {target}: {e}; nothing was "
                                "written there") from e
         raise
+    finally:
+        owners.close()
     shutil.rmtree(old, ignore_errors=True)
     return target
 
@@ -139,11 +144,46 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
 OWNER = "owner"  # "host pid" of the process writing a hidden working folder
 
 
-def mark_owner(folder: Path) -> None:
+def mark_owner(folder: Path) -> IO:
     """Record this process (host and pid) as the owner of the working folder ``folder``, so
     that `recover` and `sweep_abandoned` can tell, after a crash, that nobody is using it
-    any more."""
-    (Path(folder) / OWNER).write_text(f"{socket.gethostname()} {os.getpid()}\n")
+    any more. Returns the owner file, open and locked (``flock``): keep it open while the
+    folder is in use (it is a context manager). The lock is what shows a live owner whose pid
+    this process cannot see: a process in another container that shares this host's name
+    (another pid namespace) would otherwise look gone. The kernel drops it when the owner
+    exits, however it ends; renaming the folder keeps it."""
+    fh = open(Path(folder) / OWNER, "w", encoding="ascii")
+    try:
+        _lock(fh)  # before the pid is written: never a readable owner without its lock
+        fh.write(f"{socket.gethostname()} {os.getpid()}\n")
+        fh.flush()
+    except BaseException:
+        fh.close()
+        raise
+    return fh
+
+
+def _lock(fh) -> bool:
+    """Take ``fh``'s exclusive ``flock`` without waiting. True if taken; False if another
+    open file holds it (a live owner); True too where the file system has no locks, so
+    that the pid alone decides there."""
+    try:
+        import fcntl
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except (ImportError, OSError):  # no fcntl (not POSIX), or no locks on this file system
+        return True
+    return True
+
+
+def _locked_by_another(path: Path) -> bool:
+    """Whether a live process holds the owner file's lock (`mark_owner`)."""
+    try:
+        with open(path, "rb") as fh:  # closing it drops a lock taken here
+            return not _lock(fh)
+    except OSError:
+        return False
 
 
 def sweep_abandoned(target, kind: str) -> list[Path]:
@@ -161,7 +201,8 @@ def sweep_abandoned(target, kind: str) -> list[Path]:
 
 def _owner_gone(folder: Path) -> bool:
     """Whether ``folder``'s owner (`mark_owner`) was a process on this host that no longer
-    runs; False without an owner file, for another host's, or a live (or reused) pid."""
+    runs: no process has its pid, and none holds its owner file's lock. False without an
+    owner file, for another host's, or a live (or reused) pid."""
     try:
         host, pid = (folder / OWNER).read_text().split()
         if host != socket.gethostname():
@@ -169,7 +210,7 @@ def _owner_gone(folder: Path) -> bool:
         os.kill(int(pid), 0)  # raises if no such process
         return False
     except ProcessLookupError:
-        return True
+        return not _locked_by_another(folder / OWNER)
     except (OSError, ValueError):
         return False
 
