@@ -115,8 +115,10 @@ def test_engine_reuses_most_outputs_and_stays_exact(tmp_path):
                          layer_norm=True), policies.ssd_offload(tmp_path))]:
         params = model.init(jax.random.key(0))
         reference = InMemory(graph, model, optax.sgd(0.1))
+        # one padded shape: every step but the first two of a sweep finds the output of the
+        # step before the one before, however the writer thread is timed
         with OutOfCore(graph, model, optax.sgd(0.1), policy=policy, num_parts=8,
-                       store=tmp_path, partitioner=contiguous) as ex:
+                       store=tmp_path, partitioner=contiguous, max_shapes=1) as ex:
             for epoch in range(2):  # the second epoch runs on reused buffers
                 key = jax.random.key(epoch)
                 grads, loss = ex.loss_and_grad(params, key)
