@@ -8,8 +8,10 @@ runs starting at the same moment cannot both claim the same space.
 
 Runs are told apart by their folder, ``jgrind-run-<pid>-<id>``, and the reservation names the
 process (its pid and start time), so a folder whose process is gone, or whose pid another
-process has taken since, promises nothing. A run on another machine sharing the disk cannot be
-seen from here and is not counted.
+process has taken since, promises nothing. A run also holds its reservation file locked while
+it lives (`jgrind.owner_locks`), so a run in another container on this machine, whose pid
+means nothing here, still counts. A run on another machine sharing the disk cannot be seen
+from here (unless the file system carries its lock) and is not counted.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import json
 import os
 import pathlib
 import shutil
-from typing import Callable, Iterator, Optional
+from typing import IO, Callable, Iterator, Optional
+
+from jgrind.owner_locks import held_by_another, lock
 
 RESERVATION = "reserved.json"  # in a run's folder: the SSD bytes its plan writes
 RUN_GLOB = "jgrind-run-*-*"
@@ -49,7 +53,12 @@ def alive(pid: int) -> bool:
 def owner_running(folder: pathlib.Path, reservation: Optional[dict] = None) -> bool:
     """Whether the process that made the run folder ``folder`` (``jgrind-run-<pid>-<id>``)
     still runs on this machine: its pid is alive and, where its reservation records one, has
-    the same start time (else the pid was reused by another process)."""
+    the same start time (else the pid was reused by another process); or a process holds
+    its reservation's lock (a run whose pid this process cannot see)."""
+    return _pid_running(folder, reservation) or held_by_another(folder / RESERVATION)
+
+
+def _pid_running(folder: pathlib.Path, reservation: Optional[dict]) -> bool:
     pid = folder.name.split("-")[2]
     if not pid.isdigit() or not alive(int(pid)):
         return False
@@ -110,12 +119,15 @@ def _locked(root: pathlib.Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
+_HELD: dict[pathlib.Path, IO] = {}  # this process's run folders: their locked reservations
+
+
 def reserve(root: pathlib.Path, folder: pathlib.Path, needed_bytes: int,
             check: Callable[[int, list], None]) -> None:
     """Under the directory's lock: call ``check(free, promised)`` (free: the disk's free bytes;
     promised: `promised`'s list), which raises if ``needed_bytes`` does not fit, then make
-    ``folder`` and record ``needed_bytes`` in it (written whole: a temporary file renamed).
-    On any error nothing is left behind."""
+    ``folder`` and record ``needed_bytes`` in it (written whole: a temporary file renamed),
+    and hold the record locked until `release`. On any error nothing is left behind."""
     with _locked(root):
         check(shutil.disk_usage(root).free, promised(root))
         folder.mkdir()
@@ -125,6 +137,16 @@ def reserve(root: pathlib.Path, folder: pathlib.Path, needed_bytes: int,
             partial = folder / f".{RESERVATION}.partial"
             partial.write_text(json.dumps(record))
             partial.rename(folder / RESERVATION)
+            fh = open(folder / RESERVATION, "rb")
+            lock(fh, wait=True)  # still under the directory's lock: no run sees it unlocked
+            _HELD[pathlib.Path(folder)] = fh
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
+
+
+def release(folder: pathlib.Path) -> None:
+    """Drop the lock `reserve` holds for ``folder`` (before the run removes it)."""
+    fh = _HELD.pop(pathlib.Path(folder), None)
+    if fh is not None:
+        fh.close()

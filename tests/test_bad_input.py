@@ -589,6 +589,16 @@ def test_resume_checks_read_older_run_folders_and_schedules(tmp_path, monkeypatc
     _fails(capsys, [*cosine, "--epochs", "4"], "another experiment (epochs 2 -> 4)")
 
 
+@pytest.fixture(autouse=True)
+def _release_run_folders():
+    """Run folders made here by `make_run_dir` alone (no store closes them): drop their
+    reservation locks after each test."""
+    yield
+    from jgrind import disk_space
+    for folder in list(disk_space._HELD):
+        disk_space.release(folder)
+
+
 def test_space_promised_to_a_running_run_is_not_free(tmp_path):
     """Two runs on one store directory: the second counts what the first's plan will still
     write (its files are sparse, so the disk's free space shows only what is written)."""
@@ -613,8 +623,9 @@ def test_space_promised_to_a_running_run_is_not_free(tmp_path):
     shrunk = dict(disk_space.promised(tmp_path))[first]
     assert promised[first] - (1 << 20) - 65536 <= shrunk <= promised[first] - (1 << 20)
     # a reservation whose process has ended, or whose pid another process has taken since
-    # (another start time), promises nothing
+    # (another start time), promises nothing: its lock went with the process
     import json
+    disk_space.release(first)
     record = json.loads((first / "reserved.json").read_text())
     (first / "reserved.json").write_text(json.dumps({**record, "started": -1}))
     assert first not in dict(disk_space.promised(tmp_path))
@@ -696,3 +707,49 @@ def test_a_run_folder_whose_pid_was_reused_is_a_leftover(tmp_path):
     (folder / "reserved.json").write_text(json.dumps(
         {"bytes": 1 << 30, "pid": os.getpid(), "started": started}))
     assert leftover_runs(tmp_path) == [] and len(disk_space.promised(tmp_path)) == 1
+
+
+def test_a_run_whose_pid_is_not_visible_but_holds_its_lock_still_counts(tmp_path):
+    """A run in another container on this machine (another pid namespace) has a folder whose
+    pid is gone from here; the lock on its reservation shows it runs: its unwritten bytes
+    still count against the disk, and its folder is no leftover."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import textwrap
+    from jgrind import disk_space
+    from jgrind.engine.store import leftover_runs
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    folder = tmp_path / f"jgrind-run-{gone.pid}-0123456789ab"
+    folder.mkdir()
+    (folder / disk_space.RESERVATION).write_text(json.dumps({"bytes": 1 << 40,
+                                                            "pid": gone.pid}))
+    assert disk_space.promised(tmp_path) == [] and len(leftover_runs(tmp_path)) == 1
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import fcntl, sys
+            fh = open({str(folder / disk_space.RESERVATION)!r}, "rb")
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            print("locked", flush=True)
+            sys.stdin.read()
+            """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert disk_space.promised(tmp_path) == [(folder, 1 << 40)]
+        assert leftover_runs(tmp_path) == []
+    finally:
+        holder.communicate("", timeout=60)
+    shutil.rmtree(folder)
+
+
+def test_a_store_holds_its_reservation_locked_until_it_closes(tmp_path):
+    from jgrind import disk_space
+    from jgrind.engine.store import Store
+    from jgrind.owner_locks import held_by_another
+    store = Store([10, 10], tmp_path, host_cache_bytes=0, ssd_bytes_needed=1 << 20)
+    folder = store.run_dir
+    assert held_by_another(folder / disk_space.RESERVATION)
+    store.close()
+    assert not folder.exists() and folder not in disk_space._HELD

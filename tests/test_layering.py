@@ -14,7 +14,7 @@ PACKAGE = pathlib.Path(jgrind.__file__).parent
 STAGES = [
     ("foundations", ("jgrind._kernels", "jgrind.allocator", "jgrind.arguments", "jgrind.buffers",
                      "jgrind.caches", "jgrind.checksum", "jgrind.disk_space",
-                     "jgrind.host_memory", "jgrind.interrupts",
+                     "jgrind.host_memory", "jgrind.interrupts", "jgrind.owner_locks",
                      "jgrind.rows",
                      "jgrind.sparse",
                      "jgrind.loss", "jgrind.metrics", "jgrind.checkpoint", "jgrind.plots")),

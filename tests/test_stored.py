@@ -486,12 +486,13 @@ def test_mark_owner_holds_its_lock_while_open(tmp_path):
 
 
 def test_a_save_holds_its_owner_lock_while_it_writes(tmp_path, monkeypatch):
+    from jgrind.owner_locks import held_by_another
     seen = []
     real_save = np.save
 
     def save(fh, a, **kw):
         [partial] = tmp_path.glob(".g.partial-*")
-        seen.append(stored._locked_by_another(partial / "owner"))
+        seen.append(held_by_another(partial / "owner"))
         return real_save(fh, a, **kw)
     monkeypatch.setattr(np, "save", save)
     D.save_graph(community_graph(num_nodes=60), tmp_path / "g")

@@ -43,6 +43,7 @@ import numpy as np
 from jgrind.datasets.errors import DatasetError, npy_problem, require_file
 from jgrind.datasets.npz import read_npy_header
 from jgrind.graph import Graph
+from jgrind.owner_locks import held_by_another, lock
 
 FORMAT = "jgrind-graph"
 VERSION = 1
@@ -147,43 +148,18 @@ OWNER = "owner"  # "host pid" of the process writing a hidden working folder
 def mark_owner(folder: Path) -> IO:
     """Record this process (host and pid) as the owner of the working folder ``folder``, so
     that `recover` and `sweep_abandoned` can tell, after a crash, that nobody is using it
-    any more. Returns the owner file, open and locked (``flock``): keep it open while the
-    folder is in use (it is a context manager). The lock is what shows a live owner whose pid
-    this process cannot see: a process in another container that shares this host's name
-    (another pid namespace) would otherwise look gone. The kernel drops it when the owner
-    exits, however it ends; renaming the folder keeps it."""
+    any more. Returns the owner file, open and locked (`jgrind.owner_locks`: what shows a
+    live owner whose pid means nothing here, in another container): keep it open while the
+    folder is in use (it is a context manager). Renaming the folder keeps the lock."""
     fh = open(Path(folder) / OWNER, "w", encoding="ascii")
     try:
-        _lock(fh)  # before the pid is written: never a readable owner without its lock
+        lock(fh, wait=True)  # before the pid is written: never a readable owner without its lock
         fh.write(f"{socket.gethostname()} {os.getpid()}\n")
         fh.flush()
     except BaseException:
         fh.close()
         raise
     return fh
-
-
-def _lock(fh) -> bool:
-    """Take ``fh``'s exclusive ``flock`` without waiting. True if taken; False if another
-    open file holds it (a live owner); True too where the file system has no locks, so
-    that the pid alone decides there."""
-    try:
-        import fcntl
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except (ImportError, OSError):  # no fcntl (not POSIX), or no locks on this file system
-        return True
-    return True
-
-
-def _locked_by_another(path: Path) -> bool:
-    """Whether a live process holds the owner file's lock (`mark_owner`)."""
-    try:
-        with open(path, "rb") as fh:  # closing it drops a lock taken here
-            return not _lock(fh)
-    except OSError:
-        return False
 
 
 def sweep_abandoned(target, kind: str) -> list[Path]:
@@ -210,7 +186,7 @@ def _owner_gone(folder: Path) -> bool:
         os.kill(int(pid), 0)  # raises if no such process
         return False
     except ProcessLookupError:
-        return not _locked_by_another(folder / OWNER)
+        return not held_by_another(folder / OWNER)
     except (OSError, ValueError):
         return False
 

@@ -587,8 +587,10 @@ class Store:
         for t in [*self.tables.values(), *self.kept.values()]:
             t.close()
         self.host_arrays.clear()
-        if self.run_dir is not None and self.run_dir.exists():
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.run_dir is not None:
+            disk_space.release(self.run_dir)
+            if self.run_dir.exists():
+                shutil.rmtree(self.run_dir, ignore_errors=True)
         self.run_dir = None
 
     def __enter__(self):
