@@ -98,8 +98,10 @@ def child(spec: dict) -> dict:
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     if hasattr(ex, "close"):
         ex.close()
+    spares = getattr(ex, "spares", None)  # out-of-core runs: step outputs reused, or made
     return {"active": [s.name for s in allocator.SETTINGS if s.active()],
             "epochs": times[1:], "faults": faults[1:],
+            "spares": None if spares is None else [spares.reused, spares.made],
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
@@ -192,7 +194,9 @@ def _run_all(args, settings, choices, base, trees) -> dict:
                 print(f"rep {rep + 1}: {run:<9} {name:<10} {version:<8} epochs "
                       f"{', '.join(f'{t:.3f}' for t in got['epochs'])} s; page faults "
                       f"{', '.join(f'{f:,}' for f in got['faults'])}; peak RSS "
-                      f"{got['peak_rss'] / 2**30:.2f} GiB", flush=True)
+                      f"{got['peak_rss'] / 2**30:.2f} GiB"
+                      + (f"; step outputs reused {got['spares'][0]}, made {got['spares'][1]}"
+                         if got.get("spares") else ""), flush=True)
     return results
 
 

@@ -114,8 +114,3 @@ class Spares:
             for a in arrays:
                 if isinstance(a, jax.Array) and not a.is_deleted():
                     self._keep(self._key(a.shape, a.dtype), a)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-            self._plan, self._next = [], 0
