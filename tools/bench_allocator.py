@@ -99,9 +99,11 @@ def child(spec: dict) -> dict:
     if hasattr(ex, "close"):
         ex.close()
     spares = getattr(ex, "spares", None)  # out-of-core runs: step outputs reused, or made
+    inputs = getattr(getattr(ex, "store", None), "buffers", None)  # and step inputs' buffers
     return {"active": [s.name for s in allocator.SETTINGS if s.active()],
             "epochs": times[1:], "faults": faults[1:],
             "spares": None if spares is None else [spares.reused, spares.made],
+            "inputs": None if inputs is None else [inputs.reused, inputs.made],
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
@@ -196,7 +198,9 @@ def _run_all(args, settings, choices, base, trees) -> dict:
                       f"{', '.join(f'{f:,}' for f in got['faults'])}; peak RSS "
                       f"{got['peak_rss'] / 2**30:.2f} GiB"
                       + (f"; step outputs reused {got['spares'][0]}, made {got['spares'][1]}"
-                         if got.get("spares") else ""), flush=True)
+                         if got.get("spares") else "")
+                      + (f"; input buffers reused {got['inputs'][0]}, made {got['inputs'][1]}"
+                         if got.get("inputs") else ""), flush=True)
     return results
 
 

@@ -75,6 +75,9 @@ from jgrind.plan.policies import (BindContext, Policy, bind, check_budget, check
 
 UNLIMITED = 1 << 62
 MAX_PENDING_WRITES = 1  # writes queued behind the compute (see OutOfCore._write)
+# Step inputs whose buffers the store keeps for reuse (`_input_buffer_bytes`): the running
+# step's, the one loading behind it, and the one before, which XLA may not have released yet.
+INPUT_BUFFERS = 3
 
 
 @jax.jit
@@ -210,7 +213,8 @@ class OutOfCore:
                            host_cache_bytes=host_cache, ssd_bytes_needed=self.memory.ssd_needed,
                            row_reads=self.io.row_reads,
                            # freed tables' arrays are kept within the plan's peak
-                           host_tables_bytes=self.memory.stored_peaks[1])
+                           host_tables_bytes=self.memory.stored_peaks[1],
+                           input_buffer_bytes=self._input_buffer_bytes())
         self._snapshots: dict[int, Snapshot] = {}
         try:
             self.activations = [self.store.table(ACTIVATION, l, self.widths[l],
@@ -482,6 +486,21 @@ class OutOfCore:
                         part.halo_row, d_h)
         self._wait(pending)
         return acc
+
+    def _input_buffer_bytes(self) -> int:
+        """Host RAM the store may keep for step inputs' buffers between uses: `INPUT_BUFFERS`
+        of the largest step input, when the budget that holds step inputs has room for them
+        beside the plan, else none. On the CPU backend the plan counts step inputs in the
+        device's working set (its memory is host RAM), beside which a kept step output
+        (`spares`) may also live; elsewhere they are host RAM staged for the transfer."""
+        largest = 4 * max([(p.num_out if self.local[l] else p.num_in) * self.widths[l]
+                           for p in self.parts for l in range(self.num_layers)], default=0)
+        want = INPUT_BUFFERS * largest
+        if jax.default_backend() == "cpu":
+            fits = self.memory.device + self._largest_output() + want <= self.device_budget
+        else:
+            fits = self.memory.host + want <= self.host_budget
+        return want if fits else 0
 
     def _largest_output(self) -> int:
         """Bytes of the largest step output `spares` may keep: a layer's output rows, or an

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jgrind import disk_space
-from jgrind.buffers import aligned_empty, aligned_zeros
+from jgrind.buffers import Recycler, aligned_zeros
 from jgrind.engine.cache import HostCache
 from jgrind.engine.host_arrays import HostArrays
 from jgrind.engine.routes import Layout, RouteCache, TierRows
@@ -93,10 +93,13 @@ _device_add = jax.jit(lambda table, rows, values: table.at[rows].add(values, mod
                       donate_argnums=0)
 
 
-def _padded_buffer(used_rows: int, padded_rows: int, width: int) -> np.ndarray:
+def _padded_buffer(buffers: Recycler, used_rows: int, padded_rows: int,
+                   width: int) -> np.ndarray:
     """A float32 ``[padded_rows, width]`` buffer whose first ``used_rows`` rows the caller fills:
-    only the padding is zeroed (zero-filling it all would be one more pass over the rows)."""
-    out = aligned_empty((padded_rows, width), np.float32)  # adopted by XLA without a copy
+    only the padding is zeroed (zero-filling it all would be one more pass over the rows).
+    Aligned, so that XLA adopts it without a copy; from ``buffers``, so that the memory of a
+    step input the step is done with serves a later one."""
+    out = buffers.empty((padded_rows, width), np.float32)
     out[used_rows:] = 0.0
     return out
 
@@ -214,7 +217,7 @@ class Table:
             idx = np.arange(start, start + rows, dtype=np.int32)
             return _device_take(self.device, _padded_rows(idx, padded_rows,
                                                           self.device.shape[0]))
-        out = _padded_buffer(rows, padded_rows, self.width)
+        out = _padded_buffer(self.store.buffers, rows, padded_rows, self.width)
         own = out[:rows]  # one view: `_fill` tells an in-place read by identity
         self._fill(own, self._read_host_or_ssd(block, own))
         return out
@@ -273,7 +276,8 @@ class Table:
                                  + [t.src for t in route.halo]).astype(np.int32)
             return _device_take(self.device, _padded_rows(idx, padded_rows,
                                                           self.device.shape[0]))
-        out = _padded_buffer(own_rows + halo_row.size, padded_rows, self.width)
+        out = _padded_buffer(self.store.buffers, own_rows + halo_row.size, padded_rows,
+                             self.width)
         keys = [(self.key, b) for b in route.ssd_blocks] + [(self.key, WHOLE_FILE)]
         self.store.cache.pin(keys)
         try:
@@ -466,7 +470,7 @@ class Snapshot:
 
     def read(self, block: int, padded_rows: int) -> np.ndarray:
         rows = int(self.offsets[block + 1] - self.offsets[block])
-        out = _padded_buffer(rows, padded_rows, self.width)
+        out = _padded_buffer(self.store.buffers, rows, padded_rows, self.width)
         self.ssd.read_block(block, out[:rows])
         self.store.count(ssd_read=rows * self.width * 4)
         return out
@@ -494,11 +498,13 @@ class Store:
         naive scheme, see `jgrind.plan.policies.IOStrategy`).
       host_tables_bytes: the most host RAM the tables may hold, freed arrays kept for the next
         table included (`HostArrays`; the engine passes the plan's peak). 0 keeps none.
+      input_buffer_bytes: the most host RAM kept for step inputs' buffers between uses (`buffers`,
+        a `jgrind.buffers.Recycler`). 0 keeps none.
     """
 
     def __init__(self, block_rows: np.ndarray, directory: Optional[str | os.PathLike],
                  host_cache_bytes: int, ssd_bytes_needed: int = 0, row_reads: bool = False,
-                 host_tables_bytes: int = 0):
+                 host_tables_bytes: int = 0, input_buffer_bytes: int = 0):
         self.block_rows = np.asarray(block_rows, np.int64)
         self.row_reads = bool(row_reads)
         self.accounts = Accounts()
@@ -511,6 +517,7 @@ class Store:
         self.routes = RouteCache()  # where each partition's rows live, per table layout
         self.host_arrays = HostArrays(host_tables_bytes,
                                       on_change=lambda delta: self._charge(host=delta))
+        self.buffers = Recycler(input_buffer_bytes)  # what `read` and `gather` fill
         if ssd_bytes_needed:
             self.run_dir = make_run_dir(directory, ssd_bytes_needed, self.run_id)
         self.cache = HostCache(0 if row_reads else host_cache_bytes, on_change=self._sample)
@@ -587,6 +594,7 @@ class Store:
         for t in [*self.tables.values(), *self.kept.values()]:
             t.close()
         self.host_arrays.clear()
+        self.buffers.clear()
         if self.run_dir is not None:
             disk_space.release(self.run_dir)
             if self.run_dir.exists():
