@@ -23,6 +23,7 @@ import numpy as np
 
 from jgrind import _kernels
 from jgrind.graph import Graph, GraphError
+from jgrind.partition.bisection import recursive_bisection
 
 __all__ = ["contiguous", "random", "label_propagation", "metis", "PARTITIONERS",
            "check_num_parts", "neighbour_csr"]
@@ -666,6 +667,10 @@ _KEPT_ENTRIES = 0.5
 # _ATTEMPT_ENTRIES neighbour entries.
 _ATTEMPTS = 4
 _ATTEMPT_ENTRIES = 1 << 20
+# The coarsest graph is also cut by recursive bisection (`jgrind.partition.bisection`, plain
+# Python) when it has at most this many nodes: coarsening stops near 64 clusters per
+# partition, so up to 32 partitions; about a second at most on the test machine.
+_BISECTION_NODES = 3000
 
 
 def _coarsen(indptr, indices, in_degree, k, node_cap, edge_cap, rng, chunk_entries,
@@ -738,7 +743,9 @@ def _initial_partition(graph, coarse, k, node_cap, edge_cap, rng, chunk_entries,
     """Partition the coarsest graph: an order from `_cluster_order`, cut by `_balanced_cut`,
     refined to a fixed point (at most ``4 * iterations`` rounds); the lowest cut of
     `_ATTEMPTS` tries when the graph is small. When the graph is the input (not ``coarse``),
-    a single try is left for the caller to refine, as the ``"clusters"`` start."""
+    a single try is left for the caller to refine, as the ``"clusters"`` start. A coarse
+    graph of at most `_BISECTION_NODES` nodes is also cut by recursive bisection, whose
+    partition is kept where it cuts less and meets both bounds as well."""
     ip, ix, w, nws = graph
     free = (np.diff(ip) == 0) & (nws[0] == 1)
     attempts = _ATTEMPTS if ix.size <= _ATTEMPT_ENTRIES else 1
@@ -752,7 +759,26 @@ def _initial_partition(graph, coarse, k, node_cap, edge_cap, rng, chunk_entries,
         cut = _cut_weight(ip, ix, w, labels) if attempts > 1 else 0
         if best is None or cut < best_cut:
             best_cut, best = cut, labels
+    if coarse and ip.size - 1 <= _BISECTION_NODES:
+        # Recursive bisection places the boundaries better where node weights are even
+        # (meshes: half the cut), but balances nodes only: kept where it cuts less and
+        # meets both bounds as well as the ranges do. Its random numbers come from a child
+        # generator, so that where it is not kept the partition is the one without it.
+        own_rng = rng.spawn(1)[0]
+        labels = recursive_bisection(ip, ix, w, nws[0], node_cap, k, own_rng)
+        _propagate(ip, ix, w, labels, k, [(nws[0], node_cap), (nws[1], edge_cap)],
+                   rounds, own_rng, move_probability, True, chunk_entries, balance)
+        if (_excess(labels, nws[0], node_cap, k) == 0
+                and _excess(labels, nws[1], edge_cap, k) <= _excess(best, nws[1], edge_cap, k)
+                and _cut_weight(ip, ix, w, labels) < _cut_weight(ip, ix, w, best)):
+            best = labels
     return best
+
+
+def _excess(labels, weight, cap, k) -> int:
+    """How far the partitions' summed ``weight`` exceeds ``cap``, over all of them."""
+    load = np.bincount(labels, weights=weight, minlength=k)
+    return int(np.maximum(load - cap, 0).sum())
 
 
 def _project(coarse_labels, inverse, k):
@@ -850,7 +876,9 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
        * ``"multilevel"`` (default): coarsen the graph by size-constrained label propagation
          (clusters of at most half the partitions' slack) and contraction, level after level,
          until about 64 clusters per partition are left (`_coarsen`); partition the coarsest
-         graph as ``"clusters"`` does below (best of a few tries); then project the partition
+         graph as ``"clusters"`` does below (best of a few tries), or where it has at most
+         3,000 nodes and that cuts less within both bounds, by recursive bisection
+         (`jgrind.partition.bisection`: half the cut on meshes); then project the partition
          back level by level, refining it at every level (moving whole clusters at the coarse
          ones). The coarsest graph's partition places the boundaries as a whole, which
          node-level moves alone cannot do on graphs with locality (meshes, road networks,
