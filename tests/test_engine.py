@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import os
 import pathlib
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -289,6 +290,27 @@ def test_a_step_finishes_before_the_load_two_partitions_on_starts(prefetch, monk
         assert events.index(("finished", order[k - 2])) < events.index(("load", order[k]))
         assert events.index(("dispatch", order[k - 1])) < events.index(("finished",
                                                                         order[k - 2]))
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
+def test_an_engine_stopped_while_it_is_built_leaves_no_files(tmp_path, monkeypatch, stop):
+    """Ctrl-C or SIGTERM (the CLI raises them in the main thread) can land after the engine
+    has written the features to its store but before it is returned to a ``with``, which
+    would close it: the constructor removes the run's folder itself (seen in the full suite:
+    the SIGINT test's run folder left behind)."""
+    from jgrind.engine import engine as engine_module
+    graph = community_graph(num_nodes=200)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+
+    def interrupted(*args, **kwargs):
+        raise stop()
+    monkeypatch.setattr(engine_module, "Spares", interrupted)  # made after the threads
+    with pytest.raises(stop):
+        OutOfCore(graph, model, optax.sgd(0.1), policy=policies.ssd_offload(tmp_path),
+                  num_parts=2)
+    assert list(tmp_path.iterdir()) == []
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("jgrind-")]
+    assert not alive, alive
 
 
 def test_two_runs_share_a_directory_without_colliding(tmp_path):

@@ -216,6 +216,9 @@ class OutOfCore:
                            host_tables_bytes=self.memory.stored_peaks[1],
                            input_buffer_bytes=self._input_buffer_bytes())
         self._snapshots: dict[int, Snapshot] = {}
+        self.pool = self.writer = None
+        # From here the run has files in its store folder: an error or a signal (Ctrl-C,
+        # SIGTERM) before the engine is returned must remove them, as `close` does later.
         try:
             self.activations = [self.store.table(ACTIVATION, l, self.widths[l],
                                                  self._fates(ACTIVATION, l))
@@ -227,31 +230,34 @@ class OutOfCore:
             for part in pg.partitions:
                 if part.num_owned:
                     features.write(part.index, graph.features[part.owned])
+            self.num_nodes = graph.num_nodes
+            # The blocks' structure is the same every epoch: keep device copies when they fit
+            # next to the plan, instead of transferring every block again in each of the 2L
+            # sweeps.
+            structure = sum(part.nbytes() for part in self.parts)
+            self._blocks = ({part.index: jax.device_put(part.block) for part in self.parts}
+                            if self.memory.device + structure <= self.device_budget else {})
+            self._local_blocks = {part.index: jax.device_put(_local_block(part))
+                                  for part in self.parts} if any(self.local) else {}
+            # named threads: profilers (tools/profile_ops.py --overlapped, py-spy) tell them
+            # apart
+            if prefetch:
+                self.pool = cf.ThreadPoolExecutor(max_workers=2,
+                                                  thread_name_prefix="jgrind-loader")
+                self.writer = cf.ThreadPoolExecutor(max_workers=1,
+                                                    thread_name_prefix="jgrind-writer")
+            self._in_flight: collections.deque = collections.deque()  # see `_loaded`
+            # Stored step outputs, donated to the next step of the same shape (no fresh pages).
+            # A kept one lives from its write to that step's end, where without it the step's
+            # own buffer would live from the step's start: one more output alive, which the
+            # device budget must hold beside the plan (the 1M-node benchmark: +0.16-0.25 GiB
+            # of peak RSS, docs/results.md section 4).
+            self.spares = Spares(enabled=self.memory.device + self._largest_output()
+                                 <= self.device_budget)
+            self._update = jax.jit(self._apply_update, donate_argnums=(0, 1))
         except BaseException:
-            self.store.close()
+            self.close()
             raise
-        self.num_nodes = graph.num_nodes
-        # The blocks' structure is the same every epoch: keep device copies when they fit next to
-        # the plan, instead of transferring every block again in each of the 2L sweeps.
-        structure = sum(part.nbytes() for part in self.parts)
-        self._blocks = ({part.index: jax.device_put(part.block) for part in self.parts}
-                        if self.memory.device + structure <= self.device_budget else {})
-        self._local_blocks = {part.index: jax.device_put(_local_block(part))
-                              for part in self.parts} if any(self.local) else {}
-        # named threads: profilers (tools/profile_ops.py --overlapped, py-spy) tell them apart
-        self.pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="jgrind-loader") \
-            if prefetch else None
-        self.writer = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="jgrind-writer") \
-            if prefetch else None
-        self._in_flight: collections.deque = collections.deque()  # see `_loaded`
-        # Stored step outputs, donated to the next step of the same shape (no fresh pages). A
-        # kept one lives from its write to that step's end, where without it the step's own
-        # buffer would live from the step's start: one more output alive, which the device
-        # budget must hold beside the plan (the 1M-node benchmark: +0.16-0.25 GiB
-        # of peak RSS, docs/results.md section 4).
-        self.spares = Spares(enabled=self.memory.device + self._largest_output()
-                             <= self.device_budget)
-        self._update = jax.jit(self._apply_update, donate_argnums=(0, 1))
 
     # -- planning helpers ---------------------------------------------------------------------
     def _fates(self, name: str, layer: int) -> list[Fate]:
