@@ -53,10 +53,10 @@ class Recycler:
 
     A buffer this large (hundreds of MB: a partition's gathered rows) is a fresh ``mmap`` on
     every allocation and an ``munmap`` on every free, so the kernel maps and zeroes its pages
-    again for every step: on the 2-core test machine, gathering 200k rows of 256 floats took
-    27-29 ms into fresh memory and 19-20 ms into a reused buffer. The recycler keeps the blocks
-    it made, up to ``max_bytes`` in all, and serves a request from the smallest kept block at
-    least as large that nothing holds any more.
+    again for every step: in an ad-hoc check on the 2-core test machine, gathering 200k rows
+    of 256 floats took 27-29 ms into fresh memory and 19-20 ms into a reused buffer. The
+    recycler keeps the blocks it made, up to ``max_bytes`` in all, and serves a request from
+    the smallest kept block at least as large that nothing holds any more.
 
     "Nothing holds it" is read from the block's reference count: every array handed out is a
     view of the block (NumPy views keep their base alive), a JAX array that adopted it without a
@@ -66,6 +66,11 @@ class Recycler:
 
     The kept blocks stay resident between uses: a caller sizes ``max_bytes`` to what its
     budget holds beside its plan (0 turns recycling off). `made` and `reused` count requests.
+
+    The store's tables have a pool of their own (`jgrind.engine.host_arrays.HostArrays`):
+    a table is freed explicitly, and its memory is counted in the host account. A step input
+    has no such moment (its last holder may be XLA, the writer thread or a view), hence the
+    reference counts here.
     """
 
     def __init__(self, max_bytes: int = 0):
