@@ -226,12 +226,9 @@ def test_a_bisection_that_breaks_the_edge_bound_is_not_kept(monkeypatch):
         proposed.append(True)
         return halves.copy()
 
-    def pick(proposal):
-        monkeypatch.setattr(P, "recursive_bisection", proposal)
-        return P._initial_partition(graph, True, k, node_cap, edge_cap, np.random.default_rng(0),
-                                    1 << 22, 8, 10, 0.5, 1.0)
-
-    got = pick(propose)
+    monkeypatch.setattr(P, "recursive_bisection", propose)
+    got = P._initial_partition(graph, True, k, node_cap, edge_cap, np.random.default_rng(0),
+                               1 << 22, 8, 10, 0.5, 1.0)
     assert proposed and not np.array_equal(got, halves)
     assert np.bincount(got, weights=graph[3][1], minlength=k).max() <= edge_cap
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import math
 import os
 from typing import Callable, Optional
 
@@ -499,7 +500,7 @@ class OutOfCore:
         beside the plan, else none. On the CPU backend the plan counts step inputs in the
         device's working set (its memory is host RAM), beside which a kept step output
         (`spares`) may also live; elsewhere they are host RAM staged for the transfer."""
-        largest = 4 * max([(p.num_out if self.local[l] else p.num_in) * self.widths[l]
+        largest = 4 * max([math.prod(self._input_shape(p, l))
                            for p in self.parts for l in range(self.num_layers)], default=0)
         want = INPUT_BUFFERS * largest
         if jax.default_backend() == "cpu":

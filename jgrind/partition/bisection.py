@@ -58,9 +58,10 @@ def recursive_bisection(indptr: np.ndarray, indices: np.ndarray, weights, node_w
             bounds.append(min(share_parts * node_cap,
                               max(math.floor(share * (1 + slack)), math.ceil(share) + heaviest)))
         best = None
+        edges = edge_weights(*graph)
         for _ in range(TRIES):
-            side = _grow(*graph, nw, left / parts * sub_total, rng)
-            cut = _cut(*graph, side)
+            side = _grow(graph[0], graph[1], edges, nw, left / parts * sub_total, rng)
+            cut = cut_weight(graph[1], edges, side)
             load = np.bincount(side, weights=nw, minlength=2)
             key = (float(np.maximum(load - bounds, 0).sum()), cut)
             if best is None or key < best[0]:
@@ -72,24 +73,25 @@ def recursive_bisection(indptr: np.ndarray, indices: np.ndarray, weights, node_w
     return labels
 
 
-def _edge_weights(indptr, indices, weights) -> tuple[np.ndarray, np.ndarray]:
+def edge_weights(indptr, indices, weights) -> tuple[np.ndarray, np.ndarray]:
     """``(rows, weights)`` of every entry, self loops weighted 0."""
     rows = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
     w = np.ones(indices.size, np.int64) if weights is None else weights.astype(np.int64)
     return rows, np.where(rows == indices, 0, w)
 
 
-def _cut(indptr, indices, weights, side) -> int:
-    rows, w = _edge_weights(indptr, indices, weights)
-    return int(w[side[rows] != side[indices]].sum())
+def cut_weight(indices, edges, labels) -> int:
+    """The summed weight of the entries between parts; ``edges`` from `edge_weights`."""
+    rows, w = edges
+    return int(w[labels[rows] != labels[indices]].sum())
 
 
-def _grow(indptr, indices, weights, node_weight, target: float, rng) -> np.ndarray:
+def _grow(indptr, indices, edges, node_weight, target: float, rng) -> np.ndarray:
     """Side 0 grown from a random node, the node with the most weight into it (less its
     weight elsewhere) first, until it holds about ``target`` node weight; a new random node
-    starts where the region has no neighbour left."""
+    starts where the region has no neighbour left. ``edges``: `edge_weights`."""
     n = indptr.size - 1
-    rows, w = _edge_weights(indptr, indices, weights)
+    rows, w = edges
     degree = np.bincount(rows, weights=w, minlength=n).astype(np.int64)
     side = np.ones(n, np.int64)
     inside = np.zeros(n, np.int64)  # weight of edges into side 0

@@ -23,7 +23,7 @@ import numpy as np
 
 from jgrind import _kernels
 from jgrind.graph import Graph, GraphError
-from jgrind.partition.bisection import recursive_bisection
+from jgrind.partition.bisection import cut_weight, edge_weights, recursive_bisection
 
 __all__ = ["contiguous", "random", "label_propagation", "metis", "PARTITIONERS",
            "check_num_parts", "neighbour_csr"]
@@ -733,9 +733,7 @@ def _drop_free(indptr, indices, weights, node_weights, inverse):
 
 def _cut_weight(indptr, indices, weights, labels) -> int:
     """The summed weight of the entries between partitions."""
-    rows = np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
-    cut = labels[rows] != labels[indices]
-    return int(cut.sum() if weights is None else weights[cut].sum())
+    return cut_weight(indices, edge_weights(indptr, indices, weights), labels)
 
 
 def _initial_partition(graph, coarse, k, node_cap, edge_cap, rng, chunk_entries,
