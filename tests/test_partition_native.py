@@ -326,3 +326,46 @@ def test_out_of_memory_is_an_error_not_an_abort(native):
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "MemoryError: label propagation: a native kernel ran out of memory" in done.stdout
+
+
+def test_bisection_kernels_equal_python_bit_for_bit(native):
+    """`bisection.cc`'s growing and balancing against their Python references on random
+    graphs, with and without edge weights and self loops."""
+    from jgrind.partition import bisection as B
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        n = int(rng.integers(2, 80))
+        indptr, indices = _random_csr(rng, n, int(rng.integers(0, 300)), symmetric=True,
+                                      loops=trial % 3 == 0)
+        weights = None if trial % 2 else rng.integers(1, 5, indices.size)
+        edges = B.edge_weights(indptr, indices, weights)
+        node_weight = rng.integers(1, 4, n).astype(np.float64)
+        load = np.bincount(edges[0], minlength=n).astype(np.float64)
+        shares = np.stack([node_weight / node_weight.sum(), load / max(load.sum(), 1.0)])
+        target = float(rng.uniform(0.2, 1.0))
+        side = B._grow(indptr, indices, edges, shares.sum(axis=0), target,
+                       np.random.default_rng(trial))
+        draws = np.random.default_rng(trial)
+        tie, order = draws.permutation(n), draws.permutation(n)
+        np.testing.assert_array_equal(
+            side, B._grow_python(indptr, indices, edges, shares.sum(axis=0), target, tie, order))
+        bounds = np.array([[0.52, 0.52], [0.55, 0.55]]) * float(rng.uniform(0.9, 1.1))
+        native_side, python_side = side.copy(), side.copy()
+        left = B._balance(indptr, indices, edges, native_side, shares, bounds)
+        assert left == B._balance_python(indptr, indices, edges, python_side, shares, bounds)
+        np.testing.assert_array_equal(native_side, python_side)
+
+
+def test_recursive_bisection_is_the_same_without_the_kernels(native, without_native):
+    from jgrind.partition.bisection import recursive_bisection
+    g = community_graph(2000, num_classes=8, seed=1)
+    indptr, indices = neighbour_csr(g)
+    indptr = indptr.astype(np.int64)
+    load = g.in_degree().astype(np.int64)
+    constraints = [(np.ones(g.num_nodes, np.int64), 270), (load, int(1.1 * load.sum() / 8))]
+    with_kernels = recursive_bisection(indptr, indices, None, constraints, 8,
+                                       np.random.default_rng(0))
+    without_native()
+    np.testing.assert_array_equal(
+        with_kernels, recursive_bisection(indptr, indices, None, constraints, 8,
+                                          np.random.default_rng(0)))

@@ -3,10 +3,11 @@
 Nothing happens at import: the first call of `load` (or `available`) compiles
 ``csr_spmm.cc`` (the sparse product), ``rows.cc`` (host row gathers and scatter-adds, see
 `jgrind.rows`), ``spans.cc`` (the SSD tier's row reads and read-add-writes, see
-`jgrind.engine.ssd`), ``checksum.cc`` (CRC32C, see `jgrind.checksum`) and ``labels.cc``
-(label propagation's inner loop, see `jgrind.partition.partitioners`) with the system C++
-compiler into one library in a cache directory (see `build`), loads it with ctypes and
-registers the FFI target ``CSR_SPMM_TARGET`` for the CPU platform. The outcome, success or
+`jgrind.engine.ssd`), ``checksum.cc`` (CRC32C, see `jgrind.checksum`), ``labels.cc``
+(label propagation's inner loop, see `jgrind.partition.partitioners`) and ``bisection.cc``
+(the recursive bisection's growing and balancing, see `jgrind.partition.bisection`) with the
+system C++ compiler into one library in a cache directory (see `build`), loads it with ctypes
+and registers the FFI target ``CSR_SPMM_TARGET`` for the CPU platform. The outcome, success or
 failure, is remembered for the life of the process.
 
 Environment:
@@ -28,9 +29,9 @@ from pathlib import Path
 from typing import Optional
 
 CSR_SPMM_TARGET = "jgrind_csr_spmm_f32"
-_ABI_VERSION = 5  # 2: the row kernels (rows.cc); 3: with int32 indices too;
+_ABI_VERSION = 6  # 2: the row kernels (rows.cc); 3: with int32 indices too;
 #                  4: SSD row spans (spans.cc), the CRC32C checksum (checksum.cc);
-#                  5: label propagation's kernels (labels.cc)
+#                  5: label propagation's kernels (labels.cc); 6: bisection.cc
 
 _lock = threading.Lock()
 _state: Optional["Native"] = None
@@ -143,6 +144,14 @@ def _load() -> Native:
     lib.jgrind_is_symmetric.restype = ctypes.c_int
     lib.jgrind_is_symmetric.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                         ctypes.c_int64, ctypes.c_int64]
+    # (indptr, indices, entry weights, measure, n, target, tie, order, side): bisection.cc
+    lib.jgrind_grow.restype = ctypes.c_int
+    lib.jgrind_grow.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_double] + [
+        ctypes.c_void_p] * 3
+    # (indptr, indices, entry weights, side, shares, bounds, constraints, n, excess left)
+    lib.jgrind_balance.restype = ctypes.c_int
+    lib.jgrind_balance.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 2 + [
+        ctypes.c_void_p]
     jax.ffi.register_ffi_target(CSR_SPMM_TARGET, jax.ffi.pycapsule(lib.JgrindCsrSpmmF32),
                                 platform="cpu")
     return Native(path=result.path, isa=lib.jgrind_kernel_isa().decode(),

@@ -27,7 +27,7 @@ from jgrind.caches import cache_root, cpu_identity
 # compiled together into one shared library
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("csr_spmm.cc", "rows.cc", "spans.cc", "checksum.cc",
-                             "labels.cc"))
+                             "labels.cc", "bisection.cc"))
 BASE_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c++17", "-pthread")
 COMPILE_TIMEOUT_S = 300
 

@@ -25,8 +25,10 @@ CiteSeer and minesweeper once balanced, in an ad-hoc comparison over 3 seeds and
 Tries rank by the excess left first, then by cut. The caller keeps the result only where it
 ranks before its other start (`jgrind.partition.partitioners._initial_partition`).
 
-Plain Python and NumPy, for graphs of a few thousand nodes and tens of thousands of entries:
-a growth costs a few microseconds per neighbour entry, a balancing move a pass over the nodes.
+The growing and the balancing run in native code (``jgrind/_kernels/bisection.cc``) where the
+kernels can be built, else in Python (3x slower on a coarsest graph of 67,245 nodes): the
+same partition either way. A balancing move is a pass over the nodes, so the time grows with
+the square of the nodes (`jgrind.partition.partitioners._BISECTION_NODES`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import heapq
 import math
 
 import numpy as np
+
+from jgrind import _kernels
 
 TRIES = 4  # growths per bisection from different random nodes; the best is kept
 
@@ -110,14 +114,31 @@ def cut_weight(indices, edges, labels) -> int:
 def _grow(indptr, indices, edges, measure, target: float, rng) -> np.ndarray:
     """Side 0 grown from a random node, the node with the most weight into it (less its
     weight elsewhere) first, until it holds about ``target`` of ``measure`` (per node); a new
-    random node starts where the region has no neighbour left. ``edges``: `edge_weights`."""
+    random node starts where the region has no neighbour left. ``edges``: `edge_weights`.
+    In native code (``jgrind/_kernels/bisection.cc``) where the kernels can be built, else
+    in Python: the same side either way."""
+    n = indptr.size - 1
+    tie = rng.permutation(n)
+    order = rng.permutation(n)
+    lib = _kernels.library()
+    if lib is None:
+        return _grow_python(indptr, indices, edges, measure, target, tie, order)
+    side = np.empty(n, np.int64)
+    ip, ix, w = _csr(indptr, indices, edges)
+    measure = _f64(measure)
+    _check_native(lib.jgrind_grow(ip.ctypes.data, ix.ctypes.data, w.ctypes.data,
+                                  measure.ctypes.data, n, float(target), tie.ctypes.data,
+                                  order.ctypes.data, side.ctypes.data))
+    return side
+
+
+def _grow_python(indptr, indices, edges, measure, target, tie, order) -> np.ndarray:
+    """`_grow` in Python (``tie``, ``order``: its random permutations)."""
     n = indptr.size - 1
     rows, w = edges
     degree = np.bincount(rows, weights=w, minlength=n).astype(np.int64)
     side = np.ones(n, np.int64)
     inside = np.zeros(n, np.int64)  # weight of edges into side 0
-    tie = rng.permutation(n)
-    order = rng.permutation(n)
     heap: list = []
     load, next_seed = 0.0, 0
     while load < target:
@@ -150,13 +171,31 @@ def _balance(indptr, indices, edges, side, shares, bounds) -> float:
     unit of excess removed (ties: the larger drop). ``shares``: the weights (one row per
     constraint), ``bounds``: ``(constraints, 2)`` in the same units. Returns the excess left:
     0 where balanced, else where no single move lowers it (a swap would be needed: the
-    caller's refinement and its ranking of starts take it from there)."""
+    caller's refinement and its ranking of starts take it from there). In native code where
+    the kernels can be built (a pass over the nodes per move), else in Python: the same moves
+    either way."""
+    lib = _kernels.library()
+    if lib is None:
+        return _balance_python(indptr, indices, edges, side, shares, bounds)
+    if side.dtype != np.int64 or not side.flags.c_contiguous:
+        raise ValueError("_balance: side must be a contiguous int64 array (moved in place)")
+    ip, ix, w = _csr(indptr, indices, edges)
+    shares, bounds = _f64(shares), _f64(bounds)
+    left = np.zeros(1, np.float64)
+    _check_native(lib.jgrind_balance(ip.ctypes.data, ix.ctypes.data, w.ctypes.data,
+                                     side.ctypes.data, shares.ctypes.data, bounds.ctypes.data,
+                                     shares.shape[0], side.size, left.ctypes.data))
+    return float(left[0])
+
+
+def _balance_python(indptr, indices, edges, side, shares, bounds) -> float:
+    """`_balance` in Python."""
     rows, w = edges
     n = side.size
     load = np.stack([np.bincount(side, weights=s, minlength=2) for s in shares])
     to_side0 = np.bincount(rows, weights=w * (side[indices] == 0), minlength=n)
     degree = np.bincount(rows, weights=w, minlength=n)
-    excess = float(np.maximum(load - bounds, 0).sum())
+    excess = _excess(load, bounds)
     for _ in range(n):  # each move lowers the excess; n moves bound the loop all the same
         if excess <= 0:
             break
@@ -180,8 +219,29 @@ def _balance(indptr, indices, edges, side, shares, bounds) -> float:
         load[:, 1 - was] += shares[:, v]
         span = slice(indptr[v], indptr[v + 1])
         np.add.at(to_side0, indices[span], w[span] if was == 1 else -w[span])
-        excess = float(np.maximum(load - bounds, 0).sum())
+        excess = _excess(load, bounds)
     return excess
+
+
+def _excess(load, bounds) -> float:
+    """The summed excess of ``load`` over ``bounds`` (``(constraints, 2)``), term by term in
+    order (as the native code sums it)."""
+    return sum(max(x, 0.0) for x in (load - bounds).ravel().tolist())
+
+
+def _csr(indptr, indices, edges) -> tuple[np.ndarray, ...]:
+    """The CSR and its entry weights as the native kernels take them: contiguous int64."""
+    return tuple(np.ascontiguousarray(a, np.int64) for a in (indptr, indices, edges[1]))
+
+
+def _f64(a) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float64)
+
+
+def _check_native(rc: int) -> None:
+    if rc != 0:
+        raise MemoryError("recursive bisection: a native kernel ran out of memory; partition "
+                          "on a machine with more memory, or with JGRIND_DISABLE_NATIVE=1")
 
 
 def induced(indptr, indices, weights, members: np.ndarray):

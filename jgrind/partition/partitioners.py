@@ -668,11 +668,17 @@ _KEPT_ENTRIES = 0.5
 _ATTEMPTS = 4
 _ATTEMPT_ENTRIES = 1 << 20
 # The graph the start is made for (the coarsest one, or the input where it is not coarsened) is
-# also cut by recursive bisection (`jgrind.partition.bisection`, plain Python) when it has at
-# most this many nodes and entries: coarsening stops near 64 clusters per partition, so up to
-# 32-64 partitions; under a second on the test machine.
-_BISECTION_NODES = 4096
-_BISECTION_ENTRIES = 1 << 16
+# also cut by recursive bisection (`jgrind.partition.bisection`) when it has at most this many
+# nodes and entries: coarsening stops near 64 clusters per partition, so up to about 512
+# partitions on graphs that coarsen well. Its balancing moves cost a pass over the nodes
+# each, so the time grows with the square of the nodes. In native code on the test machine,
+# the start took 1.0 s for 34,743 nodes (a mesh at k = 512), and the bisection alone 6.4 s
+# for 67,245 nodes (k = 1024); in Python, without the native kernels, the latter took 19.5 s.
+# Dense coarsest graphs (tolokers': 5,000-7,000 nodes, 520,000-850,000 entries) are left to
+# the ranges: there the bisection's start cut less at k = 8 and 64 but more at k = 16
+# (73.0 % against 70.2 %), and took 1.3-3.3x the partitioner's time.
+_BISECTION_NODES = 40_000
+_BISECTION_ENTRIES = 1 << 18
 
 
 def _coarsen(indptr, indices, in_degree, k, node_cap, edge_cap, rng, chunk_entries,
@@ -966,7 +972,7 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
          (clusters of at most half the partitions' slack) and contraction, level after level,
          until about 64 clusters per partition are left (`_coarsen`); partition the coarsest
          graph as ``"clusters"`` does below (best of a few tries), or where it has at most
-         4,096 nodes and 65,536 entries and that breaks the bounds less or cuts less, by
+         40,000 nodes and 262,144 entries and that breaks the bounds less or cuts less, by
          recursive bisection balanced in both weights (`jgrind.partition.bisection`: half
          the cut on meshes, a quarter to a half less on citation graphs, whose hubs the
          ranges can leave at 1.6-2.5x the mean edge load); then project the partition
