@@ -195,7 +195,7 @@ def _balance_python(indptr, indices, edges, side, shares, bounds) -> float:
     load = np.stack([np.bincount(side, weights=s, minlength=2) for s in shares])
     to_side0 = np.bincount(rows, weights=w * (side[indices] == 0), minlength=n)
     degree = np.bincount(rows, weights=w, minlength=n)
-    excess = _excess(load, bounds)
+    excess = _summed_excess(load, bounds)
     for _ in range(n):  # each move lowers the excess; n moves bound the loop all the same
         if excess <= 0:
             break
@@ -219,11 +219,11 @@ def _balance_python(indptr, indices, edges, side, shares, bounds) -> float:
         load[:, 1 - was] += shares[:, v]
         span = slice(indptr[v], indptr[v + 1])
         np.add.at(to_side0, indices[span], w[span] if was == 1 else -w[span])
-        excess = _excess(load, bounds)
+        excess = _summed_excess(load, bounds)
     return excess
 
 
-def _excess(load, bounds) -> float:
+def _summed_excess(load, bounds) -> float:
     """The summed excess of ``load`` over ``bounds`` (``(constraints, 2)``), term by term in
     order (as the native code sums it)."""
     return sum(max(x, 0.0) for x in (load - bounds).ravel().tolist())
