@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument("--seed", type=int, help="the partitioner's seed [0]")
     part.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="KEY=VALUE", help="a setting, as for `jgrind train` (dataset "
-                      "settings, e.g. num_nodes=100000; parts, partitioner, seed)")
+                      "settings, e.g. num_nodes=100000; parts, partitioner, "
+                      "partitioner_options, seed)")
 
     ds = sub.add_parser("datasets", help="list the datasets and where they are read from",
                         description="List built-in datasets, whether their files are present, "
@@ -319,11 +320,11 @@ def cmd_partition(args) -> int:
              "seed": args.seed}
     cfg = dataclasses.replace(RunConfig(), **{k: v for k, v in flags.items() if v is not None})
     cfg = cfg.with_overrides(args.overrides)
-    build_partitioner(cfg)  # its name checked before the graph is loaded
+    partitioner = build_partitioner(cfg)  # checked before the graph is loaded
     _parts_flag(args.parts)
     parts = cfg.parts or 8
     graph = load_graph(cfg)
-    m = measure(cfg.partitioner, graph, parts, seed=cfg.seed)
+    m = measure(partitioner, graph, parts, seed=cfg.seed)
     pg = partition_graph(graph, m.assignment, num_parts=parts)
     print(graph)
     print(quality(pg, m).format())

@@ -103,6 +103,10 @@ class RunConfig:
     "auto policy: hardware profile file ('' = the default, measured on first use)"
     partitioner: str = "label_propagation"
     "label_propagation | contiguous | random | metis"
+    partitioner_options: str = ""
+    ("the partitioner's options, as key:value pairs joined by commas, e.g. "
+     "edge_imbalance:1.5,imbalance:1.02 for label_propagation (at most that many times a fair "
+     "share of the edges and of the nodes per partition) or imbalance:1.05 for metis")
     device_budget: str = ""
     "device memory budget, e.g. 2GiB ('' = unlimited)"
     host_budget: str = ""
@@ -125,6 +129,7 @@ class RunConfig:
                 raise ConfigError(f"setting {name}={value!r} is out of range: {name} must be "
                                   f"{expected}")
         self.loader_options()  # a malformed list is an error now, not when the graph loads
+        self.partitioner_kwargs()
 
     def with_absolute_paths(self) -> "RunConfig":
         """This config with its paths (a dataset's ``prefix:PATH``, ``store``, ``profile``)
@@ -144,18 +149,12 @@ class RunConfig:
     def loader_options(self) -> dict:
         """``dataset_options`` as keyword arguments: ``"split:time,to_undirected:true"`` ->
         ``{"split": "time", "to_undirected": True}``; numbers and true/false are converted."""
-        options = {}
-        for item in filter(None, (p.strip() for p in self.dataset_options.split(","))):
-            key, sep, text = item.partition(":")
-            key = key.strip().replace("-", "_")
-            if not sep or not key.isidentifier():
-                raise ConfigError(f"setting dataset_options={self.dataset_options!r}: expected "
-                                  f"key:value pairs joined by commas, found {item!r}")
-            if key in ("num_nodes", "avg_degree"):  # one setting each, not two that disagree
-                raise ConfigError(f"setting dataset_options={self.dataset_options!r}: {key} "
-                                  f"is a setting of its own; pass --set {key}=... instead")
-            options[key] = _option_value(text.strip())
-        return options
+        # num_nodes and avg_degree are settings of their own, not two that could disagree
+        return _key_values("dataset_options", self.dataset_options, ("num_nodes", "avg_degree"))
+
+    def partitioner_kwargs(self) -> dict:
+        """``partitioner_options`` as keyword arguments (see `loader_options`)."""
+        return _key_values("partitioner_options", self.partitioner_options, ("seed",))
 
     @classmethod
     def field_docs(cls) -> dict[str, str]:
@@ -228,6 +227,23 @@ _LIMITS = {
     "num_nodes": (lambda v: v >= 1, "at least 1"),
     "avg_degree": (lambda v: math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
 }
+
+
+def _key_values(setting: str, text: str, own_settings: tuple[str, ...]) -> dict:
+    """``"a:1,b:true"`` -> ``{"a": 1, "b": True}`` for the setting named ``setting``; keys in
+    ``own_settings`` are settings of their own and refused here."""
+    options = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = item.partition(":")
+        key = key.strip().replace("-", "_")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"setting {setting}={text!r}: expected key:value pairs joined by "
+                              f"commas, found {item!r}")
+        if key in own_settings:
+            raise ConfigError(f"setting {setting}={text!r}: {key} is a setting of its own; "
+                              f"pass --set {key}=... instead")
+        options[key] = _option_value(value.strip())
+    return options
 
 
 def _option_value(text: str) -> object:
@@ -400,12 +416,40 @@ def build_policy(cfg: RunConfig, on_plan=None):
 
 
 def build_partitioner(cfg: RunConfig):
-    """The partitioner function the configuration names."""
+    """The partitioner function the configuration names, with its ``partitioner_options``
+    bound (each checked against the function's keyword arguments)."""
+    import functools
+    import inspect
+
     from jgrind.partition import PARTITIONERS
     if cfg.partitioner not in PARTITIONERS:
         raise ConfigError(f"unknown partitioner {cfg.partitioner!r}; use one of "
                           f"{', '.join(PARTITIONERS)}")
-    return PARTITIONERS[cfg.partitioner]
+    fn = PARTITIONERS[cfg.partitioner]
+    options = cfg.partitioner_kwargs()
+    if not options:
+        return fn
+    known = [name for name, p in inspect.signature(fn).parameters.items()
+             if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "seed"]
+    unknown = sorted(set(options) - set(known))
+    setting = f"setting partitioner_options={cfg.partitioner_options!r}"
+    if unknown:
+        raise ConfigError(f"{setting}: {cfg.partitioner} has no option {', '.join(unknown)}; "
+                          f"its options: {', '.join(known) or 'none'}")
+    bound = functools.wraps(fn)(functools.partial(fn, **options))
+    try:  # the values checked now, before any graph is loaded: one node, one part, no work
+        bound(_one_node_graph(), 1, seed=cfg.seed)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"{setting}: {e}") from None
+    return bound
+
+
+def _one_node_graph() -> Graph:
+    import numpy as np
+
+    from jgrind.graph import from_edges
+    none = np.zeros(0, np.int64)
+    return from_edges(none, none, np.zeros((1, 1), np.float32), np.zeros(1, np.int32))
 
 
 def _aggregation_fate(cfg: RunConfig):
