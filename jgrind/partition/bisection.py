@@ -51,6 +51,7 @@ def recursive_bisection(indptr: np.ndarray, indices: np.ndarray, weights,
     part holds at most about ``cap`` of every weight (the bounds hold where the nodes are light
     enough to split finely; the caller checks)."""
     n = indptr.size - 1
+    indices = np.ascontiguousarray(indices, np.int64)  # once: the kernels take int64
     labels = np.zeros(n, np.int64)
     depth = max(1, math.ceil(math.log2(max(k, 2))))
     # slack per level: compounded over the levels, it is the slack of cap over a fair share

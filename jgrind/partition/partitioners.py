@@ -850,11 +850,7 @@ def _enforce_node_capacity(indptr, indices, labels, k, node_cap):
     if not excess.any():
         return labels
     cand = np.flatnonzero(excess[labels] > 0)
-    deg = np.diff(indptr)[cand]
-    rows = np.repeat(np.arange(cand.size), deg)
-    starts = np.repeat(indptr[cand] - np.concatenate([[0], np.cumsum(deg)[:-1]]), deg)
-    inside = np.bincount(rows, weights=labels[indices[np.arange(rows.size) + starts]]
-                         == labels[cand][rows], minlength=cand.size)
+    inside = _neighbours_inside(indptr, indices, labels, cand)
     order = np.lexsort((cand, inside, labels[cand]))  # by partition, fewest inside first
     cand = cand[order]
     rank = np.arange(cand.size) - np.searchsorted(labels[cand], labels[cand])
@@ -864,6 +860,15 @@ def _enforce_node_capacity(indptr, indices, labels, k, node_cap):
     targets = np.repeat(by_room, room[by_room])[:movers.size]
     labels[movers] = targets
     return labels
+
+
+def _neighbours_inside(indptr, indices, labels, nodes) -> np.ndarray:
+    """For each of ``nodes``, how many of its CSR neighbours share its label."""
+    deg = np.diff(indptr)[nodes]
+    rows = np.repeat(np.arange(nodes.size), deg)
+    starts = np.repeat(indptr[nodes] - np.concatenate([[0], np.cumsum(deg)[:-1]]), deg)
+    same = labels[indices[np.arange(rows.size) + starts]] == labels[nodes][rows]
+    return np.bincount(rows, weights=same, minlength=nodes.size)
 
 
 def _enforce_edge_capacity(indptr, indices, labels, k, node_cap, edge_load, edge_cap,
@@ -893,12 +898,7 @@ def _enforce_edge_capacity(indptr, indices, labels, k, node_cap, edge_load, edge
         before = moves
         for p in over[np.argsort(-load[over], kind="stable")]:
             members = np.flatnonzero(labels == p)
-            deg = np.diff(indptr)[members]
-            rows = np.repeat(np.arange(members.size), deg)
-            starts = np.repeat(indptr[members] - np.concatenate([[0], np.cumsum(deg)[:-1]]),
-                               deg)
-            inside = np.bincount(rows, weights=labels[indices[np.arange(rows.size) + starts]]
-                                 == p, minlength=members.size)
+            inside = _neighbours_inside(indptr, indices, labels, members)
             cost = (inside + 1) / np.maximum(edge_load[members], 1)
             for v in members[np.argsort(cost, kind="stable")]:
                 if load[p] <= edge_cap:
