@@ -356,6 +356,36 @@ def test_bisection_kernels_equal_python_bit_for_bit(native):
         np.testing.assert_array_equal(native_side, python_side)
 
 
+def test_balancing_by_bounded_scores_takes_the_full_rankings_moves(native):
+    """The native balancing scores only the nodes whose bound reaches the best score found;
+    on larger graphs from lopsided starts (hundreds of moves, one to three constraints, some
+    nodes of weight 0, sides over in different constraints so that the bounds' pattern flips)
+    its moves are those of the Python code, which scores every node at every move."""
+    from jgrind.partition import bisection as B
+    rng = np.random.default_rng(11)
+    moved = 0
+    for trial in range(24):
+        n = int(rng.integers(300, 2500))
+        indptr, indices = _random_csr(rng, n, int(rng.integers(n, 5 * n)), symmetric=True,
+                                      loops=trial % 4 == 0)
+        weights = None if trial % 2 else rng.integers(1, 5, indices.size)
+        edges = B.edge_weights(indptr, indices, weights)
+        rows = []
+        for c in range(1 + trial % 3):
+            weight = (rng.integers(1, 4, n), np.bincount(edges[0], minlength=n),
+                      rng.integers(0, 3, n))[(trial + c) % 3].astype(np.float64)
+            rows.append(weight / max(weight.sum(), 1.0))
+        shares = np.stack(rows)
+        start = (rng.random(n) < rng.uniform(0.1, 0.9)).astype(np.int64)
+        bounds = 0.5 * rng.uniform(0.97, 1.15, (shares.shape[0], 2))
+        native_side, python_side = start.copy(), start.copy()
+        left = B._balance(indptr, indices, edges, native_side, shares, bounds)
+        assert left == B._balance_python(indptr, indices, edges, python_side, shares, bounds)
+        np.testing.assert_array_equal(native_side, python_side)
+        moved += int((native_side != start).sum())
+    assert moved > 5000
+
+
 def test_recursive_bisection_is_the_same_without_the_kernels(native, without_native):
     from jgrind.partition.bisection import recursive_bisection
     g = community_graph(2000, num_classes=8, seed=1)

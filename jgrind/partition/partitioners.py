@@ -668,17 +668,30 @@ _KEPT_ENTRIES = 0.5
 _ATTEMPTS = 4
 _ATTEMPT_ENTRIES = 1 << 20
 # The graph the start is made for (the coarsest one, or the input where it is not coarsened) is
-# also cut by recursive bisection (`jgrind.partition.bisection`) when it has at most this many
-# nodes and entries: coarsening stops near 64 clusters per partition, so up to about 512
-# partitions on graphs that coarsen well. Its balancing moves cost a pass over the nodes
-# each, so the time grows with the square of the nodes. In native code on the test machine,
-# the start took 1.0 s for 34,743 nodes (a mesh at k = 512), and the bisection alone 6.4 s
-# for 67,245 nodes (k = 1024); in Python, without the native kernels, the latter took 19.5 s.
+# also cut by recursive bisection (`jgrind.partition.bisection`) when it has at most
+# `_BISECTION_NODES` nodes and at most `_BISECTION_ENTRIES` entries or, beyond that,
+# `_BISECTION_DEGREE` per node (a mesh's coarsest graphs hold about 6 a node, tolokers' about
+# 100). Coarsening stops near 64 clusters per partition where the clusters can grow: on a
+# mesh of 1M nodes the coarsest graph has 67,245 nodes at k = 1024, 229,603 at k = 2048 and
+# 499,645 at k = 4096 (past the limit). On the test machine the partitioner took 4.2 s for
+# that mesh at k = 1024 and 8.0 s at k = 2048, against 3.0 and 3.3 s with ranges only (halo
+# rows 157,045 and 225,246 against 340,948 and 550,705). In Python, without the native
+# kernels, the bisection's balancing scores every node at every move and the growing runs in
+# the interpreter: 30 s at k = 1024, so there the limit stays at `_BISECTION_NODES_PYTHON`.
 # Dense coarsest graphs (tolokers': 5,000-7,000 nodes, 520,000-850,000 entries) are left to
 # the ranges: there the bisection's start cut less at k = 8 and 64 but more at k = 16
 # (73.0 % against 70.2 %), and took 1.3-3.3x the partitioner's time.
-_BISECTION_NODES = 40_000
+_BISECTION_NODES = 1 << 18
+_BISECTION_NODES_PYTHON = 40_000
 _BISECTION_ENTRIES = 1 << 18
+_BISECTION_DEGREE = 8
+
+
+def _bisected(nodes: int, entries: int) -> bool:
+    """Whether a start for a graph of this size is also tried by recursive bisection."""
+    limit = (_BISECTION_NODES if _kernels.library() is not None
+             else min(_BISECTION_NODES, _BISECTION_NODES_PYTHON))
+    return nodes <= limit and entries <= max(_BISECTION_ENTRIES, _BISECTION_DEGREE * nodes)
 
 
 def _coarsen(indptr, indices, in_degree, k, node_cap, edge_cap, rng, chunk_entries,
@@ -749,9 +762,9 @@ def _initial_partition(graph, coarse, k, node_cap, edge_cap, rng, chunk_entries,
     """Partition the coarsest graph: an order from `_cluster_order`, cut by `_balanced_cut`,
     refined to a fixed point (at most ``4 * iterations`` rounds); the lowest cut of
     `_ATTEMPTS` tries when the graph is small. When the graph is the input (not ``coarse``),
-    a single try is left for the caller to refine, as the ``"clusters"`` start. A graph of at
-    most `_BISECTION_NODES` nodes and `_BISECTION_ENTRIES` entries is also cut by recursive
-    bisection, whose partition is kept where it ranks first by `_start_key`."""
+    a single try is left for the caller to refine, as the ``"clusters"`` start. A graph small
+    and sparse enough (`_bisected`) is also cut by recursive bisection, whose partition is kept
+    where it ranks first by `_start_key`."""
     ip, ix, w, nws = graph
     free = (np.diff(ip) == 0) & (nws[0] == 1)
     attempts = _ATTEMPTS if ix.size <= _ATTEMPT_ENTRIES else 1
@@ -765,7 +778,7 @@ def _initial_partition(graph, coarse, k, node_cap, edge_cap, rng, chunk_entries,
         cut = _cut_weight(ip, ix, w, labels) if attempts > 1 else 0
         if best is None or cut < best_cut:
             best_cut, best = cut, labels
-    if ip.size - 1 <= _BISECTION_NODES and ix.size <= _BISECTION_ENTRIES:
+    if _bisected(ip.size - 1, ix.size):
         # Recursive bisection places the boundaries better (meshes: half the cut; citation
         # graphs: 10-54 % less at k = 16-64) and balances both weights, where the ranges can
         # break the edge bound (CiteSeer at k = 16: 1.6x the mean edge load). Kept where it
