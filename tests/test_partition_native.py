@@ -343,10 +343,8 @@ def test_bisection_kernels_equal_python_bit_for_bit(native):
         load = np.bincount(edges[0], minlength=n).astype(np.float64)
         shares = np.stack([node_weight / node_weight.sum(), load / max(load.sum(), 1.0)])
         target = float(rng.uniform(0.2, 1.0))
-        side = B._grow(indptr, indices, edges, shares.sum(axis=0), target,
-                       np.random.default_rng(trial))
-        draws = np.random.default_rng(trial)
-        tie, order = draws.permutation(n), draws.permutation(n)
+        tie, order = B._growth_draws(np.random.default_rng(trial), n)
+        side = B._grow(indptr, indices, edges, shares.sum(axis=0), target, (tie, order))
         np.testing.assert_array_equal(
             side, B._grow_python(indptr, indices, edges, shares.sum(axis=0), target, tie, order))
         bounds = np.array([[0.52, 0.52], [0.55, 0.55]]) * float(rng.uniform(0.9, 1.1))
@@ -384,6 +382,25 @@ def test_balancing_by_bounded_scores_takes_the_full_rankings_moves(native):
         np.testing.assert_array_equal(native_side, python_side)
         moved += int((native_side != start).sum())
     assert moved > 5000
+
+
+def test_bisection_tries_on_threads_give_the_labels_of_one_thread(native, monkeypatch):
+    """A bisection's tries run at once on threads (from `_PARALLEL_NODES` nodes, lowered here
+    so that every split of this graph runs so): the labels are those of one thread."""
+    from jgrind import _kernels
+    from jgrind.partition import bisection as B
+    g = community_graph(3000, num_classes=8, seed=2)
+    indptr, indices = neighbour_csr(g)
+    indptr = indptr.astype(np.int64)
+    load = g.in_degree().astype(np.int64)
+    constraints = [(np.ones(g.num_nodes, np.int64), 400), (load, int(1.1 * load.sum() / 8))]
+    monkeypatch.setattr(B, "_PARALLEL_NODES", 2)
+    labels = {}
+    for threads in (1, 4):
+        monkeypatch.setattr(_kernels, "num_threads", lambda threads=threads: threads)
+        labels[threads] = B.recursive_bisection(indptr, indices, None, constraints, 8,
+                                                np.random.default_rng(5))
+    np.testing.assert_array_equal(labels[1], labels[4])
 
 
 def test_recursive_bisection_is_the_same_without_the_kernels(native, without_native):

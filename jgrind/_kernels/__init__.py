@@ -69,6 +69,16 @@ class Native:
         return y
 
 
+def num_threads() -> int:
+    """``JGRIND_NUM_THREADS``, else the CPUs this process may run on: the threads a caller of
+    the kernels uses where it does not say."""
+    try:
+        return max(1, int(os.environ.get("JGRIND_NUM_THREADS", "")))
+    except ValueError:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+
+
 def disabled() -> bool:
     return os.environ.get("JGRIND_DISABLE_NATIVE", "").strip().lower() in ("1", "true", "yes")
 

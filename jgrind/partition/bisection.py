@@ -32,11 +32,14 @@ the scores, scoring a few hundred nodes a move where the Python code scores all 
 a mesh's coarsest graph of 67,245 nodes (k = 1024) the first balancing took 0.07 s, against
 1.3 s in native code that scored every node, and the whole bisection 1.4 s in native code,
 against over 19 s in Python; so the partitioner tries it on larger graphs where the kernels are
-built (`jgrind.partition.partitioners._bisected`).
+built (`jgrind.partition.partitioners._bisected`). A large bisection's tries run on threads
+(`_PARALLEL_NODES`), with the same result.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import contextlib
 import heapq
 import math
 
@@ -45,6 +48,9 @@ import numpy as np
 from jgrind import _kernels
 
 TRIES = 4  # growths per bisection from different random nodes; the best is kept
+# a bisection's tries run on threads from this many nodes (the kernels' calls then outweigh
+# the threads' overhead)
+_PARALLEL_NODES = 4096
 
 
 def recursive_bisection(indptr: np.ndarray, indices: np.ndarray, weights,
@@ -63,33 +69,55 @@ def recursive_bisection(indptr: np.ndarray, indices: np.ndarray, weights,
               for w, cap in constraints]
     heaviest = [int(w.max(initial=1)) for w, _ in constraints]
     stack = [(np.arange(n), (indptr, indices, weights), k, 0)]
-    while stack:
-        nodes, graph, parts, first = stack.pop()
-        if parts == 1 or nodes.size == 0:
-            labels[nodes] = first
-            continue
-        left = parts // 2
-        loads = [w[nodes].astype(np.float64) for w, _ in constraints]
-        bounds = np.array([_side_bounds(load.sum(), left, parts, cap, slack, heavy)
-                           for load, (_, cap), slack, heavy
-                           in zip(loads, constraints, slacks, heaviest)])
-        # every weight as a fraction of its total in this subgraph: excesses add up fairly
-        totals = np.array([max(load.sum(), 1.0) for load in loads])
-        shares = np.stack(loads) / totals[:, None]
-        measure = shares.sum(axis=0)
-        edges = edge_weights(*graph)
-        best = None
-        for _ in range(TRIES):
-            side = _grow(graph[0], graph[1], edges, measure, left / parts * measure.sum(), rng)
-            excess = _balance(graph[0], graph[1], edges, side, shares, bounds / totals[:, None])
-            key = (excess, cut_weight(graph[1], edges, side))
-            if best is None or key < best[0]:
-                best = (key, side)
-        side = best[1]
-        for s, share_parts, label in ((0, left, first), (1, parts - left, first + left)):
-            members = np.flatnonzero(side == s)
-            stack.append((nodes[members], induced(*graph, members), share_parts, label))
+    # the tries of a large bisection on threads: the kernels release the GIL, and the tries
+    # are independent, so the result is the same as one after the other
+    threads = min(TRIES, _kernels.num_threads())
+    parallel = threads > 1 and n >= _PARALLEL_NODES and _kernels.library() is not None
+    with cf.ThreadPoolExecutor(threads) if parallel else contextlib.nullcontext() as pool:
+        while stack:
+            _split(stack, labels, constraints, slacks, heaviest, rng, pool)
     return labels
+
+
+def _split(stack, labels, constraints, slacks, heaviest, rng, pool) -> None:
+    """One step of `recursive_bisection`: the subgraph on top of ``stack`` labelled where it is
+    one part, else cut in two (the best of `TRIES` growths, each balanced), both sides pushed.
+    ``pool``: threads for the tries of a large subgraph, or None."""
+    nodes, graph, parts, first = stack.pop()
+    if parts == 1 or nodes.size == 0:
+        labels[nodes] = first
+        return
+    left = parts // 2
+    loads = [w[nodes].astype(np.float64) for w, _ in constraints]
+    bounds = np.array([_side_bounds(load.sum(), left, parts, cap, slack, heavy)
+                       for load, (_, cap), slack, heavy
+                       in zip(loads, constraints, slacks, heaviest)])
+    # every weight as a fraction of its total in this subgraph: excesses add up fairly
+    totals = np.array([max(load.sum(), 1.0) for load in loads])
+    shares = np.stack(loads) / totals[:, None]
+    measure = shares.sum(axis=0)
+    target = left / parts * measure.sum()
+    edges = edge_weights(*graph)
+
+    def attempt(draws):
+        side = _grow(graph[0], graph[1], edges, measure, target, draws)
+        excess = _balance(graph[0], graph[1], edges, side, shares, bounds / totals[:, None])
+        return (excess, cut_weight(graph[1], edges, side)), side
+
+    # every try's random numbers drawn first, in order, so that the tries may run at once
+    draws = [_growth_draws(rng, nodes.size) for _ in range(TRIES)]
+    if pool is not None and nodes.size >= _PARALLEL_NODES:
+        tries = list(pool.map(attempt, draws))
+    else:
+        tries = [attempt(d) for d in draws]
+    best = None
+    for key, side in tries:  # the first of the lowest (excess, cut)
+        if best is None or key < best[0]:
+            best = (key, side)
+    side = best[1]
+    for s, share_parts, label in ((0, left, first), (1, parts - left, first + left)):
+        members = np.flatnonzero(side == s)
+        stack.append((nodes[members], induced(*graph, members), share_parts, label))
 
 
 def _side_bounds(total, left, parts, cap, slack, heaviest) -> list[float]:
@@ -116,15 +144,20 @@ def cut_weight(indices, edges, labels) -> int:
     return int(w[labels[rows] != labels[indices]].sum())
 
 
-def _grow(indptr, indices, edges, measure, target: float, rng) -> np.ndarray:
+def _growth_draws(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A growth's random numbers: a permutation breaking ties between equal gains, and the
+    order in which nodes start regions."""
+    return rng.permutation(n), rng.permutation(n)
+
+
+def _grow(indptr, indices, edges, measure, target: float, draws) -> np.ndarray:
     """Side 0 grown from a random node, the node with the most weight into it (less its
     weight elsewhere) first, until it holds about ``target`` of ``measure`` (per node); a new
-    random node starts where the region has no neighbour left. ``edges``: `edge_weights`.
-    In native code (``jgrind/_kernels/bisection.cc``) where the kernels can be built, else
-    in Python: the same side either way."""
+    random node starts where the region has no neighbour left. ``edges``: `edge_weights`;
+    ``draws``: `_growth_draws`. In native code (``jgrind/_kernels/bisection.cc``) where the
+    kernels can be built, else in Python: the same side either way."""
     n = indptr.size - 1
-    tie = rng.permutation(n)
-    order = rng.permutation(n)
+    tie, order = draws
     lib = _kernels.library()
     if lib is None:
         return _grow_python(indptr, indices, edges, measure, target, tie, order)

@@ -16,7 +16,6 @@ memory, so they work on graphs far larger than the accelerator.
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 import numpy as np
@@ -140,7 +139,7 @@ def _is_symmetric(graph: Graph) -> bool:
         indices = np.ascontiguousarray(indices)
         verdict = lib.jgrind_is_symmetric(indptr.ctypes.data, indices.ctypes.data,
                                           int(indices.dtype == np.int64), graph.num_nodes,
-                                          _num_threads())
+                                          _kernels.num_threads())
         _check_native(verdict == -2)
         if verdict >= 0:
             return bool(verdict)
@@ -220,7 +219,7 @@ def _best_labels(indptr, indices, weights, labels, k, salt, chunk_entries, per_n
     rc = lib.jgrind_best_labels(indptr.ctypes.data, indices.ctypes.data,
                                 int(indices.dtype == np.int64), ptr(weights), labels.ctypes.data,
                                 n, k, salt, int(per_node_ties), ptr(penalty), ptr(extra),
-                                best.ctypes.data, gain.ctypes.data, _num_threads())
+                                best.ctypes.data, gain.ctypes.data, _kernels.num_threads())
     if rc == 1:
         raise ValueError("label propagation: edge weights must be positive")
     _check_native(rc != 0)
@@ -237,15 +236,6 @@ def _check_native(failed: bool) -> None:
     if failed:
         raise MemoryError("label propagation: a native kernel ran out of memory; partition "
                           "on a machine with more memory, or with JGRIND_DISABLE_NATIVE=1")
-
-
-def _num_threads() -> int:
-    """``JGRIND_NUM_THREADS``, else the CPUs this process may run on."""
-    try:
-        return max(1, int(os.environ.get("JGRIND_NUM_THREADS", "")))
-    except ValueError:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
 
 
 def _best_labels_numpy(indptr, indices, weights, labels, k, salt, chunk_entries,
@@ -412,7 +402,7 @@ def _capacity_moves_native(lib, labels, best, gain, cand, constraints, k, rng) -
     moves = lib.jgrind_capacity_accept(labels.ctypes.data, best.ctypes.data,
                                        gain.ctypes.data, cand.ctypes.data, kept, k,
                                        len(constraints), pointers.ctypes.data,
-                                       rooms.ctypes.data, random.ctypes.data, _num_threads())
+                                       rooms.ctypes.data, random.ctypes.data, _kernels.num_threads())
     _check_native(moves < 0)
     return int(moves)
 
@@ -432,7 +422,7 @@ def _group_order(target, gain, random, k):
     group_start = np.empty(k, np.int64)
     rc = lib.jgrind_group_order(target.ctypes.data, gain.ctypes.data, random.ctypes.data,
                                 target.size, k, order.ctypes.data, group_start.ctypes.data,
-                                _num_threads())
+                                _kernels.num_threads())
     if rc == 1:
         raise ValueError("label propagation: a move's target label is out of range")
     _check_native(rc != 0)
@@ -479,7 +469,7 @@ def _contract(indptr, indices, weights, node_weights, labels, max_entries=None):
             None if weights is None else weights.ctypes.data, inv.ctypes.data,
             mptr.ctypes.data, members.ctypes.data, c)
     _check_native(lib.jgrind_contract(*args, out_ptr.ctypes.data, None, 0, None,
-                                      _num_threads()) != 0)
+                                      _kernels.num_threads()) != 0)
     np.cumsum(out_ptr, out=out_ptr)
     if max_entries is not None and out_ptr[-1] > max_entries:
         return None
@@ -488,7 +478,7 @@ def _contract(indptr, indices, weights, node_weights, labels, max_entries=None):
     out_weights = np.empty(int(out_ptr[-1]), np.int64)
     _check_native(lib.jgrind_contract(*args, out_ptr.ctypes.data, out_indices.ctypes.data,
                                       int(idx_t == np.int64), out_weights.ctypes.data,
-                                      _num_threads()) != 0)
+                                      _kernels.num_threads()) != 0)
     inv = inv.astype(idx_t)
     nws = [np.bincount(inv, weights=nw, minlength=c).astype(np.int64) for nw in node_weights]
     return out_ptr, out_indices, out_weights, nws, inv
