@@ -885,7 +885,8 @@ def main():
         s.add_argument("--partitioner", default=partitioner,
                        help="contiguous, random, label_propagation, metis; "
                        "label_propagation:START runs it with init=START (e.g. clusters, "
-                       "the single-level start)")
+                       "the single-level start), label_propagation:edge_imbalance=2.5 with "
+                       "that option")
         s.add_argument("--epochs", type=int, default=epochs)
         s.add_argument("--store", default=default_store,
                        help="SSD tier directory (default $JGRIND_STORE or a directory in /tmp)")

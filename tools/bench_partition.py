@@ -28,9 +28,14 @@ from jgrind.partition import PARTITIONERS, measure, partition_graph, quality
 
 def partitioner_spec(name: str) -> tuple[str, dict]:
     """``(name in PARTITIONERS, keyword arguments)``: ``label_propagation:START`` is
-    ``label_propagation`` with ``init=START``."""
-    partitioner, _, start = name.partition(":")
-    return partitioner, ({"init": start} if start else {})
+    ``label_propagation`` with ``init=START``, and ``label_propagation:edge_imbalance=2.5``
+    (``key=value``, comma-separated, numbers read as floats) passes those arguments."""
+    partitioner, _, spec = name.partition(":")
+    options = {}
+    for item in filter(None, spec.split(",")):
+        key, eq, value = item.partition("=")
+        options.update({key: float(value)} if eq else {"init": item})
+    return partitioner, options
 
 
 def _empty_graph(indptr, indices, n: int, name: str) -> Graph:
