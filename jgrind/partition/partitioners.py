@@ -16,6 +16,7 @@ memory, so they work on graphs far larger than the accelerator.
 
 from __future__ import annotations
 
+import numbers
 from typing import Callable
 
 import numpy as np
@@ -952,6 +953,15 @@ def _next_lightest(by_load, lightest, group_end, labels, q) -> int:
 _STARTS = ("multilevel", "clusters", "contiguous", "random")
 
 
+def _check_numbers(kind=numbers.Real, **options) -> None:
+    """A clear error for an option that is not a number of ``kind`` (a string from a command
+    line, say), before the range checks compare it."""
+    for name, value in options.items():
+        if isinstance(value, bool) or not isinstance(value, kind):
+            what = "a whole number" if kind is numbers.Integral else "a number"
+            raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
 def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations: int = 10,
                       imbalance: float = 1.05, edge_imbalance: float = 1.1,
                       init: str = "multilevel", move_probability: float = 0.5,
@@ -1012,6 +1022,10 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
     """
     k = check_num_parts(graph, num_parts)
     n = graph.num_nodes
+    _check_numbers(imbalance=imbalance, edge_imbalance=edge_imbalance, balance=balance,
+                   move_probability=move_probability)
+    _check_numbers(numbers.Integral, iterations=iterations,
+                   cluster_iterations=cluster_iterations, chunk_entries=chunk_entries)
     if not (1.0 <= imbalance < np.inf and 1.0 <= edge_imbalance < np.inf):  # NaN too
         raise ValueError(f"imbalance and edge_imbalance must be finite numbers >= 1.0, got "
                          f"{imbalance}, {edge_imbalance}")
