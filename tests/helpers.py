@@ -35,6 +35,22 @@ def community_graph(num_nodes=240, num_classes=3, num_features=12, degree=6, see
     return transforms.remove_duplicate_edges(g)
 
 
+def mesh_graph(num_nodes: int, degree: float, seed=0):
+    """A random geometric graph: ``num_nodes`` uniform points in the unit square, each linked
+    to the points within the radius that gives about ``degree`` neighbours; shuffled ids, both
+    directions (a mesh's locality, without a grid's straight cuts)."""
+    from scipy.spatial import cKDTree
+    rng = np.random.default_rng(seed)
+    points = rng.random((num_nodes, 2))
+    radius = np.sqrt(degree / (np.pi * num_nodes))
+    pairs = cKDTree(points).query_pairs(radius, output_type="ndarray")
+    ids = rng.permutation(num_nodes)
+    src, dst = ids[pairs[:, 0]], ids[pairs[:, 1]]
+    x = np.zeros((num_nodes, 1), np.float32)
+    return from_edges(np.concatenate([src, dst]), np.concatenate([dst, src]), x,
+                      np.zeros(num_nodes, np.int64), num_classes=1, name="mesh")
+
+
 def dense_adjacency(graph, weights=None) -> np.ndarray:
     """``A[dst, src]`` as a dense matrix (tests only)."""
     a = np.zeros((graph.num_nodes, graph.num_nodes), np.float64)

@@ -630,8 +630,21 @@ def _water_fill(load, count):
 # -- multilevel: coarsen, partition the coarsest graph, refine on the way back ---------------
 # Cluster weights are bounded by this fraction of the partitions' slack (capacity minus the
 # fair share), so that whole clusters can still be moved between partitions near capacity
-# and the coarsest graph can be cut within the node bound.
+# and the coarsest graph can be cut within the node bound...
 _CLUSTER_SLACK = 0.5
+# ... or by this fraction of a partition's fair share, where that is more, up to
+# `_CLUSTER_SLACK_MOST` of the slack. The slack's half alone (2.5 % of a share at the default
+# bounds) kept clusters so small that coarsening stalled long before `_COARSEST_PER_PART`:
+# a 1M-node mesh's coarsest graph had 499,645 nodes at k = 4096. An eighth of a share, in
+# nodes and in edge load (with `_EDGE_EXCESS_TOLERANCE`), lowered that mesh's cut from 0.40
+# to 0.33 % at k = 64, 1.01 to 0.75 % at k = 256 (METIS: 0.41 and 0.91 %), 2.91 to 1.80 % at
+# k = 1024 and 14.04 to 5.07 % at k = 4096. On Cora, CiteSeer, minesweeper and tolokers
+# (6 seeds, k = 4, 16, 64) the mean cuts moved by -11 % to +4 %, on R-MAT and csbm by -4 % to
+# +1.2 % (docs/results.md, section 6). Clusters larger than the slack need the finer levels to even the partitions
+# out; where the bounds are tight (imbalance 1.0-1.02) `_CLUSTER_SLACK_MOST` keeps them small
+# enough that the coarsest cut meets the node bound by itself.
+_CLUSTER_SHARE = 0.125
+_CLUSTER_SLACK_MOST = 2.5
 # Coarsening stops at this many clusters per partition (KaMinPar's contraction limit is of
 # this order): enough for a good initial partition, few enough to try several.
 _COARSEST_PER_PART = 64
@@ -661,18 +674,24 @@ _ATTEMPT_ENTRIES = 1 << 20
 # The graph the start is made for (the coarsest one, or the input where it is not coarsened) is
 # also cut by recursive bisection (`jgrind.partition.bisection`) when it has at most
 # `_BISECTION_NODES` nodes and at most `_BISECTION_ENTRIES` entries or, beyond that,
-# `_BISECTION_DEGREE` per node (a mesh's coarsest graphs hold about 6 a node, tolokers' about
-# 100). Coarsening stops near 64 clusters per partition where the clusters can grow: on a
-# mesh of 1M nodes the coarsest graph has 67,245 nodes at k = 1024, 229,603 at k = 2048 and
-# 499,645 at k = 4096 (past the limit). On the test machine the partitioner took 4.2 s for
-# that mesh at k = 1024 and 8.0 s at k = 2048, against 3.0 and 3.3 s with ranges only (halo
-# rows 157,045 and 225,246 against 340,948 and 550,705). In Python, without the native
-# kernels, the bisection's balancing scores every node at every move and the growing runs in
-# the interpreter: 30 s at k = 1024, so there the limit stays at `_BISECTION_NODES_PYTHON`.
-# Dense coarsest graphs (tolokers': 5,000-7,000 nodes, 520,000-850,000 entries) are left to
-# the ranges: there the bisection's start cut less at k = 8 and 64 but more at k = 16
-# (73.0 % against 70.2 %), and took 1.3-3.3x the partitioner's time.
+# `_BISECTION_DEGREE` per node (a mesh's coarsest graphs hold about 5 a node, tolokers' about
+# 100). On a mesh of 1M nodes the coarsest graph has 22,707 nodes at k = 1024, 90,921 at
+# k = 2048 and 101,673 at k = 4096; the partitioner took 2.4, 4.5 and 5.7 s on the test
+# machine. Before the native balancing bounded its scores, the bisection was tried up to
+# 40,000 nodes only, and at k = 2048 (then 229,603 coarsest nodes) it would have taken 40 s
+# instead of 7.9 s. In Python, without the native kernels, the bisection's balancing scores
+# every node at every move and the growing runs in the interpreter (30 s for 67,245 nodes), so
+# there the limit stays at `_BISECTION_NODES_PYTHON`. Dense coarsest graphs (tolokers':
+# 5,000-7,000 nodes, 520,000-850,000 entries) are left to the ranges: there the bisection's
+# start cut less at k = 8 and 64 but more at k = 16 (73.0 % against 70.2 %), and took
+# 1.3-3.3x the partitioner's time.
 _BISECTION_NODES = 1 << 18
+# A start whose partitions exceed the edge bound by this fraction of one partition's bound,
+# in all, ranks as if within it: the finer levels' refinement and `_enforce_edge_capacity`
+# move the few nodes that takes. Ranked above the cut, such an excess (5-12 entries of a bound
+# of 857 on a mesh of 50,000 nodes at k = 512) threw away bisection starts that cut 40 % fewer
+# edges than the ranges, in half of the seeds.
+_EDGE_EXCESS_TOLERANCE = 0.02
 _BISECTION_NODES_PYTHON = 40_000
 _BISECTION_ENTRIES = 1 << 18
 _BISECTION_DEGREE = 8
@@ -685,6 +704,15 @@ def _bisected(nodes: int, entries: int) -> bool:
     return nodes <= limit and entries <= max(_BISECTION_ENTRIES, _BISECTION_DEGREE * nodes)
 
 
+def _cluster_bound(share: float, cap: int) -> int:
+    """The most of a weight a cluster may hold, given a partition's fair ``share`` and its
+    ``cap``: `_CLUSTER_SLACK` of the slack, or more up to `_CLUSTER_SHARE` of the share while
+    that is within `_CLUSTER_SLACK_MOST` of the slack."""
+    slack = cap - share
+    return max(1, int(_CLUSTER_SLACK * slack),
+               int(min(_CLUSTER_SHARE * share, _CLUSTER_SLACK_MOST * slack)))
+
+
 def _coarsen(indptr, indices, in_degree, k, node_cap, edge_cap, rng, chunk_entries,
              cluster_iterations):
     """The multilevel hierarchy: ``(levels, coarsest)``, ``levels[i] = (graph_i, inverse_i)``
@@ -695,14 +723,15 @@ def _coarsen(indptr, indices, in_degree, k, node_cap, edge_cap, rng, chunk_entri
 
     A graph is ``(indptr, indices, edge_weights or None, [node weights, edge loads])``.
     Every level is size-constrained label propagation from singletons (at most
-    `_CLUSTER_SLACK` of the slack per cluster, in nodes and edge load) and a contraction;
+    `_CLUSTER_SLACK` of the slack or `_CLUSTER_SHARE` of a partition's share per cluster,
+    whichever is more, in nodes and edge load) and a contraction;
     coarsening stops at `_COARSEST_PER_PART` clusters per partition, or when a level would
     leave more than `_STALLED` of the clusters or `_SHRINK_ENTRIES` of the entries.
     """
     n = in_degree.size
-    bound_n = max(1, int(_CLUSTER_SLACK * (node_cap - n / k)))
+    bound_n = _cluster_bound(n / k, node_cap)
     bound_e = max(1, int(in_degree.max(initial=0)),
-                  int(_CLUSTER_SLACK * (edge_cap - in_degree.sum() / k)))
+                  _cluster_bound(in_degree.sum() / k, edge_cap))
     graph = (indptr, indices, None, [np.ones(n, np.int64), in_degree])
     levels = []
     size = int(np.count_nonzero(np.diff(indptr)))
@@ -787,8 +816,12 @@ def _initial_partition(graph, coarse, k, node_cap, edge_cap, rng, chunk_entries,
 
 
 def _start_key(ip, ix, w, labels, constraints, k) -> tuple:
-    """How a start ranks (lower is better): node excess, edge excess, then the cut."""
-    return (*(_excess(labels, weight, cap, k) for weight, cap in constraints),
+    """How a start ranks (lower is better): node excess, edge excess beyond
+    `_EDGE_EXCESS_TOLERANCE`, then the cut."""
+    (nodes, node_cap), (edges, edge_cap) = constraints
+    edge_excess = _excess(labels, edges, edge_cap, k)
+    return (_excess(labels, nodes, node_cap, k),
+            max(0, edge_excess - int(_EDGE_EXCESS_TOLERANCE * edge_cap)),
             _cut_weight(ip, ix, w, labels))
 
 
