@@ -1015,10 +1015,12 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
     1. A start (``init``):
 
        * ``"multilevel"`` (default): coarsen the graph by size-constrained label propagation
-         (clusters of at most half the partitions' slack) and contraction, level after level,
-         until about 64 clusters per partition are left (`_coarsen`); partition the coarsest
-         graph as ``"clusters"`` does below (best of a few tries), or where it has at most
-         40,000 nodes and 262,144 entries and that breaks the bounds less or cuts less, by
+         (clusters of at most an eighth of a partition's share, or half its slack where the
+         bounds are tight) and contraction, level after level, until about 64 clusters per
+         partition are left (`_coarsen`); partition the coarsest graph as ``"clusters"``
+         does below (best of a few tries), or where it is small and sparse enough
+         (`_bisected`: up to 262,144 nodes with the native kernels, 40,000 without) and that
+         breaks the bounds less or cuts less, by
          recursive bisection balanced in both weights (`jgrind.partition.bisection`: half
          the cut on meshes, 10-54 % less on citation graphs at k = 16-64, whose hubs the
          ranges can leave at 1.6-2.5x the mean edge load); then project the partition
