@@ -403,7 +403,8 @@ def _capacity_moves_native(lib, labels, best, gain, cand, constraints, k, rng) -
     moves = lib.jgrind_capacity_accept(labels.ctypes.data, best.ctypes.data,
                                        gain.ctypes.data, cand.ctypes.data, kept, k,
                                        len(constraints), pointers.ctypes.data,
-                                       rooms.ctypes.data, random.ctypes.data, _kernels.num_threads())
+                                       rooms.ctypes.data, random.ctypes.data,
+                                       _kernels.num_threads())
     _check_native(moves < 0)
     return int(moves)
 
@@ -640,9 +641,10 @@ _CLUSTER_SLACK = 0.5
 # to 0.33 % at k = 64, 1.01 to 0.75 % at k = 256 (METIS: 0.41 and 0.91 %), 2.91 to 1.80 % at
 # k = 1024 and 14.04 to 5.07 % at k = 4096. On Cora, CiteSeer, minesweeper and tolokers
 # (6 seeds, k = 4, 16, 64) the mean cuts moved by -11 % to +4 %, on R-MAT and csbm by -4 % to
-# +1.2 % (docs/results.md, section 6). Clusters larger than the slack need the finer levels to even the partitions
-# out; where the bounds are tight (imbalance 1.0-1.02) `_CLUSTER_SLACK_MOST` keeps them small
-# enough that the coarsest cut meets the node bound by itself.
+# +1.2 % (docs/results.md, section 6). Clusters larger than the slack need the finer levels
+# to even the partitions out; where the bounds are tight (imbalance 1.0-1.02)
+# `_CLUSTER_SLACK_MOST` keeps them small enough that the coarsest cut meets the node bound by
+# itself.
 _CLUSTER_SHARE = 0.125
 _CLUSTER_SLACK_MOST = 2.5
 # Coarsening stops at this many clusters per partition (KaMinPar's contraction limit is of
