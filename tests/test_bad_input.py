@@ -423,9 +423,9 @@ def test_unknown_dataset_options_name_the_ones_it_takes():
 
 
 @pytest.mark.parametrize("dataset, option, message", [
-    ("csbm", {"homophily": "high"}, "homophily must be a number, got 'high'"),
-    ("rmat", {"num_edges": 1.5}, "num_edges must be a whole number, got 1.5"),
-    ("rmat", {"undirected": 1}, "undirected must be true or false, got 1"),
+    ("csbm", {"homophily": "high"}, "homophily must be a number; got 'high'"),
+    ("rmat", {"num_edges": 1.5}, "num_edges must be a whole number; got 1.5"),
+    ("rmat", {"undirected": 1}, "undirected must be true or false; got 1"),
 ])
 def test_a_generator_option_of_the_wrong_kind_is_named(dataset, option, message):
     """A word where a number goes (``--set dataset_options=homophily:high``) is named, not a

@@ -265,8 +265,9 @@ def test_partitioner_options_are_checked_before_the_graph_loads():
     exist), in one line with status 2."""
     for options, needle in [("edge_imbalence:2", "its options: iterations, imbalance"),
                             ("imbalance:0.5", "must be finite numbers >= 1.0"),
-                            ("edge_imbalance:abc", "edge_imbalance must be a number, got 'abc'"),
-                            ("iterations:2.5", "iterations must be a whole number, got 2.5"),
+                            ("edge_imbalance:abc", "edge_imbalance must be a number; got 'abc'"),
+                            ("iterations:2.5",
+                             "iterations must be a whole number, at least 0; got 2.5"),
                             ("seed:3", "seed is a setting of its own"),
                             ("imbalance", "expected key:value pairs")]:
         proc = _run("partition", "--dataset", "no-such-dataset", "--set",

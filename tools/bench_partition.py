@@ -82,6 +82,9 @@ def main(argv=None):
     ap.add_argument("--graph", choices=["rmat", "csbm", "geometric"], default="rmat")
     ap.add_argument("--dataset", help="a dataset for jgrind.datasets.load instead of --graph")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--partition-seeds", type=int, default=1, metavar="N",
+                    help="run every partitioner with seeds --seed ... --seed + N - 1 on the same "
+                    "graph, and print the mean cut and halo rows after its rows")
     ap.add_argument("--verbose", action="store_true", help="print every full quality report")
     args = ap.parse_args(argv)
     unknown = [name for name in args.partitioners
@@ -103,22 +106,32 @@ def main(argv=None):
             f"{'halo rows':>11} {'shapes':>6} {'build s':>7}")
     print(head)
     print("-" * len(head))
+    seeds = range(args.seed, args.seed + max(1, args.partition_seeds))
     for k in args.parts:
         for name in args.partitioners:
             partitioner, options = partitioner_spec(name)
-            m = measure(partitioner, g, k, seed=args.seed, **options)
-            t1 = time.perf_counter()
-            pg = partition_graph(g, m.assignment, num_parts=k)
-            build = time.perf_counter() - t1
-            q = quality(pg, m)
-            print(f"{k:>5} {name:<26} {q.seconds:>7.2f} {q.peak_memory_bytes / 2**20:>9.1f} "
-                  f"{100 * q.edge_cut_fraction:>6.2f} {q.imbalance:>8.3f} "
-                  f"{q.edge_imbalance:>8.3f} {q.halo_ratio_mean:>8.3f} "
-                  f"{q.halo_ratio_max:>8.3f} {q.total_halo:>11,} {q.num_shapes:>6} "
-                  f"{build:>7.2f}", flush=True)
-            if args.verbose:
-                print(q.format())
-            del pg
+            cuts, halos = [], []
+            for seed in seeds:
+                m = measure(partitioner, g, k, seed=seed, **options)
+                t1 = time.perf_counter()
+                pg = partition_graph(g, m.assignment, num_parts=k)
+                build = time.perf_counter() - t1
+                q = quality(pg, m)
+                label = name if len(seeds) == 1 else f"{name} s={seed}"
+                print(f"{k:>5} {label:<26} {q.seconds:>7.2f} "
+                      f"{q.peak_memory_bytes / 2**20:>9.1f} "
+                      f"{100 * q.edge_cut_fraction:>6.2f} {q.imbalance:>8.3f} "
+                      f"{q.edge_imbalance:>8.3f} {q.halo_ratio_mean:>8.3f} "
+                      f"{q.halo_ratio_max:>8.3f} {q.total_halo:>11,} {q.num_shapes:>6} "
+                      f"{build:>7.2f}", flush=True)
+                if args.verbose:
+                    print(q.format())
+                cuts.append(100 * q.edge_cut_fraction)
+                halos.append(q.total_halo)
+                del pg
+            if len(seeds) > 1:
+                print(f"{k:>5} {name} mean of {len(seeds)} seeds: cut {np.mean(cuts):.2f} %, "
+                      f"halo rows {np.mean(halos):,.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,49 +7,34 @@ keeps the generator's defaults (see `jgrind.generators`).
 from __future__ import annotations
 
 import inspect
-import numbers
 
 from jgrind import generators
-from jgrind.datasets.errors import DatasetError
-from jgrind.datasets.registry import register
+from jgrind.arguments import like_default
+from jgrind.datasets.registry import _check_options, register
 
 
 def csbm(num_nodes: int = 20_000, avg_degree: float = 10.0, seed: int = 0, **kwargs):
-    _check_options("csbm", generators.csbm, kwargs)
+    _check_generator_options("csbm", generators.csbm, kwargs)
     return generators.csbm(num_nodes=num_nodes, avg_degree=avg_degree, seed=seed, **kwargs)
 
 
 def rmat(num_nodes: int = 100_000, avg_degree: float = 10.0, seed: int = 0, **kwargs):
-    _check_options("rmat", generators.rmat, kwargs)
+    _check_generator_options("rmat", generators.rmat, kwargs)
     # undirected R-MAT stores both directions, so the directed edge count must be even;
     # num_edges given outright (dataset_options=num_edges:...) wins over avg_degree
     kwargs.setdefault("num_edges", 2 * round(num_nodes * avg_degree / 2))
     return generators.rmat(num_nodes=num_nodes, seed=seed, **kwargs)
 
 
-def _check_options(name: str, generator, options: dict) -> None:
+def _check_generator_options(name: str, generator, options: dict) -> None:
     """The generator's own options only, each of its default's kind: a clear error for a
     misspelt name or a word where a number goes (``dataset_options=homophily:high``), not a
     TypeError from inside the generator."""
+    _check_options(generator, options, f"generated dataset {name!r}", given=0,
+                   fixed=("num_nodes", "avg_degree", "seed"))
     params = inspect.signature(generator).parameters
-    takes = [p for p in params if p not in ("num_nodes", "avg_degree", "seed")]
     for key, value in options.items():
-        if key not in takes:
-            raise DatasetError(f"generated dataset {name!r} takes no option {key!r}; it takes "
-                               f"{', '.join(takes)}")
-        default = params[key].default
-        if isinstance(default, bool):
-            kind, ok = "true or false", isinstance(value, bool)
-        elif isinstance(default, int):
-            kind = "a whole number"
-            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-        elif isinstance(default, float):
-            kind = "a number"
-            ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-        else:
-            continue
-        if not ok:
-            raise ValueError(f"{key} must be {kind}, got {value!r}")
+        like_default(value, params[key].default, key)
 
 
 GENERATED = {

@@ -16,12 +16,12 @@ memory, so they work on graphs far larger than the accelerator.
 
 from __future__ import annotations
 
-import numbers
 from typing import Callable
 
 import numpy as np
 
 from jgrind import _kernels
+from jgrind.arguments import number, whole_number
 from jgrind.graph import Graph, GraphError
 from jgrind.partition.bisection import cut_weight, edge_weights, recursive_bisection
 
@@ -988,15 +988,6 @@ def _next_lightest(by_load, lightest, group_end, labels, q) -> int:
 _STARTS = ("multilevel", "clusters", "contiguous", "random")
 
 
-def _check_numbers(kind=numbers.Real, **options) -> None:
-    """A clear error for an option that is not a number of ``kind`` (a string from a command
-    line, say), before the range checks compare it."""
-    for name, value in options.items():
-        if isinstance(value, bool) or not isinstance(value, kind):
-            what = "a whole number" if kind is numbers.Integral else "a number"
-            raise ValueError(f"{name} must be {what}, got {value!r}")
-
-
 def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations: int = 10,
                       imbalance: float = 1.05, edge_imbalance: float = 1.1,
                       init: str = "multilevel", move_probability: float = 0.5,
@@ -1059,15 +1050,16 @@ def label_propagation(graph: Graph, num_parts: int, *, seed: int = 0, iterations
     """
     k = check_num_parts(graph, num_parts)
     n = graph.num_nodes
-    _check_numbers(imbalance=imbalance, edge_imbalance=edge_imbalance, balance=balance,
-                   move_probability=move_probability)
-    _check_numbers(numbers.Integral, iterations=iterations,
-                   cluster_iterations=cluster_iterations, chunk_entries=chunk_entries)
+    for name, value in (("imbalance", imbalance), ("edge_imbalance", edge_imbalance),
+                        ("balance", balance), ("move_probability", move_probability)):
+        number(value, name)  # a word from a command line is named, not compared below
+    for name, value, least in (("iterations", iterations, 0),
+                               ("cluster_iterations", cluster_iterations, 0),
+                               ("chunk_entries", chunk_entries, 1)):
+        whole_number(value, name, least)
     if not (1.0 <= imbalance < np.inf and 1.0 <= edge_imbalance < np.inf):  # NaN too
         raise ValueError(f"imbalance and edge_imbalance must be finite numbers >= 1.0, got "
                          f"{imbalance}, {edge_imbalance}")
-    if iterations < 0 or cluster_iterations < 0:
-        raise ValueError(f"iterations must be >= 0, got {iterations}, {cluster_iterations}")
     if not 0.0 < move_probability <= 1.0:
         raise ValueError(f"move_probability must lie in (0, 1], got {move_probability}")
     if not balance >= 0 or not np.isfinite(balance):
