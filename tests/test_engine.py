@@ -292,6 +292,33 @@ def test_a_step_finishes_before_the_load_two_partitions_on_starts(prefetch, monk
                                                                         order[k - 2]))
 
 
+@pytest.mark.parametrize("aggregations", [Fate.RECOMPUTE, Fate.HOST],
+                         ids=["regathered", "kept-aggregation"])
+def test_backward_reads_output_gradients_on_the_loader_thread(aggregations, monkeypatch):
+    """A backward step's output gradient is loaded with its input, on the loader thread, and
+    handed over as a device array: on a GPU its read and host-to-device copy then overlap the
+    running step instead of holding up the main thread, which dispatches the steps."""
+    from jgrind.engine.store import Table
+    graph = community_graph(num_nodes=200)
+    model = models.gcn(graph.num_features, 8, graph.num_classes, num_layers=3)
+    threads, plain_read = [], Table.read
+
+    def read(table, block, padded_rows):
+        if table.name == "gradient":
+            threads.append(threading.current_thread().name)
+        return plain_read(table, block, padded_rows)
+    monkeypatch.setattr(Table, "read", read)
+    with OutOfCore(graph, model, optax.sgd(0.1), num_parts=4,
+                   policy=policies.host_offload(aggregations=aggregations)) as ex:
+        ex.loss_and_grad(model.init(jax.random.key(0)), jax.random.key(1))
+        staged = list(ex._loaded(lambda part: (np.zeros(3, np.float32), part.index)))
+    # every executed layer but the top reads the gradient of its output, once per partition
+    assert len(threads) == (ex.num_layers - 1) * len(ex.parts)
+    assert all(name.startswith("jgrind-loader") for name in threads), threads
+    for part, (array, index) in staged:
+        assert isinstance(array, jax.Array) and index == part.index
+
+
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
 def test_an_engine_stopped_while_it_is_built_leaves_no_files(tmp_path, monkeypatch, stop):
     """Ctrl-C or SIGTERM (the CLI raises them in the main thread) can land after the engine

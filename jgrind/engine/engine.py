@@ -439,7 +439,11 @@ class OutOfCore:
         # the input gradients' buffers (the top step makes one even for a one-layer model)
         spared = top or lower is not None
         self.spares.plan([self._input_shape(p, l) for p in self.parts] if spared else [])
-        for part, h_in in self._inputs(l, self.activations[l], snap):
+        load_input = self._input_loader(l, self.activations[l], snap)
+        # the output gradient is read with the input, off the main thread (`_loaded`)
+        load = (lambda part: (load_input(part), None)) if top else \
+            (lambda part: (load_input(part), upper.read(part.index, part.num_out)))
+        for part, (h_in, g_out) in self._loaded(load):
             block = self._step_block(part, l)
             spare = self.spares.take(self._input_shape(part, l)) if spared else None
             if top:
@@ -447,7 +451,6 @@ class OutOfCore:
                 loss = loss + out[0]
                 out = out[1:]
             else:
-                g_out = upper.read(part.index, part.num_out)
                 mask = masks.pop(part.index) if masks is not None else None
                 if lower is None:
                     acc = (steps.backward_params(p_l, block, h_in, k_l, g_out, acc)
@@ -478,9 +481,10 @@ class OutOfCore:
         pending: collections.deque = collections.deque()
         self.spares.plan([(p.num_in, self.widths[l]) for p in self.parts]
                          if lower is not None else [])
-        for part, z in self._loaded(lambda part: kept.read(part.index, part.num_out)):
+        for part, (z, g_out) in self._loaded(lambda part: (kept.read(part.index, part.num_out),
+                                                            upper.read(part.index,
+                                                                       part.num_out))):
             block = self._device_block(part)
-            g_out = upper.read(part.index, part.num_out)
             mask = masks.pop(part.index) if masks is not None else None
             if lower is None:
                 acc = steps.saved_backward_params(p_l, block, z, k_l, mask, g_out, acc)
@@ -537,23 +541,22 @@ class OutOfCore:
 
     # -- overlapped I/O -----------------------------------------------------------------------
     def _inputs(self, l: int, table: Table, snapshot: Optional[Snapshot] = None):
-        """Yield ``(part, layer l's step input)``: the partition's own block of ``table`` for a
-        node-wise layer, else its gathered own and halo rows (see `_gathered`); read back from
-        ``snapshot`` instead when one is given (the naive scheme's backward)."""
-        if self.local[l]:
-            if snapshot is not None:
-                return self._loaded(lambda part: snapshot.read(part.index, part.num_out))
-            return self._loaded(lambda part: table.read(part.index, part.num_out))
-        return self._gathered(table, snapshot)
+        """Yield ``(part, layer l's step input)`` while the next partition's loads in the
+        background (see `_input_loader`)."""
+        return self._loaded(self._input_loader(l, table, snapshot))
 
-    def _gathered(self, table: Table, snapshot: Optional[Snapshot] = None):
-        """Yield ``(part, inputs)`` while the next partition's inputs load in the background;
-        inputs are gathered from ``table``, or read back from ``snapshot`` if one is given."""
-        def load(part: PaddedPartition):
-            if snapshot is not None:
-                return snapshot.read(part.index, part.num_in)
-            return table.gather(part.index, part.halo_owner, part.halo_row, part.num_in)
-        return self._loaded(load)
+    def _input_loader(self, l: int, table: Table,
+                      snapshot: Optional[Snapshot] = None) -> Callable:
+        """``part -> layer l's step input``: the partition's own block of ``table`` for a
+        node-wise layer, else its own and halo rows gathered; read back from ``snapshot``
+        instead when one is given (the naive scheme's backward)."""
+        if snapshot is not None:
+            rows = (lambda part: part.num_out) if self.local[l] else (lambda part: part.num_in)
+            return lambda part: snapshot.read(part.index, rows(part))
+        if self.local[l]:
+            return lambda part: table.read(part.index, part.num_out)
+        return lambda part: table.gather(part.index, part.halo_owner, part.halo_row,
+                                         part.num_in)
 
     def _loaded(self, load: Callable):
         """Yield ``(part, load(part))`` while the next partition's loads in the background.
@@ -564,7 +567,13 @@ class OutOfCore:
         queued or loading one's, as the working-set bound assumes. Without that wait a loader
         faster than the compute lets the main thread queue step after step, each holding its
         input (seen: peak RSS 2 GiB over the bound on the 3M-node memory wall once the SSD
-        tier's span loops went native)."""
+        tier's span loops went native).
+
+        What ``load`` returns as NumPy arrays is handed to the device in the loading thread
+        (`_staged`): on a GPU the host-to-device copy of the next partition's inputs then
+        overlaps the running step, instead of running on the main thread when the step is
+        dispatched."""
+        load = _staged(load)
         in_flight: collections.deque = collections.deque()
         future = self.pool.submit(load, self.parts[0]) if self.pool and self.parts else None
         for i, part in enumerate(self.parts):
@@ -668,6 +677,19 @@ def _steps(layer, remat_policy, input_mask, node_loss) -> LayerSteps:
     except TypeError:
         return layer_steps.__wrapped__(layer, remat_policy, input_mask, node_loss)
     return layer_steps(layer, remat_policy, input_mask, node_loss)
+
+
+def _staged(load: Callable) -> Callable:
+    """``load`` followed by `jax.device_put` of each NumPy array in its result. On the CPU
+    backend the put adopts an aligned buffer without a copy (`jgrind.buffers`), as the step's
+    dispatch would; elsewhere it is the transfer, made where `_loaded` calls ``load``."""
+    def staged(part):
+        return jax.tree.map(_to_device, load(part))
+    return staged
+
+
+def _to_device(leaf):
+    return jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf
 
 
 def _local_block(part: PaddedPartition) -> Block:
