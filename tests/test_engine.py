@@ -25,6 +25,7 @@ from jgrind.engine import BudgetError, OutOfCore, StoreCorruptedError, StoreErro
 from jgrind.models.conv import derivative_from_output
 from jgrind.partition import contiguous, random as random_partition
 from jgrind.plan import Fate, policies
+from jgrind.plan.fates import AGGREGATION
 from jgrind.train import InMemory, make_executor, train
 
 from helpers import community_graph
@@ -317,6 +318,78 @@ def test_backward_reads_output_gradients_on_the_loader_thread(aggregations, monk
     assert all(name.startswith("jgrind-loader") for name in threads), threads
     for part, (array, index) in staged:
         assert isinstance(array, jax.Array) and index == part.index
+
+
+def _device_first_partition(keep_aggregations: bool):
+    """Partition 0's blocks on the device, the others' in host RAM; aggregations kept so, or
+    recomputed."""
+    def policy(info):
+        if info.name == AGGREGATION and not keep_aggregations:
+            return Fate.RECOMPUTE
+        return Fate.DEVICE if info.partition == 0 else Fate.HOST
+    return policy
+
+
+@pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "all-device"])
+@pytest.mark.parametrize("aggregations", [False, True], ids=["regathered", "kept-aggregation"])
+def test_host_copies_start_at_dispatch_for_outputs_stored_off_the_device(mixed, aggregations,
+                                                                          monkeypatch):
+    """A step output that the store will read in host memory (a block written to host RAM or
+    SSD, or a gradient scatter-added into any block off the device) has its device-to-host
+    copy started when the step is dispatched (on a GPU it then overlaps the next step); one
+    that lands on the device only is not copied at all."""
+    from jax._src.array import ArrayImpl
+    from jgrind.engine.store import Table
+    policy = _device_first_partition(aggregations) if mixed else \
+        policies.in_memory(aggregations=Fate.DEVICE if aggregations else Fate.RECOMPUTE)
+    graph = community_graph(num_nodes=240)
+    model = models.gcn(graph.num_features, 8, graph.num_classes, num_layers=3)
+    copied, stored = [], []  # arrays whose host copy was started; (array, read on host)
+    plain_copy = ArrayImpl.copy_to_host_async
+    monkeypatch.setattr(ArrayImpl, "copy_to_host_async",
+                        lambda self: (copied.append(self), plain_copy(self))[-1])
+    plain_write, plain_accumulate = Table.write, Table.accumulate
+
+    def off_device(table, blocks):
+        return any(table.fate(int(b)) is not Fate.DEVICE for b in blocks)
+
+    def write(table, block, values):
+        stored.append((values, off_device(table, [block])))
+        return plain_write(table, block, values)
+
+    def accumulate(table, block, halo_owner, halo_row, values):
+        stored.append((values, off_device(table, [block, *halo_owner])))
+        return plain_accumulate(table, block, halo_owner, halo_row, values)
+    monkeypatch.setattr(Table, "write", write)
+    monkeypatch.setattr(Table, "accumulate", accumulate)
+    with OutOfCore(graph, model, optax.sgd(0.1), num_parts=4, policy=policy) as ex:
+        ex.loss_and_grad(model.init(jax.random.key(0)), jax.random.key(1))
+    outputs = [(v, host) for v, host in stored if isinstance(v, jax.Array)]
+    assert outputs
+    for values, on_host in outputs:
+        assert any(c is values for c in copied) == on_host
+    if mixed:
+        assert any(on_host for _, on_host in outputs) and not all(h for _, h in outputs)
+    else:
+        assert not copied
+
+
+def test_naive_snapshots_are_written_from_the_host_rows(tmp_path, monkeypatch):
+    """The naive scheme writes each forward step input to its snapshot as the NumPy rows that
+    were loaded, not as a device array (on a GPU a copy there and back)."""
+    from jgrind.engine.store import Snapshot
+    graph = community_graph(num_nodes=200)
+    model = models.gcn(graph.num_features, 8, graph.num_classes, num_layers=3)
+    kinds, plain_write = [], Snapshot.write
+
+    def write(snapshot, block, values):
+        kinds.append(type(values))
+        return plain_write(snapshot, block, values)
+    monkeypatch.setattr(Snapshot, "write", write)
+    with OutOfCore(graph, model, optax.sgd(0.1), num_parts=3,
+                   policy=policies.naive(tmp_path)) as ex:
+        ex.loss_and_grad(model.init(jax.random.key(0)), jax.random.key(1))
+    assert kinds and all(k is np.ndarray for k in kinds), kinds
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])

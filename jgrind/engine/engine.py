@@ -406,7 +406,9 @@ class OutOfCore:
                           [(p.num_out, dst.width)] + ([(p.num_out, kept.width)]
                                                       if kept is not None else [])],
                          per_step=1 if kept is None else 2)
-        for part, h_in in self._inputs(l, src):
+        # the naive scheme's snapshot is written from the loaded host rows: left unstaged,
+        # they are not copied to the device and back (on a GPU)
+        for part, h_in in self._inputs(l, src, stage=snap is None):
             if snap is not None:
                 self._write(pending, snap.write, part.index, h_in)
             spare = self.spares.take((part.num_out, dst.width))
@@ -414,10 +416,12 @@ class OutOfCore:
                 out, z = steps.forward_saving(p_l, self._device_block(part), h_in, k_l,
                                               (spare, self.spares.take((part.num_out,
                                                                         kept.width))))
+                _start_host_copy(z, kept.stored_on_host(part.index))
                 self._write(pending, self._stored, kept.write, part.index, z)
             else:
                 out = steps.forward(p_l, self._step_block(part, l), h_in, k_l, spare)
             self._dispatched(out)
+            _start_host_copy(out, dst.stored_on_host(part.index))
             self._write(pending, self._stored, dst.write, part.index, out)
         self._wait(pending)
         if snap is not None:
@@ -466,6 +470,8 @@ class OutOfCore:
             if made is not None:
                 made[part.index] = out[2]
             if lower is not None:
+                _start_host_copy(d_h, lower.stored_on_host(
+                    part.index, None if self.local[l] else part.halo_owner))
                 self._write(pending, self._stored, store_input_gradient, part, d_h)
             else:  # a one-layer model's input gradient: nothing stores it
                 self.spares.give(d_h)
@@ -493,6 +499,7 @@ class OutOfCore:
             acc, d_h = steps.saved_backward(p_l, block, z, k_l, mask, g_out, acc,
                                             self.spares.take((part.num_in, self.widths[l])))
             self._dispatched(acc)
+            _start_host_copy(d_h, lower.stored_on_host(part.index, part.halo_owner))
             self._write(pending, self._stored, lower.accumulate, part.index, part.halo_owner,
                         part.halo_row, d_h)
         self._wait(pending)
@@ -540,10 +547,11 @@ class OutOfCore:
                                                   d_h)
 
     # -- overlapped I/O -----------------------------------------------------------------------
-    def _inputs(self, l: int, table: Table, snapshot: Optional[Snapshot] = None):
+    def _inputs(self, l: int, table: Table, snapshot: Optional[Snapshot] = None,
+                stage: bool = True):
         """Yield ``(part, layer l's step input)`` while the next partition's loads in the
-        background (see `_input_loader`)."""
-        return self._loaded(self._input_loader(l, table, snapshot))
+        background (see `_input_loader`; ``stage``: see `_loaded`)."""
+        return self._loaded(self._input_loader(l, table, snapshot), stage)
 
     def _input_loader(self, l: int, table: Table,
                       snapshot: Optional[Snapshot] = None) -> Callable:
@@ -558,7 +566,7 @@ class OutOfCore:
         return lambda part: table.gather(part.index, part.halo_owner, part.halo_row,
                                          part.num_in)
 
-    def _loaded(self, load: Callable):
+    def _loaded(self, load: Callable, stage: bool = True):
         """Yield ``(part, load(part))`` while the next partition's loads in the background.
 
         The consumer dispatches each partition's step (asynchronously) and registers it with
@@ -572,8 +580,10 @@ class OutOfCore:
         What ``load`` returns as NumPy arrays is handed to the device in the loading thread
         (`_staged`): on a GPU the host-to-device copy of the next partition's inputs then
         overlaps the running step, instead of running on the main thread when the step is
-        dispatched."""
-        load = _staged(load)
+        dispatched. ``stage=False`` leaves them as they are, for a consumer that also
+        reads them on the host."""
+        if stage:
+            load = _staged(load)
         in_flight: collections.deque = collections.deque()
         future = self.pool.submit(load, self.parts[0]) if self.pool and self.parts else None
         for i, part in enumerate(self.parts):
@@ -690,6 +700,16 @@ def _staged(load: Callable) -> Callable:
 
 def _to_device(leaf):
     return jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf
+
+
+def _start_host_copy(output: jax.Array, needed: bool) -> None:
+    """Start copying a dispatched step's output to host memory when the store will read it
+    there (``needed``): on a GPU the copy then runs as soon as the step ends, beside the next
+    step, and the writer thread finds the rows on the host instead of waiting for the
+    transfer. Outputs kept on the device are not copied. On the CPU backend it is a no-op
+    (the host view is the buffer itself)."""
+    if needed:
+        output.copy_to_host_async()
 
 
 def _local_block(part: PaddedPartition) -> Block:

@@ -157,6 +157,15 @@ class Table:
     def fate(self, block: int) -> Fate:
         return _TIERS[self.tier[block]]
 
+    def stored_on_host(self, block: int, halo_owner: Optional[np.ndarray] = None) -> bool:
+        """Whether storing a step output of ``block`` reads the output in host memory: its
+        `write`, or with ``halo_owner`` its `accumulate` into those halo rows too. Only rows
+        that all land in device blocks stay on the device."""
+        if halo_owner is None:
+            return self.tier[block] != _CODE[Fate.DEVICE]
+        return bool(self.tier[block] != _CODE[Fate.DEVICE]
+                    or (self.tier[halo_owner] != _CODE[Fate.DEVICE]).any())
+
     @property
     def all_ssd(self) -> bool:
         return self.ssd is not None and self.tier_rows[_CODE[Fate.SSD]] == int(
