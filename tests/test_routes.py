@@ -4,6 +4,7 @@ per table layout and partition (`jgrind.engine.routes`)."""
 import jax
 import numpy as np
 import optax
+import pytest
 
 from jgrind import models
 from jgrind.engine import OutOfCore
@@ -180,3 +181,53 @@ def test_the_host_cache_makes_room_before_an_entry_is_built():
     assert cache.bytes + 40 <= 100 and cache.get("b") is None and cache.get("a") is not None
     assert not cache.make_room(80)                                   # c is pinned: 24 + 80
     assert cache.get("c") is not None and cache.get("a") is None     # a went trying
+
+
+def _put_together(gathered):
+    """`DeviceRows.to_device`, the positions it must set made NaN first in the host buffer:
+    a reused allocation may hold the right rows already."""
+    positions = gathered.rows[gathered.rows < gathered.host.shape[0]]
+    gathered.host[positions] = np.nan
+    return gathered.to_device()
+
+
+@pytest.mark.parametrize("keep_device_rows", [False, True], ids=["copied", "kept"])
+def test_gathers_and_scatter_adds_across_every_tier(keep_device_rows, tmp_path):
+    """A partition's rows spread over the device, host RAM and SSD: the gather gives the same
+    rows whether the device's are copied into the host buffer or left on the device
+    (`DeviceRows`, put together there), and a scatter-add adds each row once, the device's
+    taken from the step output where it is."""
+    from jgrind.engine.store import DeviceRows, Store
+    sizes = np.array([3, 4, 5, 2])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    full = np.random.default_rng(0).standard_normal((14, 3)).astype(np.float32)
+    fates = [Fate.DEVICE, Fate.HOST, Fate.SSD, Fate.DEVICE]
+    store = Store(sizes, tmp_path, host_cache_bytes=0, ssd_bytes_needed=full.nbytes)
+    try:
+        t = store.table("activation", 1, 3, fates)
+        for b in range(4):
+            t.write(b, full[starts[b]:starts[b] + sizes[b]])
+        # partition 1 (on the host): row 2 of block 0, rows 4 and 1 of block 2, 1 and 0 of 3
+        owner, row = np.array([0, 2, 2, 3, 3], np.int32), np.array([2, 4, 1, 1, 0], np.int32)
+        got = t.gather(1, owner, row, 16, keep_device_rows=keep_device_rows)
+        assert isinstance(got, DeviceRows) == keep_device_rows
+        got = np.asarray(_put_together(got) if keep_device_rows else got)
+        np.testing.assert_array_equal(got[:9], full[[3, 4, 5, 6, 2, 11, 8, 13, 12]])
+        np.testing.assert_array_equal(got[9:], 0)
+        # partition 3 (on the device) reads host and SSD rows too: its own rows stay there
+        got = t.gather(3, np.array([1, 2], np.int32), np.array([0, 3], np.int32), 8,
+                       keep_device_rows=keep_device_rows)
+        got = np.asarray(_put_together(got) if keep_device_rows else got)
+        np.testing.assert_array_equal(got[:4], full[[12, 13, 3, 10]])
+
+        g = store.table("gradient", 1, 3, fates)
+        for b in range(4):
+            g.write(b, np.zeros((sizes[b], 3), np.float32))
+        grad = jax.numpy.asarray(np.arange(16 * 3, dtype=np.float32).reshape(16, 3))
+        g.accumulate(1, owner, row, grad)
+        expected = np.zeros_like(full)
+        np.add.at(expected, [3, 4, 5, 6, 2, 11, 8, 13, 12], np.asarray(grad)[:9])
+        back = np.concatenate([np.asarray(g.read(b, sizes[b])) for b in range(4)])
+        np.testing.assert_array_equal(back, expected)
+    finally:
+        store.close()

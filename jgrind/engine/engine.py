@@ -58,7 +58,7 @@ from jgrind import host_memory, interrupts
 from jgrind.arguments import whole_number
 from jgrind.engine.spares import Spares
 from jgrind.engine.steps import LayerSteps, PaddedPartition, layer_steps, pad_partition
-from jgrind.engine.store import BudgetError, Snapshot, Store, Table
+from jgrind.engine.store import BudgetError, DeviceRows, Snapshot, Store, Table
 from jgrind.graph import Graph
 from jgrind.loss import node_weights
 from jgrind.models.block import Block
@@ -217,6 +217,9 @@ class OutOfCore:
                            host_tables_bytes=self.memory.stored_peaks[1],
                            input_buffer_bytes=self._input_buffer_bytes())
         self._snapshots: dict[int, Snapshot] = {}
+        # Gathers leave the rows held on the device there (`_input_loader`) unless the device
+        # is host RAM: on the CPU backend the merge would copy the whole input once more.
+        self.merge_on_device = jax.default_backend() != "cpu"
         self.pool = self.writer = None
         # From here the run has files in its store folder: an error or a signal (Ctrl-C,
         # SIGTERM) before the engine is returned must remove them, as `close` does later.
@@ -551,20 +554,23 @@ class OutOfCore:
                 stage: bool = True):
         """Yield ``(part, layer l's step input)`` while the next partition's loads in the
         background (see `_input_loader`; ``stage``: see `_loaded`)."""
-        return self._loaded(self._input_loader(l, table, snapshot), stage)
+        return self._loaded(self._input_loader(l, table, snapshot, stage), stage)
 
-    def _input_loader(self, l: int, table: Table,
-                      snapshot: Optional[Snapshot] = None) -> Callable:
+    def _input_loader(self, l: int, table: Table, snapshot: Optional[Snapshot] = None,
+                      staged: bool = True) -> Callable:
         """``part -> layer l's step input``: the partition's own block of ``table`` for a
         node-wise layer, else its own and halo rows gathered; read back from ``snapshot``
-        instead when one is given (the naive scheme's backward)."""
+        instead when one is given (the naive scheme's backward). A ``staged`` gather leaves
+        the rows that are on the device there, where the device is not host RAM
+        (`jgrind.engine.store.DeviceRows`, put together by `_staged`)."""
         if snapshot is not None:
             rows = (lambda part: part.num_out) if self.local[l] else (lambda part: part.num_in)
             return lambda part: snapshot.read(part.index, rows(part))
         if self.local[l]:
             return lambda part: table.read(part.index, part.num_out)
+        keep = staged and self.merge_on_device
         return lambda part: table.gather(part.index, part.halo_owner, part.halo_row,
-                                         part.num_in)
+                                         part.num_in, keep_device_rows=keep)
 
     def _loaded(self, load: Callable, stage: bool = True):
         """Yield ``(part, load(part))`` while the next partition's loads in the background.
@@ -690,7 +696,8 @@ def _steps(layer, remat_policy, input_mask, node_loss) -> LayerSteps:
 
 
 def _staged(load: Callable) -> Callable:
-    """``load`` followed by `jax.device_put` of each NumPy array in its result. On the CPU
+    """``load`` followed by `jax.device_put` of each NumPy array in its result, and a gather
+    whose device rows stayed on the device (`DeviceRows`) put together there. On the CPU
     backend the put adopts an aligned buffer without a copy (`jgrind.buffers`), as the step's
     dispatch would; elsewhere it is the transfer, made where `_loaded` calls ``load``."""
     def staged(part):
@@ -699,6 +706,8 @@ def _staged(load: Callable) -> Callable:
 
 
 def _to_device(leaf):
+    if isinstance(leaf, DeviceRows):
+        return leaf.to_device()
     return jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf
 
 

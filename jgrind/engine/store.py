@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jgrind import disk_space
-from jgrind.buffers import Recycler, aligned_zeros
+from jgrind.buffers import Recycler
 from jgrind.engine.cache import HostCache
 from jgrind.engine.host_arrays import HostArrays
 from jgrind.engine.routes import Layout, RouteCache, TierRows
@@ -91,6 +91,31 @@ _device_set = jax.jit(lambda table, rows, values: table.at[rows].set(values, mod
                       donate_argnums=0)
 _device_add = jax.jit(lambda table, rows, values: table.at[rows].add(values, mode="drop"),
                       donate_argnums=0)
+# ``table[rows] += values[src]``: a scatter-add's rows that land on the device, taken from the
+# step output where it is (`Table.accumulate`), not from a host copy sent back
+_device_add_taken = jax.jit(
+    lambda table, rows, values, src: table.at[rows].add(
+        jnp.take(values, src, axis=0, mode="fill", fill_value=0), mode="drop"),
+    donate_argnums=0)
+# ``gathered[rows] = values``, the device's rows set into a gathered input sent from the host
+_device_merge = jax.jit(lambda gathered, rows, values: gathered.at[rows].set(values, mode="drop"),
+                        donate_argnums=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceRows:
+    """A gathered input whose rows are partly on the device (`Table.gather` with
+    ``keep_device_rows``): ``host`` holds every other row, and ``values`` (a device array) the
+    rows that go to positions ``rows`` (padded with an out-of-range position). `to_device`
+    sends ``host`` and sets those rows there, so the device's rows never cross to the host and
+    back."""
+
+    host: np.ndarray
+    rows: np.ndarray
+    values: jax.Array
+
+    def to_device(self) -> jax.Array:
+        return _device_merge(jax.device_put(self.host), self.rows, self.values)
 
 
 def _padded_buffer(buffers: Recycler, used_rows: int, padded_rows: int,
@@ -274,9 +299,14 @@ class Table:
 
     # -- gather / accumulate over a partition's inputs ----------------------------------------
     def gather(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,
-               padded_rows: int):
+               padded_rows: int, keep_device_rows: bool = False):
         """Rows of ``block``'s owned nodes, then its halo rows, zero-padded to ``padded_rows``.
-        Where each row comes from is worked out once per layout and block (`routes`)."""
+        Where each row comes from is worked out once per layout and block (`routes`).
+
+        A NumPy array, or a device array when every row is on the device. Where only some
+        are, their rows are copied into the NumPy array, or with ``keep_device_rows`` left
+        where they are: the result is then a `DeviceRows`, for a consumer that sends the rest
+        to the device (on a GPU the device's rows then never cross PCIe twice)."""
         route = self.store.routes.get(self.layout, block, self._rows(block), halo_owner,
                                       halo_row)
         own_rows = route.own_rows
@@ -289,11 +319,18 @@ class Table:
                              self.width)
         keys = [(self.key, b) for b in route.ssd_blocks] + [(self.key, WHOLE_FILE)]
         self.store.cache.pin(keys)
+        on_device = []  # (positions, rows of the device array) left on the device
         try:
             own = out[:own_rows]
-            self._fill(own, self._block_rows(block, own))
+            if keep_device_rows and route.own_code == _CODE[Fate.DEVICE]:
+                on_device.append((np.arange(own_rows),
+                                  np.arange(route.own_start, route.own_start + own_rows)))
+            else:
+                self._fill(own, self._block_rows(block, own))
             for rows in route.halo:
-                if rows.code == _CODE[Fate.DEVICE]:
+                if rows.code == _CODE[Fate.DEVICE] and keep_device_rows:
+                    on_device.append((rows.dst, rows.src))
+                elif rows.code == _CODE[Fate.DEVICE]:
                     idx = rows.src.astype(np.int32)
                     n = _bucket_len(idx.size)
                     got = _device_take(self.device, _padded_rows(idx, n, self.device.shape[0]))
@@ -305,7 +342,13 @@ class Table:
                     self.store.count(host_read=rows.size * self.width * 4)
         finally:
             self.store.cache.unpin(keys)
-        return out
+        if not on_device:
+            return out
+        dst = np.concatenate([d for d, _ in on_device]).astype(np.int32)
+        src = np.concatenate([r for _, r in on_device]).astype(np.int32)
+        n = _bucket_len(dst.size)
+        values = _device_take(self.device, _padded_rows(src, n, self.device.shape[0]))
+        return DeviceRows(out, _padded_rows(dst, n, padded_rows), values)
 
     def _block_rows(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
         if self.tier[block] == _CODE[Fate.DEVICE]:
@@ -394,13 +437,13 @@ class Table:
             return
         host_values = np.asarray(values)
         for rows in route.halo:
-            if rows.code == _CODE[Fate.DEVICE]:
+            if rows.code == _CODE[Fate.DEVICE]:  # taken from ``values`` where it is
                 n = _bucket_len(rows.size)
                 with self._device_lock:
-                    self.device = _device_add(
+                    self.device = _device_add_taken(
                         self.device,
                         _padded_rows(rows.src.astype(np.int32), n, self.device.shape[0]),
-                        _pad_to(host_values[rows.dst], n))
+                        values, _padded_rows(rows.dst.astype(np.int32), n, values.shape[0]))
             elif rows.code == _CODE[Fate.SSD]:
                 read = self.ssd.add_rows(rows.src, host_values, src=rows.dst)
                 for _, _, owner in rows.segments:
@@ -443,12 +486,6 @@ class Table:
 def _bucket_len(n: int) -> int:
     """Round index-array lengths up to a power of two so device gathers compile few shapes."""
     return 1 << max(int(n - 1).bit_length(), 3)
-
-
-def _pad_to(values: np.ndarray, n: int) -> np.ndarray:
-    out = aligned_zeros((n,) + values.shape[1:], values.dtype)
-    out[: values.shape[0]] = values
-    return out
 
 
 class Snapshot:
