@@ -357,9 +357,9 @@ def test_host_copies_start_at_dispatch_for_outputs_stored_off_the_device(mixed, 
         stored.append((values, off_device(table, [block])))
         return plain_write(table, block, values)
 
-    def accumulate(table, block, halo_owner, halo_row, values):
+    def accumulate(table, block, halo_owner, halo_row, values, **kw):
         stored.append((values, off_device(table, [block, *halo_owner])))
-        return plain_accumulate(table, block, halo_owner, halo_row, values)
+        return plain_accumulate(table, block, halo_owner, halo_row, values, **kw)
     monkeypatch.setattr(Table, "write", write)
     monkeypatch.setattr(Table, "accumulate", accumulate)
     with OutOfCore(graph, model, optax.sgd(0.1), num_parts=4, policy=policy) as ex:
@@ -377,9 +377,10 @@ def test_host_copies_start_at_dispatch_for_outputs_stored_off_the_device(mixed, 
 @pytest.mark.parametrize("model", ["gcn", "sage-res-ln", "gat"])
 def test_inputs_put_together_on_the_device_are_exact(model, tmp_path, monkeypatch):
     """Where the device is not host RAM (a GPU), a gather leaves the rows held on the device
-    there and sets them into the input sent from the host (`DeviceRows`); forced here on the
-    CPU, with blocks spread over the device, host RAM and SSD, the loss and gradients are the
-    in-memory ones."""
+    there and sets them into the input sent from the host (`DeviceRows`), and a scatter-add
+    takes the rows bound for device blocks from the step output; forced here on the CPU, with
+    blocks spread over the device, host RAM and SSD, the loss and gradients are the in-memory
+    ones."""
     from jgrind.engine.store import DeviceRows
     graph = _csbm()
     net = _models(8, graph.num_classes)[model]
@@ -394,7 +395,7 @@ def test_inputs_put_together_on_the_device_are_exact(model, tmp_path, monkeypatc
     ref_loss, ref_grads = InMemory(graph, net, optax.sgd(0.1)).loss_and_grad(params, key)
     with OutOfCore(graph, net, optax.sgd(0.1), policy=spread, num_parts=5, store=tmp_path,
                    partitioner=random_partition) as ex:
-        ex.merge_on_device = True
+        ex.keep_device_rows = True
         grads, loss = ex.loss_and_grad(params, key)
     assert merged  # inputs were put together on the device
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)

@@ -224,7 +224,7 @@ def test_gathers_and_scatter_adds_across_every_tier(keep_device_rows, tmp_path):
         for b in range(4):
             g.write(b, np.zeros((sizes[b], 3), np.float32))
         grad = jax.numpy.asarray(np.arange(16 * 3, dtype=np.float32).reshape(16, 3))
-        g.accumulate(1, owner, row, grad)
+        g.accumulate(1, owner, row, grad, keep_device_rows=keep_device_rows)
         expected = np.zeros_like(full)
         np.add.at(expected, [3, 4, 5, 6, 2, 11, 8, 13, 12], np.asarray(grad)[:9])
         back = np.concatenate([np.asarray(g.read(b, sizes[b])) for b in range(4)])

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures as cf
+import functools
 import math
 import os
 from typing import Callable, Optional
@@ -217,9 +218,10 @@ class OutOfCore:
                            host_tables_bytes=self.memory.stored_peaks[1],
                            input_buffer_bytes=self._input_buffer_bytes())
         self._snapshots: dict[int, Snapshot] = {}
-        # Gathers leave the rows held on the device there (`_input_loader`) unless the device
-        # is host RAM: on the CPU backend the merge would copy the whole input once more.
-        self.merge_on_device = jax.default_backend() != "cpu"
+        # Gathers and scatter-adds leave the rows held on the device there (`Table.gather`,
+        # `Table.accumulate`) unless the device is host RAM: on the CPU backend a gather's
+        # merge would copy the whole input once more, and the scatter-add was slower.
+        self.keep_device_rows = jax.default_backend() != "cpu"
         self.pool = self.writer = None
         # From here the run has files in its store folder: an error or a signal (Ctrl-C,
         # SIGTERM) before the engine is returned must remove them, as `close` does later.
@@ -503,8 +505,10 @@ class OutOfCore:
                                             self.spares.take((part.num_in, self.widths[l])))
             self._dispatched(acc)
             _start_host_copy(d_h, lower.stored_on_host(part.index, part.halo_owner))
-            self._write(pending, self._stored, lower.accumulate, part.index, part.halo_owner,
-                        part.halo_row, d_h)
+            self._write(pending, self._stored,
+                        functools.partial(lower.accumulate,
+                                          keep_device_rows=self.keep_device_rows),
+                        part.index, part.halo_owner, part.halo_row, d_h)
         self._wait(pending)
         return acc
 
@@ -547,7 +551,7 @@ class OutOfCore:
         if lower is not None and self.local[l]:
             return lambda part, d_h: lower.write(part.index, d_h)
         return lambda part, d_h: lower.accumulate(part.index, part.halo_owner, part.halo_row,
-                                                  d_h)
+                                                  d_h, keep_device_rows=self.keep_device_rows)
 
     # -- overlapped I/O -----------------------------------------------------------------------
     def _inputs(self, l: int, table: Table, snapshot: Optional[Snapshot] = None,
@@ -557,10 +561,10 @@ class OutOfCore:
         return self._loaded(self._input_loader(l, table, snapshot, stage), stage)
 
     def _input_loader(self, l: int, table: Table, snapshot: Optional[Snapshot] = None,
-                      staged: bool = True) -> Callable:
+                      stage: bool = True) -> Callable:
         """``part -> layer l's step input``: the partition's own block of ``table`` for a
         node-wise layer, else its own and halo rows gathered; read back from ``snapshot``
-        instead when one is given (the naive scheme's backward). A ``staged`` gather leaves
+        instead when one is given (the naive scheme's backward). A gather to ``stage`` leaves
         the rows that are on the device there, where the device is not host RAM
         (`jgrind.engine.store.DeviceRows`, put together by `_staged`)."""
         if snapshot is not None:
@@ -568,7 +572,7 @@ class OutOfCore:
             return lambda part: snapshot.read(part.index, rows(part))
         if self.local[l]:
             return lambda part: table.read(part.index, part.num_out)
-        keep = staged and self.merge_on_device
+        keep = stage and self.keep_device_rows
         return lambda part: table.gather(part.index, part.halo_owner, part.halo_row,
                                          part.num_in, keep_device_rows=keep)
 

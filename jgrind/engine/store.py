@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jgrind import disk_space
-from jgrind.buffers import Recycler
+from jgrind.buffers import Recycler, aligned_zeros
 from jgrind.engine.cache import HostCache
 from jgrind.engine.host_arrays import HostArrays
 from jgrind.engine.routes import Layout, RouteCache, TierRows
@@ -92,7 +92,7 @@ _device_set = jax.jit(lambda table, rows, values: table.at[rows].set(values, mod
 _device_add = jax.jit(lambda table, rows, values: table.at[rows].add(values, mode="drop"),
                       donate_argnums=0)
 # ``table[rows] += values[src]``: a scatter-add's rows that land on the device, taken from the
-# step output where it is (`Table.accumulate`), not from a host copy sent back
+# step output where it is (`Table.accumulate` with ``keep_device_rows``)
 _device_add_taken = jax.jit(
     lambda table, rows, values, src: table.at[rows].add(
         jnp.take(values, src, axis=0, mode="fill", fill_value=0), mode="drop"),
@@ -424,9 +424,12 @@ class Table:
         return whole if cache.put(key, whole) else None
 
     def accumulate(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,
-                   values) -> None:
+                   values, keep_device_rows: bool = False) -> None:
         """``G[own rows] += values[:own]`` and ``G[halo rows] += values[own:own+halo]``: halo
-        rows are partial gradients of nodes owned by other partitions."""
+        rows are partial gradients of nodes owned by other partitions. With
+        ``keep_device_rows`` the rows bound for device blocks are taken from ``values`` (a
+        device array) where it is, not from its host copy sent back; on the CPU backend, where
+        both are one buffer, the host path was faster (docs/results.md, section 8)."""
         route = self.store.routes.get(self.layout, block, self._rows(block), halo_owner,
                                       halo_row, with_own=True)
         if route.all_device:
@@ -437,13 +440,16 @@ class Table:
             return
         host_values = np.asarray(values)
         for rows in route.halo:
-            if rows.code == _CODE[Fate.DEVICE]:  # taken from ``values`` where it is
+            if rows.code == _CODE[Fate.DEVICE]:
                 n = _bucket_len(rows.size)
                 with self._device_lock:
-                    self.device = _device_add_taken(
-                        self.device,
-                        _padded_rows(rows.src.astype(np.int32), n, self.device.shape[0]),
-                        values, _padded_rows(rows.dst.astype(np.int32), n, values.shape[0]))
+                    to = _padded_rows(rows.src.astype(np.int32), n, self.device.shape[0])
+                    self.device = (
+                        _device_add_taken(self.device, to, values,
+                                          _padded_rows(rows.dst.astype(np.int32), n,
+                                                       values.shape[0]))
+                        if keep_device_rows else
+                        _device_add(self.device, to, _pad_to(host_values[rows.dst], n)))
             elif rows.code == _CODE[Fate.SSD]:
                 read = self.ssd.add_rows(rows.src, host_values, src=rows.dst)
                 for _, _, owner in rows.segments:
@@ -481,6 +487,12 @@ class Table:
     def close(self) -> None:
         if self.ssd is not None:
             self.ssd.close()
+
+
+def _pad_to(values: np.ndarray, n: int) -> np.ndarray:
+    out = aligned_zeros((n,) + values.shape[1:], values.dtype)
+    out[: values.shape[0]] = values
+    return out
 
 
 def _bucket_len(n: int) -> int:
