@@ -489,15 +489,15 @@ class Table:
             self.ssd.close()
 
 
+def _bucket_len(n: int) -> int:
+    """Round index-array lengths up to a power of two so device gathers compile few shapes."""
+    return 1 << max(int(n - 1).bit_length(), 3)
+
+
 def _pad_to(values: np.ndarray, n: int) -> np.ndarray:
     out = aligned_zeros((n,) + values.shape[1:], values.dtype)
     out[: values.shape[0]] = values
     return out
-
-
-def _bucket_len(n: int) -> int:
-    """Round index-array lengths up to a power of two so device gathers compile few shapes."""
-    return 1 << max(int(n - 1).bit_length(), 3)
 
 
 class Snapshot:
