@@ -25,27 +25,31 @@ from typing import Optional
 import numpy as np
 
 # Threads one large row move is split across (`set_threads`, or $JGRIND_ROW_THREADS when the
-# module loads). One by default: on a CPU backend the steps use every core, and the store's
-# moves run beside them on the loader and writer threads. Where the compute is elsewhere (a
-# GPU), the host's cores are otherwise idle during the moves. On the 2-core test machine two
-# threads moved rows 1.3-1.9x as fast as one, alone, and made a host-tier epoch no faster
-# (docs/results.md, section 4, "Row moves on more than one thread").
-_threads = 1
+# module loads); None until the first move decides (`threads`). One on a CPU backend: its
+# steps use every core, and the store's moves run beside them on the loader and writer
+# threads. On the 2-core test machine two threads moved rows 1.3-1.9x as fast as one, alone,
+# and made a host-tier epoch no faster (docs/results.md, section 4, "Row moves on more than
+# one thread"). Where the compute is elsewhere (a GPU), the host's cores are otherwise idle
+# during the moves, and the moves bound the epoch: up to `ACCELERATOR_THREADS` then.
+_threads: Optional[int] = None
+ACCELERATOR_THREADS = 8
 # Below this many bytes a part, a thread's share is not worth handing to the pool
 MIN_BYTES_PER_THREAD = 1 << 20
 _pool: Optional[cf.ThreadPoolExecutor] = None
 _pool_lock = threading.Lock()
 
 
-def set_threads(n: int) -> int:
+def set_threads(n: Optional[int]) -> Optional[int]:
     """Split each large `take_rows` / `add_rows` across ``n`` threads (the caller's and
-    ``n - 1`` from a pool); returns the previous number. Results are the same bits: every row
-    is copied or added once, whichever thread does it. Call it between runs, not while a
-    store is moving rows (its pool is replaced)."""
+    ``n - 1`` from a pool), or None: chosen by the backend at the next move (`threads`);
+    returns the previous setting. Results are the same bits: every row is copied or added
+    once, whichever thread does it. Call it between runs, not while a store is moving rows
+    (its pool is replaced)."""
     global _threads, _pool
-    n = int(n)
-    if n < 1:
-        raise ValueError(f"row threads must be at least 1, got {n}")
+    if n is not None:
+        n = int(n)
+        if n < 1:
+            raise ValueError(f"row threads must be at least 1, got {n}")
     with _pool_lock:
         previous, _threads = _threads, n
         if _pool is not None and previous != n:  # the pool has previous - 1 workers
@@ -55,13 +59,23 @@ def set_threads(n: int) -> int:
 
 
 def threads() -> int:
-    """The number of threads a large row move is split across (see `set_threads`)."""
+    """The number of threads a large row move is split across: as set (`set_threads`,
+    $JGRIND_ROW_THREADS), else 1 on JAX's CPU backend and up to `ACCELERATOR_THREADS` of the
+    allowed CPUs on any other. Asked at a row move, when the engine has started the backend
+    already; importing jgrind starts none."""
+    global _threads
+    if _threads is None:
+        import jax
+
+        from jgrind._kernels import num_threads
+        _threads = 1 if jax.default_backend() == "cpu" else \
+            max(1, min(ACCELERATOR_THREADS, num_threads()))
     return _threads
 
 
 def _parts(n: int, row_bytes: int) -> list[tuple[int, int]]:
     """``[(start, stop), ...]`` slices of ``n`` rows, one per thread that is worth its part."""
-    k = min(_threads, max(1, (n * row_bytes) // MIN_BYTES_PER_THREAD))
+    k = min(threads(), max(1, (n * row_bytes) // MIN_BYTES_PER_THREAD))
     bounds = [n * i // k for i in range(k + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
 
@@ -72,7 +86,7 @@ def _run_parts(parts, call) -> list[int]:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = cf.ThreadPoolExecutor(max_workers=_threads - 1,
+            _pool = cf.ThreadPoolExecutor(max_workers=threads() - 1,
                                           thread_name_prefix="jgrind-rows")
         pool = _pool
     futures = [pool.submit(call, a, b) for a, b in parts[1:]]
@@ -132,7 +146,7 @@ def _in_parts(kernel, table: np.ndarray, idx: np.ndarray, n: int, other: np.ndar
     an add's values), ``other_idx[a:b]``, or without ``other_idx`` the rows of ``other`` from
     ``a`` on. Raises for the first part that found an index out of range."""
     width, step = table.shape[1], idx.itemsize
-    if _threads == 1 or n * width * 4 < 2 * MIN_BYTES_PER_THREAD:  # one part: no pool, no
+    if threads() == 1 or n * width * 4 < 2 * MIN_BYTES_PER_THREAD:  # one part: no pool, no
         # closure (small moves are frequent, e.g. a cached block's rows, and per-call costs add)
         rc = kernel(table.ctypes.data, table.shape[0], idx.ctypes.data, n, width,
                     other.ctypes.data, other.shape[0],
@@ -207,11 +221,32 @@ def add_rows(table: np.ndarray, idx: np.ndarray, values: np.ndarray,
     table[idx] = rows
 
 
-def _threads_from_environment() -> int:
-    text = os.environ.get("JGRIND_ROW_THREADS", "").strip() or "1"
+def copy_rows(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for C-contiguous arrays of one shape, split by rows across the row
+    threads (`threads`) when large: NumPy's copy releases the GIL, and one thread copied
+    128 MiB at 4.4 GB/s on an H200's host, about a tenth of its PCIe link."""
+    if dst.shape != src.shape:
+        raise ValueError(f"copy_rows: {src.shape} into {dst.shape}")
+    n = dst.shape[0] if dst.ndim else 0
+    row_bytes = dst.itemsize * (int(np.prod(dst.shape[1:])) if dst.ndim > 1 else 1)
+    parts = _parts(n, row_bytes) if n else []
+    if len(parts) < 2 or not (dst.flags.c_contiguous and src.flags.c_contiguous):
+        np.copyto(dst, src)
+        return
+
+    def part(a: int, b: int) -> int:
+        np.copyto(dst[a:b], src[a:b])
+        return 0
+    _run_parts(parts, part)
+
+
+def _threads_from_environment() -> Optional[int]:
+    text = os.environ.get("JGRIND_ROW_THREADS", "").strip()
+    if not text:
+        return None
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"JGRIND_ROW_THREADS={text!r}: set it to a whole number of threads, "
-                         "at least 1 (or unset it for 1)")
+                         "at least 1 (or unset it to let the backend choose)")
     return int(text)
 
 

@@ -265,14 +265,18 @@ def test_store_damaged_between_forward_and_backward(damage, tmp_path):
 def test_a_step_finishes_before_the_load_two_partitions_on_starts(prefetch, monkeypatch):
     """`OutOfCore._loaded` bounds the inputs alive to two partitions' (the working-set model):
     partition i's load starts only once the step of partition i-2 has finished. Steps are
-    dispatched asynchronously, so without this wait a fast loader lets them queue up."""
+    dispatched asynchronously, so without this wait a fast loader lets them queue up. With a
+    loader thread the wait is the loader's, and load i is queued before step i-1 is
+    dispatched: the main thread, which dispatches, never waits on a step there."""
     graph = community_graph(num_nodes=200)
     model = models.gcn(graph.num_features, 8, graph.num_classes)
     events = []
     plain_wait = jax.block_until_ready
 
     def waiting(x):
-        events.append(("finished", int(np.asarray(x)[0])))
+        if isinstance(x, jax.Array) and x.ndim == 1:  # a step's marker, not a load
+            events.append(("finished", int(np.asarray(x)[0]),
+                           threading.current_thread() is threading.main_thread()))
         return plain_wait(x)
     with OutOfCore(graph, model, optax.sgd(0.1), policy=policies.host_offload(), num_parts=5,
                    prefetch=prefetch) as ex:
@@ -287,10 +291,11 @@ def test_a_step_finishes_before_the_load_two_partitions_on_starts(prefetch, monk
         monkeypatch.undo()
         order = [part.index for part in ex.parts]  # the partitions run grouped by shape
     assert sorted(order) == list(range(5))
+    finished = {e[1]: i for i, e in enumerate(events) if e[0] == "finished"}
     for k in range(2, len(order)):
-        assert events.index(("finished", order[k - 2])) < events.index(("load", order[k]))
-        assert events.index(("dispatch", order[k - 1])) < events.index(("finished",
-                                                                        order[k - 2]))
+        assert finished[order[k - 2]] < events.index(("load", order[k]))
+    on_main = [e for e in events if e[0] == "finished" and e[2]]
+    assert (not on_main) if prefetch else len(on_main) == len(order) - 1
 
 
 @pytest.mark.parametrize("aggregations", [Fate.RECOMPUTE, Fate.HOST],
@@ -374,19 +379,11 @@ def test_host_copies_start_at_dispatch_for_outputs_stored_off_the_device(mixed, 
         assert not copied
 
 
-@pytest.mark.parametrize("model", ["gcn", "sage-res-ln", "gat"])
-def test_inputs_put_together_on_the_device_are_exact(model, tmp_path, monkeypatch):
-    """Where the device is not host RAM (a GPU), a gather leaves the rows held on the device
-    there and sets them into the input sent from the host (`DeviceRows`), and a scatter-add
-    takes the rows bound for device blocks from the step output; forced here on the CPU, with
-    blocks spread over the device, host RAM and SSD, the loss and gradients are the in-memory
-    ones."""
-    from jgrind.engine.store import DeviceRows
+def _exact_with_blocks_on_every_tier(model: str, tmp_path, setup) -> None:
+    """An engine whose blocks are spread over the device, host RAM and SSD, given to
+    ``setup`` before its step, gives the in-memory loss and gradients."""
     graph = _csbm()
     net = _models(8, graph.num_classes)[model]
-    merged, plain_to_device = [], DeviceRows.to_device
-    monkeypatch.setattr(DeviceRows, "to_device",
-                        lambda rows: (merged.append(1), plain_to_device(rows))[-1])
 
     def spread(info):
         return (Fate.DEVICE, Fate.HOST, Fate.SSD)[info.partition % 3]
@@ -395,11 +392,51 @@ def test_inputs_put_together_on_the_device_are_exact(model, tmp_path, monkeypatc
     ref_loss, ref_grads = InMemory(graph, net, optax.sgd(0.1)).loss_and_grad(params, key)
     with OutOfCore(graph, net, optax.sgd(0.1), policy=spread, num_parts=5, store=tmp_path,
                    partitioner=random_partition) as ex:
-        ex.keep_device_rows = True
+        setup(ex)
         grads, loss = ex.loss_and_grad(params, key)
-    assert merged  # inputs were put together on the device
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
     assert_same_gradients(grads, ref_grads)
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage-res-ln", "gat"])
+def test_inputs_put_together_on_the_device_are_exact(model, tmp_path, monkeypatch):
+    """Where the device is not host RAM (a GPU), a gather leaves the rows held on the device
+    there and sets them into the input sent from the host (`DeviceRows`), and a scatter-add
+    takes the rows bound for device blocks from the step output; forced here on the CPU, with
+    blocks spread over the device, host RAM and SSD, the loss and gradients are the in-memory
+    ones."""
+    from jgrind.engine.store import DeviceRows
+    merged, plain_to_device = [], DeviceRows.to_device
+    monkeypatch.setattr(DeviceRows, "to_device",
+                        lambda rows: (merged.append(1), plain_to_device(rows))[-1])
+
+    def setup(ex):
+        ex.keep_device_rows = True
+    _exact_with_blocks_on_every_tier(model, tmp_path, setup)
+    assert merged  # inputs were put together on the device
+
+
+@pytest.mark.parametrize("model", ["gcn", "sage-res-ln", "gat"])
+def test_outputs_stored_through_pinned_host_memory_are_exact(model, tmp_path, monkeypatch):
+    """Where the device is not host RAM (a GPU), a step output the store reads on the host
+    only is copied to the device's page-locked host memory (``pinned_host``) and stored from
+    there; forced here on the CPU, with blocks spread over the device, host RAM and SSD (so
+    some scatter-adds touch device blocks and keep the device output), the loss and gradients
+    are the in-memory ones."""
+    from jgrind.engine import engine as engine_module
+    pinned, plain_put = [], jax.device_put
+
+    def put(x, *args, **kwargs):
+        if args and getattr(args[0], "memory_kind", None) == "pinned_host":
+            pinned.append(x.shape)
+        return plain_put(x, *args, **kwargs)
+
+    def setup(ex):
+        assert ex.pinned_host is None  # the CPU backend: the output's buffer is its host view
+        ex.pinned_host = engine_module._pinned_host()
+        monkeypatch.setattr(jax, "device_put", put)
+    _exact_with_blocks_on_every_tier(model, tmp_path, setup)
+    assert pinned  # outputs went through pinned host memory
 
 
 def test_naive_snapshots_are_written_from_the_host_rows(tmp_path, monkeypatch):

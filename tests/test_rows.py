@@ -166,14 +166,36 @@ def test_large_moves_split_across_threads_move_the_same_rows(monkeypatch):
             rows.set_threads(0)
     finally:
         rows.set_threads(previous)
-    assert rows.threads() == previous
+    assert rows._threads == previous
+
+
+def test_row_threads_follow_the_backend_unless_set(monkeypatch):
+    """Unset, a row move uses one thread on the CPU backend (its steps use the cores) and
+    several where the compute runs on an accelerator (the host's cores are idle)."""
+    import jax
+
+    import jgrind.rows as rows
+    previous = rows.set_threads(None)
+    try:
+        assert rows.threads() == 1  # this suite runs on the CPU backend
+        rows.set_threads(None)
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+        monkeypatch.setenv("JGRIND_NUM_THREADS", "16")
+        assert rows.threads() == rows.ACCELERATOR_THREADS
+        rows.set_threads(None)
+        monkeypatch.setenv("JGRIND_NUM_THREADS", "3")
+        assert rows.threads() == 3
+        rows.set_threads(2)
+        assert rows.threads() == 2  # a setting wins over the backend
+    finally:
+        rows.set_threads(previous)
 
 
 def test_row_threads_from_the_environment(monkeypatch):
     import pytest
 
     import jgrind.rows as rows
-    for text, want in (("", 1), ("3", 3), (" 2 ", 2)):
+    for text, want in (("", None), ("3", 3), (" 2 ", 2)):
         monkeypatch.setenv("JGRIND_ROW_THREADS", text)
         assert rows._threads_from_environment() == want
     for text in ("0", "two", "-1", "1.5"):

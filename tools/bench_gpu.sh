@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Issue 3, target 4: the out-of-core benchmarks on a GPU, each under its own time limit, in four
-# parts of under 10 minutes each (one call's limit), and part 0, which says where
-# host_offload's epoch goes there. A session is lent 15 minutes of device time in all, the
-# machine's start included, so it has room for one part: run part 2 first (target 4's own
-# graph), then 0 or 1 in a later session. Every run prints its
-# line as it finishes (tools/bench_out_of_core.py), so a part cut short still reports what it
-# measured. Logs and JSON go to $OUT (default runs/gpu).
+# Issue 39 (and issue 3, target 4): the out-of-core benchmarks on a GPU, in parts of under 10
+# minutes each (one call's limit). A session is lent 15 minutes of device time in all, each
+# call's machine start (about a minute) included: room for one long part and one short one.
+# Run 9 first (host_offload, traced, about 150 s), then 2 (target 3's graph) or 4 (the memory
+# wall) or 7 (in-memory against PyG, host and SSD). Every run prints its line as it finishes
+# (tools/bench_out_of_core.py, tools/trace_epoch.py), so a part cut short still reports what
+# it measured. Logs, JSON and traces go to $OUT (default runs/gpu); a trace is read on any
+# machine with `python tools/trace_epoch.py --summarize DIR`.
 #
 #   bash tools/bench_gpu.sh 0    # 1M nodes, host_offload: per-thread profile, without and
 #                                # with heap reuse (README, "Allocator settings")
@@ -16,9 +17,17 @@
 #   bash tools/bench_gpu.sh 2    # ogbn-products size, 8 GiB device budget, beside PyG
 #   bash tools/bench_gpu.sh 3    # the naive scheme beside ssd_offload (target 3)
 #   bash tools/bench_gpu.sh 4    # the memory wall (target 1), beside PyG on the GPU
+#   bash tools/bench_gpu.sh 7    # issue 39: one host_offload epoch traced (jax.profiler, the
+#                                # trace copied to $OUT) with programs compiled per epoch, then
+#                                # in-memory, PyG, host and SSD on the 1M-node graph
+#   bash tools/bench_gpu.sh 8    # transfers and row moves alone (tools/bench_transfers.py),
+#                                # then host_offload's epoch under engine variants, each traced
+#   bash tools/bench_gpu.sh 9    # host_offload with step outputs through pinned host memory
+#                                # beside the pageable copies, each traced (about 150 s)
 #
-# The limits come from the one H100 run so far (docs/results.md, section 8): an out-of-core
-# run's first epoch compiled for 84 s and host_offload's epochs took 6.4-6.8 s.
+# The limits come from the H100 and H200 runs (docs/results.md, section 8): an out-of-core
+# run's first epoch compiled for 80-113 s; host_offload's epochs took 6.4-8.5 s before the
+# pinned host copies and 2.4 s after.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/gpu}
@@ -37,6 +46,16 @@ run() {  # run LIMIT NAME ARGS...: one benchmark under a time limit, logged to $
     shift 2
     echo "== $name (limit ${limit} s): $*"
     timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"
+}
+
+collect_traces() {  # $OUT/trace-dir/VARIANT/plugins/profile/*/x.xplane.pb -> $OUT/VARIANT.xplane.pb:
+    # the device tool brings back files at most two folders down
+    for d in "$OUT"/trace-dir/*/; do
+        for f in "$d"plugins/profile/*/*.xplane.pb; do
+            [ -e "$f" ] && mv "$f" "$OUT/$(basename "$d").xplane.pb"
+        done
+    done
+    rm -rf "$OUT/trace-dir"
 }
 
 case "${1:-1}" in
@@ -73,7 +92,31 @@ case "${1:-1}" in
     run 560 memory-wall $bench memory-wall --nodes 3000000 --edges 30000000 --parts 32 \
         --partitioner label_propagation --device-budget 2GiB --host-budget 2GiB --epochs 2 \
         --json "$OUT/memory-wall.json" ;;
+7)  # the trace first: where host_offload's epoch goes on this GPU, readable on a CPU later
+    # with `python tools/trace_epoch.py --summarize DIR`
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    run 200 trace python3 tools/trace_epoch.py --rmat 1000000 10000000 --policy host \
+        --parts 8 --epochs 2 --trace "$OUT/trace-dir"
+    # the device tool brings back files at most two folders down
+    for f in "$OUT"/trace-dir/plugins/profile/*/*.xplane.pb; do
+        [ -e "$f" ] && mv "$f" "$OUT/host-epoch.xplane.pb"
+    done
+    rm -rf "$OUT/trace-dir"
+    run 260 overhead $bench overhead --parts 8 --epochs 2 \
+        --runs in-memory,pyg,host,ssd --json "$OUT/overhead.json" ;;
+8)  # what each way of moving a step's rows costs here, then the engine's settings side by
+    # side on one engine (programs compiled once), each variant's last epoch traced
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    run 100 transfers python3 tools/bench_transfers.py
+    run 280 variants python3 tools/trace_epoch.py --rmat 1000000 10000000 --policy host \
+        --parts 8 --epochs 2 --variants default,no-early-copies,one-row-thread \
+        --trace "$OUT/trace-dir"
+    collect_traces ;;
+9)  # short: fits the last minutes of a session's device time
+    run 190 pinned python3 tools/trace_epoch.py --rmat 1000000 10000000 --policy host \
+        --parts 8 --epochs 1 --variants default,pageable --trace "$OUT/trace-dir"
+    collect_traces ;;
 *)
-    echo "usage: bash tools/bench_gpu.sh 0|1|2|3|4|5|6" >&2
+    echo "usage: bash tools/bench_gpu.sh 0|1|2|3|4|5|6|7|8|9" >&2
     exit 2 ;;
 esac

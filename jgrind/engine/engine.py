@@ -222,6 +222,13 @@ class OutOfCore:
         # `Table.accumulate`) unless the device is host RAM: on the CPU backend a gather's
         # merge would copy the whole input once more, and the scatter-add was slower.
         self.keep_device_rows = jax.default_backend() != "cpu"
+        # How a step output the store reads on the host gets there (`_for_the_store`). JAX's
+        # copy into pageable memory ran at 1.1 GB/s on an H200 (np.asarray of 128 MiB: 121 ms,
+        # of which copy_to_host_async held its caller 87 ms), a copy to its page-locked
+        # ``pinned_host`` memory at 42 GB/s, read in place (tools/bench_transfers.py). On the
+        # CPU backend the output's host view is its buffer: no copy at all.
+        self.pinned_host = _pinned_host() if jax.default_backend() != "cpu" else None
+        self.early_host_copies = True
         self.pool = self.writer = None
         # From here the run has files in its store folder: an error or a signal (Ctrl-C,
         # SIGTERM) before the engine is returned must remove them, as `close` does later.
@@ -421,13 +428,13 @@ class OutOfCore:
                 out, z = steps.forward_saving(p_l, self._device_block(part), h_in, k_l,
                                               (spare, self.spares.take((part.num_out,
                                                                         kept.width))))
-                _start_host_copy(z, kept.stored_on_host(part.index))
-                self._write(pending, self._stored, kept.write, part.index, z)
+                self._write(pending, self._stored, z, kept.write, part.index,
+                            self._for_the_store(z, kept, part.index))
             else:
                 out = steps.forward(p_l, self._step_block(part, l), h_in, k_l, spare)
             self._dispatched(out)
-            _start_host_copy(out, dst.stored_on_host(part.index))
-            self._write(pending, self._stored, dst.write, part.index, out)
+            self._write(pending, self._stored, out, dst.write, part.index,
+                        self._for_the_store(out, dst, part.index))
         self._wait(pending)
         if snap is not None:
             snap.filled = True
@@ -475,9 +482,9 @@ class OutOfCore:
             if made is not None:
                 made[part.index] = out[2]
             if lower is not None:
-                _start_host_copy(d_h, lower.stored_on_host(
-                    part.index, None if self.local[l] else part.halo_owner))
-                self._write(pending, self._stored, store_input_gradient, part, d_h)
+                self._write(pending, self._stored, d_h, store_input_gradient, part,
+                            self._for_the_store(d_h, lower, part.index,
+                                                None if self.local[l] else part.halo_owner))
             else:  # a one-layer model's input gradient: nothing stores it
                 self.spares.give(d_h)
         self._wait(pending)
@@ -504,11 +511,11 @@ class OutOfCore:
             acc, d_h = steps.saved_backward(p_l, block, z, k_l, mask, g_out, acc,
                                             self.spares.take((part.num_in, self.widths[l])))
             self._dispatched(acc)
-            _start_host_copy(d_h, lower.stored_on_host(part.index, part.halo_owner))
-            self._write(pending, self._stored,
+            self._write(pending, self._stored, d_h,
                         functools.partial(lower.accumulate,
                                           keep_device_rows=self.keep_device_rows),
-                        part.index, part.halo_owner, part.halo_row, d_h)
+                        part.index, part.halo_owner, part.halo_row,
+                        self._for_the_store(d_h, lower, part.index, part.halo_owner))
         self._wait(pending)
         return acc
 
@@ -539,11 +546,25 @@ class OutOfCore:
         """The shape of layer l's step input for ``part`` (and of its input gradient)."""
         return (part.num_out if self.local[l] else part.num_in, self.widths[l])
 
-    def _stored(self, store: Callable, *args) -> None:
-        """``store(*args)``, whose last argument is a step output, then hand that output to
-        `spares` for a later step: it is read no more."""
+    def _for_the_store(self, output: jax.Array, table: Table, block: int,
+                       halo_owner: Optional[np.ndarray] = None):
+        """What the writer thread stores of a dispatched step's output into ``table``: where
+        the store reads it in host memory only (`Table.held_on_host`) and `pinned_host` is
+        set, a copy in page-locked host memory, started now (the GPU's copy engine writes it
+        as soon as the step ends, and the store reads it in place); else the output itself,
+        with its host copy started when the store reads it on the host and
+        `early_host_copies` is on. Outputs kept on the device are not copied."""
+        if self.pinned_host is not None and table.held_on_host(block, halo_owner):
+            return jax.device_put(output, self.pinned_host)
+        if self.early_host_copies and table.stored_on_host(block, halo_owner):
+            output.copy_to_host_async()
+        return output
+
+    def _stored(self, output: jax.Array, store: Callable, *args) -> None:
+        """``store(*args)``, whose last argument is ``output`` or its host copy, then hand
+        ``output`` to `spares` for a later step: it is read no more."""
         store(*args)
-        self.spares.give(args[-1])
+        self.spares.give(output)
 
     def _store_input_gradient(self, l: int, lower: Optional[Table]) -> Callable:
         """How layer l's backward stores a partition's input gradient into ``G_l``: its own
@@ -600,11 +621,18 @@ class OutOfCore:
             h_in = load(part) if self.pool is None else future.result()
             self._in_flight = in_flight  # set each time: another sweep may have run between
             interrupts.check()  # a SIGTERM whose exception was lost stops the run here
-            yield part, h_in
-            while len(in_flight) > 1:  # step i-1 finishes before load i+1 starts
-                jax.block_until_ready(in_flight.popleft())
             if self.pool is not None and i + 1 < len(self.parts):
-                future = self.pool.submit(load, self.parts[i + 1])
+                # load i+1 is queued before step i is dispatched, and waits on the loader
+                # thread for step i-1 (the last one registered): it then overlaps step i's
+                # dispatch and the host copies and writes that follow it on this thread,
+                # instead of starting after them
+                future = self.pool.submit(_after, in_flight[-1] if in_flight else None,
+                                          load, self.parts[i + 1])
+            yield part, h_in
+            while len(in_flight) > 1:  # without a loader: step i-1 ends before load i+1
+                done = in_flight.popleft()
+                if self.pool is None:
+                    jax.block_until_ready(done)
 
     def _dispatched(self, step_output) -> None:
         """Register a dispatched step (any of its outputs) with the running `_loaded`. What is
@@ -699,13 +727,30 @@ def _steps(layer, remat_policy, input_mask, node_loss) -> LayerSteps:
     return layer_steps(layer, remat_policy, input_mask, node_loss)
 
 
+def _pinned_host() -> Optional[jax.sharding.Sharding]:
+    """The default device's page-locked host memory, where its backend has one."""
+    device = jax.devices()[0]
+    if "pinned_host" not in {m.kind for m in device.addressable_memories()}:
+        return None
+    return jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+
+
+def _after(step: Optional[jax.Array], load: Callable, part):
+    """``load(part)`` once ``step`` (a registered step's marker, or None) has finished."""
+    if step is not None:
+        jax.block_until_ready(step)
+    return load(part)
+
+
 def _staged(load: Callable) -> Callable:
     """``load`` followed by `jax.device_put` of each NumPy array in its result, and a gather
     whose device rows stayed on the device (`DeviceRows`) put together there. On the CPU
     backend the put adopts an aligned buffer without a copy (`jgrind.buffers`), as the step's
-    dispatch would; elsewhere it is the transfer, made where `_loaded` calls ``load``."""
+    dispatch would; elsewhere it is the transfer, made where `_loaded` calls ``load`` and
+    waited for there: a step dispatched on an input whose host-side staging is still running
+    holds the dispatching thread until it ends (seen on an H200: 17-19 ms a step)."""
     def staged(part):
-        return jax.tree.map(_to_device, load(part))
+        return jax.block_until_ready(jax.tree.map(_to_device, load(part)))
     return staged
 
 
@@ -713,16 +758,6 @@ def _to_device(leaf):
     if isinstance(leaf, DeviceRows):
         return leaf.to_device()
     return jax.device_put(leaf) if isinstance(leaf, np.ndarray) else leaf
-
-
-def _start_host_copy(output: jax.Array, needed: bool) -> None:
-    """Start copying a dispatched step's output to host memory when the store will read it
-    there (``needed``): on a GPU the copy then runs as soon as the step ends, beside the next
-    step, and the writer thread finds the rows on the host instead of waiting for the
-    transfer. Outputs kept on the device are not copied. On the CPU backend it is a no-op
-    (the host view is the buffer itself)."""
-    if needed:
-        output.copy_to_host_async()
 
 
 def _local_block(part: PaddedPartition) -> Block:

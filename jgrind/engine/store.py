@@ -34,7 +34,7 @@ from jgrind.engine.host_arrays import HostArrays
 from jgrind.engine.routes import Layout, RouteCache, TierRows
 from jgrind.engine.ssd import SSDFile
 from jgrind.plan.fates import Fate
-from jgrind.rows import add_rows, take_rows
+from jgrind.rows import add_rows, copy_rows, take_rows
 
 _TIERS = (Fate.DEVICE, Fate.HOST, Fate.SSD, Fate.RECOMPUTE)
 _CODE = {f: i for i, f in enumerate(_TIERS)}
@@ -191,6 +191,14 @@ class Table:
         return bool(self.tier[block] != _CODE[Fate.DEVICE]
                     or (self.tier[halo_owner] != _CODE[Fate.DEVICE]).any())
 
+    def held_on_host(self, block: int, halo_owner: Optional[np.ndarray] = None) -> bool:
+        """Whether storing a step output of ``block`` (with ``halo_owner``: accumulating it)
+        reads it in host memory only: no row of it lands in a device block, so the store
+        needs no device copy of it and takes a host one (`write`, `accumulate`)."""
+        if self.tier[block] == _CODE[Fate.DEVICE]:
+            return False
+        return halo_owner is None or not (self.tier[halo_owner] == _CODE[Fate.DEVICE]).any()
+
     @property
     def all_ssd(self) -> bool:
         return self.ssd is not None and self.tier_rows[_CODE[Fate.SSD]] == int(
@@ -239,7 +247,7 @@ class Table:
             self.store.cache.invalidate((self.key, WHOLE_FILE))
             self.store.count(ssd_written=host_values.nbytes)
         else:
-            self._host_array(code)[start:start + rows] = host_values
+            copy_rows(self._host_array(code)[start:start + rows], host_values)
             self.store.count(host_written=host_values.nbytes)
 
     def read(self, block: int, padded_rows: int):
@@ -259,7 +267,7 @@ class Table:
     @staticmethod
     def _fill(dst: np.ndarray, src: np.ndarray) -> None:
         if src is not dst:  # not read in place already
-            dst[...] = src
+            copy_rows(dst, src)
 
     def _read_host_or_ssd(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
         """Block ``block``'s rows from host RAM or SSD: a view of a host array or a cached

@@ -1,0 +1,43 @@
+"""`tools/trace_epoch.py`: a traced out-of-core epoch and its summary, which sessions without a
+GPU read from traces brought back from one."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import trace_epoch  # noqa: E402
+
+
+def test_busy_time_counts_overlapping_events_once():
+    assert trace_epoch._union([(0, 10), (5, 15), (20, 30), (21, 22)]) == 25
+    assert trace_epoch._union([]) == 0
+
+
+def test_a_traced_epoch_is_written_and_summarised(tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "trace_epoch.py"), "--rmat", "3000", "30000",
+         "--parts", "3", "--epochs", "1", "--features", "16", "--hidden", "16",
+         "--variants", "default,pageable", "--trace", str(tmp_path / "trace"),
+         "--store", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout
+    assert "programs compiled in" in text and "(default, traced)" in text
+    assert "median epoch per variant: default" in text and "pageable" in text
+    # one trace per variant, each summarised: the traced window and its busiest lines
+    for name in ("default", "pageable"):
+        assert list((tmp_path / "trace" / name).rglob("*.xplane.pb"))
+    assert text.count("window ") == 2 and "/host:CPU" in text
+    again = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "trace_epoch.py"), "--summarize",
+         str(tmp_path / "trace" / "default")], capture_output=True, text=True, env=env,
+        timeout=120)
+    assert again.returncode == 0 and "window " in again.stdout
+    missing = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "trace_epoch.py"), "--summarize",
+         str(tmp_path / "nothing")], capture_output=True, text=True, env=env, timeout=120)
+    assert missing.returncode == 2 and "no *.xplane.pb" in missing.stderr

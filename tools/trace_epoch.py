@@ -1,0 +1,204 @@
+"""One out-of-core epoch under `jax.profiler`, and a summary of where its time went.
+
+    python tools/trace_epoch.py --rmat 1000000 10000000 --policy host --parts 8 --trace DIR
+    python tools/trace_epoch.py --summarize DIR          # a trace written earlier (any machine)
+
+Runs `jgrind.engine.OutOfCore` normally (loader and writer threads on), counts the programs
+compiled and their compile seconds per epoch (JAX's ``/jax/core/compile/backend_compile_duration``
+events), times ``--epochs`` epochs, then traces one more and prints, per plane of the trace
+(the host, each GPU), each line's busy time (the union of its events' intervals, so nested
+events count once), its share of the traced window, and its heaviest event names. On a GPU the
+lines are its streams: kernels, and the copy engines' host-to-device and device-to-host copies.
+The trace is small enough for the device tool to bring back (Python tracing off), so a session
+without a GPU can read it with ``--summarize``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+# name -> (step outputs to host through pinned memory, OutOfCore.early_host_copies, jgrind.rows
+# threads; None: the backend's choice)
+VARIANTS = {"default": (True, True, None), "pageable": (False, True, None),
+            "pageable-no-early-copies": (False, False, None),
+            "pageable-one-row-thread": (False, True, 1), "one-row-thread": (True, True, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rmat", nargs=2, type=int, metavar=("NODES", "EDGES"),
+                   default=(1_000_000, 10_000_000))
+    p.add_argument("--features", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--policy", choices=("device", "host", "ssd", "recompute", "grinnder"),
+                   default="host")
+    p.add_argument("--parts", type=int, default=8)
+    p.add_argument("--device-budget", type=int, default=None, help="bytes (grinnder)")
+    p.add_argument("--host-budget", type=int, default=None, help="bytes (0: host cache off)")
+    p.add_argument("--epochs", type=int, default=2, help="timed epochs before the traced one")
+    p.add_argument("--store", default=tempfile.gettempdir())
+    p.add_argument("--trace", help="write the traced epoch here (a jax.profiler log folder; "
+                                   "with --variants, one folder per variant under it)")
+    p.add_argument("--variants", default="default",
+                   help="comma-separated engine settings to time one after the other on the "
+                        "same engine (its programs compiled once): "
+                        f"{', '.join(VARIANTS)}")
+    p.add_argument("--summarize", metavar="DIR", help="only summarize a trace written earlier")
+    p.add_argument("--top", type=int, default=4, help="event names shown per line")
+    args = p.parse_args()
+    if args.summarize:
+        summarize(args.summarize, args.top)
+        return
+    run(args)
+
+
+def run(args) -> None:
+    import jax
+    import optax
+    from jax import monitoring
+
+    from jgrind import models, rows
+    from jgrind.engine import OutOfCore
+    from jgrind.generators import rmat
+    from jgrind.partition import partition_graph
+    from jgrind.partition.partitioners import label_propagation
+    from jgrind.plan import policies
+
+    compiles = collections.Counter()
+
+    def listen(event: str, seconds: float, **_) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles["programs"] += 1
+            compiles["seconds"] += seconds
+    monitoring.register_event_duration_secs_listener(listen)
+
+    t = time.perf_counter()
+    graph = rmat(num_nodes=args.rmat[0], num_edges=args.rmat[1], num_features=args.features,
+                 num_classes=47, seed=0)
+    model = models.gcn(args.features, args.hidden, 47, num_layers=3, dropout=0.5)
+    normalized = model.normalize(graph)
+    pg = partition_graph(normalized, label_propagation(normalized, args.parts, seed=0),
+                         num_parts=args.parts)
+    print(f"graph and {args.parts} partitions: {time.perf_counter() - t:.1f} s; "
+          f"devices {jax.devices()}")
+    policy = {"device": policies.in_memory, "host": policies.host_offload,
+              "ssd": lambda: policies.ssd_offload(args.store),
+              "recompute": policies.recompute_activations,
+              "grinnder": lambda: None}[args.policy]()
+    ex = OutOfCore(graph, model, optax.adam(1e-3), policy=policy, partitioned=pg,
+                   store=args.store, device_budget=args.device_budget,
+                   host_budget=args.host_budget)
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        print(f"error: unknown variant(s) {unknown}; choose from {list(VARIANTS)}",
+              file=sys.stderr)
+        sys.exit(2)
+    try:
+        params = model.init(jax.random.key(0))
+        opt_state = optax.adam(1e-3).init(params)
+        epoch = 0
+
+        def one(label: str, trace_dir=None):
+            nonlocal params, opt_state, epoch
+            if trace_dir:
+                options = jax.profiler.ProfileOptions()
+                options.python_tracer_level = 0  # Python calls would swamp the trace
+                jax.profiler.start_trace(trace_dir, profiler_options=options)
+            before = dict(compiles)
+            t = time.perf_counter()
+            params, opt_state, loss = ex.step(params, opt_state, jax.random.key(epoch))
+            jax.block_until_ready((params, loss))
+            seconds = time.perf_counter() - t
+            if trace_dir:
+                jax.profiler.stop_trace()
+            print(f"epoch {epoch} ({label}{', traced' if trace_dir else ''}): {seconds:.3f} s, "
+                  f"loss {float(loss):.4f}, {compiles['programs'] - before.get('programs', 0)} "
+                  f"programs compiled in {compiles['seconds'] - before.get('seconds', 0.0):.1f} s")
+            epoch += 1
+            return seconds
+
+        pinned_host = ex.pinned_host  # None on the CPU backend: "default" is "pageable" there
+        one("warm-up")
+        medians = {}
+        for name in variants:
+            pinned, ex.early_host_copies, threads = VARIANTS[name]
+            ex.pinned_host = pinned_host if pinned else None
+            rows.set_threads(threads)
+            medians[name] = statistics.median(one(name) for _ in range(args.epochs))
+            if args.trace:
+                folder = os.path.join(args.trace, name) if len(variants) > 1 else args.trace
+                one(name, folder)
+                summarize(folder, args.top)
+        print("median epoch per variant: " + ", ".join(
+            f"{name} {s:.3f} s" for name, s in medians.items()))
+    finally:
+        ex.close()
+    print(f"programs compiled in all: {compiles['programs']} ({compiles['seconds']:.1f} s)")
+
+
+def _union(intervals: list) -> int:
+    """Total length of the union of (start, end) intervals."""
+    total, end = 0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def summarize(directory: str, top: int = 4) -> None:
+    """Print each plane's lines with their busy time over the traced window."""
+    from jax.profiler import ProfileData
+
+    files = sorted(glob.glob(os.path.join(directory, "**", "*.xplane.pb"), recursive=True))
+    if not files:
+        print(f"error: no *.xplane.pb under {directory}; pass the folder given to --trace",
+              file=sys.stderr)
+        sys.exit(2)
+    path = files[-1]
+    data = ProfileData.from_file(path)
+    print(f"trace {path} ({os.path.getsize(path) / 2**20:.1f} MiB)")
+    lines = []  # (plane, line, intervals, per-name ns)
+    lo, hi = None, None
+    for plane in data.planes:
+        for line in plane.lines:
+            spans, names = [], collections.Counter()
+            for ev in line.events:
+                s, d = ev.start_ns, ev.duration_ns
+                spans.append((s, s + d))
+                names[ev.name] += d
+            if not spans:
+                continue
+            lines.append((plane.name, line.name, spans, names))
+            if plane.name.startswith("/device:"):
+                first, last = min(s for s, _ in spans), max(e for _, e in spans)
+                lo = first if lo is None else min(lo, first)
+                hi = last if hi is None else max(hi, last)
+    if lo is None:  # no device plane (the CPU backend): the window is the host's
+        lo = min(min(s for s, _ in sp) for *_, sp, _ in lines)
+        hi = max(max(e for _, e in sp) for *_, sp, _ in lines)
+    window = max(hi - lo, 1)
+    print(f"window {window / 1e9:.3f} s (first to last device event)")
+    for plane, name, spans, names in lines:
+        busy = _union([(max(s, lo), min(e, hi)) for s, e in spans if e > lo and s < hi])
+        if busy < window * 1e-3:
+            continue
+        heavy = ", ".join(f"{n[:48]} {d / 1e9:.3f}" for n, d in names.most_common(top))
+        print(f"  {plane} | {name}: busy {busy / 1e9:.3f} s ({busy / window:.0%}), "
+              f"{len(spans)} events; {heavy}")
+
+
+if __name__ == "__main__":
+    main()
