@@ -439,6 +439,44 @@ def test_outputs_stored_through_pinned_host_memory_are_exact(model, tmp_path, mo
     assert pinned  # outputs went through pinned host memory
 
 
+GUARDED = ["in_memory", "host", "ssd", "recompute", "grinnder", "spread", "spread-gpu-paths"]
+
+
+@pytest.mark.parametrize("policy", GUARDED)
+def test_no_implicit_transfers_in_an_out_of_core_epoch(policy, tmp_path):
+    """An out-of-core epoch and a prediction run with JAX's transfer guard set to refuse every
+    implicit host-device transfer, on every thread: what crosses does so by `jax.device_put`
+    or `jax.device_get`. On a GPU an implicit transfer is a synchronous copy that no profile
+    names (the big_vision trainer runs under the same guard). "spread" puts blocks on the
+    device, in host RAM and on SSD; "spread-gpu-paths" also forces the paths the engine takes
+    off the CPU backend (device rows kept there, outputs through ``pinned_host`` memory)."""
+    from jgrind.engine import engine as engine_module
+    graph = _csbm()
+    names = list(_models(8, graph.num_classes))
+    net = _models(8, graph.num_classes)[names[GUARDED.index(policy) % len(names)]]
+
+    def spread(info):
+        return (Fate.DEVICE, Fate.HOST, Fate.SSD)[info.partition % 3]
+    chosen = spread if policy.startswith("spread") else _policies(tmp_path)[policy]
+    with OutOfCore(graph, net, optax.adam(0.01), policy=chosen, num_parts=3, store=tmp_path,
+                   partitioner=random_partition) as ex:
+        if policy == "spread-gpu-paths":
+            ex.keep_device_rows = True
+            ex.pinned_host = engine_module._pinned_host()
+        params = net.init(jax.random.key(0))
+        opt_state = optax.adam(0.01).init(params)
+        params, opt_state, _ = ex.step(params, opt_state, jax.random.key(1))  # compiles
+        key = jax.random.key(2)
+        previous = jax.config.jax_transfer_guard
+        jax.config.update("jax_transfer_guard", "disallow")  # every thread, not just this one
+        try:
+            params, opt_state, loss = ex.step(params, opt_state, key)
+            logits = ex.predict(params)
+        finally:
+            jax.config.update("jax_transfer_guard", previous)
+    assert np.isfinite(float(loss)) and np.isfinite(logits).all()
+
+
 def test_naive_snapshots_are_written_from_the_host_rows(tmp_path, monkeypatch):
     """The naive scheme writes each forward step input to its snapshot as the NumPy rows that
     were loaded, not as a device array (on a GPU a copy there and back)."""

@@ -59,7 +59,7 @@ from jgrind import host_memory, interrupts
 from jgrind.arguments import whole_number
 from jgrind.engine.spares import Spares
 from jgrind.engine.steps import LayerSteps, PaddedPartition, layer_steps, pad_partition
-from jgrind.engine.store import BudgetError, DeviceRows, Snapshot, Store, Table
+from jgrind.engine.store import BudgetError, DeviceRows, Snapshot, Store, Table, host_view
 from jgrind.graph import Graph
 from jgrind.loss import node_weights
 from jgrind.models.block import Block
@@ -218,6 +218,7 @@ class OutOfCore:
                            host_tables_bytes=self.memory.stored_peaks[1],
                            input_buffer_bytes=self._input_buffer_bytes())
         self._snapshots: dict[int, Snapshot] = {}
+        self._layer_keys: tuple = (None, ())  # (a step's key, its layers' keys): `_key`
         # Gathers and scatter-adds leave the rows held on the device there (`Table.gather`,
         # `Table.accumulate`) unless the device is host RAM: on the CPU backend a gather's
         # merge would copy the whole input once more, and the scatter-add was slower.
@@ -340,8 +341,14 @@ class OutOfCore:
         """Executed layer l's dropout key: its model layer's; for a layer that runs its
         consumer's dropout on its output (`DropsOutput`), that and the consumer's."""
         origin = self.executed.origin
-        consumer = layer_key(key, origin[l + 1]) if l + 1 < len(origin) else None
-        return step_key(self.model.layers[l], layer_key(key, origin[l]), consumer)
+        if key is None:
+            return step_key(self.model.layers[l], None, None)
+        if self._layer_keys[0] is not key:  # one program folds every layer's key, once a step:
+            # a fold_in per step with a Python int would copy the int to the device each time
+            self._layer_keys = (key, _fold_layer_keys(key, max(origin) + 1))
+        keys = self._layer_keys[1]
+        consumer = keys[origin[l + 1]] if l + 1 < len(origin) else None
+        return step_key(self.model.layers[l], keys[origin[l]], consumer)
 
     def _executed_loss_and_grad(self, params, key):
         L = self.num_layers
@@ -352,9 +359,8 @@ class OutOfCore:
             self._forward_layer(params, l, key)
             if l >= 1:
                 self.activations[l].release()  # no-op unless the layer is recomputed
-        grads = jax.tree.map(jnp.zeros_like, params)
+        grads, loss = _zero_grads_and_loss(params)
         grads = list(grads)
-        loss = jnp.zeros((), jnp.float32)
         upper: Optional[Table] = None
         masks: Optional[dict] = None  # output masks of layer l, made by layer l+1's backward
         for l in reversed(range(L)):
@@ -457,13 +463,15 @@ class OutOfCore:
         self.spares.plan([self._input_shape(p, l) for p in self.parts] if spared else [])
         load_input = self._input_loader(l, self.activations[l], snap)
         # the output gradient is read with the input, off the main thread (`_loaded`)
-        load = (lambda part: (load_input(part), None)) if top else \
+        # the top layer's labels and loss weights load with its input, as device arrays
+        load = (lambda part: (load_input(part), (part.labels, part.weights))) if top else \
             (lambda part: (load_input(part), upper.read(part.index, part.num_out)))
         for part, (h_in, g_out) in self._loaded(load):
             block = self._step_block(part, l)
             spare = self.spares.take(self._input_shape(part, l)) if spared else None
             if top:
-                out = steps.top(p_l, block, h_in, k_l, part.labels, part.weights, acc, spare)
+                labels, weights = g_out
+                out = steps.top(p_l, block, h_in, k_l, labels, weights, acc, spare)
                 loss = loss + out[0]
                 out = out[1:]
             else:
@@ -679,7 +687,7 @@ class OutOfCore:
             out = steps.forward(p_top, self._step_block(part, L - 1), h_in, None,
                                 self.spares.take((part.num_out, self.widths[-1])))
             self._dispatched(out)
-            logits[part.owned] = np.asarray(out)[: part.num_owned]
+            logits[part.owned] = jax.device_get(out)[: part.num_owned]
         for l in range(1, L):
             if self.activations[l].recomputed:
                 self.activations[l].release()
@@ -698,7 +706,7 @@ class OutOfCore:
         table = self.activations[e]
         out = np.empty((self.num_nodes, self.widths[e]), np.float32)
         for part in self.parts:
-            out[part.owned] = np.asarray(table.read(part.index, part.num_owned))
+            out[part.owned] = host_view(table.read(part.index, part.num_owned))
         for l in range(1, e + 1):
             if self.activations[l].recomputed:
                 self.activations[l].release()
@@ -725,6 +733,19 @@ def _steps(layer, remat_policy, input_mask, node_loss) -> LayerSteps:
     except TypeError:
         return layer_steps.__wrapped__(layer, remat_policy, input_mask, node_loss)
     return layer_steps(layer, remat_policy, input_mask, node_loss)
+
+
+@jax.jit
+def _zero_grads_and_loss(params):
+    """Zeros shaped like ``params``, and a zero loss, made on the device (op by op, a Python
+    zero would be copied there)."""
+    return jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _fold_layer_keys(key: jax.Array, count: int) -> tuple:
+    """``layer_key(key, i)`` for the model's layers ``0 .. count-1``, in one program."""
+    return tuple(layer_key(key, i) for i in range(count))
 
 
 def _pinned_host() -> Optional[jax.sharding.Sharding]:

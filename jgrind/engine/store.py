@@ -14,6 +14,7 @@ counts the bytes moved between tiers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import pathlib
 import shutil
@@ -82,24 +83,41 @@ class Accounts:
 
 # Device-side table operations. Index arrays are padded to bucketed lengths with an
 # out-of-range index, which `drop`/`fill` modes ignore, so a handful of shapes are compiled.
-@jax.jit
-def _device_take(table, rows):
-    return jnp.take(table, rows, axis=0, mode="fill", fill_value=0)
+def host_view(values) -> np.ndarray:
+    """``values`` (a step output, its page-locked host copy, or NumPy rows) as a NumPy array:
+    a device array is fetched by `jax.device_get`, an explicit transfer (a view, without a
+    copy, of a CPU backend's buffer or a ``pinned_host`` array)."""
+    return jax.device_get(values) if isinstance(values, jax.Array) else np.asarray(values)
 
 
-_device_set = jax.jit(lambda table, rows, values: table.at[rows].set(values, mode="drop"),
-                      donate_argnums=0)
-_device_add = jax.jit(lambda table, rows, values: table.at[rows].add(values, mode="drop"),
-                      donate_argnums=0)
+def _explicit(fn):
+    """``fn`` with its NumPy arguments (the store's row indices, host rows bound for device
+    blocks) handed to the device by `jax.device_put` first: the transfers are meant, and a
+    transfer guard (``jax_transfer_guard="disallow"``) then tells them from accidental ones."""
+    @functools.wraps(fn)
+    def call(*args):
+        return fn(*(jax.device_put(a) if isinstance(a, np.ndarray) else a for a in args))
+    return call
+
+
+# made on the device: op by op, jnp.zeros would copy its Python zero there first
+_device_zeros = jax.jit(lambda shape: jnp.zeros(shape, jnp.float32), static_argnums=0)
+_device_take = _explicit(jax.jit(
+    lambda table, rows: jnp.take(table, rows, axis=0, mode="fill", fill_value=0)))
+_device_set = _explicit(jax.jit(
+    lambda table, rows, values: table.at[rows].set(values, mode="drop"), donate_argnums=0))
+_device_add = _explicit(jax.jit(
+    lambda table, rows, values: table.at[rows].add(values, mode="drop"), donate_argnums=0))
 # ``table[rows] += values[src]``: a scatter-add's rows that land on the device, taken from the
 # step output where it is (`Table.accumulate` with ``keep_device_rows``)
-_device_add_taken = jax.jit(
+_device_add_taken = _explicit(jax.jit(
     lambda table, rows, values, src: table.at[rows].add(
         jnp.take(values, src, axis=0, mode="fill", fill_value=0), mode="drop"),
-    donate_argnums=0)
+    donate_argnums=0))
 # ``gathered[rows] = values``, the device's rows set into a gathered input sent from the host
-_device_merge = jax.jit(lambda gathered, rows, values: gathered.at[rows].set(values, mode="drop"),
-                        donate_argnums=0)
+_device_merge = _explicit(jax.jit(
+    lambda gathered, rows, values: gathered.at[rows].set(values, mode="drop"),
+    donate_argnums=0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,8 +175,7 @@ class Table:
         self.ssd: Optional[SSDFile] = None
         nbytes = lambda code: self.tier_rows[code] * self.width * 4  # noqa: E731
         if self.tier_rows[_CODE[Fate.DEVICE]]:
-            self.device = jnp.zeros((self.tier_rows[_CODE[Fate.DEVICE]], self.width),
-                                    jnp.float32)
+            self.device = _device_zeros((self.tier_rows[_CODE[Fate.DEVICE]], self.width))
             store._charge(device=nbytes(_CODE[Fate.DEVICE]))
         if self.tier_rows[_CODE[Fate.HOST]]:  # charged by the store's `HostArrays`
             self.host = store.host_arrays.take(self.tier_rows[_CODE[Fate.HOST]], self.width,
@@ -240,7 +257,7 @@ class Table:
             with self._device_lock:
                 self.device = _device_set(self.device, idx, values)
             return
-        host_values = np.asarray(values)[:rows]
+        host_values = host_view(values)[:rows]
         if code == _CODE[Fate.SSD]:
             self.ssd.write_block(int(self.ssd_index[block]), host_values)
             self.store.cache.invalidate((self.key, block))
@@ -342,7 +359,7 @@ class Table:
                     idx = rows.src.astype(np.int32)
                     n = _bucket_len(idx.size)
                     got = _device_take(self.device, _padded_rows(idx, n, self.device.shape[0]))
-                    out[rows.dst] = np.asarray(got)[: idx.size]
+                    out[rows.dst] = jax.device_get(got)[: idx.size]
                 elif rows.code == _CODE[Fate.SSD]:
                     self._ssd_rows(rows, out)
                 else:  # host RAM (or a recomputed layer's transient): one native pass
@@ -361,7 +378,7 @@ class Table:
     def _block_rows(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
         if self.tier[block] == _CODE[Fate.DEVICE]:
             start, rows = int(self.slot[block]), self._rows(block)
-            return np.asarray(self.device[start:start + rows])
+            return jax.device_get(self.device[start:start + rows])
         return self._read_host_or_ssd(block, into)
 
     def _ssd_rows(self, rows: TierRows, out: np.ndarray) -> None:
@@ -446,7 +463,7 @@ class Table:
             with self._device_lock:
                 self.device = _device_add(self.device, idx, values)
             return
-        host_values = np.asarray(values)
+        host_values = host_view(values)
         for rows in route.halo:
             if rows.code == _CODE[Fate.DEVICE]:
                 n = _bucket_len(rows.size)
@@ -530,7 +547,7 @@ class Snapshot:
     def write(self, block: int, values) -> None:
         """Store the first ``input_rows[block]`` rows of ``values`` (a padded gather)."""
         rows = int(self.offsets[block + 1] - self.offsets[block])
-        host_values = np.asarray(values)[:rows]
+        host_values = host_view(values)[:rows]
         self.ssd.write_block(block, host_values)
         self.store.count(ssd_written=host_values.nbytes)
 
