@@ -423,7 +423,7 @@ def test_outputs_stored_through_pinned_host_memory_are_exact(model, tmp_path, mo
     there; forced here on the CPU, with blocks spread over the device, host RAM and SSD (so
     some scatter-adds touch device blocks and keep the device output), the loss and gradients
     are the in-memory ones."""
-    from jgrind.engine import engine as engine_module
+    from jgrind import transfers
     pinned, plain_put = [], jax.device_put
 
     def put(x, *args, **kwargs):
@@ -433,7 +433,7 @@ def test_outputs_stored_through_pinned_host_memory_are_exact(model, tmp_path, mo
 
     def setup(ex):
         assert ex.pinned_host is None  # the CPU backend: the output's buffer is its host view
-        ex.pinned_host = engine_module._pinned_host()
+        ex.pinned_host = transfers.pinned_host()
         monkeypatch.setattr(jax, "device_put", put)
     _exact_with_blocks_on_every_tier(model, tmp_path, setup)
     assert pinned  # outputs went through pinned host memory
@@ -450,7 +450,7 @@ def test_no_implicit_transfers_in_an_out_of_core_epoch(policy, tmp_path):
     names (the big_vision trainer runs under the same guard). "spread" puts blocks on the
     device, in host RAM and on SSD; "spread-gpu-paths" also forces the paths the engine takes
     off the CPU backend (device rows kept there, outputs through ``pinned_host`` memory)."""
-    from jgrind.engine import engine as engine_module
+    from jgrind import transfers
     graph = _csbm()
     names = list(_models(8, graph.num_classes))
     net = _models(8, graph.num_classes)[names[GUARDED.index(policy) % len(names)]]
@@ -462,7 +462,7 @@ def test_no_implicit_transfers_in_an_out_of_core_epoch(policy, tmp_path):
                    partitioner=random_partition) as ex:
         if policy == "spread-gpu-paths":
             ex.keep_device_rows = True
-            ex.pinned_host = engine_module._pinned_host()
+            ex.pinned_host = transfers.pinned_host()
         params = net.init(jax.random.key(0))
         opt_state = optax.adam(0.01).init(params)
         params, opt_state, _ = ex.step(params, opt_state, jax.random.key(1))  # compiles
@@ -475,6 +475,27 @@ def test_no_implicit_transfers_in_an_out_of_core_epoch(policy, tmp_path):
         finally:
             jax.config.update("jax_transfer_guard", previous)
     assert np.isfinite(float(loss)) and np.isfinite(logits).all()
+
+
+def test_bytes_across_the_link_are_counted(tmp_path):
+    """The store counts what the engine hands to the device and reads back on the host (what
+    crosses PCIe on a GPU): nothing comes back when every block is kept on the device, and
+    through host RAM every stored output comes back and every input goes over, at least the
+    rows the store read for them."""
+    graph = community_graph(num_nodes=300)
+    model = models.gcn(graph.num_features, 8, graph.num_classes, num_layers=3)
+    moved = {}
+    for name, policy in (("device", policies.in_memory()), ("host", policies.host_offload())):
+        with OutOfCore(graph, model, optax.sgd(0.1), policy=policy, num_parts=3,
+                       store=tmp_path) as ex:
+            ex.loss_and_grad(model.init(jax.random.key(0)), jax.random.key(1))
+            moved[name] = ex.store.accounts
+            outputs = sum(4 * p.num_out * ex.widths[l + 1] for p in ex.parts
+                          for l in range(ex.num_layers - 1))  # the forward's stored outputs
+    assert moved["device"].to_host == 0
+    host = moved["host"]
+    assert host.to_host >= outputs  # and the backward's input gradients
+    assert host.to_device >= host.host_read > 0
 
 
 def test_naive_snapshots_are_written_from_the_host_rows(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ STAGES = [
     ("foundations", ("jgrind._kernels", "jgrind.allocator", "jgrind.arguments", "jgrind.buffers",
                      "jgrind.caches", "jgrind.checksum", "jgrind.disk_space",
                      "jgrind.host_memory", "jgrind.interrupts", "jgrind.owner_locks",
-                     "jgrind.rows",
+                     "jgrind.rows", "jgrind.transfers",
                      "jgrind.sparse",
                      "jgrind.loss", "jgrind.metrics", "jgrind.checkpoint", "jgrind.plots")),
     ("graph", ("jgrind.graph", "jgrind.transforms", "jgrind.generators", "jgrind.interop",

@@ -14,7 +14,8 @@ from jgrind.plan.cost import SPAN_PIECE_BYTES
 from jgrind.plan.profile import PROFILE_VERSION, ProfileError
 
 RATES = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scatter_add_bw", "copy_bw",
-         "to_device_bw", "to_host_bw", "ssd_read_bw", "ssd_write_bw", "ssd_latency")
+         "to_device_bw", "to_host_bw", "link_to_device_bw", "link_to_host_bw",
+         "pageable_to_host_bw", "ssd_read_bw", "ssd_write_bw", "ssd_latency")
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,25 @@ def test_measure_gives_positive_figures_and_removes_its_files(measured):
     assert got.version == PROFILE_VERSION and got.directory == str(where.resolve())
     assert got.machine["cores"] == os.cpu_count() and got.machine["backend"]
     assert list(where.iterdir()) == []
+
+
+def test_device_to_host_is_timed_on_the_engines_path(monkeypatch):
+    """The profile's device -> host rate times the engine's own copy (`jgrind.transfers`):
+    through ``pinned_host`` memory where the engine copies there, a view on the CPU backend."""
+    from jgrind import transfers
+    made = []
+    plain = transfers.to_host
+
+    def to_host(values, where):
+        made.append(where)
+        return plain(values, where)
+    monkeypatch.setattr(transfers, "to_host", to_host)
+    monkeypatch.setattr(transfers, "host_copies", transfers.pinned_host)  # as off the CPU
+    sizes = dataclasses.replace(measuring._QUICK, repeats=1)
+    measuring._transfer_bw(sizes)
+    assert made and all(w is not None and w.memory_kind == "pinned_host" for w in made)
+    to_device, to_host_rate, pageable = measuring.link_rates(1 << 20, repeats=1)
+    assert min(to_device, to_host_rate, pageable) > 0
 
 
 def test_measure_removes_its_file_when_a_measurement_fails(tmp_path, monkeypatch):

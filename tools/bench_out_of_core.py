@@ -74,7 +74,7 @@ POLICY_TEXT = {"in-memory": "InMemory (one jitted step)", "device": "in_memory()
 # runs that `overhead --memory-limit` leaves uncapped: they keep the whole graph's activations
 UNCAPPED_RUNS = ("in-memory", "pyg")
 MOVED = ("ssd_read", "ssd_written", "host_read", "host_written", "ssd_read_ops",
-         "ssd_write_ops", "ssd_file_read", "ssd_file_written")
+         "ssd_write_ops", "ssd_file_read", "ssd_file_written", "to_device", "to_host")
 
 
 # -- small helpers -------------------------------------------------------------------------
@@ -381,6 +381,9 @@ def overhead_child(cfg: dict) -> dict:
         a = ex.store.accounts
         result["peaks"] = {"device": a.peak_device, "host": a.peak_host, "ssd": a.peak_ssd}
         ex.close()
+        from jgrind.plan.measure import link_rates
+        # the link's rates on this process's device, for the epoch's floor (`report_floor`)
+        result["link"] = dict(zip(("to_device", "to_host", "pageable_to_host"), link_rates()))
     return result
 
 
@@ -477,6 +480,9 @@ def overhead(args) -> dict:
                 "host_budget": args.host_budget}, memory_limit=limit)
             print(f"  {run}: {run_summary(results['runs'][run])}", file=sys.stderr,
                   flush=True)
+    if any("link" in v for v in results["runs"].values()):
+        from jgrind.plan.measure import ssd_rates
+        results["ssd_rates"] = dict(zip(("read", "write"), ssd_rates(store)))
     report_overhead(results, args)
     return results
 
@@ -521,6 +527,53 @@ def report_kernel_io(runs: dict) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
     for row in (cols, *rows):
         print("  " + "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
+
+
+def floor_terms(v: dict, compute: Optional[float], ssd: dict) -> dict:
+    """The seconds an out-of-core run's epoch cannot go under: its compute (the in-memory
+    epoch of the same run), the bytes it sent over the link each way at the link's rate from
+    and to page-locked memory (the two directions run at once), and its SSD file bytes at the
+    disk's sequential rates (reads and writes share the disk)."""
+    m, link = v["moved"][-1], v["link"]
+    terms = {"compute": compute,
+             "to device": m["to_device"] / link["to_device"],
+             "to host": m["to_host"] / link["to_host"],
+             "SSD": m["ssd_file_read"] / ssd["read"] + m["ssd_file_written"] / ssd["write"]}
+    terms["floor"] = max(t for t in terms.values() if t is not None)
+    return terms
+
+
+def report_floor(r: dict, compute: Optional[float]) -> None:
+    """Each out-of-core run's floor (`floor_terms`) and its median epoch over it."""
+    runs = {k: v for k, v in r["runs"].items() if not v.get("failed") and v.get("link")}
+    if not runs:
+        return
+    ssd = r["ssd_rates"]
+    print()
+    link = next(iter(runs.values()))["link"]
+    print(f"floor: max(compute = the in-memory epoch, bytes to the device / "
+          f"{link['to_device'] / 1e9:.2f} GB/s, bytes to the host / {link['to_host'] / 1e9:.2f} "
+          f"GB/s (the link from and to pinned host memory), SSD file bytes at "
+          f"{ssd['read'] / 1e9:.2f} GB/s read + {ssd['write'] / 1e9:.2f} GB/s written)"
+          + ("" if compute else "; no in-memory run here, so no compute term"))
+    cols = ("run", "epoch s", "floor s", "x floor", "compute s", "to device", "s", "to host",
+            "s", "SSD s")
+    rows = []
+    for name, v in runs.items():
+        t, m = float(np.median(v["epoch_times"])), v["moved"][-1]
+        f = floor_terms(v, compute, ssd)
+        rows.append((name, f"{t:.3f}", f"{f['floor']:.3f}", f"{t / f['floor']:.2f}",
+                     f"{compute:.3f}" if compute else "-", fmt(m["to_device"]),
+                     f"{f['to device']:.3f}", fmt(m["to_host"]), f"{f['to host']:.3f}",
+                     f"{f['SSD']:.3f}"))
+    widths = [max(len(str(x)) for x in col) for col in zip(cols, *rows)]
+    for row in (cols, *rows):
+        print("  " + "  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip())
+    print("  (the SSD term prices file bytes at the disk's rates: where the page cache serves "
+          "them, without --drop-caches, an epoch can go under it"
+          + ("" if any(v.get("accelerator", {}).get("peak_device_bytes") for v in runs.values())
+             else "; with no accelerator there is no link, and its terms time host copies")
+          + ")")
 
 
 def report_overhead(r: dict, args) -> None:
@@ -573,6 +626,7 @@ def report_overhead(r: dict, args) -> None:
     print(f"(the device tier's moves are not counted: {where}; x best in-mem: this run's "
           "median epoch over the in-memory run's fastest)")
     report_kernel_io(runs)
+    report_floor(r, base)
     for name, v in runs.items():
         if v.get("fates"):
             print(f"{name} fates (blocks): {v['fates']}; budgets: device "

@@ -55,11 +55,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jgrind import host_memory, interrupts
+from jgrind import host_memory, interrupts, transfers
 from jgrind.arguments import whole_number
 from jgrind.engine.spares import Spares
 from jgrind.engine.steps import LayerSteps, PaddedPartition, layer_steps, pad_partition
-from jgrind.engine.store import BudgetError, DeviceRows, Snapshot, Store, Table, host_view
+from jgrind.engine.store import BudgetError, DeviceRows, Snapshot, Store, Table
 from jgrind.graph import Graph
 from jgrind.loss import node_weights
 from jgrind.models.block import Block
@@ -228,7 +228,7 @@ class OutOfCore:
         # of which copy_to_host_async held its caller 87 ms), a copy to its page-locked
         # ``pinned_host`` memory at 42 GB/s, read in place (tools/bench_transfers.py). On the
         # CPU backend the output's host view is its buffer: no copy at all.
-        self.pinned_host = _pinned_host() if jax.default_backend() != "cpu" else None
+        self.pinned_host = transfers.host_copies()
         self.early_host_copies = True
         self.pool = self.writer = None
         # From here the run has files in its store folder: an error or a signal (Ctrl-C,
@@ -562,9 +562,12 @@ class OutOfCore:
         as soon as the step ends, and the store reads it in place); else the output itself,
         with its host copy started when the store reads it on the host and
         `early_host_copies` is on. Outputs kept on the device are not copied."""
+        if not table.stored_on_host(block, halo_owner):
+            return output
+        self.store.count(to_host=output.nbytes)
         if self.pinned_host is not None and table.held_on_host(block, halo_owner):
-            return jax.device_put(output, self.pinned_host)
-        if self.early_host_copies and table.stored_on_host(block, halo_owner):
+            return transfers.to_host(output, self.pinned_host)
+        if self.early_host_copies:
             output.copy_to_host_async()
         return output
 
@@ -622,7 +625,7 @@ class OutOfCore:
         dispatched. ``stage=False`` leaves them as they are, for a consumer that also
         reads them on the host."""
         if stage:
-            load = _staged(load)
+            load = _staged(load, self.store.count)
         in_flight: collections.deque = collections.deque()
         future = self.pool.submit(load, self.parts[0]) if self.pool and self.parts else None
         for i, part in enumerate(self.parts):
@@ -651,7 +654,10 @@ class OutOfCore:
 
     def _device_block(self, part: PaddedPartition):
         cached = self._blocks.get(part.index)
-        return cached if cached is not None else jax.device_put(part.block)
+        if cached is not None:
+            return cached
+        self.store.count(to_device=part.nbytes())
+        return jax.device_put(part.block)
 
     def _step_block(self, part: PaddedPartition, l: int):
         """The block layer l's steps run on: without halo rows for a node-wise layer."""
@@ -706,7 +712,7 @@ class OutOfCore:
         table = self.activations[e]
         out = np.empty((self.num_nodes, self.widths[e]), np.float32)
         for part in self.parts:
-            out[part.owned] = host_view(table.read(part.index, part.num_owned))
+            out[part.owned] = transfers.host_view(table.read(part.index, part.num_owned))
         for l in range(1, e + 1):
             if self.activations[l].recomputed:
                 self.activations[l].release()
@@ -748,14 +754,6 @@ def _fold_layer_keys(key: jax.Array, count: int) -> tuple:
     return tuple(layer_key(key, i) for i in range(count))
 
 
-def _pinned_host() -> Optional[jax.sharding.Sharding]:
-    """The default device's page-locked host memory, where its backend has one."""
-    device = jax.devices()[0]
-    if "pinned_host" not in {m.kind for m in device.addressable_memories()}:
-        return None
-    return jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
-
-
 def _after(step: Optional[jax.Array], load: Callable, part):
     """``load(part)`` once ``step`` (a registered step's marker, or None) has finished."""
     if step is not None:
@@ -763,16 +761,26 @@ def _after(step: Optional[jax.Array], load: Callable, part):
     return load(part)
 
 
-def _staged(load: Callable) -> Callable:
+def _staged(load: Callable, count: Callable) -> Callable:
     """``load`` followed by `jax.device_put` of each NumPy array in its result, and a gather
-    whose device rows stayed on the device (`DeviceRows`) put together there. On the CPU
-    backend the put adopts an aligned buffer without a copy (`jgrind.buffers`), as the step's
-    dispatch would; elsewhere it is the transfer, made where `_loaded` calls ``load`` and
-    waited for there: a step dispatched on an input whose host-side staging is still running
-    holds the dispatching thread until it ends (seen on an H200: 17-19 ms a step)."""
+    whose device rows stayed on the device (`DeviceRows`) put together there; ``count``
+    (`Store.count`) adds the bytes sent (``to_device``). On the CPU backend the put adopts an
+    aligned buffer without a copy (`jgrind.buffers`), as the step's dispatch would; elsewhere
+    it is the transfer, made where `_loaded` calls ``load`` and waited for there: a step
+    dispatched on an input whose host-side staging is still running holds the dispatching
+    thread until it ends (seen on an H200: 17-19 ms a step)."""
     def staged(part):
-        return jax.block_until_ready(jax.tree.map(_to_device, load(part)))
+        loaded = load(part)
+        count(to_device=sum(_host_bytes(leaf) for leaf in jax.tree.leaves(loaded)))
+        return jax.block_until_ready(jax.tree.map(_to_device, loaded))
     return staged
+
+
+def _host_bytes(leaf) -> int:
+    """Bytes `_to_device` sends of ``leaf``."""
+    if isinstance(leaf, DeviceRows):
+        return leaf.host.nbytes
+    return leaf.nbytes if isinstance(leaf, np.ndarray) else 0
 
 
 def _to_device(leaf):

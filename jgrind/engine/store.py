@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgrind import disk_space
+from jgrind import disk_space, transfers
 from jgrind.buffers import Recycler, aligned_zeros
 from jgrind.engine.cache import HostCache
 from jgrind.engine.host_arrays import HostArrays
@@ -73,6 +73,11 @@ class Accounts:
     # back, the rows between them, so these are larger (fewer calls, more bytes).
     ssd_file_read: int = 0
     ssd_file_written: int = 0
+    # Bytes the engine handed to the device (step inputs, output gradients, blocks not kept
+    # there) and step outputs it read back in host memory: what crosses the link on a GPU.
+    # Counted on the CPU backend too, where nothing is copied.
+    to_device: int = 0
+    to_host: int = 0
     timeline: list = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -83,13 +88,6 @@ class Accounts:
 
 # Device-side table operations. Index arrays are padded to bucketed lengths with an
 # out-of-range index, which `drop`/`fill` modes ignore, so a handful of shapes are compiled.
-def host_view(values) -> np.ndarray:
-    """``values`` (a step output, its page-locked host copy, or NumPy rows) as a NumPy array:
-    a device array is fetched by `jax.device_get`, an explicit transfer (a view, without a
-    copy, of a CPU backend's buffer or a ``pinned_host`` array)."""
-    return jax.device_get(values) if isinstance(values, jax.Array) else np.asarray(values)
-
-
 def _explicit(fn):
     """``fn`` with its NumPy arguments (the store's row indices, host rows bound for device
     blocks) handed to the device by `jax.device_put` first: the transfers are meant, and a
@@ -257,7 +255,7 @@ class Table:
             with self._device_lock:
                 self.device = _device_set(self.device, idx, values)
             return
-        host_values = host_view(values)[:rows]
+        host_values = transfers.host_view(values)[:rows]
         if code == _CODE[Fate.SSD]:
             self.ssd.write_block(int(self.ssd_index[block]), host_values)
             self.store.cache.invalidate((self.key, block))
@@ -463,7 +461,7 @@ class Table:
             with self._device_lock:
                 self.device = _device_add(self.device, idx, values)
             return
-        host_values = host_view(values)
+        host_values = transfers.host_view(values)
         for rows in route.halo:
             if rows.code == _CODE[Fate.DEVICE]:
                 n = _bucket_len(rows.size)
@@ -547,7 +545,7 @@ class Snapshot:
     def write(self, block: int, values) -> None:
         """Store the first ``input_rows[block]`` rows of ``values`` (a padded gather)."""
         rows = int(self.offsets[block + 1] - self.offsets[block])
-        host_values = host_view(values)[:rows]
+        host_values = transfers.host_view(values)[:rows]
         self.ssd.write_block(block, host_values)
         self.store.count(ssd_written=host_values.nbytes)
 

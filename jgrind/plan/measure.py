@@ -32,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from jgrind import _kernels, host_memory
+from jgrind import _kernels, host_memory, transfers
 from jgrind.buffers import aligned_empty
 from jgrind.checksum import checksum
 from jgrind.plan.cost import SPAN_PIECE_BYTES
@@ -138,6 +138,11 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     report(f"host -> device {to_device_bw / 1e9:.2f} GB/s "
            f"({to_device_small_bw / 1e9:.2f} GB/s at {sizes.small_transfer_bytes / _MIB:.0f} MiB), "
            f"device -> host {to_host_bw / 1e9:.2f} GB/s")
+    link_to_device_bw, link_to_host_bw, pageable_to_host_bw = link_rates(sizes.transfer_bytes,
+                                                                         sizes.repeats)
+    report(f"link {link_to_device_bw / 1e9:.2f} GB/s to the device, {link_to_host_bw / 1e9:.2f} "
+           f"GB/s back (pinned host memory); pageable device -> host "
+           f"{pageable_to_host_bw / 1e9:.2f} GB/s")
 
     fd, name = _make_file(root)
     try:
@@ -169,7 +174,8 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         scatter_add_row_seconds=scatter_add_row, copy_bw=copy_bw,
         to_device_bw=to_device_bw, to_device_small_bw=to_device_small_bw,
         to_device_bytes=sizes.transfer_bytes, to_device_small_bytes=sizes.small_transfer_bytes,
-        to_host_bw=to_host_bw,
+        to_host_bw=to_host_bw, link_to_device_bw=link_to_device_bw,
+        link_to_host_bw=link_to_host_bw, pageable_to_host_bw=pageable_to_host_bw,
         ssd_read_bw=ssd_read_bw, ssd_write_bw=ssd_write_bw, ssd_latency=ssd_latency,
         cached_read_bw=cached_read_bw, cached_write_bw=cached_write_bw,
         cached_latency=cached_latency, read_call_overhead=read_call,
@@ -422,8 +428,8 @@ def _checksum_bw(sizes: _Sizes) -> float:
 
 def _transfer_bw(sizes: _Sizes) -> tuple[float, float, float]:
     """Host -> device (``device_put``) bytes/s of a large and of a small (partition-sized)
-    array, and device -> host (``np.asarray``) bytes/s. Each device -> host read gets a fresh
-    device array: a JAX array caches its host copy."""
+    array, and device -> host bytes/s as the engine reads a step output on the host
+    (`jgrind.transfers`)."""
     import jax
 
     # What a gather pays beyond copying its rows: a fresh buffer from the store
@@ -448,20 +454,65 @@ def _transfer_bw(sizes: _Sizes) -> tuple[float, float, float]:
 
     to_device_small = rate(sizes.small_transfer_bytes)
     to_device = rate(sizes.transfer_bytes)
-    host = np.ones(sizes.transfer_bytes // 4, np.float32)
+    where = transfers.host_copies()
+    to_host = _to_host_rate(sizes.transfer_bytes, sizes.repeats,
+                            lambda x: transfers.host_view(transfers.to_host(x, where)))
+    return to_device, to_device_small, to_host
+
+
+def _to_host_rate(nbytes: int, repeats: int, read: Callable) -> float:
+    """Bytes/s of ``read(device array)``, each time on a fresh array (a JAX array caches its
+    host copy)."""
+    import jax
+    host = np.ones(nbytes // 4, np.float32)
     times = []
-    for i in range(sizes.repeats + 1):
+    for i in range(repeats + 1):
         on_device = jax.device_put(host)
         on_device.block_until_ready()
         start = time.perf_counter()
-        np.asarray(on_device)
+        jax.block_until_ready(read(on_device))
         if i:  # the first is a warm-up
             times.append(time.perf_counter() - start)
         del on_device
-    return to_device, to_device_small, host.nbytes / min(times)
+    return nbytes / min(times)
+
+
+def link_rates(nbytes: int = 128 * _MIB, repeats: int = 3) -> tuple[float, float, float]:
+    """The link between host memory and the default device, bytes/s: a `pinned_host` array
+    to the device, a device array to `pinned_host` memory (what the engine's copies cost at
+    best, the floor of an out-of-core epoch's transfers), and JAX's copy of a device array
+    into pageable memory (``np.asarray``). On the CPU backend all three are host copies."""
+    import jax
+    pinned = transfers.pinned_host()
+    host = np.ones(nbytes // 4, np.float32)
+    if pinned is None:  # no page-locked kind: the pageable rates are the link's
+        src, to_pinned = host, (lambda x: np.asarray(x))
+    else:
+        src, to_pinned = jax.device_put(host, pinned), (lambda x: jax.device_put(x, pinned))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])  # its default memory
+    to_device = _best_rate(nbytes, lambda: jax.device_put(src, device).block_until_ready(),
+                           repeats)
+    return (to_device, _to_host_rate(nbytes, repeats, to_pinned),
+            _to_host_rate(nbytes, repeats, np.asarray))
 
 
 # -- SSD -------------------------------------------------------------------------------------
+
+def ssd_rates(directory: str | os.PathLike, nbytes: int = 256 * _MIB) -> tuple[float, float]:
+    """Sequential read and write bytes/s of the disk holding ``directory``, the page cache
+    out of the way (the profile's SSD figures alone, for a benchmark's floor); its file is
+    removed whatever happens."""
+    sizes = dataclasses.replace(_FULL, ssd_bytes=nbytes, repeats=2)
+    fd, name = _make_file(_check_directory(directory))
+    try:
+        write = _ssd_write(fd, sizes, np.random.default_rng(0))
+        with _UncachedReader(name, sizes.chunk) as reader:
+            read = max(nbytes / reader.read(nbytes) for _ in range(sizes.repeats))
+    finally:
+        os.close(fd)
+        pathlib.Path(name).unlink(missing_ok=True)
+    return read, write
+
 
 def _make_file(root: pathlib.Path) -> tuple[int, str]:
     try:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 from jgrind import allocator, host_memory
 from jgrind.rows import threads as row_threads
 
-PROFILE_VERSION = 15  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 16  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
@@ -50,6 +50,10 @@ PROFILE_VERSION = 15  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                     15: the checksum is `jgrind.checksum` (CRC32C with the CPU's
 #                         instruction, ~3x zlib's CRC-32 on the test machine); row-span
 #                         calls timed in the native loops (`jgrind/_kernels/spans.cc`)
+#                     16: device -> host as the engine copies step outputs
+#                         (`jgrind.transfers`: through `pinned_host` memory off the CPU
+#                         backend); the link's own rates both ways, from and to
+#                         `pinned_host` memory, and JAX's copy into pageable memory
 
 _MIB = 2**20
 _ADVICE = "run `jgrind profile` to re-measure"
@@ -74,7 +78,8 @@ _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scat
                  "ssd_latency",
                  "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
                  "update_call_overhead", "overlap", "io_parallel", "checksum_bw",
-                 "contraction_bw")
+                 "contraction_bw", "link_to_device_bw", "link_to_host_bw",
+                 "pageable_to_host_bw")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
                "to_device_small_bytes")
 
@@ -113,7 +118,11 @@ class Profile:
     #                            on the CPU backend large buffers are freshly mapped pages)
     to_device_bytes: int       # the sizes the two rates were measured at
     to_device_small_bytes: int
-    to_host_bw: float      # `np.asarray(device array)`, bytes/s (a view on the CPU backend)
+    to_host_bw: float      # a step output read on the host as the engine does it
+    #                        (`jgrind.transfers`), bytes/s (a view on the CPU backend)
+    link_to_device_bw: float  # a `pinned_host` array to the device: the link's rate, bytes/s
+    link_to_host_bw: float    # a device array to `pinned_host` memory, bytes/s
+    pageable_to_host_bw: float  # `np.asarray(device array)`: JAX's copy into pageable memory
     ssd_read_bw: float     # sequential read, page cache out of the way, bytes/s
     ssd_write_bw: float    # sequential write + fsync, bytes/s
     ssd_latency: float     # seconds per random 4 KiB read, page cache out of the way
@@ -184,7 +193,10 @@ class Profile:
                                f"{self.to_device_bytes / _MIB:.0f} MiB, "
                                f"{self.to_device_small_bw / 1e9:.2f} GB/s at "
                                f"{self.to_device_small_bytes / _MIB:.0f} MiB"),
-            ("device -> host", f"{self.to_host_bw / 1e9:.2f} GB/s"),
+            ("device -> host", f"{self.to_host_bw / 1e9:.2f} GB/s (pageable: "
+                               f"{self.pageable_to_host_bw / 1e9:.2f} GB/s)"),
+            ("link", f"{self.link_to_device_bw / 1e9:.2f} GB/s to the device, "
+                     f"{self.link_to_host_bw / 1e9:.2f} GB/s back (pinned host memory)"),
             ("SSD read", f"{self.ssd_read_bw / 1e9:.2f} GB/s"),
             ("SSD write", f"{self.ssd_write_bw / 1e9:.2f} GB/s"),
             ("SSD 4 KiB read", f"{self.ssd_latency * 1e3:.3f} ms"),
