@@ -439,6 +439,23 @@ def test_outputs_stored_through_pinned_host_memory_are_exact(model, tmp_path, mo
     assert pinned  # outputs went through pinned host memory
 
 
+@pytest.mark.parametrize("model", ["gcn", "gat"])
+def test_inputs_sent_in_row_ranges_are_exact(model, tmp_path, monkeypatch):
+    """A step input sent to the device in several row ranges at once, joined there
+    (`OutOfCore.staging_pieces`, for a GPU's host-side staging), gives the in-memory loss
+    and gradients."""
+    from jgrind.engine import engine as engine_module
+    joined, plain_join = [], engine_module._join_rows
+    monkeypatch.setattr(engine_module, "MIN_PIECE_BYTES", 256)
+    monkeypatch.setattr(engine_module, "_join_rows",
+                        lambda *parts: (joined.append(len(parts)), plain_join(*parts))[-1])
+
+    def setup(ex):
+        ex.staging_pieces = 3
+    _exact_with_blocks_on_every_tier(model, tmp_path, setup)
+    assert joined and max(joined) == 3
+
+
 GUARDED = ["in_memory", "host", "ssd", "recompute", "grinnder", "spread", "spread-gpu-paths"]
 
 

@@ -26,10 +26,11 @@ import time
 
 
 # name -> (step outputs to host through pinned memory, OutOfCore.early_host_copies, jgrind.rows
-# threads; None: the backend's choice)
-VARIANTS = {"default": (True, True, None), "pageable": (False, True, None),
-            "pageable-no-early-copies": (False, False, None),
-            "pageable-one-row-thread": (False, True, 1), "one-row-thread": (True, True, 1)}
+# threads (None: the backend's choice), OutOfCore.staging_pieces)
+VARIANTS = {"default": (True, True, None, 1), "pageable": (False, True, None, 1),
+            "pageable-no-early-copies": (False, False, None, 1),
+            "pageable-one-row-thread": (False, True, 1, 1), "one-row-thread": (True, True, 1, 1),
+            "pieces-4": (True, True, None, 4), "pieces-8": (True, True, None, 8)}
 
 
 def main() -> None:
@@ -130,7 +131,7 @@ def run(args) -> None:
         one("warm-up")
         medians = {}
         for name in variants:
-            pinned, ex.early_host_copies, threads = VARIANTS[name]
+            pinned, ex.early_host_copies, threads, ex.staging_pieces = VARIANTS[name]
             ex.pinned_host = pinned_host if pinned else None
             rows.set_threads(threads)
             medians[name] = statistics.median(one(name) for _ in range(args.epochs))
