@@ -202,3 +202,35 @@ def test_row_threads_from_the_environment(monkeypatch):
         monkeypatch.setenv("JGRIND_ROW_THREADS", text)
         with pytest.raises(ValueError, match="JGRIND_ROW_THREADS=.*whole number"):
             rows._threads_from_environment()
+
+
+def test_copy_rows_splits_large_copies_across_the_row_threads(monkeypatch):
+    """`copy_rows` copies whole blocks (a step output into its host table, a table's rows
+    into a step input) on the row threads, in row ranges; every byte arrives."""
+    import threading
+
+    import pytest
+
+    import jgrind.rows as rows
+    src = np.random.default_rng(0).standard_normal((3001, 16)).astype(np.float32)
+    seen, plain = [], np.copyto
+
+    def copyto(dst, s):
+        seen.append(threading.get_ident())
+        return plain(dst, s)
+    monkeypatch.setattr(rows, "MIN_BYTES_PER_THREAD", 1000 * 16 * 4)
+    monkeypatch.setattr(rows.np, "copyto", copyto)
+    previous = rows.set_threads(4)
+    try:
+        dst = np.zeros_like(src)
+        rows.copy_rows(dst, src)
+        np.testing.assert_array_equal(dst, src)
+        assert len(seen) == 3 and len(set(seen)) > 1  # 3 ranges of >= 1000 rows, not 4
+        seen.clear()
+        small = np.zeros((10, 16), np.float32)
+        rows.copy_rows(small, src[:10])
+        assert seen == [threading.get_ident()]  # under a range's worth: one copy, here
+        with pytest.raises(ValueError, match="into"):
+            rows.copy_rows(np.zeros((5, 16), np.float32), src)
+    finally:
+        rows.set_threads(previous)
