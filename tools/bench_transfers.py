@@ -37,7 +37,6 @@ def main() -> None:
     args = p.parse_args()
 
     import jax
-    import jax.numpy as jnp
     from jax.sharding import SingleDeviceSharding
 
     from jgrind import rows
@@ -84,7 +83,7 @@ def main() -> None:
         return y
 
     print("device to host (each from a fresh step output):")
-    d2h, held, wait = [], [], []
+    d2h = []
     for _ in range(args.repeats + 1):
         y = fresh()
         t = time.perf_counter()
@@ -123,7 +122,6 @@ def main() -> None:
             step_pinned = jax.jit(lambda x: x * 1.5 + 1.0, out_shardings=pinned)
             line("step with its output in pinned_host (compute + copy)",
                  timed(lambda: step_pinned(x).block_until_ready()))
-            z = step_pinned(x)
             line("np.asarray(that output)", timed(lambda: np.asarray(step_pinned(x))))
         except Exception as e:  # noqa: BLE001 - a backend without the placement: say so
             print(f"  step with its output in pinned_host: not supported here ({e!r:.120})")
@@ -140,8 +138,7 @@ def main() -> None:
         line(f"take_rows, {n} thread(s), {args.rows} of {args.table_rows} rows",
              timed(lambda: rows.take_rows(table, idx, out)))
         line(f"add_rows, {n} thread(s)", timed(lambda: rows.add_rows(table, idx, out)))
-    rows.set_threads(1)
-    del jnp
+    rows.set_threads(None)
 
 
 if __name__ == "__main__":
