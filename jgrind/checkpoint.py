@@ -4,19 +4,47 @@ and a run's final parameters alone (`save_params` / `restore_params`).
 Resuming restores the exact state at the saved epoch; together with keys derived by
 ``fold_in(key, epoch)`` this makes a resumed run end with the same parameters as one that never
 stopped.
+
+Orbax verifies no checksum when it restores, so a flipped bit in a checkpoint's data comes back
+as other parameters (or as NaN, or a TensorStore error). Every checkpoint therefore records a
+SHA-256 digest of its arrays and of its meta (`digest`), checked after restoring: a damaged
+step is moved aside (``N.damaged``) with a warning and the next older one is resumed.
+
+Saves are synchronous and run whole (`jgrind.interrupts.deferred`): a Ctrl-C waits for the
+step to be written rather than leave a half-written ``N.orbax-checkpoint-tmp`` folder, and a
+save that fails (a full disk) raises here, with its partial step removed, instead of in a
+background thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
+import json
+import logging
 import pathlib
+import re
+import shutil
+import sys
+import warnings
 from typing import Any, Optional
 
 import orbax.checkpoint as ocp
+
+from jgrind import interrupts
+
+DAMAGED = ".damaged"  # the suffix of a step folder moved aside because its digest differs
 
 
 class CheckpointMismatch(ValueError):
     """A checkpoint that this run must not resume: another model, graph or selection rule, or
     an epoch past the run's end. The message says which and what to do."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written (its disk is full) or read back intact (every saved
+    step is damaged). The message names the folder and what to do."""
 
 
 def graph_differences(saved: dict, current: dict) -> list[str]:
@@ -34,7 +62,9 @@ def graph_differences(saved: dict, current: dict) -> list[str]:
 def manager(directory: str | pathlib.Path, every: int, keep: int = 2) -> ocp.CheckpointManager:
     directory = pathlib.Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=max(every, 1))
+    remove_partial(directory)  # the half-written step of a process killed outright (SIGKILL)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=max(every, 1),
+                                           enable_async_checkpointing=False)
     return ocp.CheckpointManager(directory, options=options)
 
 
@@ -45,10 +75,102 @@ def layout(state: Any) -> list:
     return [list(getattr(leaf, "shape", ())) for leaf in jax.tree.leaves(state)]
 
 
+def digest(state: Any = None, meta: Optional[dict] = None) -> str:
+    """SHA-256 of every array of ``state`` (dtype, shape and bytes, in tree order), or of
+    ``meta`` as JSON: what a checkpoint records of itself, to tell a damaged one on restore."""
+    import jax
+    import numpy as np
+    h = hashlib.sha256()
+    if meta is not None:
+        h.update(json.dumps(meta, sort_keys=True).encode())
+    for leaf in jax.tree.leaves(jax.device_get(state)):
+        leaf = np.ascontiguousarray(leaf)
+        h.update(f"{leaf.dtype}{leaf.shape}".encode())
+        h.update(leaf.tobytes())
+    return h.hexdigest()
+
+
 def save(mgr: ocp.CheckpointManager, epoch: int, state: Any, meta: dict, force=False) -> None:
+    """Write ``state`` and ``meta`` as step ``epoch`` (if ``force``, or the manager's
+    interval says so), whole: a signal meanwhile waits for the end (`interrupts.deferred`).
+    `CheckpointError` if the disk is full, with nothing of the step left."""
+    if not force and not mgr.should_save(epoch):
+        return
     meta = {**meta, "layout": layout(state)}
-    mgr.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                            meta=ocp.args.JsonSave(meta)), force=force)
+    meta["checksum"] = {"meta": digest(meta=meta), "state": digest(state)}
+    with interrupts.deferred(), _quiet_orbax():
+        try:
+            mgr.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                    meta=ocp.args.JsonSave(meta)), force=force)
+        except Exception as err:  # orbax and TensorStore wrap the OS error in their own types
+            remove_partial(mgr.directory)
+            full = disk_full(err)
+            if full is None:
+                raise
+            raise CheckpointError(f"the disk of the output folder {mgr.directory} is full "
+                                  f"({full}) while saving the checkpoint of epoch {epoch}; "
+                                  "free space there, or choose another folder (--out)") from None
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Orbax's own log of a failed read or write (a traceback per array, through absl's
+    logger) silenced: the failure reaches the caller as one exception, said in one line.
+    And TensorStore's reads and writes still running when orbax's event loop stopped on the
+    first failure end in "Event loop is closed" (unraisable, printed as tracebacks): dropped."""
+    _drop_late_callbacks()
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+_LATE = ("Event loop is closed", "cannot schedule new futures after shutdown")
+
+
+def _drop_late_callbacks() -> None:
+    hook = sys.unraisablehook
+    if getattr(hook, "drops_late_callbacks", False):
+        return
+
+    def hook_dropping_late_callbacks(unraisable):
+        if isinstance(unraisable.exc_value, RuntimeError) \
+                and str(unraisable.exc_value) in _LATE:
+            return
+        hook(unraisable)
+    hook_dropping_late_callbacks.drops_late_callbacks = True
+    sys.unraisablehook = hook_dropping_late_callbacks
+
+
+def remove_partial(directory: str | pathlib.Path) -> None:
+    """Remove the temporary folders of steps whose save did not finish."""
+    for partial in pathlib.Path(directory).glob("*.orbax-checkpoint-tmp*"):
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+         errno.EFBIG: "file too large"}
+
+
+def disk_full(err: BaseException) -> Optional[str]:
+    """Why ``err`` (or an error it wraps) says a write found no room, in words, or None.
+    TensorStore says it only in its message (``RESOURCE_EXHAUSTED``, ``os_error_code='28'``)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in _FULL:
+            return _FULL[err.errno]
+        text = str(err)
+        code = re.search(r"os_error_code='?(\d+)", text)
+        if code and int(code.group(1)) in _FULL:
+            return _FULL[int(code.group(1))]
+        if "No space left" in text or ("RESOURCE_EXHAUSTED" in text and "writ" in text):
+            return _FULL[errno.ENOSPC]  # (not XLA's RESOURCE_EXHAUSTED: out of device memory)
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def restore_latest(mgr: ocp.CheckpointManager, like: Any,
@@ -59,17 +181,73 @@ def restore_latest(mgr: ocp.CheckpointManager, like: Any,
     `jgrind.Graph.fingerprint`; checked first, since another graph's sizes would also give
     other shapes), or holds other shapes (another model or optimizer): orbax's own errors for
     that are pages long. A checkpoint that records no graph (an older jgrind's) is resumed
-    with a warning."""
-    step = mgr.latest_step()
-    if step is None:
-        return None
-    meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    with a warning.
+
+    A step whose arrays or meta differ from the digest it recorded (`digest`), or that
+    orbax cannot read, is moved aside (``N.damaged``) with one warning, and the next older
+    step is tried: a run resumes from its newest intact checkpoint. `CheckpointError` if
+    every step is damaged."""
+    damaged = []
+    for step in sorted(mgr.all_steps(), reverse=True):
+        try:
+            meta = _verified(mgr, step, meta=True)
+        except _Damaged as err:
+            damaged.append((step, str(err)))
+            continue
+        _check_resumable(mgr, step, meta, like, graph)
+        try:
+            restored = _verified(mgr, step, like=like, meta=False)
+        except _Damaged as err:
+            damaged.append((step, str(err)))
+            continue
+        _set_aside(mgr, damaged, f"resuming from epoch {step}")
+        return step, restored, meta
+    if damaged:
+        raise CheckpointError(f"every checkpoint in {mgr.directory} is damaged ("
+                              + "; ".join(f"epoch {s}: {why}" for s, why in damaged)
+                              + "); remove them to start afresh, or restore the folder "
+                              "from a backup")
+    return None
+
+
+class _Damaged(Exception):
+    """A checkpoint step that cannot be read back as it was saved (the reason)."""
+
+
+def _verified(mgr: ocp.CheckpointManager, step: int, like: Any = None, meta: bool = True):
+    """Step ``step``'s meta (``meta``), or its state shaped like ``like``, checked against the
+    digest its meta records; `_Damaged` if it differs or orbax fails to read it."""
+    try:
+        with _quiet_orbax():
+            saved = mgr.restore(step, args=ocp.args.Composite(
+                meta=ocp.args.JsonRestore()))["meta"]
+        record = saved.get("checksum") if isinstance(saved, dict) else None
+        if record is not None and record.get("meta") != digest(
+                meta={k: v for k, v in saved.items() if k != "checksum"}):
+            raise _Damaged("its meta differs from its checksum")
+        if meta:
+            return saved
+        with _quiet_orbax():
+            state = mgr.restore(step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(like)))["state"]
+    except _Damaged:
+        raise
+    except Exception as err:  # whatever orbax, TensorStore or JSON raise on damaged files
+        lines = str(err).strip().splitlines()
+        raise _Damaged(f"cannot be read: {type(err).__name__}: "
+                       f"{lines[0][:200] if lines else ''}") from None
+    if record is not None and record.get("state") != digest(state):
+        raise _Damaged("its arrays differ from their checksum")
+    return state
+
+
+def _check_resumable(mgr, step: int, meta: dict, like: Any, graph: Optional[dict]) -> None:
+    """`CheckpointMismatch` if step ``step`` is of another graph or of other shapes."""
     if graph is not None and "graph" not in meta:
-        import warnings
         warnings.warn(f"the checkpoint in {mgr.directory} was saved by an older jgrind and "
                       "records no fingerprint of its graph, so resuming cannot check that the "
                       "graph is the same (OGB folders of ogbn-products and ogbn-proteins now "
-                      "load undirected, as OGB's own loaders do)", stacklevel=3)
+                      "load undirected, as OGB's own loaders do)", stacklevel=4)
     differ = graph_differences(meta["graph"], graph) if graph is not None and "graph" in meta \
         else []
     if differ:
@@ -82,9 +260,23 @@ def restore_latest(mgr: ocp.CheckpointManager, like: Any,
                                  "for another model or optimizer: its arrays have other shapes "
                                  "than this run's; use a new checkpoint directory, or the "
                                  "model it was saved for")
-    restored = mgr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(like), meta=ocp.args.JsonRestore()))
-    return step, restored["state"], restored["meta"]
+
+
+def _set_aside(mgr: ocp.CheckpointManager, damaged: list, instead: str) -> None:
+    """Move every damaged step's folder to ``N.damaged`` (kept to look at, out of the way of
+    the step the run saves next), with one warning line each."""
+    if not damaged:
+        return
+    for step, why in damaged:
+        folder = pathlib.Path(mgr.directory) / str(step)
+        aside, n = folder.with_name(f"{step}{DAMAGED}"), 1
+        while aside.exists():
+            n += 1
+            aside = folder.with_name(f"{step}{DAMAGED}.{n}")
+        folder.rename(aside)
+        warnings.warn(f"the checkpoint {folder} is damaged ({why}); moved it to {aside.name} "
+                      f"and {instead}", stacklevel=4)
+    mgr.reload()
 
 
 def save_params(directory: str | pathlib.Path, epoch: int, params: Any, best_params: Any,
@@ -103,7 +295,8 @@ def restore_params(directory: str | pathlib.Path, like: Any) -> Optional[tuple[A
     """``(params, best_params, meta)`` of the latest checkpoint in ``directory`` (None if there
     is none), as pytrees shaped like ``like`` (abstract arrays will do); ``meta`` gains the
     checkpoint's ``epoch``. The optimizer state is not needed. ValueError if the checkpoint's
-    parameters have other shapes than ``like``'s."""
+    parameters have other shapes than ``like``'s; `CheckpointError` if they differ from their
+    checksum."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -112,11 +305,14 @@ def restore_params(directory: str | pathlib.Path, like: Any) -> Optional[tuple[A
         step = mgr.latest_step()
         if step is None:
             return None
-        restored = mgr.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+        try:
+            meta = _verified(mgr, step, meta=True)
+            state = _verified(mgr, step, like=None, meta=False)
+        except _Damaged as err:
+            raise CheckpointError(f"the saved parameters in {directory} (epoch {step}) are "
+                                  f"damaged: {err}; train the run again") from None
     finally:
         mgr.close()
-    state, meta = restored["state"], restored["meta"]
     treedef, shapes = jax.tree.structure(like), layout(like)
     trees = []
     for name in ("params", "best_params"):

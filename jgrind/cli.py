@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seeds", type=int, help="number of seeds; mean +- std is reported [1]")
     train.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override a setting (repeatable; see below)")
-    train.add_argument("--policy", help="out-of-core offload policy: in_memory, host, ssd, "
+    train.add_argument("--policy", help="out-of-core offload policy: in_memory, host "
+                       "(or host_offload), ssd (or ssd_offload), "
                        "recompute, grinnder (see docs/engine.md), or auto: the planner "
                        "chooses (docs/planner.md)")
     train.add_argument("--keep-aggregations", metavar="TIER",
@@ -210,7 +211,7 @@ def cmd_predict(args) -> int:
     if save.exists() and not args.overwrite:
         raise ConfigError(f"--save {save} exists; pass --overwrite to replace it, or name "
                           "another file")
-    check_output_folder(save.parent if str(save.parent) else ".")
+    check_output_folder(save.parent if str(save.parent) else ".", flag="--save")
     try:
         array, info = predict_run(args.run, seed=args.seed, layer=args.layer, last=args.last,
                                   overrides=args.overrides)
@@ -393,9 +394,12 @@ def cmd_datasets(args) -> int:
         print(f"  {r['name']:<13} {r['format']:<15} {state:<8} {where}")
         if r.get("description"):
             print(textwrap.indent(r["description"], " " * 16))
-    print("also by path: ogb:FOLDER (an OGB download), npz:FILE (gnn-benchmark), "
-          "edgelist:FILE (features.npy and labels.npy beside it), npy:FOLDER (saved by "
-          "`jgrind convert`)")
+    print("also by path: ogb:FOLDER (an OGB download), npz:FILE (a gnn-benchmark .npz, with a "
+          "random split per seed, or any heterophilous-graphs .npz, with its fixed splits: "
+          "told by its keys), edgelist:FILE (features.npy and labels.npy beside it), "
+          "npy:FOLDER (saved by `jgrind convert`)")
+    print("any of them: --set dataset_options=largest_component:true keeps the largest "
+          "connected component")
     return 0
 
 
@@ -442,14 +446,14 @@ def _engine_errors() -> tuple:
     """User-facing engine errors (bad budgets, a store directory that is unusable, fills up or
     is changed behind the run's back, policy, profile, a checkpoint of another run), imported
     lazily."""
-    from jgrind.checkpoint import CheckpointMismatch
+    from jgrind.checkpoint import CheckpointError, CheckpointMismatch
     from jgrind.engine import BudgetError, StoreCorruptedError, StoreError, StoreFullError
     from jgrind.plan import PolicyError
     from jgrind.plan.planner import PlanError
     from jgrind.partition.partitioners import MissingExtraError
     from jgrind.plan.profile import ProfileError
     return (BudgetError, StoreError, StoreFullError, StoreCorruptedError, PolicyError,
-            ProfileError, PlanError, MissingExtraError, CheckpointMismatch)
+            ProfileError, PlanError, MissingExtraError, CheckpointMismatch, CheckpointError)
 
 
 def main(argv=None) -> int:
@@ -470,6 +474,15 @@ def main(argv=None) -> int:
     except (ConfigError, GraphError, FileNotFoundError, NotADirectoryError, PermissionError,
             IsADirectoryError, FileExistsError, *_engine_errors()) as err:
         print(f"jgrind: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk: where the command writes, not a bug
+        from jgrind.checkpoint import disk_full
+        full = disk_full(err)
+        if full is None:
+            raise
+        where = f" {err.filename}" if err.filename else " a file"
+        print(f"jgrind: error: cannot write{where}: the disk is full ({full}); free space "
+              "there, or choose a folder on another disk", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("jgrind: interrupted", file=sys.stderr)

@@ -22,6 +22,11 @@ class ConfigError(ValueError):
     """A configuration value is unknown or malformed."""
 
 
+# other names of the ``policy`` setting's values: the functions of `jgrind.plan.policies`
+POLICY_ALIASES = {"host_offload": "host", "ssd_offload": "ssd",
+                  "recompute_activations": "recompute"}
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Every knob of a run. Field docs are shown by ``jgrind train --help``."""
@@ -117,12 +122,19 @@ class RunConfig:
     "generated datasets: number of nodes"
     avg_degree: float = 10.0
     "generated datasets: average degree"
+    num_classes: int = 0
+    ("the number of classes (0: the largest label + 1, refused if some id below it labels no "
+     "node; state it when a class of the task has no node in the file)")
     dataset_options: str = ""
     ("more options for the dataset's loader, as key:value pairs joined by commas, e.g. "
      "to_undirected:true,split:time or node_features:edge_mean for ogb:DIR, num_features:128 "
      "or num_tasks:8 (multi-label) for csbm")
 
     def __post_init__(self):
+        # the Python factories' names (`jgrind.plan.policies.host_offload`) name the same
+        # policies: a user who read the API docs first types them
+        canonical = POLICY_ALIASES.get(self.policy.replace("-", "_"), self.policy)
+        object.__setattr__(self, "policy", canonical)
         for name, (valid, expected) in _LIMITS.items():
             value = getattr(self, name)
             if not valid(value):
@@ -150,7 +162,8 @@ class RunConfig:
         """``dataset_options`` as keyword arguments: ``"split:time,to_undirected:true"`` ->
         ``{"split": "time", "to_undirected": True}``; numbers and true/false are converted."""
         # num_nodes and avg_degree are settings of their own, not two that could disagree
-        return _key_values("dataset_options", self.dataset_options, ("num_nodes", "avg_degree"))
+        return _key_values("dataset_options", self.dataset_options,
+                           ("num_nodes", "avg_degree", "num_classes"))
 
     def partitioner_kwargs(self) -> dict:
         """``partitioner_options`` as keyword arguments (see `loader_options`)."""
@@ -226,6 +239,7 @@ _LIMITS = {
     "parts": (lambda v: v >= 0, "0 (the default) or more"),
     "num_nodes": (lambda v: v >= 1, "at least 1"),
     "avg_degree": (lambda v: math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
+    "num_classes": (lambda v: v >= 0, "0 (from the labels) or more"),
 }
 
 
@@ -348,6 +362,8 @@ def build_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
 
 def load_graph(cfg: RunConfig, **loader_options) -> Graph:
     """The graph ``cfg`` names; ``loader_options`` go to its loader beside the settings'."""
+    if cfg.num_classes:
+        loader_options = {"num_classes": cfg.num_classes, **loader_options}
     from jgrind import datasets
     from jgrind.datasets.errors import DatasetError
     from jgrind.datasets.features import row_normalize_features
@@ -365,13 +381,18 @@ def load_graph(cfg: RunConfig, **loader_options) -> Graph:
                               + (f", {cfg.dataset_options}" if cfg.dataset_options else "")
                               + f": {err}") from None
     else:
-        graph = datasets.load(cfg.dataset, **{**cfg.loader_options(), **loader_options})
+        options = {**cfg.loader_options(), **loader_options}
+        if datasets.split_per_seed(cfg.dataset, options):  # seed s: the split drawn from s
+            options = {"seed": cfg.seed, "splits": cfg.seeds, **options}
+        graph = datasets.load(cfg.dataset, **options)
     return row_normalize_features(graph) if cfg.row_normalize else graph
 
 
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6,
-          "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12,
-          "tib": 2**40}
+# ("bytes": as `jgrind.plan.cost.format_bytes` writes a size under 1 KiB, so that a stated
+# minimum can be passed back as written)
+_UNITS = {"": 1, "b": 1, "byte": 1, "bytes": 1, "k": 2**10, "kb": 10**3, "kib": 2**10,
+          "m": 2**20, "mb": 10**6, "mib": 2**20, "g": 2**30, "gb": 10**9, "gib": 2**30,
+          "t": 2**40, "tb": 10**12, "tib": 2**40}
 
 
 def parse_bytes(text: str) -> Optional[int]:

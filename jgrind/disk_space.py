@@ -7,8 +7,9 @@ taken (`free_bytes`). `reserve` checks and records under a lock on the directory
 runs starting at the same moment cannot both claim the same space.
 
 Runs are told apart by their folder, ``jgrind-run-<pid>-<id>``, and the reservation names the
-process (its pid and start time), so a folder whose process is gone, or whose pid another
-process has taken since, promises nothing. A run also holds its reservation file locked while
+process (its pid and start time, and the machine: `machine_id`), so a folder whose process is
+gone, or whose pid another process has taken since, promises nothing, and one of this
+machine's may be removed (`abandoned_here`). A run also holds its reservation file locked while
 it lives (`jgrind.owner_locks`), so a run in another container on this machine, whose pid
 means nothing here, still counts. A run on another machine sharing the disk cannot be seen
 from here (unless the file system carries its lock) and is not counted.
@@ -38,6 +39,33 @@ def process_start(pid: int) -> Optional[int]:
         return int(stat[stat.rindex(b")") + 2:].split()[19])  # field 22, after "(comm)"
     except (OSError, ValueError, IndexError):
         return None
+
+
+def machine_id() -> Optional[str]:
+    """This kernel's boot id and this process's pid namespace, or None where ``/proc`` does
+    not tell. Processes with the same id see the same pids: to one of them, another's pid and
+    start time tell whether it still runs. (A host name does not: containers share it, and a
+    shared disk is seen from several machines.)"""
+    try:
+        boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    return f"{boot} {namespace}" if boot else None
+
+
+def abandoned_here(folder: pathlib.Path) -> bool:
+    """Whether the run folder ``folder`` provably belongs to a process of this machine
+    (its reservation records this `machine_id`) that has ended: no pid alive with its start
+    time, nobody holding its lock. Such a folder may be removed; any other (an older run's
+    without a record, another machine's, another container's) may not."""
+    try:
+        reservation = json.loads((folder / RESERVATION).read_text())
+    except (OSError, ValueError):
+        return False
+    here = machine_id()
+    return here is not None and isinstance(reservation, dict) \
+        and reservation.get("machine") == here and not owner_running(folder, reservation)
 
 
 def alive(pid: int) -> bool:
@@ -133,7 +161,7 @@ def reserve(root: pathlib.Path, folder: pathlib.Path, needed_bytes: int,
         folder.mkdir()
         try:
             record = {"bytes": int(needed_bytes), "pid": os.getpid(),
-                      "started": process_start(os.getpid())}
+                      "started": process_start(os.getpid()), "machine": machine_id()}
             partial = folder / f".{RESERVATION}.partial"
             partial.write_text(json.dumps(record))
             partial.rename(folder / RESERVATION)

@@ -10,21 +10,24 @@ Artefacts in ``out``: ``config.json``, ``metrics-seed{S}.jsonl`` (one JSON objec
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
 import time
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import jax
 import numpy as np
 
-from jgrind import checkpoint as ckpt
+from jgrind import checkpoint as ckpt, disk_space
 from jgrind.config import (ConfigError, RunConfig, build_loss, build_model, build_optimizer,
                            build_policy, load_graph, split_for)
+from jgrind.datasets import split_per_seed
 from jgrind.plan.cost import format_bytes
 from jgrind.plan.report import format_plan, plan_line
 from jgrind.plots import plot_memory, plot_training
@@ -40,36 +43,39 @@ from jgrind.train import run_trials, train
 # same function whatever the policy, budgets or partitions.)
 CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "residual",
                 "layer_norm", "activation", "lr", "weight_decay", "seed", "split",
-                "row_normalize", "num_nodes", "avg_degree", "dataset_options", "select",
+                "row_normalize", "num_nodes", "avg_degree", "dataset_options", "num_classes",
+                "select",
                 "min_delta", "label_smoothing", "multilabel_loss", "pos_weight", "output_heads",
                 "attention_dropout", "optimizer", "lr_schedule", "warmup_epochs")
 # the files `run_config` writes (and a later run in the same folder replaces)
 RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png", "plan.txt")
 PARAMS = "params"  # the folder of every seed's final parameters
+OWNER = ".jgrind-owner.json"  # the run that holds the folder (`hold_output_folder`)
 # what `predict_run` may change: where and how the run computes, not what (a dataset moved to
 # another path must be the same graph; the parameters' shapes catch only some mistakes)
 PREDICT_SETTINGS = ("dataset", "store", "policy", "parts", "partitioner", "device_budget",
                     "host_budget", "profile", "keep_aggregations")
 
 
-def check_output_folder(out: str | pathlib.Path) -> pathlib.Path:
+def check_output_folder(out: str | pathlib.Path, flag: str = "--out") -> pathlib.Path:
     """``out`` as a path, if a command can make it or write into it: ConfigError for an empty
-    name (which would mean the current folder) or a path that is, or runs through, a file."""
+    name (which would mean the current folder) or a path that is, or runs through, a file.
+    ``flag``: the option that named it, which the message tells the user to change."""
     if not str(out).strip():
-        raise ConfigError("the output folder (--out) is empty; name a folder")
+        raise ConfigError(f"the output folder ({flag}) is empty; name a folder")
     path = pathlib.Path(out)
     for parent in (path, *path.parents):
         if parent.exists():
             if not parent.is_dir():
                 what = "is a file" if parent == path else f"cannot be made: {parent} is a file"
                 raise ConfigError(f"the output folder {path} {what}; name another folder "
-                                  "(--out)")
-            _check_writable(path, parent)
+                                  f"({flag})")
+            _check_writable(path, parent, flag)
             break
     return path
 
 
-def _check_writable(path: pathlib.Path, existing: pathlib.Path) -> None:
+def _check_writable(path: pathlib.Path, existing: pathlib.Path, flag: str = "--out") -> None:
     """ConfigError unless a folder can be made in ``existing`` (``path`` or its nearest
     existing parent). A probe, made and removed at once, because permission bits do not tell:
     root passes every access() check, and /proc or a read-only mount refuse even root."""
@@ -78,7 +84,7 @@ def _check_writable(path: pathlib.Path, existing: pathlib.Path) -> None:
     except OSError as err:
         where = "" if existing == path else f" (in {existing})"
         raise ConfigError(f"cannot write the output folder {path}{where}: "
-                          f"{err.strerror or err}; name a folder you can write (--out)") from None
+                          f"{err.strerror or err}; name a folder you can write ({flag})") from None
 
 
 def check_out(out: str | pathlib.Path, cfg: RunConfig) -> pathlib.Path:
@@ -86,7 +92,7 @@ def check_out(out: str | pathlib.Path, cfg: RunConfig) -> pathlib.Path:
     file (`check_output_folder`), a folder of other files, or checkpoints of another
     experiment. Changes nothing."""
     out = check_output_folder(out)
-    if not out.is_dir() or not any(out.iterdir()):
+    if not out.is_dir() or not any(p.name != OWNER for p in out.iterdir()):
         return out
     earlier = saved_config(out)
     if earlier is None:
@@ -143,13 +149,75 @@ def start_out(out: pathlib.Path, cfg: RunConfig) -> None:
         log.unlink()
     shutil.rmtree(out / PARAMS, ignore_errors=True)
     (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    (out / OWNER).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                         "machine": disk_space.machine_id(),
+                                         "ticks": disk_space.process_start(os.getpid()),
+                                         "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
+
+
+@contextlib.contextmanager
+def hold_output_folder(out: pathlib.Path) -> Iterator[pathlib.Path]:
+    """Hold the run folder ``out`` (made if missing) for one run: an exclusive ``flock`` on
+    the folder itself, which the kernel drops however the process ends. A second run on the
+    same folder then fails at once, ConfigError naming the first (`OWNER`), and changes
+    nothing, instead of writing into the first's checkpoints. If the run fails before it
+    writes its config.json, a folder made here is removed again."""
+    made = next((p for p in (out, *out.parents) if p.parent.exists()), None) \
+        if not out.exists() else None  # the topmost folder this call makes
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out, os.O_RDONLY)
+    except OSError as err:
+        raise ConfigError(f"cannot make the output folder {out}: {err.strerror or err}; name "
+                          "a folder you can write (--out)") from None
+    try:
+        try:
+            import fcntl
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"the output folder {out} is in use by another jgrind run "
+                              f"({_holder(out)}); wait for it or choose another --out") from None
+        except (ImportError, OSError):
+            pass  # no locks here (not POSIX, or a file system without them): unguarded
+        try:
+            yield out
+        except BaseException:
+            if made is not None and not (out / "config.json").exists():
+                shutil.rmtree(made, ignore_errors=True)  # nothing of the run's in it yet
+            raise
+    finally:
+        os.close(fd)  # drops the lock
+
+
+def _holder(out: pathlib.Path) -> str:
+    """The run that holds ``out``, in words, from the record it wrote there when it started
+    (an earlier run's record if the holder has not started yet)."""
+    try:
+        owner = json.loads((out / OWNER).read_text())
+        pid = int(owner["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "one that is still starting"
+    # its pid tells only where pids are this process's (`disk_space.machine_id`)
+    here = owner.get("machine") is not None and owner.get("machine") == disk_space.machine_id()
+    if here and (not disk_space.alive(pid)
+                 or disk_space.process_start(pid) != owner.get("ticks")):
+        return "one that is still starting"
+    return f"pid {pid}{'' if here else ' on ' + str(owner.get('host'))}, started " \
+           f"{owner.get('started')}"
 
 
 def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -> dict:
     """Train ``cfg`` for its seeds and write the run's files into ``out``. Everything that can
     be checked (settings, the folder, the dataset, the model, the policy, then the engine's
-    budgets and store) is checked before anything is written."""
+    budgets and store) is checked before anything is written. ``out`` is held meanwhile
+    (`hold_output_folder`): a second run on it fails at once."""
     cfg = cfg.with_absolute_paths()  # config.json must name the same files from anywhere
+    with hold_output_folder(check_output_folder(out)) as out:
+        return _run_holding(cfg, out, progress)
+
+
+def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
+    """`run_config`, once it holds ``out``."""
     out = check_out(out, cfg)  # before a large graph is loaded for nothing
     t0 = time.perf_counter()
     graph = load_graph(cfg)
@@ -172,6 +240,7 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
     load_seconds = time.perf_counter() - t0
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
     splits = [split_for(cfg, graph, trial) for trial in range(cfg.seeds)]
+    per_seed = cfg.split < 0 and split_per_seed(cfg.dataset, cfg.loader_options())
 
     def run(seed: int):
         trial = seed - cfg.seed
@@ -191,18 +260,20 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
         return result
 
     trials = run_trials(run, seeds)
-    plot_training([r.history for r in trials.results], out / "training.png",
-                  metric=trials.metric + (f" ({graph.num_classes} tasks)" if graph.multilabel
-                                          else ""),
-                  labels=[f"seed {s}" for s in seeds],
-                  best_epochs=[r.best_epoch for r in trials.results],
-                  title=f"{cfg.model} on {graph.name}")
+    with _whole(out / "training.png") as path:
+        plot_training([r.history for r in trials.results], path,
+                      metric=trials.metric + (f" ({graph.num_classes} tasks)"
+                                              if graph.multilabel else ""),
+                      labels=[f"seed {s}" for s in seeds],
+                      best_epochs=[r.best_epoch for r in trials.results],
+                      title=f"{cfg.model} on {graph.name}")
     memory = trials.results[0].memory
     if memory is not None:
-        plot_memory(memory["timeline"], out / "memory.png",
-                    budgets={"device": engine_args["device_budget"],
-                             "host": engine_args["host_budget"]},
-                    title=f"memory per tier, {cfg.model} on {graph.name} (seed {cfg.seed})")
+        with _whole(out / "memory.png") as path:
+            plot_memory(memory["timeline"], path,
+                        budgets={"device": engine_args["device_budget"],
+                                 "host": engine_args["host_budget"]},
+                        title=f"memory per tier, {cfg.model} on {graph.name} (seed {cfg.seed})")
     epoch_times = sorted(rec["seconds"] for r in trials.results for rec in r.history)
     summary = {
         "dataset": graph.name, "model": cfg.model, "metric": trials.metric,
@@ -218,27 +289,47 @@ def run_config(cfg: RunConfig, out: str | pathlib.Path, progress: bool = True) -
         "load_seconds": load_seconds,
         "memory": None if memory is None else {k: v for k, v in memory.items()
                                                if k != "timeline"},
-        "line": f"{cfg.model} on {graph.name}: {trials.summary()}",
-        "store_line": None if memory is None else store_line(
-            memory, len(trials.results[0].history) - trials.results[0].first_epoch, cfg.seed,
-            trials.results[0].first_epoch),
+        "line": f"{cfg.model} on {graph.name}"
+                + (" (a random split per seed)" if per_seed else "") + f": {trials.summary()}",
+        # one line per seed: each seed's run has its own store
+        "store_line": None if memory is None else "\n".join(
+            store_line(r.memory, len(r.history) - r.first_epoch, seed, r.first_epoch,
+                       total=cfg.epochs)
+            for seed, r in zip(trials.seeds, trials.results) if r.memory is not None),
     }
     if plans:
-        (out / "plan.txt").write_text(format_plan(plans[0]) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        with _whole(out / "plan.txt") as path:
+            path.write_text(format_plan(plans[0]) + "\n")
+    with _whole(out / "summary.json") as path:
+        path.write_text(json.dumps(summary, indent=2))
     return summary
 
 
-def store_line(memory: dict, epochs: int, seed: int, first_epoch: int = 0) -> str:
+@contextlib.contextmanager
+def _whole(path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A temporary name beside ``path`` to write, renamed to ``path`` once written: a write
+    that fails (a full disk) leaves no half-written file."""
+    partial = path.with_name(f".{path.stem}.partial{path.suffix}")
+    try:
+        yield partial
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def store_line(memory: dict, epochs: int, seed: int, first_epoch: int = 0,
+               total: Optional[int] = None) -> str:
     """One line on an out-of-core run's store (`jgrind.engine.store.Accounts`): peak bytes per
     tier, and the bytes moved over the ``epochs`` this process ran (from ``first_epoch``, after
-    a resume), evaluation sweeps included. Device and host peaks are the blocks the store
-    holds (host: its tables and its cache), not the steps' working set. SSD bytes are the
-    rows used, then what the read and write calls passed (coalesced gap rows included)."""
+    a resume; ``total``: the epochs the run was to train), evaluation sweeps included. Device
+    and host peaks are the blocks the store holds (host: its tables and its cache), not the
+    steps' working set. SSD bytes are the rows used, then what the read and write calls
+    passed (coalesced gap rows included)."""
     f = format_bytes
     count = f"{epochs} epoch" + ("" if epochs == 1 else "s")
     if first_epoch and not epochs:
-        count += " (the resumed run had stopped early)"
+        finished = total is not None and first_epoch >= total
+        count += f" (the resumed run had {'already finished' if finished else 'stopped early'})"
     elif first_epoch:
         span = f"epoch {first_epoch}" if epochs == 1 else \
             f"epochs {first_epoch}-{first_epoch + epochs - 1}"

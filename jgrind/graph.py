@@ -296,6 +296,57 @@ _CHECKED_FEATURES: contextvars.ContextVar = contextvars.ContextVar("checked_feat
 _CHECK_BYTES = 64 << 20
 
 
+def class_count(labels: np.ndarray, stated: Optional[int] = None, name: str = "graph") -> int:
+    """C, the number of outputs a model predicts for ``labels``: T for ``[N, T]`` targets; for
+    class ids (-1: unlabelled) the ``stated`` number, which must exceed every id, or, when none
+    is stated, the largest id + 1 provided that every id below it labels some node.
+
+    A label set with gaps is refused (`GraphError`, saying which ids are used and which are
+    not) unless the number is stated: one stray id (99 in a 7-class file) would otherwise make
+    a 100-class task without a word, and a model that spreads probability over 93 classes no
+    node has."""
+    labels = np.asarray(labels)
+    if labels.ndim == 2:
+        if stated is not None and int(stated) != labels.shape[1]:
+            raise GraphError(f"{name}: num_classes={stated}, but the multi-label targets have "
+                             f"{labels.shape[1]} columns (one per task); leave num_classes out")
+        return int(labels.shape[1])
+    labelled = labels[labels >= 0]
+    largest = int(labelled.max()) if labelled.size else -1
+    if stated is not None:
+        if int(stated) < 1 or largest >= int(stated):
+            raise GraphError(f"{name}: num_classes={stated}, but the labels run up to class id "
+                             f"{largest}; state at least {largest + 1}, or leave num_classes "
+                             "out to count the classes from the labels")
+        return int(stated)
+    if largest < 0:
+        return 1
+    used = np.unique(labelled)
+    if used.size == largest + 1:
+        return largest + 1
+    state = "" if largest + 1 > max(labels.shape[0], MAX_SPARSE_CLASSES) else \
+        (f", or, if those classes are real, state num_classes={largest + 1} (CLI: --set "
+         f"num_classes={largest + 1})")
+    # the unused ids as ranges between the used ones (never an array of every id: a stray
+    # label may be 10**9)
+    before = np.concatenate([[-1], used[:-1]])
+    gaps = [(int(a) + 1, int(b) - 1) for a, b in zip(before, used) if b - a > 1]
+    breaks = np.flatnonzero(np.diff(used) != 1) + 1
+    runs = [(int(r[0]), int(r[-1])) for r in np.split(used, breaks)]
+    raise GraphError(f"{name}: the labels use {used.size} class ids ({_ranges(runs)}), so "
+                     f"the task would have {largest + 1} classes of which "
+                     f"{largest + 1 - used.size} ({_ranges(gaps)}) label no node; fix or "
+                     "renumber the labels (0..C-1: np.unique(labels, return_inverse=True))"
+                     f"{state}")
+
+
+def _ranges(runs: list[tuple[int, int]], shown: int = 6) -> str:
+    """``[(0, 3), (7, 7), (99, 99)]`` -> ``"0-3, 7, 99"`` (the first ``shown``)."""
+    text = [f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:shown]]
+    return ", ".join(text) + (f", ... ({len(runs) - shown} more ranges)"
+                              if len(runs) > shown else "")
+
+
 def _targets(name: str, labels) -> np.ndarray:
     """``labels`` as int32 class ids ``[N]`` (also from a ``[N, 1]`` column) or int8 binary
     targets ``[N, T]`` (T >= 2), or GraphError:
@@ -380,7 +431,7 @@ def from_edges(src, dst, features, labels, *, edge_weight=None, num_classes=None
 
     A PyG ``edge_index`` (``[2, E]``, sources first) is ``from_edges(*edge_index, x, y)``.
     ``labels``: ``[N]`` (or ``[N, 1]``) class ids, or ``[N, T]`` binary targets of a
-    multi-label task (``num_classes`` defaults to T).
+    multi-label task (``num_classes`` defaults to T; for class ids, the largest + 1).
     ``edge_weight``: an optional ``[E]`` weight per edge, in the order of ``src`` / ``dst``.
     Masks (``[N]`` or ``[splits, N]``) default to empty single splits. Raises `GraphError` for
     out-of-range ids before anything large is allocated.
@@ -415,7 +466,7 @@ def from_edges(src, dst, features, labels, *, edge_weight=None, num_classes=None
         warnings.warn(f"{name}: the [N, {labels.shape[1]}] labels have exactly one 1 in every "
                       "row, and are read as that many binary targets (a multi-label task); if "
                       "they are one-hot class labels, pass labels.argmax(1)", stacklevel=2)
-    if num_classes is None:
+    if num_classes is None:  # (the file loaders refuse gaps: `class_count`)
         num_classes = labels.shape[1] if labels.ndim == 2 else \
             int(labels.max()) + 1 if labels.size else 1
     empty = np.zeros((1, n), dtype=bool)

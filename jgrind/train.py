@@ -203,7 +203,9 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
         validation loss).
       min_delta: an evaluation improves on the best only by more than this.
       log_path: write one JSON object per epoch (JSON lines).
-      checkpoint_dir, checkpoint_every: orbax checkpoints; an existing checkpoint is resumed.
+      checkpoint_dir, checkpoint_every: orbax checkpoints; an existing checkpoint is resumed
+        (its newest intact step: a damaged one is set aside with a warning,
+        `jgrind.checkpoint.restore_latest`; `jgrind.checkpoint.CheckpointError` if none is).
       executor: how to compute an epoch; default: chosen by `make_executor` from the
         out-of-core arguments below (`InMemory` when none is given).
       policy, num_parts, store, device_budget, host_budget, partitioner: run out of core, see
@@ -367,16 +369,19 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             if stop:
                 break
     finally:
-        store = getattr(executor, "store", None)
-        memory = None if store is None else {**store.accounts.as_dict(),
-                                             "timeline": list(store.accounts.timeline)}
-        if owned_executor and executor is not None and hasattr(executor, "close"):
-            executor.close()  # removes the run's SSD files, also on error
-        if log_file is not None:
-            log_file.close()
-        if manager is not None:
-            manager.wait_until_finished()
-            manager.close()
+        # whole, even if a second Ctrl-C or SIGTERM follows the one that stopped the run
+        with interrupts.deferred():
+            store = getattr(executor, "store", None)
+            memory = None if store is None else {**store.accounts.as_dict(),
+                                                 "timeline": list(store.accounts.timeline)}
+            try:
+                if owned_executor and executor is not None and hasattr(executor, "close"):
+                    executor.close()  # removes the run's SSD files, also on error
+            finally:
+                if manager is not None:
+                    manager.close()  # saves are synchronous (`ckpt.save`): none is pending
+                if log_file is not None:
+                    log_file.close()
 
     return TrainResult(params=params, best_params=best["params"], history=history,
                        metric=metric, best_epoch=int(best["epoch"]), val=float(best["val"]),

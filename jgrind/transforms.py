@@ -245,3 +245,37 @@ def permute_nodes(graph: Graph, perm: np.ndarray) -> Graph:
                       train_mask=graph.train_mask[:, perm], val_mask=graph.val_mask[:, perm],
                       test_mask=graph.test_mask[:, perm])
     return _rebuild(g, inv[src], inv[dst], graph.edge_weight)
+
+
+def largest_connected_component(graph: Graph) -> Graph:
+    """The subgraph induced by the largest connected component (edges taken in either
+    direction), the graph Shchur et al. ("Pitfalls of GNN evaluation") train and evaluate on.
+
+    Nodes keep their order and are renumbered ``0..K-1``; features, labels, every split's masks
+    and edge weights are sliced to match. Of several components of the largest size, the one
+    holding the lowest node id is kept. A connected graph is returned as it is.
+    """
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+    n = graph.num_nodes
+    adjacency = csr_matrix((np.ones(graph.num_edges, np.int8), graph.indices, graph.indptr),
+                           shape=(n, n))
+    count, component = connected_components(adjacency, directed=True, connection="weak")
+    if count == 1:
+        return graph
+    # components are numbered in order of their lowest node, so argmax picks that one on a tie
+    keep = component == np.argmax(np.bincount(component))
+    ids = np.flatnonzero(keep)
+    new_id = np.cumsum(keep) - 1
+    src, dst = coo(graph)
+    inside = keep[dst]  # an edge into a kept node comes from one: they share the component
+    # renumbering is monotone, so the edges stay grouped by destination and sorted in rows
+    new_src, new_dst = new_id[src[inside]], new_id[dst[inside]]
+    idx_t = index_dtype(max(ids.size, new_src.size))
+    indptr = np.zeros(ids.size + 1, dtype=idx_t)
+    np.cumsum(np.bincount(new_dst, minlength=ids.size), out=indptr[1:])
+    return graph.replace(
+        indptr=indptr, indices=new_src.astype(idx_t), features=graph.features[ids],
+        labels=graph.labels[ids], train_mask=graph.train_mask[:, ids],
+        val_mask=graph.val_mask[:, ids], test_mask=graph.test_mask[:, ids],
+        edge_weight=None if graph.edge_weight is None else graph.edge_weight[inside])

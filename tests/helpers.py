@@ -58,3 +58,15 @@ def dense_adjacency(graph, weights=None) -> np.ndarray:
     w = np.ones(graph.num_edges) if w is None else w
     np.add.at(a, (graph.edge_destinations(), graph.indices), w)
     return a
+
+
+def fails(capsys, args, *needles) -> str:
+    """Run ``jgrind ARGS`` in this process; it must exit 2 with one ``jgrind: error:`` line
+    containing every needle (the project's rule for bad input and faults). Returns the line."""
+    from jgrind.cli import main
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("jgrind: error:") and "\n" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err

@@ -18,18 +18,9 @@ import pytest
 import jgrind
 from jgrind.cli import main
 
+from helpers import fails
+
 SMALL = ["--set", "num_nodes=300", "--epochs", "2", "--no-progress"]
-
-
-def _fails(capsys, args, *needles):
-    """Run ``jgrind ARGS``; it must exit 2 with one ``jgrind: error:`` line containing every
-    needle."""
-    assert main(args) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("jgrind: error:") and "\n" not in err, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 @pytest.mark.parametrize("setting, needle", [
@@ -53,14 +44,14 @@ def _fails(capsys, args, *needles):
 def test_out_of_range_settings_fail_before_anything_is_written(tmp_path, capsys, setting,
                                                                needle):
     out = tmp_path / "run"
-    _fails(capsys, ["train", "--model", "gat", *SMALL, "--set", setting, "--out", str(out)],
-           needle)
+    fails(capsys, ["train", "--model", "gat", *SMALL, "--set", setting, "--out", str(out)],
+          needle)
     assert not out.exists()
 
 
 def test_sizes_too_large_to_hold_are_an_error(capsys, tmp_path):
-    _fails(capsys, ["train", *SMALL, "--device-budget", "1e400", "--out", str(tmp_path / "r")],
-           "cannot read '1e400' as a size")
+    fails(capsys, ["train", *SMALL, "--device-budget", "1e400", "--out", str(tmp_path / "r")],
+          "cannot read '1e400' as a size")
 
 
 def test_a_failed_run_leaves_the_last_run_in_its_folder_as_it_was(tmp_path, capsys):
@@ -69,18 +60,18 @@ def test_a_failed_run_leaves_the_last_run_in_its_folder_as_it_was(tmp_path, caps
     files = lambda: {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}  # noqa: E731
     before = files()
     assert any("params" in p.relative_to(out).parts for p in before)  # saved parameters too
-    _fails(capsys, ["train", "--dataset", "nosuch", *SMALL, "--out", str(out)], "nosuch")
+    fails(capsys, ["train", "--dataset", "nosuch", *SMALL, "--out", str(out)], "nosuch")
     assert files() == before
     # the engine's own checks come later, once the graph is partitioned: still before writing
-    _fails(capsys, ["train", *SMALL, "--policy", "ssd", "--store", str(tmp_path / "none"),
-                    "--out", str(out)], "does not exist")
-    _fails(capsys, ["train", *SMALL, "--policy", "grinnder", "--device-budget", "1KiB",
-                    "--host-budget", "1KiB", "--store", str(tmp_path), "--out", str(out)],
-           "budget")
+    fails(capsys, ["train", *SMALL, "--policy", "ssd", "--store", str(tmp_path / "none"),
+                   "--out", str(out)], "does not exist")
+    fails(capsys, ["train", *SMALL, "--policy", "grinnder", "--device-budget", "1KiB",
+                   "--host-budget", "1KiB", "--store", str(tmp_path), "--out", str(out)],
+          "budget")
     assert files() == before
     if shutil.disk_usage("/proc").total == 0:
-        _fails(capsys, ["train", *SMALL, "--policy", "ssd", "--store", "/proc", "--out",
-                        str(out)], "virtual file system, not a disk")
+        fails(capsys, ["train", *SMALL, "--policy", "ssd", "--store", "/proc", "--out",
+                       str(out)], "virtual file system, not a disk")
     # a successful run into it replaces the earlier run's files, stale seeds' logs included
     assert main(["train", *SMALL, "--seeds", "2", "--out", str(out)]) == 0
     assert main(["train", *SMALL, "--out", str(out)]) == 0
@@ -93,14 +84,14 @@ def test_the_output_folder_must_be_a_run_folder_or_new(tmp_path, capsys):
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    _fails(capsys, ["train", *SMALL, "--out", str(other)], "not a jgrind run's")
+    fails(capsys, ["train", *SMALL, "--out", str(other)], "not a jgrind run's")
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
     afile = tmp_path / "afile"
     afile.write_text("mine")
-    _fails(capsys, ["train", *SMALL, "--out", str(afile)], "is a file")
-    _fails(capsys, ["train", *SMALL, "--out", ""], "is empty")
-    _fails(capsys, ["plan", "--set", "num_nodes=300", "--out", str(afile / "sub")],
-           f"{afile} is a file")
+    fails(capsys, ["train", *SMALL, "--out", str(afile)], "is a file")
+    fails(capsys, ["train", *SMALL, "--out", ""], "is empty")
+    fails(capsys, ["plan", "--set", "num_nodes=300", "--out", str(afile / "sub")],
+          f"{afile} is a file")
     assert afile.read_text() == "mine"
 
 
@@ -108,13 +99,13 @@ def test_checkpoints_of_another_experiment_are_not_resumed(tmp_path, capsys):
     out = tmp_path / "ck"
     run = ["train", *SMALL, "--set", "checkpoint_every=1", "--out", str(out)]
     assert main([*run, "--set", "hidden=16"]) == 0
-    _fails(capsys, [*run, "--set", "hidden=32"], "another experiment (hidden 16 -> 32)")
-    _fails(capsys, [*run, "--set", "hidden=16", "--set", "num_nodes=400"],
-           "num_nodes 300 -> 400")
-    _fails(capsys, [*run, "--set", "hidden=16", "--set", "dataset_options=homophily:0.5"],
-           "dataset_options '' -> 'homophily:0.5'")
-    _fails(capsys, [*run, "--set", "hidden=16", "--epochs", "1"], "reach epoch 1, past this "
-           "run's 1 epochs")
+    fails(capsys, [*run, "--set", "hidden=32"], "another experiment (hidden 16 -> 32)")
+    fails(capsys, [*run, "--set", "hidden=16", "--set", "num_nodes=400"],
+          "num_nodes 300 -> 400")
+    fails(capsys, [*run, "--set", "hidden=16", "--set", "dataset_options=homophily:0.5"],
+          "dataset_options '' -> 'homophily:0.5'")
+    fails(capsys, [*run, "--set", "hidden=16", "--epochs", "1"], "reach epoch 1, past this "
+          "run's 1 epochs")
     # a config.json written before a setting existed holds that setting's default
     config = json.loads((out / "config.json").read_text())
     del config["dataset_options"]
@@ -144,34 +135,34 @@ def test_a_run_that_fails_before_its_first_epoch_leaves_no_store_files(tmp_path)
 def test_profile_paths_that_are_not_profiles_are_left_alone(tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes")
-    _fails(capsys, ["plan", "--set", "num_nodes=300", "--profile", str(notes), "--out",
-                    str(tmp_path / "plan")], "pass a hardware profile file")
-    _fails(capsys, ["profile", "--quick", "--out", str(notes)], "is not a jgrind hardware profile")
+    fails(capsys, ["plan", "--set", "num_nodes=300", "--profile", str(notes), "--out",
+                   str(tmp_path / "plan")], "pass a hardware profile file")
+    fails(capsys, ["profile", "--quick", "--out", str(notes)], "is not a jgrind hardware profile")
     assert notes.read_text() == "my notes"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
-    _fails(capsys, ["profile", "--show", "--out", str(tmp_path)], "is a folder")
+    fails(capsys, ["profile", "--show", "--out", str(tmp_path)], "is a folder")
 
 
 def test_plan_takes_budgets_and_parts_from_set_too(tmp_path, capsys):
     from jgrind.plan import profile
     path = profile.save(profile.measure(tmp_path, quick=True), tmp_path / "profile.json")
-    _fails(capsys, ["plan", "--set", "num_nodes=300", "--set", "device_budget=1KiB",
-                    "--set", "host_budget=1KiB", "--profile", str(path), "--out",
-                    str(tmp_path / "plan")], "budget")
+    fails(capsys, ["plan", "--set", "num_nodes=300", "--set", "device_budget=1KiB",
+                   "--set", "host_budget=1KiB", "--profile", str(path), "--out",
+                   str(tmp_path / "plan")], "budget")
 
 
 def test_partition_takes_its_settings_from_set_and_checks_them(capsys):
     assert main(["partition", "--set", "num_nodes=600", "--set", "parts=3"]) == 0
     assert "3 partitions" in capsys.readouterr().out
-    _fails(capsys, ["partition", "--set", "num_nodes=600", "--seed", "-1"], "seed must be")
-    _fails(capsys, ["partition", "--set", "num_nodes=600", "--parts", "0"], "at least 1")
+    fails(capsys, ["partition", "--set", "num_nodes=600", "--seed", "-1"], "seed must be")
+    fails(capsys, ["partition", "--set", "num_nodes=600", "--parts", "0"], "at least 1")
 
 
 def test_a_missing_optional_partitioner_is_an_error_naming_its_extra(capsys):
     if importlib.util.find_spec("pymetis") is not None:
         pytest.skip("pymetis is installed here")
-    _fails(capsys, ["partition", "--set", "num_nodes=600", "--partitioner", "metis"],
-           "pip install 'jgrind[metis]'")
+    fails(capsys, ["partition", "--set", "num_nodes=600", "--partitioner", "metis"],
+          "pip install 'jgrind[metis]'")
 
 
 def _edge_list(folder, labels):
@@ -184,12 +175,57 @@ def _edge_list(folder, labels):
 
 def test_graphs_without_training_nodes_or_with_stray_class_ids(tmp_path, capsys):
     unlabelled = _edge_list(tmp_path / "unlabelled", [-1, -1, -1, -1])
-    _fails(capsys, ["train", "--dataset", unlabelled, "--epochs", "2", "--no-progress",
-                    "--out", str(tmp_path / "r1")], "no training node")
+    fails(capsys, ["train", "--dataset", unlabelled, "--epochs", "2", "--no-progress",
+                   "--out", str(tmp_path / "r1")], "no training node")
     stray = _edge_list(tmp_path / "stray", [0, 1, 0, 10**9])
-    _fails(capsys, ["train", "--dataset", stray, "--epochs", "2", "--no-progress",
-                    "--out", str(tmp_path / "r2")], "classes for 4 nodes")
+    fails(capsys, ["train", "--dataset", stray, "--epochs", "2", "--no-progress",
+                   "--out", str(tmp_path / "r2")], "class ids (0-1, 1000000000)")
     assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+
+
+def _heterophilous(path, labels):
+    """A file in the heterophilous-graphs format (Platonov et al.) with these labels."""
+    n = len(labels)
+    masks = np.zeros((10, n), bool)
+    masks[:, : n // 2] = True
+    val = np.zeros((10, n), bool)
+    val[:, n // 2: 3 * n // 4] = True
+    np.savez(path, node_features=np.random.default_rng(0).normal(size=(n, 4)).astype(
+        np.float32), node_labels=np.asarray(labels), edges=np.stack(
+        [np.arange(n), (np.arange(n) + 1) % n], 1), train_masks=masks, val_masks=val,
+        test_masks=~(masks | val))
+    return path
+
+
+@pytest.mark.parametrize("fmt", ["edgelist", "heterophilous"])
+def test_a_stray_label_is_refused_until_num_classes_is_stated(tmp_path, capsys, fmt):
+    """One label of 99 among 7 classes made a 100-class task without a word: the error says
+    which ids are used and which are not, and the run trains once num_classes is stated."""
+    labels = np.arange(40) % 7
+    labels[5] = 99
+    if fmt == "edgelist":
+        folder = tmp_path / "g"
+        folder.mkdir()
+        (folder / "edges.txt").write_text("".join(f"{i} {(i + 1) % 40}\n" for i in range(40)))
+        np.save(folder / "features.npy", np.eye(40, 3, dtype=np.float32))
+        np.save(folder / "labels.npy", labels)
+        dataset = f"edgelist:{folder / 'edges.txt'}"
+    else:
+        from jgrind.datasets import load_heterophilous
+        path = str(_heterophilous(tmp_path / "h.npz", labels))
+        with pytest.raises(jgrind.GraphError, match=r"7-98\) label no node"):
+            load_heterophilous(path)
+        assert load_heterophilous(path, num_classes=100).num_classes == 100
+        dataset = f"npz:{path}"
+    base = ["train", "--dataset", dataset, "--epochs", "1", "--no-progress"]
+    fails(capsys, [*base, "--out", str(tmp_path / "r1")],
+          "the labels use 8 class ids (0-6, 99)", "100 classes of which 92 (7-98) label no "
+          "node", "--set num_classes=100")
+    fails(capsys, [*base, "--out", str(tmp_path / "r2"), "--set", "num_classes=50"],
+          "num_classes=50, but the labels run up to class id 99")
+    assert main([*base, "--out", str(tmp_path / "r3"), "--set", "num_classes=100"]) == 0
+    summary = json.loads((tmp_path / "r3" / "summary.json").read_text())
+    assert summary["graph"]["classes"] == 100
 
 
 def test_an_adjacency_index_out_of_range_is_named(tmp_path):
@@ -249,9 +285,9 @@ def test_a_disk_that_fills_during_the_run_is_an_error_and_the_store_is_removed(
         return real(fd, buffers, offset)
 
     monkeypatch.setattr(os, "pwritev", fills_up)
-    _fails(capsys, ["train", *SMALL, "--policy", "ssd", "--store", str(store), "--parts", "2",
-                    "--out", str(tmp_path / "run")], f"the disk of the store ({store}) is full",
-           "choose another disk (--store)")
+    fails(capsys, ["train", *SMALL, "--policy", "ssd", "--store", str(store), "--parts", "2",
+                   "--out", str(tmp_path / "run")], f"the disk of the store ({store}) is full",
+          "choose another disk (--store)")
     assert list(store.iterdir()) == []
 
 
@@ -483,8 +519,8 @@ def test_an_output_folder_that_cannot_be_made_is_named_before_any_work(capsys, c
     """/proc refuses a new folder even to root, which passes every permission check; the bare
     "[Errno 2] No such file or directory" used to come after the graph was loaded."""
     target = "/proc/jgrind-out/p.json" if command[0] == "profile" else "/proc/jgrind-out"
-    _fails(capsys, [*command, "--out", target], "cannot write the output folder /proc/jgrind-out",
-           "name a folder you can write (--out)")
+    fails(capsys, [*command, "--out", target], "cannot write the output folder /proc/jgrind-out",
+          "name a folder you can write (--out)")
 
 
 def test_plan_with_more_parts_than_it_considers_says_so(tmp_path, capsys, monkeypatch):
@@ -492,9 +528,9 @@ def test_plan_with_more_parts_than_it_considers_says_so(tmp_path, capsys, monkey
     count fits the budgets" after."""
     profile = tmp_path / "profile.json"
     monkeypatch.setenv("JGRIND_PROFILE", str(profile))
-    _fails(capsys, ["plan", "--set", "num_nodes=300", "--parts", "100000", "--out",
-                    str(tmp_path / "plan")], "cannot plan 100,000 partitions",
-           "the graph has 300 nodes; ask for at most 300 (--parts)")
+    fails(capsys, ["plan", "--set", "num_nodes=300", "--parts", "100000", "--out",
+                   str(tmp_path / "plan")], "cannot plan 100,000 partitions",
+          "the graph has 300 nodes; ask for at most 300 (--parts)")
     assert not profile.exists()
 
 
@@ -505,8 +541,8 @@ def test_plan_with_more_parts_than_it_considers_says_so(tmp_path, capsys, monkey
 ])
 def test_malformed_dataset_options(tmp_path, capsys, options, needle):
     out = tmp_path / "run"
-    _fails(capsys, ["train", *SMALL, "--set", f"dataset_options={options}", "--out", str(out)],
-           needle)
+    fails(capsys, ["train", *SMALL, "--set", f"dataset_options={options}", "--out", str(out)],
+          needle)
     assert not out.exists()
 
 
@@ -599,7 +635,7 @@ def test_resume_checks_read_older_run_folders_and_schedules(tmp_path, monkeypatc
     assert main([*run, "--epochs", "3"]) == 0
     cosine = [*run[:-1], "cos", "--set", "lr_schedule=cosine"]
     assert main([*cosine, "--epochs", "2"]) == 0
-    _fails(capsys, [*cosine, "--epochs", "4"], "another experiment (epochs 2 -> 4)")
+    fails(capsys, [*cosine, "--epochs", "4"], "another experiment (epochs 2 -> 4)")
 
 
 @pytest.fixture(autouse=True)
@@ -698,8 +734,8 @@ def test_a_moved_dataset_resumes_and_a_changed_one_is_refused(tmp_path, capsys):
                  "avg_degree=6", "--out", str(second), "--overwrite"]) == 0
     before = (out / "summary.json").read_text()
     run[2] = "6"
-    _fails(capsys, [*run, "--dataset", f"npy:{second}"], "was trained on another graph",
-           "edges 2828 -> 1740")
+    fails(capsys, [*run, "--dataset", f"npy:{second}"], "was trained on another graph",
+          "edges 2828 -> 1740")
     assert (out / "summary.json").read_text() == before
 
 

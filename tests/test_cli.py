@@ -1,9 +1,10 @@
+import dataclasses
 import json
 import subprocess
 import sys
 
 from jgrind.cli import main
-from jgrind.config import RunConfig
+from jgrind.config import RunConfig, build_policy
 
 
 def test_help_explains_every_setting(capsys):
@@ -275,3 +276,14 @@ def test_partitioner_options_are_checked_before_the_graph_loads():
         assert proc.returncode == 2, proc.stderr
         assert needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
         assert "no-such-dataset" not in proc.stderr
+
+
+def test_the_python_policy_names_are_accepted_as_aliases(tmp_path):
+    from jgrind.plan import policies
+    for alias, name in (("host_offload", "host"), ("ssd_offload", "ssd"),
+                        ("ssd-offload", "ssd"), ("recompute_activations", "recompute")):
+        cfg = RunConfig().with_overrides([f"policy={alias}", f"store={tmp_path}"])
+        assert cfg.policy == name
+        assert build_policy(cfg)["policy"] == build_policy(
+            dataclasses.replace(cfg, policy=name))["policy"]
+    assert build_policy(RunConfig(policy="host_offload"))["policy"] == policies.host_offload()

@@ -94,3 +94,14 @@ def test_planner_page_examples(sandbox):
     names = run_page("docs/planner.md", sandbox, PRELUDE)
     assert callable(names["policy"])
     assert names["plan"].in_memory  # a graph this small fits: plot_plan draws nothing
+
+
+def test_every_test_the_fault_table_names_exists():
+    """docs/faults.md names the test that checks each fault: each must be a test function in
+    that file, so that the table cannot point at a test renamed or removed since."""
+    text = (ROOT / "docs" / "faults.md").read_text()
+    named = re.findall(r"(tests/test_\w+\.py)::(test_\w+)", text)
+    assert len(named) >= 40
+    missing = [f"{path}::{name}" for path, name in named
+               if not re.search(rf"^def {name}\(", (ROOT / path).read_text(), flags=re.M)]
+    assert not missing, missing

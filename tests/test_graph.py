@@ -199,3 +199,21 @@ def test_replace_does_not_scan_unchanged_features_again(monkeypatch):
     Graph(**{f.name: getattr(g, f.name) for f in dataclasses.fields(g)})  # made anew: checked
     g.validate()  # asked for: checked
     assert len(scans) == 5
+
+
+def test_class_count_refuses_gaps_unless_the_number_is_stated():
+    from jgrind.graph import class_count
+    assert class_count(np.array([0, 2, 1, -1])) == 3
+    assert class_count(np.array([-1, -1])) == 1
+    assert class_count(np.zeros((4, 5), np.int8)) == 5
+    with pytest.raises(GraphError, match=r"use 3 class ids \(0-1, 4\).*5 classes of which 2 "
+                                         r"\(2-3\) label no node.*num_classes=5"):
+        class_count(np.array([0, 1, 4, 1]))
+    assert class_count(np.array([0, 1, 4, 1]), stated=7) == 7
+    with pytest.raises(GraphError, match="num_classes=4, but the labels run up to class id 4"):
+        class_count(np.array([0, 1, 4, 1]), stated=4)
+    with pytest.raises(GraphError, match="multi-label targets have 5 columns"):
+        class_count(np.zeros((4, 5), np.int8), stated=3)
+    # a stray huge id: named, with no advice to state a billion classes, and no array of them
+    with pytest.raises(GraphError, match=r"\(0, 1000000000\).*return_inverse=True\)\)$"):
+        class_count(np.array([0, 10**9]))

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Optional
 
 CSR_SPMM_TARGET = "jgrind_csr_spmm_f32"
-_ABI_VERSION = 6  # 2: the row kernels (rows.cc); 3: with int32 indices too;
+_ABI_VERSION = 7  # 2: the row kernels (rows.cc); 3: with int32 indices too;
 #                  4: SSD row spans (spans.cc), the CRC32C checksum (checksum.cc);
-#                  5: label propagation's kernels (labels.cc); 6: bisection.cc
+#                  5: label propagation's kernels (labels.cc); 6: bisection.cc;
+#                  7: row CRCs (jgrind_crc32c_rows), checked and kept by the span loops
 
 _lock = threading.Lock()
 _state: Optional["Native"] = None
@@ -111,16 +112,22 @@ def _load() -> Native:
             fn = getattr(lib, f"jgrind_{kind}_rows_f32_{index}")
             fn.restype, fn.argtypes = ctypes.c_int, row_args
     # (fd, data start, file rows, width, rows, n, gap rows, table, its rows, its index,
-    #  scratch, scratch rows, [current,] stats): see spans.cc
+    #  scratch, scratch rows, current, row CRCs, stats): see spans.cc
     span_args = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                  ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     lib.jgrind_read_spans_f32.restype = ctypes.c_int
-    lib.jgrind_read_spans_f32.argtypes = span_args + [ctypes.c_void_p]
+    lib.jgrind_read_spans_f32.argtypes = span_args + [ctypes.c_void_p] * 3
     lib.jgrind_add_spans_f32.restype = ctypes.c_int
-    lib.jgrind_add_spans_f32.argtypes = span_args + [ctypes.c_void_p, ctypes.c_void_p]
+    lib.jgrind_add_spans_f32.argtypes = span_args + [ctypes.c_void_p] * 3
     lib.jgrind_crc32c.restype = ctypes.c_uint32
     lib.jgrind_crc32c.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int64]
+    # (rows' base, row bytes, index, first, count, out): see checksum.cc
+    lib.jgrind_crc32c_rows.restype = None
+    lib.jgrind_crc32c_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                       ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    lib.jgrind_crc32c_zeros.restype = ctypes.c_uint32
+    lib.jgrind_crc32c_zeros.argtypes = [ctypes.c_int64]
     lib.jgrind_crc32c_hardware.restype = ctypes.c_int
     # (indptr, indices, indices are int64, weights, labels, n, k, salt, per-node ties,
     #  penalty, extra, best, gain, threads): see labels.cc

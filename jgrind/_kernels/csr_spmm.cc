@@ -557,7 +557,7 @@ __attribute__((visibility("default"))) int jgrind_csr_spmm_f32(
   return jgrind::Spmm(indptr, indices, data, x, y, rows, cols, feat, nnz_cap, num_threads);
 }
 
-__attribute__((visibility("default"))) int jgrind_kernel_abi_version() { return 6; }
+__attribute__((visibility("default"))) int jgrind_kernel_abi_version() { return 7; }
 
 __attribute__((visibility("default"))) const char* jgrind_kernel_isa() {
 #if defined(__AVX512F__)

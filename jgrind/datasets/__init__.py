@@ -13,12 +13,12 @@ from jgrind.datasets.heterophilous import load_heterophilous
 from jgrind.datasets.ogb import load_ogb_raw
 from jgrind.datasets.paths import data_root
 from jgrind.datasets.planetoid import load_planetoid
-from jgrind.datasets.registry import DatasetInfo, available, load, register
+from jgrind.datasets.registry import DatasetInfo, available, load, register, split_per_seed
 from jgrind.datasets.stored import load_saved, save_graph
 from jgrind.datasets import generated  # noqa: E402,F401 - registers "csbm" and "rmat"
 
 __all__ = [
     "DatasetError", "DatasetInfo", "available", "data_root", "load", "load_edge_list",
     "load_gnn_benchmark", "load_heterophilous", "load_ogb_raw", "load_planetoid", "load_saved",
-    "register", "row_normalize_features", "save_graph",
+    "register", "row_normalize_features", "save_graph", "split_per_seed",
 ]

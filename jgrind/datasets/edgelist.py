@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jgrind.datasets.errors import DatasetError, npy_problem, read_npz, require_file
-from jgrind.graph import from_edges
+from jgrind.datasets.errors import (DatasetError, check_count, npy_problem, read_npz,
+                                    require_file)
+from jgrind.graph import class_count, from_edges
 from jgrind.transforms import make_undirected
 
 SPLIT_FRACTIONS = (0.6, 0.2)  # train, val; the rest is test (used when no masks are given)
@@ -41,6 +42,10 @@ def read_text_table(path, *, ncols=None, dtype=np.int64, delimiter=None, comment
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
+    if opener is gzip.open and path.is_file() and path.stat().st_size == 0:
+        # gzip reads 0 bytes as an empty table; gzip itself writes a header even for no lines
+        raise DatasetError(f"cannot read {path}: the file is empty (0 bytes), not gzip data; "
+                           f"{hint}")
     parts, line0, tail = [], 0, b""
     try:
         with opener(path, "rb") as f:
@@ -183,9 +188,13 @@ def read_npy(path, what: str, hint: str) -> np.ndarray:
     path = require_file(path, what, hint)
     try:
         with open(path, "rb") as fh:
-            return np.load(fh, allow_pickle=False)
+            array = np.load(fh, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
         raise DatasetError(f"cannot read {what} {path}: {npy_problem(path, e)}; {hint}") from e
+    if not isinstance(array, np.ndarray):  # np.load opens an .npz under any name
+        raise DatasetError(f"cannot read {what} {path}: it is an .npz archive, not a .npy "
+                           f"array (save it with numpy.save); {hint}")
+    return array
 
 
 def as_labels(values: np.ndarray, where: str, hint: str) -> np.ndarray:
@@ -280,8 +289,15 @@ def read_masks(path, n: int):
 FEATURES_FILE, LABELS_FILE, MASKS_FILE = "features.npy", "labels.npy", "masks.npz"
 
 
+def draws_random_splits(edges_path) -> bool:
+    """Whether ``load_edge_list(edges_path)`` (masks beside it, if any) draws random splits:
+    no masks file lies beside the edge list."""
+    return not (Path(edges_path).parent / MASKS_FILE).exists()
+
+
 def load_edge_list(edges_path, features_path=None, labels_path=None, *, masks_path=None,
-                   undirected=True, delimiter=None, comment="#", name=None):
+                   undirected=True, delimiter=None, comment="#", name=None,
+                   num_classes=None, seed=None, splits=None):
     """A `Graph` from an edge list (``src dst`` a line, 0-based), ``[N, F]`` features ``.npy``
     and ``[N]`` labels ``.npy`` (ints, -1 or NaN = unlabelled).
 
@@ -292,8 +308,10 @@ def load_edge_list(edges_path, features_path=None, labels_path=None, *, masks_pa
 
     `undirected`: add the reverse of every edge and drop duplicates and self loops; otherwise the
     edges are kept exactly as listed (``src -> dst``). Masks come from `masks_path` (see
-    `read_masks`); without it, one random 60/20/20 split of the labelled nodes, seed 0
-    (`random_split`). The graph is named `name` or the edge file's stem.
+    `read_masks`); without it, `splits` random 60/20/20 splits of the labelled nodes
+    (`random_split`), seeded ``seed + s`` (default: one split, seed 0; a run of several seeds
+    on the command line passes its seeds, so that each trains on its own split). The graph is
+    named `name` or the edge file's stem.
     """
     edges_path = Path(edges_path)
     hint = "pass the right path"
@@ -302,7 +320,8 @@ def load_edge_list(edges_path, features_path=None, labels_path=None, *, masks_pa
         features_path, labels_path = folder / FEATURES_FILE, folder / LABELS_FILE
         hint = (f"put {FEATURES_FILE} and {LABELS_FILE} (and optionally {MASKS_FILE}) beside "
                 f"the edge list, or pass features_path= and labels_path= from Python")
-        if masks_path is None and (folder / MASKS_FILE).is_file():
+        # exists, not is_file: a folder in its place is an error, not a silent random split
+        if masks_path is None and (folder / MASKS_FILE).exists():
             masks_path = folder / MASKS_FILE
     elif features_path is None or labels_path is None:
         raise DatasetError(f"edge list {edges_path}: pass both features_path and labels_path, "
@@ -329,15 +348,21 @@ def load_edge_list(edges_path, features_path=None, labels_path=None, *, masks_pa
                            f"range for the {n} nodes of {features_path}; ids must be 0-based "
                            f"and below {n}")
     if masks_path is None:
-        train, val, test = random_split(labels)
+        first = check_count(SPLIT_SEED if seed is None else seed, "seed", least=0)
+        drawn = [random_split(labels, seed=first + s)
+                 for s in range(check_count(1 if splits is None else splits, "splits", 1))]
+        train, val, test = (np.concatenate(masks) for masks in zip(*drawn))
+    elif seed is not None or splits is not None:
+        raise DatasetError(f"edge list {edges_path} has fixed splits ({masks_path}); the "
+                           "options seed and splits draw random ones for an edge list without "
+                           "masks: leave them out")
     else:
         train, val, test = read_masks(masks_path, n)
     src, dst = edges[:, 0], edges[:, 1]
     if undirected:
         keep = src != dst
         src, dst = src[keep], dst[keep]
-    num_classes = labels.shape[1] if labels.ndim == 2 else \
-        int(labels.max()) + 1 if (labels >= 0).any() else 1
-    g = from_edges(src, dst, features, labels, num_classes=num_classes, train_mask=train,
+    g = from_edges(src, dst, features, labels,
+                   num_classes=class_count(labels, num_classes, str(labels_path)), train_mask=train,
                    val_mask=val, test_mask=test, name=name or edges_path.stem)
     return make_undirected(g) if undirected else g

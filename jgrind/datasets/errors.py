@@ -44,21 +44,56 @@ def read_npz(path: Path, keys, hint: str, optional=()) -> dict:
     loaded without pickles. Raises `DatasetError` naming the file for a missing file, an
     unreadable or truncated archive, or missing keys (listing the keys it has)."""
     path = require_file(path, "dataset file", hint)
+    problem = not_npz_problem(path)
+    if problem:
+        raise DatasetError(f"cannot read {path}: {problem}; {hint}")
     try:  # open the file here: np.load leaks its own handle when the archive is damaged
         with open(path, "rb") as fh, np.load(fh, allow_pickle=False) as z:
             missing = [k for k in keys if k not in z.files]
             if missing:
                 raise DatasetError(f"{path} lacks the key(s) {', '.join(missing)} (it has "
                                    f"{', '.join(z.files) or 'none'}); {hint}")
-            return {k: z[k] for k in (*keys, *optional) if k in z.files}
+            out = {}
+            for key in (k for k in (*keys, *optional) if k in z.files):
+                try:
+                    out[key] = z[key]
+                except ValueError as e:
+                    if "allow_pickle" not in str(e):
+                        raise
+                    raise DatasetError(f"{path}: {key!r} holds Python objects, not numbers "
+                                       f"(an object array, which jgrind does not unpickle); "
+                                       f"{hint}") from None
+            return out
     except DatasetError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        raise DatasetError(f"cannot read {path}: file is truncated or not an .npz archive "
+        raise DatasetError(f"cannot read {path}: the archive is truncated or damaged "
                            f"({type(e).__name__}: {e}); {hint}") from e
 
 
 _NPY_MAGIC = b"\x93NUMPY"
+# an .npz is a zip: it starts with a member's local header, or (no members) the end record
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+
+
+def not_npz_problem(path: Path) -> str:
+    """Why the file at `path` cannot be an ``.npz`` archive, judged from its first bytes, or
+    "" if it starts like one. Without this, ``np.load`` returns a bare array for a ``.npy``
+    file and blames "pickled data" (suggesting the unsafe ``allow_pickle``) for anything else."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(_NPY_MAGIC))
+    except OSError as e:
+        return f"cannot open it ({e.strerror or e})"
+    if not head:
+        return "the file is empty (0 bytes)"
+    if head == _NPY_MAGIC:
+        return ("it is a single .npy array, not an .npz archive of named arrays (numpy.savez "
+                "writes those)")
+    if head[:4] not in _ZIP_MAGICS:
+        return ("it is not an .npz archive (numpy.savez writes a zip file, and this one does "
+                "not start like one)")
+    return ""
 
 
 def npy_problem(path: Path, err: Exception) -> str:
@@ -76,3 +111,13 @@ def npy_problem(path: Path, err: Exception) -> str:
     if "allow_pickle" in str(err):
         return "it holds Python objects, not numbers (an object array); save a numeric array"
     return f"it is truncated or damaged ({type(err).__name__}: {err})"
+
+
+def check_count(value, what: str, least: int) -> int:
+    """`value` if it is a whole number of at least `least`, else `DatasetError` (an option
+    typed as ``dataset_options=splits:0`` arrives here unchecked)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < least:
+        raise DatasetError(f"{what}={value!r}: {what} must be a whole number of at least "
+                           f"{least}")
+    return int(value)

@@ -30,7 +30,7 @@ from typing import Iterator, Optional
 import numpy as np
 from tqdm import tqdm
 
-from jgrind.datasets.errors import DatasetError, require_file
+from jgrind.datasets.errors import DatasetError, not_npz_problem, require_file
 
 CHUNK_BYTES = 64 << 20  # a slice: large enough for zlib and NumPy to run at full speed
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")  # a zip entry's local header (APPNOTE 4.3.7)
@@ -75,6 +75,9 @@ class Member:
 def members(path, hint: str) -> dict[str, Member]:
     """Every array of the archive at ``path`` by name, reading headers only."""
     path = require_file(Path(path), "dataset file", hint)
+    problem = not_npz_problem(path)
+    if problem:
+        raise DatasetError(f"cannot read {path}: {problem}; {hint}")
     found = {}
     try:
         with zipfile.ZipFile(path) as archive, open(path, "rb") as raw:

@@ -28,7 +28,7 @@ from jgrind.datasets import npz
 from jgrind.datasets.csr import csr_from_edge_chunks
 from jgrind.datasets.edgelist import as_labels, read_text_table
 from jgrind.datasets.errors import DatasetError, require_file
-from jgrind.graph import Graph, from_edges
+from jgrind.graph import Graph, class_count, from_edges
 from jgrind.transforms import make_undirected
 
 _SPLIT_FLAG = "on the command line: --set dataset_options=split:NAME"
@@ -114,7 +114,7 @@ def _targets(values: np.ndarray, path: Path) -> np.ndarray:
 
 
 def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=None, name=None,
-                 scratch=None):
+                 scratch=None, num_classes=None):
     """Load an OGB node-property dataset from its unpacked folder (the one holding ``raw/``),
     in OGB's text layout (``raw/*.csv.gz``) or its binary one (``raw/data.npz``,
     ogbn-papers100M; see `load_ogb_binary`, the only one that uses ``scratch``).
@@ -142,7 +142,8 @@ def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=Non
     raw = directory / "raw"
     if (raw / "data.npz").exists():  # the binary layout (ogbn-papers100M)
         return load_ogb_binary(directory, split=split, to_undirected=to_undirected,
-                               node_features=node_features, name=name, scratch=scratch)
+                               node_features=node_features, name=name, scratch=scratch,
+                               num_classes=num_classes)
     if node_features is not None and node_features not in EDGE_FEATURE_REDUCTIONS:
         raise DatasetError(f"node_features={node_features!r}: use one of "
                            f"{', '.join(EDGE_FEATURE_REDUCTIONS)} (or leave it out to read "
@@ -190,15 +191,15 @@ def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=Non
                            f"and node-label {labels.shape[0]}; {_HINT}")
 
     masks = _masks(split_dir, n)
-    num_classes = _num_classes(labels)
-    g = from_edges(edges[:, 0], edges[:, 1], features, labels, num_classes=num_classes,
+    g = from_edges(edges[:, 0], edges[:, 1], features, labels,
+                   num_classes=class_count(labels, num_classes, name or directory.name),
                    train_mask=masks[0], val_mask=masks[1], test_mask=masks[2],
                    name=name or directory.name)
     return make_undirected(g) if undirected else g
 
 
 def load_ogb_binary(directory, *, split=None, to_undirected=None, node_features=None,
-                    name=None, scratch=None):
+                    name=None, scratch=None, num_classes=None):
     """Load an OGB node-property dataset in OGB's binary layout (ogbn-papers100M)::
 
       raw/data.npz         edge_index [2, E], node_feat [N, F], num_nodes_list [1], ...
@@ -243,6 +244,9 @@ def load_ogb_binary(directory, *, split=None, to_undirected=None, node_features=
     if len(feat.shape) != 2:
         raise DatasetError(f"{raw / 'data.npz'}: node_feat has shape {feat.shape}, expected "
                            f"[N, F]; {_HINT}")
+    if not (np.issubdtype(feat.dtype, np.number) or feat.dtype == bool):
+        raise DatasetError(f"{raw / 'data.npz'}: node_feat holds {feat.dtype} values, not "
+                           f"numbers; {_HINT}")
     n = feat.shape[0]
     if "num_nodes_list" in data:
         counts = npz.read_array(data["num_nodes_list"]).reshape(-1)
@@ -282,7 +286,8 @@ def load_ogb_binary(directory, *, split=None, to_undirected=None, node_features=
                                   progress=f"reading {raw / 'data.npz'} node_feat")
     return Graph(indptr=indptr, indices=indices, features=features, labels=target,
                  train_mask=masks[0], val_mask=masks[1], test_mask=masks[2],
-                 num_classes=_num_classes(target), name=name or directory.name)
+                 num_classes=class_count(target, num_classes, name or directory.name),
+                 name=name or directory.name)
 
 
 def _scratch_array(folder: Path, shape) -> np.ndarray:
@@ -333,8 +338,3 @@ def _masks(split_dir: Path, n: int) -> np.ndarray:
                                f"for {n} nodes; {_HINT}")
         m[0, ids] = True
     return masks
-
-
-def _num_classes(labels: np.ndarray) -> int:
-    return labels.shape[1] if labels.ndim == 2 else \
-        int(labels.max()) + 1 if (labels >= 0).any() else 1

@@ -70,8 +70,9 @@ def _read_pickle(path: Path):
         with open(path, "rb") as f:
             return _Unpickler(f, encoding="latin1").load()
     except Exception as e:  # any failure inside the unpickler means a bad file
+        detail = " ".join(str(e).split())  # pickle's own messages can span lines
         raise DatasetError(f"cannot read {path}: file is truncated or not a Planetoid pickle "
-                           f"({type(e).__name__}: {e}); {_HINT}") from e
+                           f"({type(e).__name__}: {detail}); {_HINT}") from e
 
 
 def _matrix(obj, path: Path) -> np.ndarray:

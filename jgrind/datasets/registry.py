@@ -1,7 +1,8 @@
 """Datasets by name: ``load("cora")``, ``available()``, and `register` for generated graphs.
 
 Built-in names map to a loader and a path under the data root. Besides names, `load` takes
-``"ogb:/dir"`` (`load_ogb_raw`), ``"npz:/file.npz"`` (`load_gnn_benchmark`) and
+``"ogb:/dir"`` (`load_ogb_raw`), ``"npz:/file.npz"`` (`load_gnn_benchmark` or
+`load_heterophilous`, by the file's keys: `npz_formats`) and
 ``"edgelist:/dir/edges.txt"`` (`load_edge_list`: features.npy and labels.npy beside it, or
 features_path= and labels_path=) and
 ``"npy:/folder"`` (`load_saved`: a graph saved by `save_graph`, memory-mapped).
@@ -14,15 +15,17 @@ import inspect
 from pathlib import Path
 from typing import Callable, Optional
 
-from jgrind.datasets.edgelist import load_edge_list
+from jgrind.datasets.edgelist import draws_random_splits, load_edge_list
 from jgrind.datasets.errors import DatasetError
-from jgrind.datasets.gnn_benchmark import load_gnn_benchmark
+from jgrind.datasets.gnn_benchmark import gnn_benchmark_path, load_gnn_benchmark
 from jgrind.datasets.heterophilous import load_heterophilous
+from jgrind.datasets.npz_formats import GNN_BENCHMARK, HETEROPHILOUS, npz_format
 from jgrind.datasets.ogb import load_ogb_raw
 from jgrind.datasets.paths import data_root, require_root
 from jgrind.datasets.planetoid import PARTS, load_planetoid
 from jgrind.datasets.stored import load_saved
 from jgrind.graph import Graph
+from jgrind.transforms import largest_connected_component
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,14 +90,29 @@ _BUILTIN = {
     "minesweeper": _npz("heterophilous", "heterophilous/minesweeper.npz",
                         "Minesweeper grid, binary (ROC-AUC), 10 fixed splits", load_heterophilous),
     "cora-npz": _npz("gnn-benchmark", "gnn-benchmark/cora.npz",
-                     "Cora from gnn-benchmark, random 20/30-per-class splits",
+                     "Cora from gnn-benchmark, a random 20/30-per-class split per seed",
                      load_gnn_benchmark, name="cora-npz"),
 }
 
 _GENERATED: dict[str, tuple[Callable[..., Graph], str]] = {}
 
-_PREFIXES = {"ogb": load_ogb_raw, "npz": load_gnn_benchmark, "edgelist": load_edge_list,
+
+def _load_npz(path, **options) -> Graph:
+    """``npz:PATH``: the loader of the format the file's keys show (a bare name is a file of
+    the data root's gnn-benchmark folder)."""
+    path = gnn_benchmark_path(path)
+    fmt = npz_format(path)
+    loader = _NPZ_LOADERS[fmt]
+    _check_options(loader, options, f"{path} (a {fmt} file)")
+    return loader(path, **options)
+
+
+_NPZ_LOADERS = {GNN_BENCHMARK: load_gnn_benchmark, HETEROPHILOUS: load_heterophilous}
+_PREFIXES = {"ogb": load_ogb_raw, "npz": _load_npz, "edgelist": load_edge_list,
              "npy": load_saved}
+# formats with no fixed split, whose loader draws random ones (`seed`, `splits`) and, taking
+# `largest_component` itself, draws them on that component
+_RANDOM_SPLITS = (GNN_BENCHMARK,)
 
 
 def register(name: str, fn: Callable[..., Graph], description: str) -> None:
@@ -111,10 +129,46 @@ def names() -> list[str]:
     return [*_BUILTIN, *_GENERATED]
 
 
+def format_of(name: str) -> str:
+    """The file format of dataset `name` (a built-in's, ``npz:PATH``'s by its keys, else the
+    prefix), or "generated"; "" for an unknown name."""
+    prefix, sep, rest = name.partition(":")
+    if sep and prefix.lower() == "npz":
+        return npz_format(gnn_benchmark_path(rest))
+    if sep and prefix.lower() in _PREFIXES:
+        return prefix.lower()
+    key = name.lower()
+    return _BUILTIN[key].format if key in _BUILTIN else "generated" if key in _GENERATED else ""
+
+
+def split_per_seed(name: str, options: dict) -> bool:
+    """Whether a run of several seeds on `name` should draw one split per seed: its format has
+    no fixed split and `options` name neither ``splits`` nor ``seed`` (which keep their
+    meaning). The run then passes ``seed=`` its first seed and ``splits=`` its number of
+    seeds, so that seed ``s`` trains on the split drawn from ``s`` (Shchur et al.'s protocol)."""
+    if {"splits", "seed"} & set(options):
+        return False
+    if format_of(name) == "edgelist":  # random splits unless masks lie beside the edge list
+        return draws_random_splits(name.partition(":")[2])
+    return format_of(name) in _RANDOM_SPLITS
+
+
 def load(name: str, /, root=None, **kwargs) -> Graph:
     """The graph called `name` (case-insensitive), or at ``"ogb:/dir"``, ``"npz:/file.npz"``,
-    ``"edgelist:/edges.txt"``, ``"npy:/folder"``. `root` overrides the data root for built-in names; `kwargs` go
-    to the loader or generator."""
+    ``"edgelist:/edges.txt"``, ``"npy:/folder"``. `root` overrides the data root for built-in
+    names; `kwargs` go to the loader or generator, except ``largest_component=True``, which
+    keeps only the graph's largest connected component (`largest_connected_component`; a
+    random-split format draws its splits on it)."""
+    keep_largest = kwargs.pop("largest_component", False)
+    if not isinstance(keep_largest, bool):
+        raise DatasetError(f"largest_component={keep_largest!r}: use true or false")
+    if keep_largest and format_of(name) in _RANDOM_SPLITS:
+        return _load(name, root, {**kwargs, "largest_component": True})
+    graph = _load(name, root, kwargs)
+    return largest_connected_component(graph) if keep_largest else graph
+
+
+def _load(name: str, root, kwargs: dict) -> Graph:
     prefix, sep, rest = name.partition(":")
     if sep and prefix.lower() in _PREFIXES:
         loader = _PREFIXES[prefix.lower()]
@@ -135,6 +189,10 @@ def load(name: str, /, root=None, **kwargs) -> Graph:
                            f"{', '.join(p + ':PATH' for p in _PREFIXES)})")
     entry = _BUILTIN[key]
     base = require_root(root)
+    folders = [f for f in entry.files if (base / f).is_dir()]
+    if folders:
+        raise DatasetError(f"dataset {key!r}: {base / folders[0]} is a folder, not the file it "
+                           "should be; put the dataset's file there")
     missing = [f for f in entry.files if not (base / f).is_file()]
     if missing:
         raise DatasetError(f"dataset {key!r} is not in {base}: missing {', '.join(missing)}; "

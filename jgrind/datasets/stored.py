@@ -377,6 +377,10 @@ def _read_array(path: Path, spec: dict, mmap: bool) -> np.ndarray:
         a = np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (OSError, ValueError, EOFError) as e:
         raise DatasetError(f"cannot read {path}: {npy_problem(path, e)}; {_HINT}") from e
+    if not isinstance(a, np.ndarray):  # np.load opens an .npz under any name
+        a.close()
+        raise DatasetError(f"cannot read {path}: it is an .npz archive, not a .npy array; "
+                           f"{_HINT}")
     expected = (np.dtype(spec["dtype"]), tuple(spec["shape"]))
     if (a.dtype, a.shape) != expected:
         raise DatasetError(f"{path} holds {a.dtype.name} {list(a.shape)} but {META} says "

@@ -1,8 +1,8 @@
 """The out-of-core engine: the store's tiers and the partition-wise executor."""
 
 from jgrind.engine.engine import OutOfCore
-from jgrind.engine.ssd import StoreCorruptedError, StoreFullError
-from jgrind.engine.store import BudgetError, Store, StoreError
+from jgrind.engine.ssd import StoreCorruptedError, StoreError, StoreFullError, StoreIOError
+from jgrind.engine.store import BudgetError, Store
 
 __all__ = ["BudgetError", "OutOfCore", "Store", "StoreCorruptedError", "StoreError",
-           "StoreFullError"]
+           "StoreFullError", "StoreIOError"]

@@ -69,7 +69,8 @@ from jgrind.models.moved_dropout import step_key
 from jgrind.models.split import as_executed
 from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.partition.partitioners import label_propagation
-from jgrind.plan.cost import Assignment, Memory, Workload, fit_masks, format_bytes, memory
+from jgrind.plan.cost import (Assignment, Memory, Workload, fit_masks, format_bytes,
+                              format_minimum, least_device_budget, memory)
 from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate, check_fate
 from jgrind.plan.inventory import aggregation_widths, build_inventory, layer_widths
 from jgrind.plan.policies import (BindContext, Policy, bind, check_budget, check_policy,
@@ -300,23 +301,40 @@ class OutOfCore:
 
     def _check_budgets(self) -> None:
         m = self.memory
+        # The minimum stated is one that runs: a budget-aware policy's own (`Budgeted` finds
+        # the device budget its packing fits, beside the working set), else this plan's blocks
+        # beside the working set the engine uses at that budget (masks on once they fit).
+        least = getattr(self.policy, "least_device_budget", None) or \
+            least_device_budget(self.workload, m.device_tables)
         if m.device_working_set > self.device_budget:
             raise BudgetError(
                 f"the device budget {format_bytes(self.device_budget)} is below one partition's "
                 f"working set ({format_bytes(m.device_working_set)} at least); use more partitions "
                 f"(now {self.pg.num_parts}) or a device budget of at least "
-                f"{format_bytes(m.device_working_set)}")
+                f"{format_minimum(least)}")
         if m.device > self.device_budget:
             raise BudgetError(
                 f"the plan keeps {format_bytes(m.device)} on the device (blocks "
                 f"{format_bytes(m.device_tables)} + working set "
                 f"{format_bytes(m.device_working_set)}) but the device budget is "
                 f"{format_bytes(self.device_budget)}; raise it to at least "
-                f"{format_bytes(m.device)} or choose a policy that offloads more")
+                f"{format_minimum(least)} or choose a policy that offloads more")
+        if getattr(self.policy, "least_device_budget", None) is not None:
+            # the policy fits the device and host budgets but has blocks left for an SSD tier
+            # this run has no directory for
+            host = getattr(self.policy, "least_host_budget", None)
+            raise BudgetError(
+                f"the blocks do not fit in the device budget {format_bytes(self.device_budget)} "
+                f"(beside one partition's working set of {format_bytes(m.device_working_set)}) "
+                f"and the host budget {format_bytes(self.host_budget)}, and there is no store "
+                f"directory for the rest; raise the device budget to at least "
+                f"{format_minimum(least)}"
+                + (f" or the host budget to at least {format_minimum(host)}" if host else "")
+                + ", or give a store directory on a fast disk (CLI: --store DIR)")
         if m.host > self.host_budget:
             raise BudgetError(
                 f"the plan keeps {format_bytes(m.host)} in host RAM but the host budget is "
-                f"{format_bytes(self.host_budget)}; raise it to at least {format_bytes(m.host)} "
+                f"{format_bytes(self.host_budget)}; raise it to at least {format_minimum(m.host)} "
                 "or send more blocks to the SSD tier (e.g. the ssd_offload or grinnder policy "
                 "with a store directory; CLI: --policy ssd --store DIR)")
 

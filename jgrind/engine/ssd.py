@@ -9,10 +9,16 @@ the file's methods but may hold an earlier epoch's values on disk (`SSDFile.zero
 I/O goes through ``pread`` / ``pwrite`` into NumPy buffers (``os.preadv`` / ``os.pwritev``, and
 for row spans the native loops of ``jgrind/_kernels/spans.cc``) rather than through a mapping:
 mapped pages count towards the process's resident memory, and the whole point of this tier is to
-keep activations out of RAM. Integrity: the file size is checked before every read (truncation),
-and every whole-block write records a checksum (`jgrind.checksum`: CRC32C) that whole-block
-reads verify (corruption between the forward write and the backward read raises instead of
-yielding wrong gradients).
+keep activations out of RAM.
+
+Integrity: the file size and header are checked before every read (truncation, overwrites),
+and the file keeps in memory one checksum per row (`jgrind.checksum.row_checksums`: CRC32C,
+4 bytes a row). Every write records the checksums of the rows it changed (a whole block, or
+the rows an addition added to or wrote back as zeros), and every read verifies the rows it
+returns that hold this epoch's values, as does an addition for the rows it adds to. So a file
+changed between a write and a read (activations between forward and backward, gradients
+between their scatter-adds and their read) raises `StoreCorruptedError` instead of yielding
+wrong gradients. A failed system call raises `StoreIOError`, a full disk `StoreFullError`.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from jgrind import _kernels
-from jgrind.checksum import checksum
+from jgrind.checksum import row_checksums
 from jgrind.plan.cost import COALESCE_BYTES, SPAN_PIECE_BYTES
 from jgrind.rows import add_rows, take_rows
 
@@ -43,6 +49,16 @@ SCRATCH_BYTES = SPAN_PIECE_BYTES  # span reads and read-add-writes go through pi
 _scratch = threading.local()
 
 
+class StoreError(RuntimeError):
+    """The store cannot be used: its directory (missing, read-only, too little free space), or
+    its files' input and output (`StoreIOError`)."""
+
+
+class StoreIOError(StoreError):
+    """A read or write of a store file failed with an error of the disk or file system (EIO,
+    ...) other than a full disk: the message names the file, the operation and the error."""
+
+
 class StoreCorruptedError(RuntimeError):
     """An SSD store file changed behind jgrind's back (truncated, overwritten)."""
 
@@ -55,15 +71,19 @@ class StoreFullError(RuntimeError):
 _FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
-def _io_error(code: int, path: pathlib.Path, doing: str) -> Exception:
-    """The exception for a failed system call on a store file: `StoreFullError` for a full
-    disk, with what to do, else the OSError itself."""
+def _io_error(code: Optional[int], path: pathlib.Path, doing: str) -> Exception:
+    """The exception for a failed system call on a store file, saying what to do:
+    `StoreFullError` for a full disk, else `StoreIOError`."""
     if code in _FULL:
         return StoreFullError(f"the disk of the store ({path.parent.parent}) is full "
                               f"({os.strerror(code)}) while {doing} {path.name}: something else "
                               "took the space checked before the run; free space on it, raise "
                               "the host budget, or choose another disk (--store)")
-    return OSError(code, f"{os.strerror(code)} while {doing} store file {path}", str(path))
+    name = errno.errorcode.get(code, "") if code is not None else ""
+    what = f"{os.strerror(code)} ({name})" if name else "an I/O error"
+    return StoreIOError(f"{what} while {doing} store file {path}: the disk or its file system "
+                        "failed; check the disk (e.g. dmesg) or choose another one (--store). "
+                        "The run's store files are removed")
 
 
 def _align(n: int) -> int:
@@ -86,14 +106,19 @@ class SSDFile:
                            self.rows, self.width, self.offsets.size) + self.offsets.tobytes()
         self.data_start = _align(len(head))
         self.size = self.data_start + self.rows * self.row_bytes
-        self._crc: dict[int, Optional[int]] = {}
+        # the checksum of every row that holds this epoch's value (`row_checksums`); the others'
+        # are meaningless (`zero_lazily`)
+        self._row_crc = np.zeros(self.rows, np.uint32)
+        self._zeros_crc = row_checksums(np.zeros((1, self.width), self.dtype))[0]
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.pwrite(fd, head, 0)
             os.ftruncate(fd, self.size)  # sparse: no disk blocks until written
-        except BaseException:
+        except BaseException as err:
             os.close(fd)
             self.path.unlink(missing_ok=True)
+            if isinstance(err, OSError):
+                raise _io_error(err.errno, self.path, "creating") from None
             raise
         self.fd = fd
         self.bytes_read = 0
@@ -123,7 +148,6 @@ class SSDFile:
             self._current = np.zeros(self.rows, bool)
         else:
             self._current.fill(False)
-        self._crc.clear()
 
     def _settle(self, blocks) -> None:
         """Forget the staleness of those ``blocks`` whose every row is now current."""
@@ -143,7 +167,10 @@ class SSDFile:
 
     # -- integrity ----------------------------------------------------------------------------
     def _check_size(self) -> None:
-        actual = os.fstat(self.fd).st_size
+        try:
+            actual = os.fstat(self.fd).st_size
+        except OSError as err:
+            raise _io_error(err.errno, self.path, "checking the size of") from None
         if actual != self.size:
             raise StoreCorruptedError(
                 f"store file {self.path} is {actual} bytes, expected {self.size}: it was "
@@ -151,7 +178,10 @@ class SSDFile:
                 "to this run and check the disk")
 
     def _check_header(self) -> None:
-        magic = os.pread(self.fd, 8, 0)
+        try:
+            magic = os.pread(self.fd, 8, 0)
+        except OSError as err:
+            raise _io_error(err.errno, self.path, "reading the header of") from None
         if magic != MAGIC:
             raise StoreCorruptedError(f"store file {self.path} lost its header (found "
                                       f"{magic!r}): it was overwritten during the epoch")
@@ -167,7 +197,7 @@ class SSDFile:
         if b in self._stale:
             self._current[start:stop] = True
             self._stale.discard(b)
-        self._crc[b] = checksum(values)
+        self._row_crc[start:stop] = row_checksums(values)
 
     def read_block(self, b: int, out: Optional[np.ndarray] = None) -> np.ndarray:
         start, stop = self.offsets[b], self.offsets[b + 1]
@@ -180,16 +210,30 @@ class SSDFile:
                 out[...] = 0
                 return out
             self._pread(out, self.data_start + start * self.row_bytes)
+            self._verify(out, np.arange(start, stop), current)
             out[~current] = 0
             return out
         self._pread(out, self.data_start + start * self.row_bytes)
-        expected = self._crc.get(b)
-        if expected is not None and checksum(out) != expected:
-            raise StoreCorruptedError(
-                f"block {b} of store file {self.path} does not match what was written "
-                "(checksum mismatch): the file was modified during the epoch or the disk "
-                "returned bad data")
+        self._verify(out, np.arange(start, stop))
         return out
+
+    def _verify(self, data: np.ndarray, rows: np.ndarray,
+                current: Optional[np.ndarray] = None) -> None:
+        """Check ``data[i]``, read from file row ``rows[i]``, against that row's checksum,
+        where ``current[i]`` (default: every row)."""
+        bad = row_checksums(data) != self._row_crc[rows]
+        if current is not None:
+            bad &= current
+        if bad.any():
+            raise self._mismatch(int(rows[np.argmax(bad)]))
+
+    def _mismatch(self, row: int) -> StoreCorruptedError:
+        block = int(np.searchsorted(self.offsets, row, side="right") - 1)
+        return StoreCorruptedError(
+            f"row {row} (block {block}) of store file {self.path} does not match what was "
+            "written (checksum mismatch): the file was modified during the epoch or the disk "
+            "returned bad data; keep the store directory private to this run and check the "
+            "disk")
 
     # -- rows (halo reads, gradient accumulation) ---------------------------------------------
     def read_rows(self, rows: np.ndarray, per_row: bool = False,
@@ -206,11 +250,13 @@ class SSDFile:
             for lo, hi, i in _singles(rows):
                 d = i if dst is None else int(dst[i])
                 self._pread(out[d:d + 1], self.data_start + lo * self.row_bytes)
+            self._verify_rows(out, rows, dst)
             self._zero_old(out, rows, dst)
             return out
         scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
         if self._native_spans(out):
-            stats = self._spans_native("read", rows, out, dst, scratch)
+            stats = self._spans_native("read", rows, out, dst, scratch,
+                                       self._current if self._stale else None)
             if self.on_io is not None and stats[0]:
                 self.on_io(ssd_read_ops=int(stats[0]), ssd_file_read=int(stats[3]))
             self._zero_old(out, rows, dst)
@@ -235,8 +281,16 @@ class SSDFile:
                 calls, nbytes = calls + 1, nbytes + buf.nbytes
         if self.on_io is not None and calls:
             self.on_io(ssd_read_ops=calls, ssd_file_read=nbytes)
+        self._verify_rows(out, rows, dst)
         self._zero_old(out, rows, dst)
         return out
+
+    def _verify_rows(self, out: np.ndarray, rows: np.ndarray,
+                     dst: Optional[np.ndarray]) -> None:
+        """`_verify` for the Python read loops: ``out[i]`` (or ``out[dst[i]]``) holds file row
+        ``rows[i]``; rows not current are not checked (they read as zeros)."""
+        data = out[:rows.size] if dst is None else out[dst]
+        self._verify(data, rows, self._current[rows] if self._stale else None)
 
     def _pieces(self, rows: np.ndarray, lo: int, hi: int, first: int, last: int):
         """The span ``[lo, hi)`` (holding ``rows[first:last]``) in pieces of at most
@@ -263,8 +317,9 @@ class SSDFile:
                  src: Optional[np.ndarray] = None) -> int:
         """``file[rows] += values`` (or ``values[src]``; rows ascending, unique): read, add,
         write per span (as `read_rows`). Returns how many of ``rows`` were read from disk: a
-        span with no current row (`zero_lazily`) is added into zeros instead. Blocks touched
-        this way lose their checksum (it would need the whole block)."""
+        span with no current row (`zero_lazily`) is added into zeros instead. The current rows
+        added to are verified first, and get the checksums of their new values (rows between
+        them go back as read, or as zeros, see `jgrind/_kernels/spans.cc`)."""
         self._check_size()
         scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
         start, row_bytes, reads, writes, read_rows = self.data_start, self.row_bytes, 0, 0, 0
@@ -283,12 +338,15 @@ class SSDFile:
                 buf = scratch[: c_hi - c_lo]
                 offset = start + c_lo * row_bytes
                 here = None if current is None else current[c_lo:c_hi]
+                added = rows[i:j] - c_lo
                 if here is None or here.all():
                     self._pread(buf, offset, count=False)
+                    self._verify(buf[added], rows[i:j])
                     reads, read_rows = reads + 1, read_rows + j - i
                     read_bytes += buf.nbytes
                 elif here.any():  # some rows current, the others an old epoch's
                     self._pread(buf, offset, count=False)
+                    self._verify(buf[added], rows[i:j], here[added])
                     buf[~here] = 0
                     reads, read_rows = reads + 1, read_rows + j - i
                     read_bytes += buf.nbytes
@@ -297,17 +355,17 @@ class SSDFile:
                 add_rows(buf, rows[i:j] - c_lo, values if src is not None else values[i:j],
                          src=None if src is None else src[i:j])
                 self._pwrite(buf, offset, count=False)
+                if here is not None:  # (a current gap row went back as read: its checksum holds)
+                    self._row_crc[c_lo:c_hi][~here] = self._zeros_crc
+                self._row_crc[rows[i:j]] = row_checksums(buf[added])
                 writes, written_bytes = writes + 1, written_bytes + buf.nbytes
                 if here is not None:
                     here[...] = True  # the whole piece went back: its gaps as zeros
         if self.on_io is not None and writes:
             self.on_io(ssd_read_ops=reads, ssd_write_ops=writes, ssd_file_read=read_bytes,
                        ssd_file_written=written_bytes)
-        blocks = np.unique(np.searchsorted(self.offsets, rows, side="right") - 1)
-        for b in blocks:
-            self._crc[int(b)] = None
         if current is not None:
-            self._settle(blocks)
+            self._settle(np.unique(np.searchsorted(self.offsets, rows, side="right") - 1))
         return read_rows
 
     def _check_rows(self, rows: np.ndarray) -> None:
@@ -328,25 +386,27 @@ class SSDFile:
                       index: Optional[np.ndarray], scratch: np.ndarray,
                       current: Optional[np.ndarray] = None) -> np.ndarray:
         """Run the native ``kind`` ("read" or "add") span loop; its counters
-        ``[read calls, write calls, rows read, bytes read, bytes written]``."""
+        ``[read calls, write calls, rows read, bytes read, bytes written, bad row]``. Both
+        verify the current rows they read against the rows' checksums, and an addition records
+        the checksums of the rows it writes back."""
         rows = np.ascontiguousarray(rows, np.int64)
         index = None if index is None else np.ascontiguousarray(index, np.int64)
-        stats = np.zeros(5, np.int64)
+        stats = np.zeros(6, np.int64)
         args = [self.fd, self.data_start, self.rows, self.width, rows.ctypes.data, rows.size,
                 self._gap_rows(), table.ctypes.data, table.shape[0],
                 None if index is None else index.ctypes.data, scratch.ctypes.data,
                 scratch.shape[0]]
         lib = _kernels.library()
-        if kind == "read":
-            rc = lib.jgrind_read_spans_f32(*args, stats.ctypes.data)
-        else:
-            rc = lib.jgrind_add_spans_f32(
-                *args, None if current is None else current.ctypes.data, stats.ctypes.data)
+        fn = lib.jgrind_read_spans_f32 if kind == "read" else lib.jgrind_add_spans_f32
+        rc = fn(*args, None if current is None else current.ctypes.data,
+                self._row_crc.ctypes.data, stats.ctypes.data)
         self.bytes_read += int(stats[3])
         self.bytes_written += int(stats[4])
         if rc == 3:
             raise StoreCorruptedError(f"store file {self.path} ended inside a row span: it was "
                                       "truncated")
+        if rc == 4:
+            raise self._mismatch(int(stats[5]))
         if rc < 0:
             raise _io_error(-rc, self.path, "moving rows of")
         if rc == 1:
@@ -362,15 +422,18 @@ class SSDFile:
         """Fill ``out`` (C-contiguous) from ``offset``. ``count=False``: the caller reports the
         call to ``on_io`` itself (span loops add their calls up once)."""
         nbytes = out.nbytes
-        done = os.preadv(self.fd, [out], offset)
-        if done < nbytes:  # short read (a signal, or the file ended): finish or fail
-            view = memoryview(out).cast("B")
-            while done < nbytes:
-                n = os.preadv(self.fd, [view[done:]], offset + done)
-                if n == 0:
-                    raise StoreCorruptedError(f"store file {self.path} ended early at byte "
-                                              f"{offset + done}: it was truncated")
-                done += n
+        try:
+            done = os.preadv(self.fd, [out], offset)
+            if done < nbytes:  # short read (a signal, or the file ended): finish or fail
+                view = memoryview(out).cast("B")
+                while done < nbytes:
+                    n = os.preadv(self.fd, [view[done:]], offset + done)
+                    if n == 0:
+                        raise StoreCorruptedError(f"store file {self.path} ended early at byte "
+                                                  f"{offset + done}: it was truncated")
+                    done += n
+        except OSError as err:
+            raise _io_error(err.errno, self.path, "reading") from None
         self.bytes_read += nbytes
         if count and self.on_io is not None:
             self.on_io(ssd_read_ops=1, ssd_file_read=nbytes)

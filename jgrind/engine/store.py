@@ -33,7 +33,7 @@ from jgrind.buffers import Recycler, aligned_zeros
 from jgrind.engine.cache import HostCache
 from jgrind.engine.host_arrays import HostArrays
 from jgrind.engine.routes import Layout, RouteCache, TierRows
-from jgrind.engine.ssd import SSDFile
+from jgrind.engine.ssd import SSDFile, StoreError
 from jgrind.plan.fates import Fate
 from jgrind.rows import add_rows, copy_rows, take_rows
 
@@ -41,10 +41,6 @@ _TIERS = (Fate.DEVICE, Fate.HOST, Fate.SSD, Fate.RECOMPUTE)
 _CODE = {f: i for i, f in enumerate(_TIERS)}
 # the host-cache key (with the table's) of a table's whole SSD file (`Table._whole_file`)
 WHOLE_FILE = "whole file"
-
-
-class StoreError(RuntimeError):
-    """The store directory cannot be used (missing, read-only, or too little free space)."""
 
 
 class BudgetError(ValueError):
@@ -709,6 +705,15 @@ def make_run_dir(directory, needed_bytes: int, run_id: bytes) -> pathlib.Path:
         raise StoreError(f"store directory {root} is on a virtual file system, not a disk; "
                          "choose a directory on a disk (--store)")
     leftovers = leftover_runs(root)
+    removed = [(p, n) for p, n in leftovers if disk_space.abandoned_here(p)]
+    for path, _ in removed:  # a killed run of this machine's: nothing will use it again
+        shutil.rmtree(path, ignore_errors=True)
+    if removed:
+        names = ", ".join(p.name for p, _ in removed)
+        warnings.warn(f"store directory {root}: removed {len(removed)} folder(s) of earlier "
+                      f"runs of this machine whose process is gone ({names}; "
+                      f"{sum(n for _, n in removed) / 2**30:.2f} GiB)", stacklevel=2)
+        leftovers = [run for run in leftovers if run not in removed]
     left = ""
     if leftovers:
         size = sum(nbytes for _, nbytes in leftovers)
@@ -742,7 +747,8 @@ def make_run_dir(directory, needed_bytes: int, run_id: bytes) -> pathlib.Path:
 def leftover_runs(root: pathlib.Path) -> list[tuple[pathlib.Path, int]]:
     """``(folder, bytes)`` of every run folder in the store directory ``root`` whose process
     no longer runs on this machine: a run killed outright (SIGKILL, a power cut) could not
-    remove its files. Only reported, never removed: on a shared disk the process may be
+    remove its files. `make_run_dir` removes those that provably were this machine's
+    (`disk_space.abandoned_here`) and reports the others: on a shared disk the process may be
     another machine's."""
     found = []
     for path in sorted(root.glob(disk_space.RUN_GLOB)):

@@ -104,6 +104,19 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} bytes"
 
 
+def format_minimum(n: int) -> str:
+    """A minimum budget as `format_bytes` writes it, rounded up: the figure as written, read
+    back (`jgrind.config.parse_bytes`, which truncates to whole bytes), is at least ``n``."""
+    n = int(n)
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            hundredths = -(-n * 100 // size)
+            while int(hundredths / 100 * size) < n:  # float rounding on the way back
+                hundredths += 1
+            return f"{hundredths / 100:.2f} {unit}"
+    return f"{n} bytes"
+
+
 # -- the workload: shapes of every partition, nothing allocated -----------------------------------
 @dataclasses.dataclass(frozen=True, eq=False)
 class Workload:
@@ -463,6 +476,18 @@ def backward_kind(w: Workload, layer: int, kept: bool) -> str:
     if layer == w.num_layers - 1:
         return "top"
     return ("kept " if kept else "") + ("backward" if layer >= 1 else "params")
+
+
+def least_device_budget(w: Workload, device_tables: int) -> int:
+    """The smallest device budget that holds ``device_tables`` bytes of blocks beside the
+    working set the engine runs with at that budget: with output masks when they fit
+    (`fit_masks` keeps them whenever the working set with them is within the budget), so a
+    budget raised to this figure is not then found short by the masks it lets in."""
+    with_masks = dataclasses.replace(w, masks=True)
+    need = device_tables + with_masks.without_masks().working_set()
+    if with_masks.working_set() <= need:
+        need = device_tables + with_masks.working_set()
+    return need
 
 
 def fit_masks(w: Workload, device_budget: Optional[int]) -> Workload:

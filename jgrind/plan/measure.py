@@ -34,7 +34,7 @@ import numpy as np
 
 from jgrind import _kernels, host_memory, transfers
 from jgrind.buffers import aligned_empty
-from jgrind.checksum import checksum
+from jgrind.checksum import checksum, row_checksums
 from jgrind.plan.cost import SPAN_PIECE_BYTES
 from jgrind.plan.profile import PROFILE_VERSION, Profile, ProfileError, machine_fingerprint
 from jgrind.rows import add_rows, take_rows
@@ -591,7 +591,9 @@ def _row_call_overheads(fd: int, sizes: _Sizes, cached_latency: float) -> tuple[
     of rows (`jgrind.engine.ssd`, `SSDFile.read_rows` / `add_rows`, natively where the kernels
     build): the read into a reused scratch buffer and a copy of the wanted rows into the
     output; or the read, an addition and the write back. Measured on a page-cached file with
-    one-row spans of a 256-wide float32 table, so the I/O is minimal."""
+    one-row spans of a 256-wide float32 table, so the I/O is minimal. Natively, the loops
+    check each row read against its checksum and record the new one after an addition, as the
+    SSD tier's do."""
     row = 256 * 4
     rows = min(4000, sizes.ssd_bytes // row // 4)
     offsets = np.arange(rows, dtype=np.int64) * 4 * row
@@ -604,7 +606,11 @@ def _row_call_overheads(fd: int, sizes: _Sizes, cached_latency: float) -> tuple[
     if lib is not None:  # the native span loops (`jgrind/_kernels/spans.cc`), one row a span
         span_rows = offsets // row  # kept alive: the kernel reads it through a pointer
         spans = (fd, 0, 4 * rows, 256, span_rows.ctypes.data, rows, 0)
-        stats = np.zeros(5, np.int64)
+        stats = np.zeros(6, np.int64)
+        held = np.empty((4 * rows, 256), np.float32)
+        os.preadv(fd, [held], 0)
+        crcs = row_checksums(held)  # the file's rows as they are: every check passes
+        del held
 
         def checked(rc: int) -> None:  # a failed call would time nothing
             if rc != 0:
@@ -612,11 +618,13 @@ def _row_call_overheads(fd: int, sizes: _Sizes, cached_latency: float) -> tuple[
 
         def read() -> None:
             checked(lib.jgrind_read_spans_f32(*spans, out.ctypes.data, rows, None,
-                                              scratch.ctypes.data, 1, stats.ctypes.data))
+                                              scratch.ctypes.data, 1, None, crcs.ctypes.data,
+                                              stats.ctypes.data))
 
         def update() -> None:
             checked(lib.jgrind_add_spans_f32(*spans, values.ctypes.data, rows, None,
-                                             scratch.ctypes.data, 1, None, stats.ctypes.data))
+                                             scratch.ctypes.data, 1, None, crcs.ctypes.data,
+                                             stats.ctypes.data))
     else:  # the Python loops the SSD tier falls back to
         def read() -> None:
             for i in range(rows):

@@ -40,6 +40,7 @@ import numpy as np
 from jgrind import disk_space
 from jgrind.plan.cost import (D, FATES, H, R, S, Assignment, Prediction, Workload,
                               accumulate_seconds, backward_kind, fit_masks, format_bytes,
+                              format_minimum, least_device_budget,
                               gather_seconds, in_memory_bytes, in_memory_seconds, loss_row_bytes,
                               predict, read_block_seconds, step_seconds, sweep_order,
                               with_page_cache, write_seconds)
@@ -404,7 +405,7 @@ def _recompute_sets(w: Workload, allow: bool):
 def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
          host_budget: Optional[int] = None, directory: Optional[str] = None,
          ssd_free: Optional[int] = None, recompute: bool = True, num_params: int = 0,
-         partitioned=None, keep: bool = True) -> Plan:
+         partitioned=None, keep: bool = True, least: bool = True) -> Plan:
     """The fastest predicted plan for workload ``w`` (a fixed partitioning) under the budgets.
 
     Args:
@@ -415,11 +416,30 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
       ssd_free: bytes free in ``directory`` (default: unlimited).
       recompute: allow recomputing activation layers.
       keep: allow keeping aggregations (docs/engine.md, "Kept aggregations").
+      least: find the budgets to state when nothing fits (False: a bare PlanError, for that
+        search itself).
 
     Raises:
-      PlanError: no assignment fits, with the smallest budgets that would.
+      PlanError: no assignment fits, with the smallest budgets that would (each checked by
+        planning with it).
     """
     start = time.perf_counter()
+    given = w
+
+    def too_small() -> PlanError:
+        if not least:
+            return PlanError("no plan fits the budgets")
+
+        def fits(device: int, host_bytes: int) -> bool:
+            try:
+                plan(given, profile, device_budget=device, host_budget=host_bytes,
+                     directory=directory, ssd_free=ssd_free, recompute=recompute,
+                     num_params=num_params, keep=keep, least=False)
+            except PlanError:
+                return False
+            return True
+        return PlanError(_too_small(given, dev, host, ssd, recompute, fits))
+
     dev = UNLIMITED if device_budget is None else int(device_budget)
     host = UNLIMITED if host_budget is None else int(host_budget)
     ssd = directory is not None
@@ -428,7 +448,7 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
     working_set = w.working_set()
     L = w.num_layers
     if working_set > dev:
-        raise PlanError(_too_small(w, dev, host, ssd, working_set))
+        raise too_small()
     # SSD rates depend on whether the OS page cache will hold the SSD files, which depends on
     # the plan: solve with both and let the exact prediction decide.
     # When everything the run could hold (every block, twice over for the host cache's
@@ -477,7 +497,7 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
             if best is None or p.epoch_seconds < best[1].epoch_seconds - 1e-12:
                 best = (a, p, cache, a.recomputed)
     if best is None:
-        raise PlanError(_too_small(w, dev, host, ssd, working_set))
+        raise too_small()
     a, p, cache, rset = best
     reasons = _reasons(w, a, p, dev, host, working_set, candidates)
     return Plan(in_memory=False, num_parts=w.num_parts, assignment=a, prediction=p,
@@ -499,27 +519,52 @@ def _uniform_candidates(w: Workload, ssd: bool, recompute: bool):
         yield "recompute all, rest host", uniform(P, L, [H] + [R] * (L - 1), [H] * L)
 
 
-def _too_small(w: Workload, dev: int, host: int, ssd: bool, working_set: int) -> str:
-    """Why no plan fits, and the smallest budgets that would (for this partitioning)."""
-    fb = format_bytes
-    L = w.num_layers
+def _too_small(w: Workload, dev: int, host: int, ssd: bool, recompute: bool,
+               fits: Callable[[int, int], bool]) -> str:
+    """Why no plan fits, and budgets that would (for this partitioning): each figure stated is
+    one ``fits(device, host)`` (planning with it) accepted, so following it runs."""
+    fb, L = format_minimum, w.num_layers
     acts = [int(w.block_bytes(l).sum()) for l in range(L)]
     pairs = max([acts[l] + (acts[l + 1] if l + 1 < L else 0) for l in range(1, L)] or [0])
+    # what must be stored somewhere: the input features and two gradient layers, every
+    # activation layer too unless hidden ones can be recomputed (from a host transient)
+    stored = acts[0] + pairs + (0 if recompute else sum(acts[1:]))
+    everything = sum(acts) + pairs  # every block on the device: always a plan
+    # below the smallest working set nothing runs; without SSD, what host RAM cannot hold
+    # has to be on the device
+    lowest = least_device_budget(w, 0 if ssd else max(stored - host, 0))
+    device = _least(lambda d: fits(d, host), max(lowest, dev + 1),
+                    least_device_budget(w, everything))
+    working_set = fit_masks(w, dev).working_set()
     if working_set > dev:
-        return (f"the device budget {fb(dev)} is below one partition's working set "
-                f"({fb(working_set)} with {w.num_parts} partitions); use more partitions or a "
-                f"device budget of at least {fb(working_set)}")
+        return (f"the device budget {format_bytes(dev)} is below one partition's working set "
+                f"({format_bytes(working_set)} with {w.num_parts} partitions); use more "
+                f"partitions or a device budget of at least {fb(device)}")
     if ssd:
-        return (f"no plan fits a device budget of {fb(dev)} and a host budget of {fb(host)}: "
-                "the SSD store has too little free space for the blocks that do not fit in "
-                "RAM; free space on it, choose another --store, or raise the host budget")
-    # without SSD every block not on the device is in host RAM: recompute all hidden layers
-    smallest_host = acts[0] + pairs + 2 * max(acts[1:] or [0])
-    need_host = max(smallest_host - max(dev - working_set, 0), 0)
-    return (f"no plan fits a device budget of {fb(dev)} and a host budget of {fb(host)} "
-            f"without an SSD store: with {w.num_parts} partitions and a device budget of "
-            f"{fb(dev)}, raise the host budget to at least {fb(need_host)}, or give an SSD "
-            "store directory (--store) so blocks can go to disk")
+        return (f"no plan fits a device budget of {format_bytes(dev)} and a host budget of "
+                f"{format_bytes(host)}: the SSD store has too little free space for the blocks "
+                f"that do not fit in RAM; free space on it, choose another --store, or raise "
+                f"the device budget to at least {fb(device)}")
+    # without SSD every block not on the device is in host RAM: at most all of them, with
+    # the hidden layers recomputed (from a transient of two copies of the largest) if allowed
+    most_host = stored + (2 * max(acts[1:] or [0]) if recompute else 0)
+    room = dev - working_set
+    host_needed = _least(lambda h: fits(dev, h), max(stored - room, host + 1),
+                         max(most_host, host + 1))
+    return (f"no plan fits a device budget of {format_bytes(dev)} and a host budget of "
+            f"{format_bytes(host)} without an SSD store: with {w.num_parts} partitions, raise "
+            f"the host budget to at least {fb(host_needed)} or the device budget to at least "
+            f"{fb(device)}, or give an SSD store directory (--store) so blocks can go to disk")
+
+
+def _least(fits: Callable[[int], bool], low: int, high: int) -> int:
+    """A budget between ``low`` and ``high`` (which fits) that ``fits``: the first of a few
+    steps from ``low`` towards ``high`` that does; each try is a whole plan, so a handful."""
+    for share in (0.0, 1 / 64, 1 / 16, 1 / 4, 1 / 2):
+        budget = int(low + (high - low) * share)
+        if low <= budget < high and fits(budget):
+            return budget
+    return high
 
 
 def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates) -> dict:

@@ -237,9 +237,19 @@ class Budgeted:
     """The GriNNder-style default: fill the device, then host RAM, then the SSD store.
 
     Blocks are placed in order of first backward use (the tensors backward needs first are
-    kept closest), each in the fastest tier with room left; the device tier keeps
-    ``device_reserve`` bytes free for one partition's working set. ``bind`` does the packing
-    once over the inventory; the bound policy is a table lookup.
+    kept closest), each in the fastest tier with room left. The device tier keeps room for one
+    partition's working set (`jgrind.plan.cost.Workload.working_set`, the figure the engine's
+    budget check adds to the blocks) and at least ``device_reserve`` bytes. ``bind`` does the
+    packing once over the inventory; the bound policy is a table lookup.
+
+    Bound with the engine's `BindContext`, the budgets are the smaller of the policy's and the
+    run's, and a store directory (the policy's or the run's) is what lets blocks go to SSD.
+    When the packing does not fit them (the working set alone is over the device budget, or
+    without a store some blocks fit neither tier), ``least_device_budget`` is a device budget
+    at which it does, about the least, checked with the engine's memory model
+    (`jgrind.plan.cost.memory`), and ``least_host_budget`` the same for the host budget beside
+    the current device budget (None where raising the host budget does not help). The engine's
+    `BudgetError` states them.
     """
 
     device_budget: int
@@ -247,26 +257,36 @@ class Budgeted:
     directory: Optional[str] = None
     device_reserve: int = 0
     assignment: Optional[tuple] = None  # ((name, layer, partition), fate) pairs once bound
+    least_device_budget: Optional[int] = None
+    least_host_budget: Optional[int] = None
 
     def __post_init__(self):
         check_budget(self.device_budget, "grinnder's device_budget")
         check_budget(self.host_budget, "grinnder's host_budget")
 
     def bind(self, inventory: Sequence[TensorInfo], context=None) -> "Budgeted":
-        left = {Fate.DEVICE: self.device_budget - self.device_reserve,
-                Fate.HOST: self.host_budget}
+        device, host = self.device_budget, self.host_budget
+        workload = getattr(context, "workload", None)
+        if context is not None:
+            device = _smaller(device, context.device_budget)
+            host = _smaller(host, context.host_budget)
+        ssd = context is None or bool(self.directory or context.directory)
         order = sorted((t for t in inventory if t.name != AGGREGATION),
                        key=lambda t: (t.first_backward_use, t.name, t.partition))
-        table = []
-        for info in order:
-            for fate in (Fate.DEVICE, Fate.HOST):
-                if info.nbytes <= left[fate]:
-                    left[fate] -= info.nbytes
-                    break
-            else:
-                fate = Fate.SSD
-            table.append(((info.name, info.layer, info.partition), fate))
-        return dataclasses.replace(self, assignment=tuple(table))
+        if workload is None:  # no shapes to size the working set by: the reserve as given
+            table, _ = _pack(order, device - self.device_reserve, host, ssd)
+            return dataclasses.replace(self, assignment=table)
+        fit = functools.partial(_budgeted_fit, order, workload, self.device_reserve, ssd)
+        table, short = fit(device, host)
+        bound = dataclasses.replace(self, assignment=table)
+        if not short:
+            return bound
+        least_device = _least(lambda d: fit(d, host)[1], device)
+        least_host = None
+        if ssd is False and fit(device, 1 << 62)[1] == 0:
+            least_host = _least(lambda h: fit(device, h)[1], host)
+        return dataclasses.replace(bound, least_device_budget=least_device,
+                                   least_host_budget=least_host)
 
     def __call__(self, info: TensorInfo) -> Fate:
         if self.assignment is None:
@@ -278,6 +298,69 @@ class Budgeted:
     @functools.cached_property
     def _lookup(self) -> dict:
         return dict(self.assignment)
+
+
+def _smaller(own: Optional[int], run: Optional[int]) -> Optional[int]:
+    return run if own is None else own if run is None else min(own, run)
+
+
+def _pack(order: Sequence[TensorInfo], device_room: int, host_room: int,
+          ssd: bool) -> tuple[tuple, int]:
+    """``(table, unplaced)``: each block in order to the device, else host RAM, else SSD, within
+    the rooms; ``unplaced``: bytes of the blocks that went to SSD when there is no SSD tier
+    (``ssd`` False), which the engine will refuse."""
+    left = {Fate.DEVICE: device_room, Fate.HOST: host_room}
+    table, unplaced = [], 0
+    for info in order:
+        for fate in (Fate.DEVICE, Fate.HOST):
+            if info.nbytes <= left[fate]:
+                left[fate] -= info.nbytes
+                break
+        else:
+            fate = Fate.SSD
+            unplaced += 0 if ssd else info.nbytes
+        table.append(((info.name, info.layer, info.partition), fate))
+    return tuple(table), unplaced
+
+
+def _budgeted_fit(order, workload, reserve: int, ssd: bool, device: Optional[int],
+                  host: Optional[int]) -> tuple[tuple, int]:
+    """``(table, short)`` of the budgeted packing under ``device`` and ``host`` bytes (None:
+    unlimited): ``short`` is 0 when the engine's budget check will pass, else about how many
+    bytes are missing. The working set is the engine's for that device budget (output masks
+    are dropped when they do not fit, `jgrind.plan.cost.fit_masks`), and the check is the
+    engine's: `jgrind.plan.cost.memory` against both budgets."""
+    from jgrind.plan.cost import Assignment, fit_masks, memory
+    unlimited = 1 << 62
+    device = unlimited if device is None else device
+    host = unlimited if host is None else host
+    # the engine drops the masks only when they do not fit: start from the workload with them
+    w = fit_masks(dataclasses.replace(workload, masks=True), device)
+    working_set = max(w.working_set(), reserve)
+    table, unplaced = _pack(order, max(device - working_set, 0), host, ssd)
+    if working_set > device:
+        return table, working_set - device
+    if unplaced:
+        return table, unplaced
+    m = memory(w, Assignment.from_fates(dict(table), w.num_layers, w.num_parts))
+    return table, max(m.device - device, m.host - host, 0)
+
+
+def _least(short: Callable[[int], int], failing: Optional[int]) -> int:
+    """A budget ``b`` with ``short(b) == 0``, about the smallest above ``failing`` (a budget
+    known to fall short, so the figure is one to raise it to): stepping up by the bytes found
+    missing, then bisecting between the last budget short and the first that fits."""
+    below = -1 if failing is None else failing  # the largest budget known to fall short
+    budget = below + 1
+    while missing := short(budget):
+        below, budget = budget, budget + missing
+    while budget - below > 1:
+        middle = (below + budget) // 2
+        if short(middle):
+            below = middle
+        else:
+            budget = middle
+    return budget
 
 
 def grinnder(device_budget: int, host_budget: int, directory: Optional[str] = None,

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 from jgrind import allocator, host_memory
 from jgrind.rows import threads as row_threads
 
-PROFILE_VERSION = 16  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 17  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
@@ -54,6 +54,8 @@ PROFILE_VERSION = 16  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                         (`jgrind.transfers`: through `pinned_host` memory off the CPU
 #                         backend); the link's own rates both ways, from and to
 #                         `pinned_host` memory, and JAX's copy into pageable memory
+#                     17: row-span calls check and record each row's checksum, as the SSD
+#                         tier's loops do (`jgrind.engine.ssd`: a CRC32C per file row)
 
 _MIB = 2**20
 _ADVICE = "run `jgrind profile` to re-measure"
