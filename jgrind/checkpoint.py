@@ -117,7 +117,8 @@ def _quiet_orbax():
     """Orbax's own log of a failed read or write (a traceback per array, through absl's
     logger) silenced: the failure reaches the caller as one exception, said in one line.
     And TensorStore's reads and writes still running when orbax's event loop stopped on the
-    first failure end in "Event loop is closed" (unraisable, printed as tracebacks): dropped."""
+    first failure end in "Event loop is closed" (unraisable, printed as tracebacks) or in
+    asyncio's "Task exception was never retrieved": dropped (`_OrbaxTaskErrors`)."""
     _drop_late_callbacks()
     logger = logging.getLogger("absl")
     level = logger.level
@@ -131,7 +132,21 @@ def _quiet_orbax():
 _LATE = ("Event loop is closed", "cannot schedule new futures after shutdown")
 
 
+class _OrbaxTaskErrors(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" for orbax's own write tasks: after
+    the first write of a failed save, its sibling writes fail too (the same full disk) and are
+    logged when the garbage collector finds them, however late; the save's failure has already
+    been said in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not (text.startswith("Task exception was never retrieved") and "orbax" in text)
+
+
 def _drop_late_callbacks() -> None:
+    tasks = logging.getLogger("asyncio")
+    if not any(isinstance(f, _OrbaxTaskErrors) for f in tasks.filters):
+        tasks.addFilter(_OrbaxTaskErrors())
     hook = sys.unraisablehook
     if getattr(hook, "drops_late_callbacks", False):
         return
