@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 from typing import Iterator, Optional
 
 _requested: Optional[BaseException] = None  # the exception a signal asked for, once one came
@@ -46,6 +47,16 @@ def install() -> None:
         return handle
     signal.signal(signal.SIGTERM, handler(Terminated))
     signal.signal(signal.SIGINT, handler(KeyboardInterrupt))
+    previous = sys.unraisablehook
+
+    def unraisable(info):
+        # a signal's exception lost in a callback (XLA's garbage-collection one) would print
+        # "Exception ignored in ..." with a traceback; the request is recorded, and `check`
+        # raises it at the next partition step or epoch
+        if _requested is not None and isinstance(info.exc_value, (KeyboardInterrupt, Terminated)):
+            return
+        previous(info)
+    sys.unraisablehook = unraisable
 
 
 def check() -> None:
