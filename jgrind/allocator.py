@@ -6,7 +6,7 @@ NumPy its arrays. glibc serves a request above its mmap threshold (at most 32 Mi
 the kernel: each page faults on its first write, and the kernel zeroes it. An out-of-core epoch
 allocates and frees many such buffers, a partition at a time: on the 2-core test machine a
 ``host_offload`` epoch of a 1M-node GCN took 4.1M page faults and as much system time as user
-time, against 1.4M faults for the whole-graph step (docs/results.md, section 4).
+time, against 1.4M faults for the whole-graph step (docs/results-history.md, section 4).
 
 Two settings change that. Both are glibc *tunables* (``GLIBC_TUNABLES``), which glibc reads once,
 when the process starts: a setting has to be in the environment before the interpreter runs,
@@ -30,7 +30,7 @@ Both are **opt-in**:
   and one measured the other way is measured again);
 * `HEAP_REUSE` can raise peak resident memory, which budgets do not cover: on the 1M-node GCN
   the whole-graph step peaked at 7.05 GiB in one run and 17.9 GiB in another (against 6.97
-  without it), ``host_offload`` at 8.7-9.1 GiB (against 7.6-7.7) (docs/results.md,
+  without it), ``host_offload`` at 8.7-9.1 GiB (against 7.6-7.7) (docs/results-history.md,
   section 4). Leave it off where resident memory is what limits you.
 
 Nothing changes off glibc, and huge pages change nothing where the kernel's mode is ``always``

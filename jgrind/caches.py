@@ -8,7 +8,7 @@ the compiled native kernels (``kernels/``), the hardware profile (``profile.json
 Why a compilation cache: an out-of-core run compiles every layer's forward and backward steps
 for each padded partition shape, and a GPU also autotunes them: on an H100 the 1M-node
 benchmark's first host-tier epoch took 83.7 s against 6.4-6.8 s for the later ones
-(docs/results.md, section 8). Seeded trials in new processes and reruns of an experiment
+(docs/results-history.md, section 8). Seeded trials in new processes and reruns of an experiment
 compile the same programs again. JAX's persistent cache keys an executable by its program,
 the compile options, the backend and the jax / jaxlib versions, so a stale entry is never
 used; a rebuilt native kernel keeps its FFI target name, and a loaded program finds it by

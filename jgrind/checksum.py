@@ -6,7 +6,7 @@ raises instead of giving wrong gradients. That is a pass over every byte the tie
 with zlib's CRC-32 it took about half of the SSD tier's CPU time on the 1M-node benchmark.
 CRC32C has an instruction on x86 (SSE4.2) and ARMv8; the native kernel
 (``jgrind/_kernels/checksum.cc``) runs it at 11.8 GB/s on the 2-core test machine, against
-3.7 GB/s for zlib (``python tools/bench_span_gap.py``, 32 MiB, docs/results.md, section 4).
+3.7 GB/s for zlib (``python tools/bench_span_gap.py``, 32 MiB, docs/results-history.md, section 4).
 
 The checksums live in memory beside the files, never in them, so which function a process uses
 is its own business. `checksum` is chosen once per process: the kernel when it built and the

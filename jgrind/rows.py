@@ -28,7 +28,7 @@ import numpy as np
 # module loads); None until the first move decides (`threads`). One on a CPU backend: its
 # steps use every core, and the store's moves run beside them on the loader and writer
 # threads. On the 2-core test machine two threads moved rows 1.3-1.9x as fast as one, alone,
-# and made a host-tier epoch no faster (docs/results.md, section 4, "Row moves on more than
+# and made a host-tier epoch no faster (docs/results-history.md, section 4, "Row moves on more than
 # one thread"). Where the compute is elsewhere (a GPU), the host's cores are otherwise idle
 # during the moves, and the moves bound the epoch: up to `ACCELERATOR_THREADS` then.
 _threads: Optional[int] = None

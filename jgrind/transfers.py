@@ -5,7 +5,7 @@ Off the CPU backend, host memory that the device's copy engines read and write d
 JAX's page-locked ``pinned_host`` memory kind. A device array copied there by `jax.device_put`
 moved at 42 GB/s on an H200, and NumPy reads it in place (`host_view`); copied into pageable
 NumPy memory (``np.asarray``, ``copy_to_host_async``) it moved at 1.1 GB/s
-(tools/bench_transfers.py, docs/results.md section 8). On the CPU backend a device array's
+(tools/bench_transfers.py, docs/results-history.md section 8). On the CPU backend a device array's
 buffer is host memory already: its host view is the buffer, and nothing is copied.
 """
 

@@ -1,4 +1,4 @@
-"""Epoch times under each allocator setting, interleaved (README, "Allocator settings").
+"""Epoch times under each allocator setting, interleaved (docs/guide.md, "Allocator settings").
 
     python tools/bench_allocator.py --rmat 1000000 10000000 --parts 8 --runs in-memory,host
     python tools/bench_allocator.py --rmat 1000000 10000000 --settings off,huge --epochs 2
@@ -14,9 +14,9 @@ an epoch needs (the second or third epoch), so give it ``--epochs 4`` or more.
 
 ``--against COMMIT`` also runs every child on that commit's code (``git archive`` into a temporary
 directory, put first on the child's ``PYTHONPATH``), alternating with the working tree's in
-each repetition: an interleaved A/B of a change, as in docs/results.md, section 4, "Host tables
-hand their memory on". The harness (this file's child) is the working tree's for both, so the
-commit must have the engine API it calls::
+each repetition: an interleaved A/B of a change, as in docs/results-history.md, section 4,
+"Host tables hand their memory on". The harness (this file's child) is the working tree's for
+both, so the commit must have the engine API it calls::
 
     python tools/bench_allocator.py --rmat 1000000 10000000 --runs host --settings off \
         --against 113da89 --reps 2 --epochs 4

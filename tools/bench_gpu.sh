@@ -25,7 +25,7 @@
 #   bash tools/bench_gpu.sh 9    # host_offload as it runs, its inputs sent in 8 row ranges,
 #                                # and with pageable output copies; each traced (about 150 s)
 #
-# The limits come from the H100 and H200 runs (docs/results.md, section 8): an out-of-core
+# The limits come from the H100 and H200 runs (docs/results-history.md, section 8): an out-of-core
 # run's first epoch compiled for 80-113 s; host_offload's epochs took 6.4-8.5 s before the
 # pinned host copies and 2.4 s after.
 set -uo pipefail
@@ -60,8 +60,8 @@ collect_traces() {  # $OUT/trace-dir/VARIANT/plugins/profile/*/x.xplane.pb -> $O
 
 case "${1:-1}" in
 0)  # where the ~100x goes: each thread's time in a normal epoch. On CPU-2 fresh buffers cost
-    # the store 9.4 s of a serial epoch and heap reuse 2.0 s (docs/results.md, section 4), so
-    # the second run says whether the GPU host's store pays the same page faults
+    # the store 9.4 s of a serial epoch and heap reuse 2.0 s (docs/results-history.md, section 4),
+    # so the second run says whether the GPU host's store pays the same page faults
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     run 270 profile-overlapped python3 tools/profile_ops.py --rmat 1000000 10000000 \
         --policy host --parts 8 --overlapped

@@ -269,7 +269,7 @@ class OutOfCore:
             # A kept one lives from its write to that step's end, where without it the step's
             # own buffer would live from the step's start: one more output alive, which the
             # device budget must hold beside the plan (the 1M-node benchmark: +0.16-0.25 GiB
-            # of peak RSS, docs/results.md section 4).
+            # of peak RSS, docs/results-history.md section 4).
             self.spares = Spares(enabled=self.memory.device + self._largest_output()
                                  <= self.device_budget)
             self._update = jax.jit(self._apply_update, donate_argnums=(0, 1))

@@ -7,7 +7,7 @@ which is inside the writer thread's scatter-adds and block writes, while XLA's s
 same cores. Keeping the freed arrays, and zeroing one in a single pass when the next table needs
 it, took the median ``host_offload`` epoch of a 1M-node GCN (8 partitions, 2.3 GiB of gradient
 tables) from 17.0 s to 15.4 s on the 2-core test machine, in an interleaved A/B
-(docs/results.md, section 4, "Host tables hand their memory on"). The SSD tier keeps its
+(docs/results-history.md, section 4, "Host tables hand their memory on"). The SSD tier keeps its
 gradient *files* for the same reason (`jgrind.engine.store.Store.drop`).
 
 A kept array is resident memory, so it is counted: `HostArrays.resident` is every array the pool

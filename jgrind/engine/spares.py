@@ -23,7 +23,7 @@ step's own buffer would have lived from the step's start: one more output is ali
 engine allows only when the device budget holds it beside the plan. (Kept by shape, up to
 three or one of each, with partitions in index order, the peak RSS of the 1M-node benchmark's
 host epoch rose by 0.46 and 0.41 GiB, against 0.25 GiB so: an output of one padded shape
-waited while steps of another ran; docs/results.md, section 4.) The engine runs the
+waited while steps of another ran; docs/results-history.md, section 4.) The engine runs the
 partitions of one shape one after another.
 """
 

@@ -448,7 +448,7 @@ class Table:
         rows are partial gradients of nodes owned by other partitions. With
         ``keep_device_rows`` the rows bound for device blocks are taken from ``values`` (a
         device array) where it is, not from its host copy sent back; on the CPU backend, where
-        both are one buffer, the host path was faster (docs/results.md, section 8)."""
+        both are one buffer, the host path was faster (docs/results-history.md, section 8)."""
         route = self.store.routes.get(self.layout, block, self._rows(block), halo_owner,
                                       halo_row, with_own=True)
         if route.all_device:

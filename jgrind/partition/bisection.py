@@ -4,7 +4,7 @@ the partitioner's coarsest graph (`jgrind.partition.partitioners`).
 Label propagation moves nodes only towards labels next to them, so the cut of the coarsest
 graph decides where the boundaries lie: later levels smooth them but do not move them far. On
 mesh-like graphs, cutting the coarsest graph into ranges of a cluster order left about twice
-the cut edges that this start leaves (docs/results.md, section 6). Here, as in METIS's and
+the cut edges that this start leaves (docs/results-history.md, section 6). Here, as in METIS's and
 KaMinPar's initial partitioning, the graph is cut in two again and again: one side, sized for
 its share of the parts, is grown from a random node, the best-connected node first (greedy
 graph growing); the best of a few tries is cut further. The partitioner's label propagation

@@ -641,7 +641,7 @@ _CLUSTER_SLACK = 0.5
 # to 0.33 % at k = 64, 1.01 to 0.75 % at k = 256 (METIS: 0.41 and 0.91 %), 2.91 to 1.80 % at
 # k = 1024 and 14.04 to 5.07 % at k = 4096. On Cora, CiteSeer, minesweeper and tolokers
 # (6 seeds, k = 4, 16, 64) the mean cuts moved by -11 % to +4 %, on R-MAT and csbm by -4 % to
-# +1.2 % (docs/results.md, section 6). Clusters larger than the slack need the finer levels
+# +1.2 % (docs/results-history.md, section 6). Clusters larger than the slack need the finer levels
 # to even the partitions out; where the bounds are tight (imbalance 1.0-1.02)
 # `_CLUSTER_SLACK_MOST` keeps them small enough that the coarsest cut meets the node bound by
 # itself.
@@ -653,7 +653,7 @@ _COARSEST_PER_PART = 64
 # Synchronous label propagation lets every node adopt its neighbours' label at once, so
 # neighbours swap labels instead of merging, and on meshes the clustering stalls after a
 # level or two with far too many clusters; half of the nodes moving per round breaks the
-# symmetry (docs/results.md, section 6: the mesh-like graph's cut comes from this).
+# symmetry (docs/results-history.md, section 6: the mesh-like graph's cut comes from this).
 _CLUSTER_MOVE_PROBABILITY = 0.5
 # Coarsening stops at a level that leaves more than this fraction of the clusters: the
 # clustering has stalled, and more levels would cost time for little.

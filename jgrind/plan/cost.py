@@ -75,8 +75,8 @@ def input_passes(layer) -> float:
 # (`jgrind.engine.ssd`): reading a gap shorter than this costs less than a second call. The
 # span loops run natively (`jgrind/_kernels/spans.cc`), where a call from the page cache costs
 # its system call, ~1-4 us here. `python tools/bench_span_gap.py` on the 1M-node R-MAT graph's
-# halos (8 partitions, 2026-11-23, docs/results.md, section 4): a sweep of 256-wide halo reads
-# took 0.69 s at a 128 KiB gap, 0.41 s at 16 KiB, 0.39 s at 8 KiB and 0.52 s at 4 KiB;
+# halos (8 partitions, 2026-11-23, docs/results-history.md, section 4): a sweep of 256-wide halo
+# reads took 0.69 s at a 128 KiB gap, 0.41 s at 16 KiB, 0.39 s at 8 KiB and 0.52 s at 4 KiB;
 # read-add-writes 1.02-1.18 s from 128 to 16 KiB and slower below (a page-cache write call
 # costs more).
 # The Python loops this replaced cost ~10 us a call, which had made 128 KiB the best gap.
@@ -85,14 +85,14 @@ def input_passes(layer) -> float:
 # virtual disk (~50 us a 4 KiB read, 0.3-2 GB/s): with 8 partitions 16 KiB was the slowest
 # (6.9 s a 256-wide sweep against 4.0-5.1 s), with 32 the fastest (19.2 s against 23-25 s),
 # because fewer but denser halos make calls the cost and many sparse ones make bytes the cost.
-# So the gap stays tuned for the page cache (docs/results.md, section 4).
+# So the gap stays tuned for the page cache (docs/results-history.md, section 4).
 COALESCE_BYTES = 16 << 10
 # The SSD tier moves row spans through one per-thread scratch buffer in pieces of at most this
 # (`jgrind.engine.ssd`), and `jgrind profile` times the page cache in pieces of this size, so
 # the rates the model charges are the ones the engine gets. Larger pieces fall out of the CPU
 # caches between the read and the take or add: on CPU-2, page-cache reads ran at 20.9 GB/s in
 # 1 MiB pieces and 8.3 GB/s in 4 MiB ones, read-add-writes at 9.1 and 5.1 GB/s
-# (`tools/bench_page_cache.py`, docs/results.md, section 7).
+# (`tools/bench_page_cache.py`, docs/results-history.md, section 7).
 SPAN_PIECE_BYTES = 1 << 20
 
 
@@ -675,8 +675,8 @@ def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
     # A kept gradient file writes no zeros of its own (`SSDFile.zero_lazily`), and the spans
     # that the sweep adds to first, with no current row yet, are not read. Every span is
     # priced as read and written, which overestimates the reads: on the 1M-node graph the
-    # scatter-adds read back 1.65 GiB per epoch, not 1.88 (docs/results.md, section 4, "Rows,
-    # not blocks, go current"). Which spans go unread depends on the partitions' order.
+    # scatter-adds read back 1.65 GiB per epoch, not 1.88 (docs/results-history.md, section 4,
+    # "Rows, not blocks, go current"). Which spans go unread depends on the partitions' order.
     return float(seconds.sum())
 
 

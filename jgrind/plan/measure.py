@@ -555,7 +555,7 @@ def _page_cache(fd: int, name: str, sizes: _Sizes,
     have just read). Smaller calls would fold the per-call cost into the rate, which the cost
     model charges separately (``cached_latency``): 64 KiB reads ran at ~10 GB/s here against
     ~18 GB/s in 1 MiB pieces, and writes that first allocate their pages ran at 5-6 GB/s
-    against 10-17 GB/s over cached ones (docs/results.md, section 7)."""
+    against 10-17 GB/s over cached ones (docs/results-history.md, section 7)."""
     piece = np.frombuffer(rng.bytes(SPAN_PIECE_BYTES), np.uint8)
     pieces = sizes.ssd_bytes // SPAN_PIECE_BYTES
     for i in range(pieces):  # the file's pages into the cache (dirty, as the engine's are)
