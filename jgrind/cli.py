@@ -32,7 +32,7 @@ def _train_epilog() -> str:
     for name, doc in docs.items():
         lines.append(f"  {name:<17} {doc} [{defaults[name]}]")
     lines += ["", "examples:",
-              "  jgrind train                                   # GCN on a generated CSBM graph",
+              "  jgrind train                                   # the main job (above)",
               "  jgrind train --dataset cora --set hidden=16 --set row_normalize=true --seeds 10",
               "  jgrind train --dataset tolokers --model gcn --set residual=true "
               "--set layer_norm=true",
@@ -43,7 +43,22 @@ def _train_epilog() -> str:
     return "\n".join(lines)
 
 
+def _main_job_text() -> str:
+    from jgrind.config import MAIN_JOB_BUDGETS, MAIN_JOB_EPOCHS, MAIN_JOB_NODES
+    return (f"Without --dataset it runs the main job: a generated graph (csbm, "
+            f"num_nodes={MAIN_JOB_NODES}, {MAIN_JOB_EPOCHS} epochs) trained under budgets it "
+            f"does not fit in (--device-budget {MAIN_JOB_BUDGETS[0]} --host-budget "
+            f"{MAIN_JOB_BUDGETS[1]}), the planner choosing the plan (--policy auto), the SSD "
+            "tier in the system's temporary folder (--store), and the first seed trained "
+            "again in memory to compare (check_in_memory=true); a flag or --set changes any "
+            "of these, and --dataset csbm is the plain in-memory run.")
+
+
+_MAIN_JOB = _main_job_text()
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from jgrind.config import MAIN_JOB_EPOCHS
     parser = argparse.ArgumentParser(prog="jgrind", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
@@ -51,15 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser(
         "train", help="train GCN / GraphSAGE / GAT on the full graph",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a GNN on the full graph (no sampling): one optimizer step per "
+        description=textwrap.fill(
+                    "Train a GNN on the full graph (no sampling): one optimizer step per "
                     "epoch, model selection on the validation set, test metric at the best "
-                    "validation epoch. Writes config.json, metrics-seed*.jsonl (one JSON object "
+                    "validation epoch. " + _MAIN_JOB + " Writes config.json, metrics-seed*.jsonl (one JSON object "
                     "per epoch), training.png, summary.json and params/ (every seed's last and "
-                    "best parameters, for `jgrind predict`) to --out.",
+                    "best parameters, for `jgrind predict`) to --out.", 92, break_on_hyphens=False),
         epilog=_train_epilog())
-    train.add_argument("--dataset", help="dataset name (see `jgrind datasets`) [csbm]")
+    train.add_argument("--dataset", help="dataset name (see `jgrind datasets`) [the main "
+                       "job's generated graph]")
     train.add_argument("--model", choices=["gcn", "sage", "gat"], help="architecture [gcn]")
-    train.add_argument("--epochs", type=int, help="training epochs [200]")
+    train.add_argument("--epochs", type=int, help="training epochs [200; the main job: "
+                       f"{MAIN_JOB_EPOCHS}]")
     train.add_argument("--seeds", type=int, help="number of seeds; mean +- std is reported [1]")
     train.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="KEY=VALUE", help="override a setting (repeatable; see below)")
@@ -288,29 +306,48 @@ def _parts_flag(parts) -> None:
         raise ConfigError(f"--parts {parts}: a graph is cut into at least 1 partition")
 
 
-def cmd_train(args) -> int:
-    from jgrind.experiment import run_config
-    cfg = RunConfig()
+def train_config(args) -> RunConfig:
+    """The run ``jgrind train`` was asked for: the main job (`jgrind.config.main_job`) when no
+    dataset is named, else the plain defaults; flags and ``--set`` over either."""
+    from jgrind.config import main_job
+    names_a_dataset = args.dataset is not None or any(
+        item.split("=", 1)[0].strip() == "dataset" for item in args.overrides)
+    cfg = RunConfig() if names_a_dataset else main_job()
     flags = {k: getattr(args, k) for k in ("dataset", "model", "epochs", "seeds", "policy",
                                            "keep_aggregations", "parts", "partitioner",
                                            "device_budget", "host_budget", "store")
              if getattr(args, k) is not None}
-    cfg = dataclasses.replace(cfg, **flags).with_overrides(args.overrides)
+    return dataclasses.replace(cfg, **flags).with_overrides(args.overrides)
+
+
+def cmd_train(args) -> int:
+    from jgrind import experiment
+    cfg = train_config(args)
     if cfg.policy == "ssd" and not cfg.host_budget:
         print("jgrind: note: without --host-budget the SSD tier keeps a host cache of up to "
               "half the free RAM in front of its files; --host-budget bounds the RAM the run "
               "holds", flush=True)
     from jgrind.caches import compilation_cache
     with compilation_cache() if not args.no_compile_cache else contextlib.nullcontext():
-        summary = run_config(cfg, out=args.out, progress=not args.no_progress)
+        summary = experiment.run_config(cfg, out=args.out, progress=not args.no_progress)
     print(summary["line"])
-    if summary["store_line"]:
-        print(summary["store_line"])
+    for line in ("store_line", "rss_line"):
+        if summary[line]:
+            print(summary[line])
+    check = summary["in_memory_check"]
+    if check:
+        print(check["line"])
     plots = "training.png, memory.png" if summary["store_line"] else "training.png"
     if (pathlib.Path(args.out) / "plan.txt").exists():
         plots += ", plan.txt"
+        if (pathlib.Path(args.out) / "plan-schedule.png").exists():
+            plots += ", plan-schedule.png, plan-memory.png"
     print(f"wrote {args.out}/ (summary.json, metrics-seed*.jsonl, {plots}, params/: "
           f"`jgrind predict --run {args.out}`)")
+    if check and not check["equal"]:
+        print("jgrind: error: the out-of-core loss differs from the in-memory one: a bug in "
+              "jgrind; please report it with this run's config.json", file=sys.stderr)
+        return 1
     return 0
 
 

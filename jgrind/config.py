@@ -96,6 +96,9 @@ class RunConfig:
     "row-normalise features (Kipf & Welling do this for Planetoid)"
     checkpoint_every: int = 0
     "save an orbax checkpoint every N epochs (0 = off); an existing one is resumed"
+    check_in_memory: bool = False
+    ("after an out-of-core run, train its first seed again in memory, without budgets, and "
+     "print whether the final training losses agree")
     policy: str = ""
     ("in_memory | host | ssd | recompute | grinnder | auto ('' = in memory, or grinnder if a "
      "budget is set)")
@@ -198,6 +201,27 @@ class RunConfig:
                                   f"{', '.join(sorted(fields))}")
             changes[key] = _convert(key, value.strip(), hints[key])
         return dataclasses.replace(self, **changes)
+
+
+def main_job(store: str = "") -> RunConfig:
+    """What ``jgrind train`` runs when no dataset is named: a generated graph whose training
+    needs about five times the memory budgets it is given, with the planner (``auto``)
+    choosing partitions and a fate per tensor, the SSD tier in use, and the first seed
+    trained again in memory to show the loss is the same. ``store``: the SSD tier's folder
+    (the engine makes a private subfolder there and removes it); '' = the system's
+    temporary folder. Each setting is a default: a flag or ``--set`` changes it."""
+    import tempfile
+    return RunConfig(dataset="csbm", num_nodes=MAIN_JOB_NODES, epochs=MAIN_JOB_EPOCHS,
+                     policy="auto", device_budget=MAIN_JOB_BUDGETS[0],
+                     host_budget=MAIN_JOB_BUDGETS[1], store=store or tempfile.gettempdir(),
+                     check_in_memory=True)
+
+
+# the main job's graph, length and budgets: sized so that it runs in about a minute on two
+# CPU cores and still sends blocks to every tier (docs/results.md, "The first command")
+MAIN_JOB_NODES = 60_000
+MAIN_JOB_EPOCHS = 60
+MAIN_JOB_BUDGETS = ("16MiB", "8MiB")
 
 
 def _positive_number(text: str) -> bool:

@@ -3,7 +3,8 @@
 Artefacts in ``out``: ``config.json``, ``metrics-seed{S}.jsonl`` (one JSON object per epoch),
 ``training.png`` (loss and metric curves), ``summary.json`` (per-seed and mean +- std),
 ``memory.png`` (bytes per tier over the first seed's run) for an out-of-core run,
-``plan.txt`` (the planner's plan, `jgrind.plan.report.format_plan`) for ``policy=auto``,
+``plan.txt`` (the planner's plan, `jgrind.plan.report.format_plan`) and its charts
+(``plan-schedule.png``, ``plan-memory.png``) for ``policy=auto``,
 ``params/seed{S}/`` (the last and the best parameters, orbax; `predict_run` and
 ``jgrind predict`` read them), and ``checkpoints/seed{S}/`` when checkpointing is on.
 """
@@ -24,12 +25,12 @@ from typing import Iterator, Optional, Sequence
 import jax
 import numpy as np
 
-from jgrind import checkpoint as ckpt, disk_space
+from jgrind import checkpoint as ckpt, disk_space, host_memory
 from jgrind.config import (ConfigError, RunConfig, build_loss, build_model, build_optimizer,
                            build_policy, load_graph, split_for)
 from jgrind.datasets import split_per_seed
 from jgrind.plan.cost import format_bytes
-from jgrind.plan.report import format_plan, plan_line
+from jgrind.plan.report import format_plan, plan_line, plot_plan
 from jgrind.plots import plot_memory, plot_training
 from jgrind.inference import load_checkpoint, predict
 from jgrind.metrics import check_metric, default_metric, evaluate, roc_auc_per_task
@@ -48,7 +49,8 @@ CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "res
                 "min_delta", "label_smoothing", "multilabel_loss", "pos_weight", "output_heads",
                 "attention_dropout", "optimizer", "lr_schedule", "warmup_epochs")
 # the files `run_config` writes (and a later run in the same folder replaces)
-RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png", "plan.txt")
+RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png", "plan.txt",
+             "plan-schedule.png", "plan-memory.png")
 PARAMS = "params"  # the folder of every seed's final parameters
 OWNER = ".jgrind-owner.json"  # the run that holds the folder (`hold_output_folder`)
 # what `predict_run` may change: where and how the run computes, not what (a dataset moved to
@@ -234,6 +236,9 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
     def planned(plan) -> None:
         if not plans:
             print(f"jgrind: {plan_line(plan)}", flush=True)
+            # the peak resident memory counts from here: what training holds, not what
+            # measuring the hardware profile or planning held before
+            host_memory.reset_peak_resident()
         plans.append(plan)
 
     engine_args = build_policy(cfg, on_plan=planned)
@@ -242,16 +247,19 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
     splits = [split_for(cfg, graph, trial) for trial in range(cfg.seeds)]
     per_seed = cfg.split < 0 and split_per_seed(cfg.dataset, cfg.loader_options())
 
+    def task(trial: int) -> dict:
+        """What a seed's run trains, wherever it runs: `train`'s arguments."""
+        return dict(epochs=cfg.epochs, split=splits[trial], eval_every=cfg.eval_every,
+                    patience=cfg.patience or None, select=cfg.select,
+                    loss=build_loss(cfg, graph, splits[trial]), metric=cfg.metric or None,
+                    min_delta=cfg.min_delta, progress=progress)
+
     def run(seed: int):
         trial = seed - cfg.seed
         ckpt_dir = (out / "checkpoints" / f"seed{seed}") if cfg.checkpoint_every else None
-        result = train(jax.random.key(seed), graph, model, optimizer, epochs=cfg.epochs,
-                       split=splits[trial], eval_every=cfg.eval_every,
-                       patience=cfg.patience or None, select=cfg.select,
-                       loss=build_loss(cfg, graph, splits[trial]), metric=cfg.metric or None,
-                       min_delta=cfg.min_delta,
+        result = train(jax.random.key(seed), graph, model, optimizer, **task(trial),
                        log_path=out / f"metrics-seed{seed}.jsonl", checkpoint_dir=ckpt_dir,
-                       checkpoint_every=cfg.checkpoint_every or 1, progress=progress,
+                       checkpoint_every=cfg.checkpoint_every or 1,
                        ready=(lambda: start_out(out, cfg)) if trial == 0 else None,
                        **engine_args)
         best = {"epoch": result.best_epoch, "val": result.val, "test": result.test}
@@ -259,7 +267,17 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
                          result.best_params, {"best": best, "split": splits[trial]})
         return result
 
+    host_memory.reset_peak_resident()  # again by the plan's callback, once planned
     trials = run_trials(run, seeds)
+    peak_resident = host_memory.peak_resident()
+    memory = trials.results[0].memory
+    check = None
+    if cfg.check_in_memory and memory is not None:
+        if progress:
+            print(f"jgrind: training seed {cfg.seed} again in memory, to compare", flush=True)
+        again = train(jax.random.key(cfg.seed), graph, model, optimizer, **task(0))
+        check = loss_check(trials.results[0].history[-1]["loss"],
+                           again.history[-1]["loss"], cfg.seed)
     with _whole(out / "training.png") as path:
         plot_training([r.history for r in trials.results], path,
                       metric=trials.metric + (f" ({graph.num_classes} tasks)"
@@ -267,7 +285,6 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
                       labels=[f"seed {s}" for s in seeds],
                       best_epochs=[r.best_epoch for r in trials.results],
                       title=f"{cfg.model} on {graph.name}")
-    memory = trials.results[0].memory
     if memory is not None:
         with _whole(out / "memory.png") as path:
             plot_memory(memory["timeline"], path,
@@ -289,6 +306,11 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
         "load_seconds": load_seconds,
         "memory": None if memory is None else {k: v for k, v in memory.items()
                                                if k != "timeline"},
+        "peak_resident": peak_resident, "graph_bytes": graph.nbytes(),
+        "rss_line": None if memory is None else rss_line(
+            peak_resident, engine_args["device_budget"], engine_args["host_budget"],
+            graph.nbytes()),
+        "in_memory_check": check,
         "line": f"{cfg.model} on {graph.name}"
                 + (" (a random split per seed)" if per_seed else "") + f": {trials.summary()}",
         # one line per seed: each seed's run has its own store
@@ -300,6 +322,7 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
     if plans:
         with _whole(out / "plan.txt") as path:
             path.write_text(format_plan(plans[0]) + "\n")
+        plot_plan(plans[0], out)
     with _whole(out / "summary.json") as path:
         path.write_text(json.dumps(summary, indent=2))
     return summary
@@ -315,6 +338,41 @@ def _whole(path: pathlib.Path) -> Iterator[pathlib.Path]:
         partial.replace(path)
     finally:
         partial.unlink(missing_ok=True)
+
+
+# What a run holds beside its budgets and its graph: the Python interpreter, JAX and XLA's
+# runtime, the compiled programs, thread stacks and allocator slack: the main job's whole peak
+# was 533 MiB on CPU-2 (docs/results.md, "The first command"), so this bound has a margin.
+RUNTIME_BYTES = 768 << 20
+
+
+def rss_line(peak: int, device_budget: Optional[int], host_budget: Optional[int],
+             graph_bytes: int) -> str:
+    """The peak resident memory of an out-of-core run against what it may hold: its budgets
+    (on a CPU the device's memory is the host's) plus its graph plus `RUNTIME_BYTES`. An
+    unlimited budget bounds nothing: the line says so."""
+    f = format_bytes
+    if device_budget is None or host_budget is None:
+        return (f"peak resident memory while training: {f(peak)} (graph {f(graph_bytes)}; "
+                "no bound: a budget is unlimited)")
+    bound = device_budget + host_budget + graph_bytes + RUNTIME_BYTES
+    verdict = "within" if peak <= bound else "OVER"
+    return (f"peak resident memory while training: {f(peak)}, {verdict} the budgets "
+            f"{f(device_budget)} + {f(host_budget)} + the graph {f(graph_bytes)} + "
+            f"{f(RUNTIME_BYTES)} for the runtime = {f(bound)}")
+
+
+def loss_check(out_of_core: float, in_memory: float, seed: int, digits: int = 6) -> dict:
+    """The final training losses of one seed trained out of core and in memory, compared:
+    equal when they print the same to ``digits`` significant digits."""
+    shown = f"{out_of_core:.{digits}g}", f"{in_memory:.{digits}g}"
+    equal = shown[0] == shown[1]
+    difference = abs(out_of_core - in_memory) / max(abs(in_memory), 1e-30)
+    line = (f"in-memory check, seed {seed}: final training loss {shown[0]} out of core, "
+            f"{shown[1]} in memory: " + ("equal" if equal else "DIFFERENT")
+            + f" to {digits} digits (relative difference {difference:.1e})")
+    return {"out_of_core": out_of_core, "in_memory": in_memory, "equal": equal,
+            "relative_difference": difference, "line": line}
 
 
 def store_line(memory: dict, epochs: int, seed: int, first_epoch: int = 0,

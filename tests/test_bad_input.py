@@ -20,7 +20,7 @@ from jgrind.cli import main
 
 from helpers import fails
 
-SMALL = ["--set", "num_nodes=300", "--epochs", "2", "--no-progress"]
+SMALL = ["--dataset", "csbm", "--set", "num_nodes=300", "--epochs", "2", "--no-progress"]
 
 
 @pytest.mark.parametrize("setting, needle", [
@@ -60,7 +60,7 @@ def test_a_failed_run_leaves_the_last_run_in_its_folder_as_it_was(tmp_path, caps
     files = lambda: {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}  # noqa: E731
     before = files()
     assert any("params" in p.relative_to(out).parts for p in before)  # saved parameters too
-    fails(capsys, ["train", "--dataset", "nosuch", *SMALL, "--out", str(out)], "nosuch")
+    fails(capsys, ["train", *SMALL, "--dataset", "nosuch", "--out", str(out)], "nosuch")
     assert files() == before
     # the engine's own checks come later, once the graph is partitioned: still before writing
     fails(capsys, ["train", *SMALL, "--policy", "ssd", "--store", str(tmp_path / "none"),
@@ -558,7 +558,7 @@ def test_sigterm_removes_the_runs_store_files(tmp_path, name, status, said):
     log = tmp_path / "stderr.txt"
     with open(log, "w") as err:  # a file, not a pipe: nothing blocks on a full pipe
         proc = subprocess.Popen(
-            [sys.executable, "-m", "jgrind.cli", "train", "--set", "num_nodes=3000",
+            [sys.executable, "-m", "jgrind.cli", "train", "--dataset", "csbm", "--set", "num_nodes=3000",
              "--epochs", "100000", "--policy", "ssd", "--store", str(store), "--parts", "3",
              "--no-progress", "--out", str(tmp_path / "run")], stderr=err)
         try:

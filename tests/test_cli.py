@@ -35,7 +35,7 @@ def test_user_mistakes_give_one_line_and_status_2():
 
 def test_train_on_generated_graph_writes_artefacts(tmp_path):
     out = tmp_path / "run"
-    code = main(["train", "--epochs", "5", "--set", "num_nodes=500", "--out", str(out),
+    code = main(["train", "--dataset", "csbm", "--epochs", "5", "--set", "num_nodes=500", "--out", str(out),
                  "--no-progress"])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -83,7 +83,7 @@ def test_sizes_and_out_of_core_settings(tmp_path):
 
 def test_out_of_core_training_from_the_command_line(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["train", "--epochs", "3", "--set", "num_nodes=600", "--policy", "ssd",
+    code = main(["train", "--dataset", "csbm", "--epochs", "3", "--set", "num_nodes=600", "--policy", "ssd",
                  "--store", str(tmp_path), "--parts", "3", "--out", str(out), "--no-progress"])
     assert code == 0 and (out / "summary.json").exists()
     printed = capsys.readouterr().out
@@ -94,7 +94,7 @@ def test_out_of_core_training_from_the_command_line(tmp_path, capsys):
     assert summary["memory"]["peak_ssd"] > 0 and summary["memory"]["ssd_written"] > 0
     assert (out / "memory.png").stat().st_size > 1000
     # resumed: the line counts the epochs this process ran, which its bytes are
-    run = ["train", "--set", "num_nodes=600", "--policy", "ssd", "--store", str(tmp_path),
+    run = ["train", "--dataset", "csbm", "--set", "num_nodes=600", "--policy", "ssd", "--store", str(tmp_path),
            "--parts", "3", "--out", str(tmp_path / "ck"), "--no-progress", "--set",
            "checkpoint_every=1"]
     assert main([*run, "--epochs", "3"]) == 0
@@ -120,7 +120,7 @@ def test_predict_from_a_trained_run(tmp_path, capsys):
     import jgrind
     from jgrind.config import build_model, load_graph
     out = tmp_path / "run"
-    settings = ["--set", "num_nodes=400", "--epochs", "6", "--no-progress"]
+    settings = ["--dataset", "csbm", "--set", "num_nodes=400", "--epochs", "6", "--no-progress"]
     assert main(["train", *settings, "--seeds", "2", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     capsys.readouterr()
@@ -212,7 +212,7 @@ def test_auto_says_what_it_planned_and_saves_the_plan(tmp_path, capsys, monkeypa
     path = profile.save(fixed_profile(directory=str(store.resolve())),
                         tmp_path / "profile.json")
     out = tmp_path / "run"
-    assert main(["train", "--set", "num_nodes=2000", "--epochs", "2", "--policy", "auto",
+    assert main(["train", "--dataset", "csbm", "--set", "num_nodes=2000", "--epochs", "2", "--policy", "auto",
                  "--store", str(store), "--device-budget", "300KiB", "--host-budget", "1MiB",
                  "--set", f"profile={path}", "--no-progress", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -221,7 +221,7 @@ def test_auto_says_what_it_planned_and_saves_the_plan(tmp_path, capsys, monkeypa
     plan = (out / "plan.txt").read_text()
     assert plan.startswith("plan: ") and "predicted epoch time" in plan
     # a later run into the folder without auto leaves no stale plan behind
-    assert main(["train", "--set", "num_nodes=2000", "--epochs", "1", "--no-progress",
+    assert main(["train", "--dataset", "csbm", "--set", "num_nodes=2000", "--epochs", "1", "--no-progress",
                  "--out", str(out)]) == 0
     assert not (out / "plan.txt").exists()
 
@@ -241,7 +241,7 @@ def test_partitioner_flag_reaches_plan_and_train(tmp_path, monkeypatch):
                  "contiguous", "--device-budget", "1MiB", "--profile", str(path), "--out",
                  str(tmp_path / "plan")]) == 0
     assert calls == [4]
-    assert main(["train", "--set", "num_nodes=500", "--epochs", "1", "--policy", "host",
+    assert main(["train", "--dataset", "csbm", "--set", "num_nodes=500", "--epochs", "1", "--policy", "host",
                  "--parts", "3", "--partitioner", "contiguous", "--no-progress", "--out",
                  str(tmp_path / "run")]) == 0
     assert calls == [4, 3]

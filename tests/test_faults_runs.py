@@ -23,7 +23,7 @@ from jgrind.train import train
 
 from helpers import community_graph, fails
 
-SMALL = ["--set", "num_nodes=300", "--epochs", "2", "--no-progress", "--no-compile-cache"]
+SMALL = ["--dataset", "csbm", "--set", "num_nodes=300", "--epochs", "2", "--no-progress", "--no-compile-cache"]
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -174,7 +174,7 @@ def test_the_refusal_names_the_run_that_holds_the_folder(tmp_path, capsys):
 def test_a_second_signal_does_not_cut_the_cleanup_short(tmp_path, second, gap_ms):
     store = tmp_path / "store"
     store.mkdir()
-    run = _jgrind(["train", "--set", "num_nodes=300", "--epochs", "100000", "--no-progress",
+    run = _jgrind(["train", "--dataset", "csbm", "--set", "num_nodes=300", "--epochs", "100000", "--no-progress",
                    "--no-compile-cache", "--policy", "ssd", "--host-budget", "1MiB", "--store",
                    str(store), "--out", str(tmp_path / "run")])
     deadline = time.monotonic() + 60

@@ -183,7 +183,7 @@ def test_training_stops_at_a_damaged_gradient_file(loops, tmp_path, monkeypatch)
     assert list(tmp_path.iterdir()) == []
 
 
-SMALL = ["--set", "num_nodes=300", "--epochs", "2", "--no-progress"]
+SMALL = ["--dataset", "csbm", "--set", "num_nodes=300", "--epochs", "2", "--no-progress"]
 
 
 def test_the_command_line_stops_at_a_damaged_gradient_file(tmp_path, capsys, monkeypatch):

@@ -20,11 +20,28 @@ def plan_line(plan: Plan) -> str:
         return (f"auto plan: the in-memory fast path ({format_bytes(plan.in_memory_bytes)} "
                 f"fits the device budget), predicted {plan.epoch_seconds:.3g} s per epoch")
     m = plan.prediction.memory
-    return (f"auto plan: {plan.num_parts} partitions, host cache "
-            f"{format_bytes(plan.cache_bytes) if plan.cache_bytes else 'off'}; predicted "
+    line = (f"auto plan: {plan.num_parts} partitions, host cache "
+            f"{format_bytes(plan.cache_bytes) if plan.cache_bytes else 'off'}; "
+            f"{fate_line(plan)}; predicted "
             f"{plan.epoch_seconds:.3g} s per epoch; peaks: device "
             f"{format_bytes(m.peak_device + m.device_working_set)}, host "
             f"{format_bytes(m.peak_host)}, SSD {format_bytes(m.peak_ssd)}")
+    if plan.in_memory_bytes:
+        line += f" (in memory: {format_bytes(plan.in_memory_bytes)})"
+    return line
+
+
+def fate_line(plan: Plan) -> str:
+    """Where the plan keeps each tensor group, briefly: ``H_0 device 2 + host 6, G_1 ssd,
+    the rest on the device``; the blocks kept on the device are named only where a group is
+    split between tiers."""
+    rows = plan.groups()
+    away = [f"{row['tensor']} {row['fate']}" for row in rows
+            if row["fate"] not in ("device", "regather")]
+    if not away:
+        return "every tensor on the device"
+    rest = len(away) < sum(row["fate"] != "regather" for row in rows)
+    return "fates: " + ", ".join(away) + (", the rest on the device" if rest else "")
 
 
 def format_plan(plan: Plan) -> str:
