@@ -16,6 +16,7 @@ import optax
 
 from jgrind.graph import Graph
 from jgrind.models.model import GNN, gat, gcn, sage
+from jgrind.plan.budgets import UNLIMITED
 
 
 class ConfigError(ValueError):
@@ -448,7 +449,7 @@ def build_policy(cfg: RunConfig, on_plan=None):
         "host": lambda: policies.host_offload(keep),
         "ssd": lambda: policies.ssd_offload(_need_store(store), aggregations=keep),
         "recompute": policies.recompute_activations,
-        "grinnder": lambda: policies.grinnder(device or 1 << 62, host or 1 << 62, store),
+        "grinnder": lambda: policies.grinnder(device or UNLIMITED, host or UNLIMITED, store),
         "auto": lambda: policies.auto(directory=store, profile=cfg.profile or None,
                                       on_plan=on_plan),
     }

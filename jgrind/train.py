@@ -25,10 +25,15 @@ import optax
 
 from jgrind import checkpoint as ckpt, interrupts
 from jgrind.arguments import whole_number
+from jgrind.engine import OutOfCore
 from jgrind.graph import Graph
 from jgrind.loss import node_weights, weighted_loss
 from jgrind.metrics import check_metric, cross_entropy, default_metric, evaluate
 from jgrind.models.model import GNN, Params
+from jgrind.plan.budgets import check_budget
+from jgrind.plan.execution import choose_execution
+from jgrind.plan.execution import in_memory_bytes  # noqa: F401 - jgrind.train's public name
+from jgrind.plan.protocols import check_policy
 
 
 class Executor(Protocol):
@@ -410,17 +415,6 @@ def learning_rate(opt_state) -> Optional[float]:
     return None if rate is None else rate * scale
 
 
-def in_memory_bytes(graph: Graph, model: GNN) -> int:
-    """Bytes the in-memory path holds at its peak (`jgrind.plan.cost.in_memory_bytes`)."""
-    from jgrind.plan.cost import in_memory_bytes as estimate
-    from jgrind.plan.inventory import layer_widths
-    from jgrind.plan.cost import loss_row_bytes
-    structure = 2 * (graph.indptr.nbytes + graph.indices.nbytes + 4 * graph.num_edges)
-    return estimate(graph.num_nodes, graph.num_edges, graph.num_features,
-                    layer_widths(model, graph.num_features), structure,
-                    loss_row_bytes(graph.labels))
-
-
 def _check_loss(loss: Callable, graph: Graph, model: GNN) -> None:
     """TypeError unless ``loss`` takes this graph's logits and labels and gives a value per
     node: traced on shapes alone (`jax.eval_shape`), before anything is written, not a JAX
@@ -468,42 +462,29 @@ def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy
                   num_parts: Optional[int] = None, store=None,
                   device_budget: Optional[int] = None, host_budget: Optional[int] = None,
                   partitioner=None, loss: Optional[Callable] = None) -> Executor:
-    """The in-memory fast path when it is asked for or when everything fits the device budget
-    (and no policy forces offloading); otherwise the out-of-core engine.
+    """The executor `jgrind.plan.execution.choose_execution` decides on: the in-memory fast
+    path when it is asked for, or when everything fits the device budget and no policy forces
+    offloading; otherwise the out-of-core engine.
 
-    A policy with ``prepare`` (`jgrind.plan.policies.auto`) plans the whole run first: it
-    chooses the fast path, or the partitions and fates the engine then runs."""
-    from jgrind.plan.policies import Constant, check_budget, check_policy
-    from jgrind.plan.fates import Fate
+    A policy that plans the whole run (`jgrind.plan.auto`) chooses the fast path, or the
+    partitions and fates the engine then runs. ``in_memory_bytes(graph, model)`` is the fast
+    path's peak, the figure a device budget is held against."""
     device_budget = check_budget(device_budget, "device_budget")
     host_budget = check_budget(host_budget, "host_budget")
     if policy is not None:
         check_policy(policy)
     if num_parts is not None:
         whole_number(num_parts, "num_parts (None: 4, or the planner's choice)")
-    prepare = getattr(policy, "prepare", None)
-    if callable(prepare):
-        plan = prepare(graph, model, device_budget=device_budget, host_budget=host_budget,
-                       directory=None if store is None else str(store),
-                       partitioner=partitioner, num_parts=num_parts)
-        if plan.in_memory:
-            return InMemory(graph, model, optimizer, split, loss=loss)
-        from jgrind.engine import OutOfCore
-        return OutOfCore(graph, model, optimizer, policy=plan.policy(),
-                         partitioned=plan.partitioned, split=split, store=store,
-                         device_budget=device_budget, host_budget=host_budget, loss=loss)
-    wants_engine = policy is not None or num_parts not in (None, 1) \
-        or device_budget is not None or host_budget is not None
-    all_device = isinstance(policy, Constant) and policy.fate is Fate.DEVICE \
-        and policy.gradients is Fate.DEVICE
-    fits = device_budget is None or in_memory_bytes(graph, model) <= device_budget
-    if not wants_engine or ((policy is None or all_device) and num_parts in (None, 1) and fits):
+    chosen = choose_execution(graph, model, policy=policy, num_parts=num_parts, store=store,
+                              device_budget=device_budget, host_budget=host_budget,
+                              partitioner=partitioner)
+    if chosen.in_memory:
         return InMemory(graph, model, optimizer, split, loss=loss)
-    from jgrind.engine import OutOfCore
-    kwargs = {} if partitioner is None else {"partitioner": partitioner}
-    return OutOfCore(graph, model, optimizer, policy=policy, num_parts=num_parts or 4,
-                     split=split, store=store, device_budget=device_budget,
-                     host_budget=host_budget, loss=loss, **kwargs)
+    kwargs = {} if partitioner is None or chosen.partitioned is not None else \
+        {"partitioner": partitioner}
+    return OutOfCore(graph, model, optimizer, policy=chosen.policy, num_parts=chosen.num_parts,
+                     partitioned=chosen.partitioned, split=split, store=store,
+                     device_budget=device_budget, host_budget=host_budget, loss=loss, **kwargs)
 
 
 def _progress(iterable, enabled: bool, **kwargs):

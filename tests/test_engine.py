@@ -242,8 +242,8 @@ def test_store_damaged_between_forward_and_backward(damage, tmp_path):
                    num_parts=3, host_budget=0, prefetch=False)
     forward = ex._forward_layer
 
-    def forward_then_damage(params, layer, key):
-        forward(params, layer, key)
+    def forward_then_damage(params, layer, key, *variant):
+        forward(params, layer, key, *variant)
         path = ex.store.tables[("activation", layer + 1)].ssd.path
         size = path.stat().st_size
         with open(path, "r+b") as f:

@@ -98,3 +98,112 @@ def test_the_check_sees_imports_anywhere_in_a_module():
         ("jgrind.engine", "engine"), ("jgrind.engine.store", "engine"), ("jgrind.train", "train")]
     assert violations("jgrind.engine.store", source) == [("jgrind.train", "train")]
     assert violations("jgrind.cli", source) == []
+
+
+# -- import circles --------------------------------------------------------------------------------
+def module_level_imports(module: str, source: str, modules: set) -> set:
+    """The package modules ``module`` imports when it is itself imported: imports at module
+    level and in class bodies, not inside functions (those run when called) nor under ``if
+    TYPE_CHECKING``. ``from jgrind.x import y`` is ``jgrind.x.y`` where that is a module,
+    else ``jgrind.x``."""
+    package = module if f"{module}.__init__" in modules else module.rpartition(".")[0]
+    found = set()
+
+    def visit(node):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                visit(ast.Module(body=child.orelse, type_ignores=[]))
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:  # relative: from the package, or one of its parents
+                    parent = package.rsplit(".", child.level - 1)[0]
+                    base = f"{parent}.{base}" if base else parent
+                found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                             for a in child.names)
+            visit(child)
+
+    visit(ast.parse(source))
+    return {name for name in found if name in modules and name != module}
+
+
+def circles(imports: dict) -> list:
+    """Each group of modules that import one another, directly or through others (the
+    strongly connected components of the import graph with more than one module), sorted."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def connect(node):  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(imports.get(node, ())):
+            if other not in index:
+                connect(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(imports):
+        if node not in index:
+            connect(node)
+    return sorted(groups)
+
+
+def import_graph() -> dict:
+    """``{module: modules it imports at module level}`` over the whole package, its root
+    included (``jgrind`` is the key for ``jgrind/__init__.py``)."""
+    paths = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        paths[".".join(parts)] = path
+    # packages are told apart from modules by their __init__ (see module_level_imports)
+    names = set(paths) | {f"{m}.__init__" for m, p in paths.items() if p.name == "__init__.py"}
+    return {m: module_level_imports(m, p.read_text(encoding="utf-8"), names)
+            for m, p in paths.items()}
+
+
+def test_no_import_circles():
+    """No two jgrind modules import each other, directly or through others, when imported:
+    a circle works only in the order Python happens to meet it, and it ties the modules in
+    it together (`jgrind.plan.profile` and `jgrind.plan.measure` were one, as were the
+    policies and the planner, until each got a module beneath both)."""
+    found = circles(import_graph())
+    assert not found, "modules that import each other: " + "; ".join(
+        " <-> ".join(group) for group in found)
+
+
+def test_the_circle_check_sees_module_level_imports_only():
+    modules = {"jgrind.a", "jgrind.b", "jgrind.c", "jgrind.pkg", "jgrind.pkg.__init__",
+               "jgrind.pkg.d"}
+    source_a = ("import numpy\n"
+                "from jgrind.b import something\n"
+                "class A:\n"
+                "    from jgrind import c\n"
+                "def f():\n"
+                "    import jgrind.pkg.d\n")
+    assert module_level_imports("jgrind.a", source_a, modules) == {"jgrind.b", "jgrind.c"}
+    assert module_level_imports("jgrind.pkg", "from . import d\n", modules) == {"jgrind.pkg.d"}
+    assert module_level_imports("jgrind.pkg.d", "from . import a\n", modules) == {"jgrind.pkg"}
+    assert module_level_imports("jgrind.pkg.d", "from .. import a\n", modules) == {"jgrind.a"}
+    assert module_level_imports("jgrind.a", "if TYPE_CHECKING:\n    import jgrind.b\n",
+                                modules) == set()
+    assert circles({"jgrind.a": {"jgrind.b"}, "jgrind.b": {"jgrind.c"},
+                    "jgrind.c": {"jgrind.a"}, "jgrind.d": {"jgrind.a"}}) == [
+        ["jgrind.a", "jgrind.b", "jgrind.c"]]
+    assert circles({"jgrind.a": {"jgrind.b"}, "jgrind.b": set()}) == []

@@ -18,7 +18,7 @@ from jgrind import models
 from jgrind.engine import OutOfCore
 from jgrind.partition import partition_graph
 from jgrind.plan import Fate, cost, policies
-from jgrind.plan.cost import (D, H, R, S, Assignment, Workload, memory, predict, sweep_order)
+from jgrind.plan.cost import D, H, R, S, Assignment, Workload, memory, predict
 from jgrind.plan.planner import PlanError, plan, plan_run
 from jgrind.plan.profile import PROFILE_VERSION, Profile, machine_fingerprint, save
 from jgrind.plan.report import format_plan, plot_plan
@@ -187,36 +187,6 @@ def test_predicted_memory_matches_the_store_accounts(tmp_path, keep):
         assert m.peak_ssd > 0  # the budgets forced the SSD tier
     finally:
         ex.close()
-
-
-def test_sweep_order_is_the_engines(tmp_path):
-    """The cost model's sweeps (with recomputation) are the forward passes the engine runs,
-    also where kept aggregations make recomputing a layer's input unnecessary."""
-    graph, model, pg, w = equal_parts_workload(num_parts=2, num_layers=4)
-    assert sorted(w.aggregated) == [0, 1, 2]
-    L = w.num_layers  # 5: the narrowing top layer runs as transform + propagation
-    assert L == 5
-
-    def recompute_but_keep_z1(info):
-        if info.name == "aggregation":
-            return Fate.HOST if info.layer == 1 else Fate.RECOMPUTE
-        return Fate.RECOMPUTE if info.recomputable else Fate.HOST
-    every = frozenset(range(1, L))
-    for policy, rset, kept in ((policies.recompute_activations(), every, ()),
-                               (recompute_but_keep_z1, every, (1,)),
-                               (policies.host_offload(), frozenset(), ())):
-        ex = OutOfCore(graph, model, optax.adam(1e-2), policy=policy, partitioned=pg)
-        calls = []
-        original = ex._forward_layer
-        ex._forward_layer = lambda params, l, key, **kw: (calls.append(l),
-                                                          original(params, l, key, **kw))
-        try:
-            ex.loss_and_grad(model.init(jax.random.key(0)), jax.random.key(1))
-        finally:
-            ex.close()
-        predicted = [l for kind, l in sweep_order(L, rset, frozenset(kept))
-                     if kind != "backward"]
-        assert calls == predicted
 
 
 def test_auto_trains_exactly(tmp_path):

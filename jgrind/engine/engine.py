@@ -31,10 +31,13 @@ The GriNNder scheme in JAX (see docs/architecture.md):
   with no halo rows; their input gradient has no halo rows either and is written as the
   block of ``G_l``, not scatter-added (no other layer adds to it).
 
+The order of an epoch's sweeps, the step variant each runs and the tables made and freed around
+them come from one value, `jgrind.plan.schedule.epoch_schedule`, which the cost model prices too.
+
 The `naive` policy (for comparison only) changes the I/O, not the numbers: it keeps an SSD
 snapshot of every step input (gathered, or a node-wise layer's own block) from forward to
 backward instead of regathering, and reads SSD rows one at a time
-(`jgrind.plan.policies.IOStrategy`).
+(`jgrind.plan.protocols.IOStrategy`).
 
 I/O overlaps compute: while partition p runs, a background thread gathers partition p+1's inputs,
 and a writer thread stores p-1's outputs. JAX dispatch is asynchronous, so the main thread only
@@ -73,10 +76,13 @@ from jgrind.plan.cost import (Assignment, Memory, Workload, fit_masks, format_by
                               format_minimum, least_device_budget, memory)
 from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate, check_fate
 from jgrind.plan.inventory import aggregation_widths, build_inventory, layer_widths
-from jgrind.plan.policies import (BindContext, Policy, bind, check_budget, check_policy,
-                                  grinnder, io_strategy, store_directory)
+from jgrind.plan.budgets import UNLIMITED, check_budget
+from jgrind.plan.policies import grinnder
+from jgrind.plan.protocols import (BindContext, Policy, bind, check_policy, io_strategy,
+                                   least_budgets, store_directory)
+from jgrind.plan.schedule import (ACTIVATIONS, BACKWARD, GRADIENTS, SNAPSHOTS, Schedule,
+                                  Variant, epoch_schedule)
 
-UNLIMITED = 1 << 62
 MAX_PENDING_WRITES = 1  # writes queued behind the compute (see OutOfCore._write)
 # Step inputs whose buffers the store keeps for reuse (`_input_buffer_bytes`): the running
 # step's, the one loading behind it, and the one before, which XLA may not have released yet.
@@ -124,7 +130,7 @@ class OutOfCore:
       graph, model, optimizer: as for `train` (no optimizer: for `predict` and `embed`
         only).
       policy: a fate for every block (`jgrind.plan.policies`); default: `grinnder` over the
-        budgets. A policy with an ``io`` attribute (`jgrind.plan.policies.IOStrategy`, e.g.
+        budgets. A policy with an ``io`` attribute (`jgrind.plan.protocols.IOStrategy`, e.g.
         `naive`) also changes how inputs move: snapshots instead of regathering, row reads.
       num_parts: number of partitions (ignored if ``partitioned`` is given).
       partitioner: ``(graph, k, seed=) -> assignment``; default label propagation.
@@ -198,6 +204,14 @@ class OutOfCore:
         self.local = [not getattr(layer, "aggregates", True) for layer in model.layers]
         self.memory = self._memory_plan()
         self._check_budgets()
+        self.schedule: Schedule = epoch_schedule(
+            self.num_layers, recomputed=[l for l in range(1, self.num_layers)
+                                         if Fate.RECOMPUTE in self._fates(ACTIVATION, l)],
+            kept=self.kept, masked=[l for l in range(self.num_layers)
+                                    if self.workload.masked(l)],
+            snapshots=self.io.snapshots, prefetch=prefetch)
+        self._backward_variants = {sweep.layer: sweep.variant for sweep in self.schedule.sweeps
+                                   if sweep.kind == BACKWARD}
         # layer l+1's backward steps hand layer l's backward the mask of l's output
         rules = [derivative_from_output(layer) if self.workload.masked(l) else None
                  for l, layer in enumerate(model.layers)]
@@ -304,8 +318,8 @@ class OutOfCore:
         # The minimum stated is one that runs: a budget-aware policy's own (`Budgeted` finds
         # the device budget its packing fits, beside the working set), else this plan's blocks
         # beside the working set the engine uses at that budget (masks on once they fit).
-        least = getattr(self.policy, "least_device_budget", None) or \
-            least_device_budget(self.workload, m.device_tables)
+        least_device, least_host = least_budgets(self.policy)
+        least = least_device or least_device_budget(self.workload, m.device_tables)
         if m.device_working_set > self.device_budget:
             raise BudgetError(
                 f"the device budget {format_bytes(self.device_budget)} is below one partition's "
@@ -319,10 +333,10 @@ class OutOfCore:
                 f"{format_bytes(m.device_working_set)}) but the device budget is "
                 f"{format_bytes(self.device_budget)}; raise it to at least "
                 f"{format_minimum(least)} or choose a policy that offloads more")
-        if getattr(self.policy, "least_device_budget", None) is not None:
+        if least_device is not None:
             # the policy fits the device and host budgets but has blocks left for an SSD tier
             # this run has no directory for
-            host = getattr(self.policy, "least_host_budget", None)
+            host = least_host
             raise BudgetError(
                 f"the blocks do not fit in the device budget {format_bytes(self.device_budget)} "
                 f"(beside one partition's working set of {format_bytes(m.device_working_set)}) "
@@ -372,32 +386,48 @@ class OutOfCore:
         return step_key(self.model.layers[l], keys[origin[l]], consumer)
 
     def _executed_loss_and_grad(self, params, key):
-        L = self.num_layers
-        for l in range(L - 1):
-            if self.io.snapshots:  # the naive scheme: filled by this forward, read by backward
-                self._snapshots[l] = self.store.snapshot(l, self.widths[l],
-                                                         self._snapshot_rows(l))
-            self._forward_layer(params, l, key)
-            if l >= 1:
-                self.activations[l].release()  # no-op unless the layer is recomputed
+        """Run `schedule`'s sweeps in order: the tables each sweep makes before it, its steps,
+        and the tables it frees after it."""
         grads, loss = _zero_grads_and_loss(params)
         grads = list(grads)
-        upper: Optional[Table] = None
+        gradients: dict[int, Table] = {}  # G_l while it lives
         masks: Optional[dict] = None  # output masks of layer l, made by layer l+1's backward
-        for l in reversed(range(L)):
-            if l not in self.aggregations:  # a kept aggregation replaces H_l in backward
-                self._ensure_materialized(params, l, key)
-            lower = self._gradient_table(l) if l > 0 else None
-            loss, grads[l], masks = self._backward_layer(params, l, key, upper, lower, loss,
-                                                         grads[l], masks)
-            if upper is not None:  # an all-SSD gradient file is kept for the next epoch
-                self.store.drop(upper, keep=True)
-            if l in self._snapshots:
-                self.store.drop(self._snapshots.pop(l))
-            if l >= 1 and self.activations[l].recomputed:
-                self.activations[l].release()
-            upper = lower
+        for sweep in self.schedule.sweeps:
+            for table in sweep.makes:
+                if table.name == GRADIENTS:
+                    gradients[table.layer] = self._gradient_table(table.layer)
+                else:
+                    self._make(table)
+            l = sweep.layer
+            if sweep.kind == BACKWARD:
+                loss, grads[l], masks = self._backward_layer(
+                    params, l, key, gradients.get(l + 1), gradients.get(l), loss, grads[l],
+                    masks)
+            else:
+                self._forward_layer(params, l, key, sweep.variant)
+            for table in sweep.frees:
+                if table.name == GRADIENTS:  # an all-SSD gradient file is kept for next epoch
+                    self.store.drop(gradients.pop(table.layer), keep=True)
+                else:
+                    self._free(table)
         return tuple(grads), loss
+
+    def _make(self, table) -> None:
+        """Bring a schedule's activation or snapshot table into being before the sweep that
+        writes it first."""
+        if table.name == ACTIVATIONS:  # a recomputed layer's transient
+            self.activations[table.layer].materialize()
+        elif table.name == SNAPSHOTS:  # the naive scheme's, filled by this forward sweep
+            self._snapshots[table.layer] = self.store.snapshot(
+                table.layer, self.widths[table.layer], self._snapshot_rows(table.layer))
+
+    def _free(self, table) -> None:
+        """Release a schedule's activation or snapshot table after the sweep that reads it
+        last."""
+        if table.name == ACTIVATIONS:
+            self.activations[table.layer].release()
+        elif table.name == SNAPSHOTS:
+            self.store.drop(self._snapshots.pop(table.layer))
 
     def _snapshot_rows(self, l: int) -> np.ndarray:
         """Rows of each partition's snapshot of layer l's step input (the naive scheme): its
@@ -422,22 +452,14 @@ class OutOfCore:
                    if self.fates.get((name, layer, p.index), Fate.HOST) is fate)
         return 4 * rows * self.widths[layer]
 
-    def _ensure_materialized(self, params, layer: int, key) -> None:
-        """Recompute a RECOMPUTE-fated activation layer from the layer below (recursively)."""
-        table = self.activations[layer]
-        if layer == 0 or not table.recomputed or table.transient is not None:
-            return
-        self._ensure_materialized(params, layer - 1, key)
-        self._forward_layer(params, layer - 1, key, keep=False)  # its Z is kept already
-
-    def _forward_layer(self, params, l: int, key, keep: bool = True) -> None:
-        """``H_{l+1}`` from ``H_l``, and ``Z_l`` if it is kept (and ``keep``). If an unfilled
-        snapshot of layer l exists (the naive scheme), every partition's step input is also
-        written to it."""
+    def _forward_layer(self, params, l: int, key, variant: Variant = Variant.FORWARD) -> None:
+        """``H_{l+1}`` from ``H_l``, and ``Z_l`` too for `Variant.FORWARD_SAVING`. If an
+        unfilled snapshot of layer l exists (the naive scheme), every partition's step input is
+        also written to it."""
         src, dst = self.activations[l], self.activations[l + 1]
-        dst.materialize()
+        dst.materialize()  # a recomputed layer's transient, outside an epoch (`predict`)
         steps, p_l, k_l = self.steps[l], params[l], self._key(key, l)
-        kept = self.aggregations.get(l) if keep and key is not None else None
+        kept = self.aggregations[l] if variant is Variant.FORWARD_SAVING else None
         snap = self._snapshots.get(l)
         snap = snap if snap is not None and not snap.filled else None
         pending: collections.deque = collections.deque()
@@ -467,20 +489,24 @@ class OutOfCore:
             snap.filled = True
 
     def _backward_layer(self, params, l, key, upper, lower, loss, acc, masks):
-        """Layer l's backward sweep. ``masks``: its output masks per partition (from layer
-        l+1's sweep), or None to recompute the output. Returns the masks of layer l-1's output
-        when this layer's steps make them, else None."""
+        """Layer l's backward sweep, running the step variant the schedule names for it.
+        ``masks``: its output masks per partition (from layer l+1's sweep) for a masked
+        variant. Returns the masks of layer l-1's output when this layer's steps make them,
+        else None."""
+        variant = self._backward_variants[l]
+        if variant in _FROM_KEPT:
+            return loss, self._backward_from_kept(params, l, key, variant, upper, lower, acc,
+                                                  masks), None
         steps, p_l, k_l = self.steps[l], params[l], self._key(key, l)
-        top = l == self.num_layers - 1
-        if l in self.aggregations:
-            return loss, self._backward_from_kept(params, l, key, upper, lower, acc, masks), None
+        run = _BACKWARD_STEPS[variant]
+        top, masked = variant is Variant.TOP, variant in _MASKED
         made = {} if steps.emits_mask else None
         pending: collections.deque = collections.deque()
         snap = self._snapshots.get(l)
         snap = snap if snap is not None and snap.filled else None
         store_input_gradient = self._store_input_gradient(l, lower)
         # the input gradients' buffers (the top step makes one even for a one-layer model)
-        spared = top or lower is not None
+        spared = variant not in _PARAMS_ONLY
         self.spares.plan([self._input_shape(p, l) for p in self.parts] if spared else [])
         load_input = self._input_loader(l, self.activations[l], snap)
         # the output gradient is read with the input, off the main thread (`_loaded`)
@@ -488,26 +514,17 @@ class OutOfCore:
         load = (lambda part: (load_input(part), (part.labels, part.weights))) if top else \
             (lambda part: (load_input(part), upper.read(part.index, part.num_out)))
         for part, (h_in, g_out) in self._loaded(load):
-            block = self._step_block(part, l)
             spare = self.spares.take(self._input_shape(part, l)) if spared else None
+            mask = masks.pop(part.index) if masked else None
+            out = run(steps, p_l, self._step_block(part, l), h_in, k_l, mask, g_out, acc, spare)
             if top:
-                labels, weights = g_out
-                out = steps.top(p_l, block, h_in, k_l, labels, weights, acc, spare)
                 loss = loss + out[0]
                 out = out[1:]
-            else:
-                mask = masks.pop(part.index) if masks is not None else None
-                if lower is None:
-                    acc = (steps.backward_params(p_l, block, h_in, k_l, g_out, acc)
-                           if mask is None else
-                           steps.masked_backward_params(p_l, block, h_in, k_l, mask, g_out, acc))
-                    self._dispatched(acc)
-                    continue
-                out = (steps.backward(p_l, block, h_in, k_l, g_out, acc, spare)
-                       if mask is None else
-                       steps.masked_backward(p_l, block, h_in, k_l, mask, g_out, acc, spare))
-            acc, d_h = out[0], out[1]
+            acc = out[0]
             self._dispatched(acc)
+            if not spared:  # the bottom layer: no input gradient
+                continue
+            d_h = out[1]
             if made is not None:
                 made[part.index] = out[2]
             if lower is not None:
@@ -519,21 +536,22 @@ class OutOfCore:
         self._wait(pending)
         return loss, acc, made
 
-    def _backward_from_kept(self, params, l, key, upper, lower, acc, masks):
+    def _backward_from_kept(self, params, l, key, variant, upper, lower, acc, masks):
         """Layer l's backward sweep from its kept aggregation: no regather, no recompute of
         the sparse product. Makes no masks for layer l-1 (it does not see ``H_l``), so that
         layer recomputes its pre-activation (from its own kept ``Z``) or its output."""
         steps, p_l, k_l = self.steps[l], params[l], self._key(key, l)
         kept = self.aggregations[l]
+        params_only = variant is Variant.SAVED_BACKWARD_PARAMS
         pending: collections.deque = collections.deque()
         self.spares.plan([(p.num_in, self.widths[l]) for p in self.parts]
-                         if lower is not None else [])
+                         if not params_only else [])
         for part, (z, g_out) in self._loaded(lambda part: (kept.read(part.index, part.num_out),
                                                             upper.read(part.index,
                                                                        part.num_out))):
             block = self._device_block(part)
             mask = masks.pop(part.index) if masks is not None else None
-            if lower is None:
+            if params_only:
                 acc = steps.saved_backward_params(p_l, block, z, k_l, mask, g_out, acc)
                 self._dispatched(acc)
                 continue
@@ -750,6 +768,26 @@ class OutOfCore:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# The step function each backward variant names, called alike: ``(steps, params, block, input,
+# key, mask, output gradient or (labels, weights), accumulator, spare buffer)``. Returns the
+# step's outputs: (loss term,) accumulator, input gradient, mask made; the bottom layer's
+# variants only the accumulator.
+_BACKWARD_STEPS = {
+    Variant.TOP: lambda s, p, b, h, k, m, g, acc, spare: s.top(p, b, h, k, *g, acc, spare),
+    Variant.BACKWARD: lambda s, p, b, h, k, m, g, acc, spare: s.backward(p, b, h, k, g, acc,
+                                                                         spare),
+    Variant.MASKED_BACKWARD: lambda s, p, b, h, k, m, g, acc, spare: s.masked_backward(
+        p, b, h, k, m, g, acc, spare),
+    Variant.BACKWARD_PARAMS: lambda s, p, b, h, k, m, g, acc, spare: (s.backward_params(
+        p, b, h, k, g, acc),),
+    Variant.MASKED_BACKWARD_PARAMS: lambda s, p, b, h, k, m, g, acc, spare: (
+        s.masked_backward_params(p, b, h, k, m, g, acc),),
+}
+_FROM_KEPT = frozenset({Variant.SAVED_BACKWARD, Variant.SAVED_BACKWARD_PARAMS})
+_MASKED = frozenset({Variant.MASKED_BACKWARD, Variant.MASKED_BACKWARD_PARAMS})
+_PARAMS_ONLY = frozenset({Variant.BACKWARD_PARAMS, Variant.MASKED_BACKWARD_PARAMS})
 
 
 def _steps(layer, remat_policy, input_mask, node_loss) -> LayerSteps:

@@ -18,8 +18,8 @@ from typing import Optional
 
 import numpy as np
 
-# tier codes, in `jgrind.plan.fates.Fate` order (as `jgrind.engine.store`)
-DEVICE, HOST, SSD, RECOMPUTE = 0, 1, 2, 3
+# the tier codes of `jgrind.plan.fates`, by the names of their tiers
+from jgrind.plan.fates import D as DEVICE, H as HOST, R as RECOMPUTE, S as SSD  # noqa: F401
 
 
 @dataclasses.dataclass(frozen=True)

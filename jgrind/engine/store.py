@@ -34,11 +34,9 @@ from jgrind.engine.cache import HostCache
 from jgrind.engine.host_arrays import HostArrays
 from jgrind.engine.routes import Layout, RouteCache, TierRows
 from jgrind.engine.ssd import SSDFile, StoreError
-from jgrind.plan.fates import Fate
+from jgrind.plan.fates import CODES, FATES, Fate
 from jgrind.rows import add_rows, copy_rows, take_rows
 
-_TIERS = (Fate.DEVICE, Fate.HOST, Fate.SSD, Fate.RECOMPUTE)
-_CODE = {f: i for i, f in enumerate(_TIERS)}
 # the host-cache key (with the table's) of a table's whole SSD file (`Table._whole_file`)
 WHOLE_FILE = "whole file"
 
@@ -155,10 +153,10 @@ class Table:
         self.store, self.name, self.layer, self.width = store, name, layer, int(width)
         self.key = (name, layer)
         sizes = store.block_rows
-        self.tier = np.array([_CODE[f] for f in fates], np.int8)
+        self.tier = np.array([CODES[f] for f in fates], np.int8)
         self.slot = np.zeros(sizes.size, np.int64)      # first row of the block in its tier
         self.tier_rows = []
-        for code in range(len(_TIERS)):
+        for code in range(len(FATES)):
             members = self.tier == code
             starts = np.cumsum(np.where(members, sizes, 0)) - np.where(members, sizes, 0)
             self.slot[members] = starts[members]
@@ -168,21 +166,21 @@ class Table:
         self.transient: Optional[np.ndarray] = None
         self.ssd: Optional[SSDFile] = None
         nbytes = lambda code: self.tier_rows[code] * self.width * 4  # noqa: E731
-        if self.tier_rows[_CODE[Fate.DEVICE]]:
-            self.device = _device_zeros((self.tier_rows[_CODE[Fate.DEVICE]], self.width))
-            store._charge(device=nbytes(_CODE[Fate.DEVICE]))
-        if self.tier_rows[_CODE[Fate.HOST]]:  # charged by the store's `HostArrays`
-            self.host = store.host_arrays.take(self.tier_rows[_CODE[Fate.HOST]], self.width,
+        if self.tier_rows[CODES[Fate.DEVICE]]:
+            self.device = _device_zeros((self.tier_rows[CODES[Fate.DEVICE]], self.width))
+            store._charge(device=nbytes(CODES[Fate.DEVICE]))
+        if self.tier_rows[CODES[Fate.HOST]]:  # charged by the store's `HostArrays`
+            self.host = store.host_arrays.take(self.tier_rows[CODES[Fate.HOST]], self.width,
                                                reserve)
-        if self.tier_rows[_CODE[Fate.SSD]]:
-            members = self.tier == _CODE[Fate.SSD]
+        if self.tier_rows[CODES[Fate.SSD]]:
+            members = self.tier == CODES[Fate.SSD]
             offsets = np.concatenate([[0], np.cumsum(sizes[members])])
             self.ssd_blocks = np.flatnonzero(members)     # block index -> file block order
             self.ssd_index = np.full(sizes.size, -1, np.int64)
             self.ssd_index[self.ssd_blocks] = np.arange(self.ssd_blocks.size)
             self.ssd = SSDFile(store.run_dir / f"{name}-{layer}.bin", offsets, self.width,
                                store.run_id, on_io=store.count)
-            store._charge(ssd=nbytes(_CODE[Fate.SSD]))
+            store._charge(ssd=nbytes(CODES[Fate.SSD]))
         file_start = np.full(sizes.size, -1, np.int64)
         if self.ssd is not None:
             file_start[self.ssd_blocks] = self.ssd.offsets[:-1]
@@ -191,39 +189,39 @@ class Table:
 
     # -- helpers ---------------------------------------------------------------------------
     def fate(self, block: int) -> Fate:
-        return _TIERS[self.tier[block]]
+        return FATES[self.tier[block]]
 
     def stored_on_host(self, block: int, halo_owner: Optional[np.ndarray] = None) -> bool:
         """Whether storing a step output of ``block`` reads the output in host memory: its
         `write`, or with ``halo_owner`` its `accumulate` into those halo rows too. Only rows
         that all land in device blocks stay on the device."""
         if halo_owner is None:
-            return self.tier[block] != _CODE[Fate.DEVICE]
-        return bool(self.tier[block] != _CODE[Fate.DEVICE]
-                    or (self.tier[halo_owner] != _CODE[Fate.DEVICE]).any())
+            return self.tier[block] != CODES[Fate.DEVICE]
+        return bool(self.tier[block] != CODES[Fate.DEVICE]
+                    or (self.tier[halo_owner] != CODES[Fate.DEVICE]).any())
 
     def held_on_host(self, block: int, halo_owner: Optional[np.ndarray] = None) -> bool:
         """Whether storing a step output of ``block`` (with ``halo_owner``: accumulating it)
         reads it in host memory only: no row of it lands in a device block, so the store
         needs no device copy of it and takes a host one (`write`, `accumulate`)."""
-        if self.tier[block] == _CODE[Fate.DEVICE]:
+        if self.tier[block] == CODES[Fate.DEVICE]:
             return False
-        return halo_owner is None or not (self.tier[halo_owner] == _CODE[Fate.DEVICE]).any()
+        return halo_owner is None or not (self.tier[halo_owner] == CODES[Fate.DEVICE]).any()
 
     @property
     def all_ssd(self) -> bool:
-        return self.ssd is not None and self.tier_rows[_CODE[Fate.SSD]] == int(
+        return self.ssd is not None and self.tier_rows[CODES[Fate.SSD]] == int(
             self.store.block_rows.sum())
 
     @property
     def recomputed(self) -> bool:
-        return self.tier_rows[_CODE[Fate.RECOMPUTE]] > 0
+        return self.tier_rows[CODES[Fate.RECOMPUTE]] > 0
 
     def _rows(self, block: int) -> int:
         return int(self.store.block_rows[block])
 
     def _host_array(self, code: int) -> np.ndarray:
-        if code == _CODE[Fate.HOST]:
+        if code == CODES[Fate.HOST]:
             return self.host
         if self.transient is None:
             raise RuntimeError(f"{self.name} {self.layer} is recomputed and not materialised")
@@ -231,7 +229,7 @@ class Table:
 
     # -- transient (recompute) storage -------------------------------------------------------
     def materialize(self) -> None:
-        rows = self.tier_rows[_CODE[Fate.RECOMPUTE]]
+        rows = self.tier_rows[CODES[Fate.RECOMPUTE]]
         if rows and self.transient is None:
             self.transient = self.store.host_arrays.take(rows, self.width)
 
@@ -245,14 +243,14 @@ class Table:
         """Store the first ``rows(block)`` rows of ``values`` (a padded step output)."""
         code, rows = self.tier[block], self._rows(block)
         start = int(self.slot[block])
-        if code == _CODE[Fate.DEVICE]:
+        if code == CODES[Fate.DEVICE]:
             idx = np.arange(start, start + rows, dtype=np.int32)
             idx = _padded_rows(idx, values.shape[0], self.device.shape[0])
             with self._device_lock:
                 self.device = _device_set(self.device, idx, values)
             return
         host_values = transfers.host_view(values)[:rows]
-        if code == _CODE[Fate.SSD]:
+        if code == CODES[Fate.SSD]:
             self.ssd.write_block(int(self.ssd_index[block]), host_values)
             self.store.cache.invalidate((self.key, block))
             self.store.cache.invalidate((self.key, WHOLE_FILE))
@@ -266,7 +264,7 @@ class Table:
         else NumPy)."""
         code, rows = self.tier[block], self._rows(block)
         start = int(self.slot[block])
-        if code == _CODE[Fate.DEVICE]:
+        if code == CODES[Fate.DEVICE]:
             idx = np.arange(start, start + rows, dtype=np.int32)
             return _device_take(self.device, _padded_rows(idx, padded_rows,
                                                           self.device.shape[0]))
@@ -284,7 +282,7 @@ class Table:
         """Block ``block``'s rows from host RAM or SSD: a view of a host array or a cached
         block, or ``into`` itself when the block was read from SSD straight into it."""
         code, rows = self.tier[block], self._rows(block)
-        if code == _CODE[Fate.SSD]:
+        if code == CODES[Fate.SSD]:
             return self._ssd_block(block, into)
         start = int(self.slot[block])
         self.store.count(host_read=rows * self.width * 4)
@@ -341,20 +339,20 @@ class Table:
         on_device = []  # (positions, rows of the device array) left on the device
         try:
             own = out[:own_rows]
-            if keep_device_rows and route.own_code == _CODE[Fate.DEVICE]:
+            if keep_device_rows and route.own_code == CODES[Fate.DEVICE]:
                 on_device.append((np.arange(own_rows),
                                   np.arange(route.own_start, route.own_start + own_rows)))
             else:
                 self._fill(own, self._block_rows(block, own))
             for rows in route.halo:
-                if rows.code == _CODE[Fate.DEVICE] and keep_device_rows:
+                if rows.code == CODES[Fate.DEVICE] and keep_device_rows:
                     on_device.append((rows.dst, rows.src))
-                elif rows.code == _CODE[Fate.DEVICE]:
+                elif rows.code == CODES[Fate.DEVICE]:
                     idx = rows.src.astype(np.int32)
                     n = _bucket_len(idx.size)
                     got = _device_take(self.device, _padded_rows(idx, n, self.device.shape[0]))
                     out[rows.dst] = jax.device_get(got)[: idx.size]
-                elif rows.code == _CODE[Fate.SSD]:
+                elif rows.code == CODES[Fate.SSD]:
                     self._ssd_rows(rows, out)
                 else:  # host RAM (or a recomputed layer's transient): one native pass
                     take_rows(self._host_array(rows.code), rows.src, out=out, dst=rows.dst)
@@ -370,7 +368,7 @@ class Table:
         return DeviceRows(out, _padded_rows(dst, n, padded_rows), values)
 
     def _block_rows(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
-        if self.tier[block] == _CODE[Fate.DEVICE]:
+        if self.tier[block] == CODES[Fate.DEVICE]:
             start, rows = int(self.slot[block]), self._rows(block)
             return jax.device_get(self.device[start:start + rows])
         return self._read_host_or_ssd(block, into)
@@ -459,7 +457,7 @@ class Table:
             return
         host_values = transfers.host_view(values)
         for rows in route.halo:
-            if rows.code == _CODE[Fate.DEVICE]:
+            if rows.code == CODES[Fate.DEVICE]:
                 n = _bucket_len(rows.size)
                 with self._device_lock:
                     to = _padded_rows(rows.src.astype(np.int32), n, self.device.shape[0])
@@ -469,7 +467,7 @@ class Table:
                                                        values.shape[0]))
                         if keep_device_rows else
                         _device_add(self.device, to, _pad_to(host_values[rows.dst], n)))
-            elif rows.code == _CODE[Fate.SSD]:
+            elif rows.code == CODES[Fate.SSD]:
                 read = self.ssd.add_rows(rows.src, host_values, src=rows.dst)
                 for _, _, owner in rows.segments:
                     self.store.cache.invalidate((self.key, owner))
@@ -572,7 +570,7 @@ class Store:
       directory: where the run's subdirectory is made (needed only if a block goes to SSD).
       host_cache_bytes: capacity of the host cache in front of the SSD tier.
       row_reads: read SSD rows one at a time, with no whole-block reads and no host cache (the
-        naive scheme, see `jgrind.plan.policies.IOStrategy`).
+        naive scheme, see `jgrind.plan.protocols.IOStrategy`).
       host_tables_bytes: the most host RAM the tables may hold, freed arrays kept for the next
         table included (`HostArrays`; the engine passes the plan's peak). 0 keeps none.
       input_buffer_bytes: the most host RAM kept for step inputs' buffers between uses (`buffers`,

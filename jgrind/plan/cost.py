@@ -36,12 +36,14 @@ from typing import Optional, Sequence
 import numpy as np
 
 from jgrind.models.conv import derivative_from_output
+from jgrind.models.model import gcn
 from jgrind.models.moved_dropout import drops_input, unwrap
-from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate
+from jgrind.models.split import as_executed
+from jgrind.partition import shape_groups
+from jgrind.plan.fates import ACTIVATION, AGGREGATION, CODES, FATES, GRADIENT, D, Fate, H, R, S
+from jgrind.plan.inventory import aggregation_widths, layer_widths
+from jgrind.plan.schedule import ACTIVATIONS, GRADIENTS, Schedule, epoch_schedule
 
-D, H, S, R = 0, 1, 2, 3           # tier codes, in `Fate` order
-CODES = {Fate.DEVICE: D, Fate.HOST: H, Fate.SSD: S, Fate.RECOMPUTE: R}
-FATES = {v: k for k, v in CODES.items()}
 ITEMSIZE = 4                      # float32 activations and gradients
 
 # Elementwise and input-row traffic of a backward step, in multiples of its forward's (its
@@ -171,9 +173,6 @@ class Workload:
     def build(cls, pg, model, max_shapes: int = 3) -> "Workload":
         """From a `PartitionedGraph` (of the normalised graph) and a `GNN`, whose layers are
         taken as the engine runs them (`jgrind.models.split.as_executed`)."""
-        from jgrind.models.split import as_executed
-        from jgrind.partition import shape_groups
-        from jgrind.plan.inventory import aggregation_widths, layer_widths
         model = as_executed(model)[0]
         parts = pg.partitions
         P = len(parts)
@@ -704,33 +703,11 @@ class Sweep:
         return self.compute + io - overlap * min(self.compute, io)
 
 
-def sweep_order(num_layers: int, recomputed: frozenset,
-                kept: frozenset = frozenset()) -> list[tuple[str, int]]:
-    """The engine's sweeps as ``(kind, layer)``: forward sweeps, then backward from the top,
-    with the recompute sweeps `OutOfCore._ensure_materialized` inserts before a backward layer
-    whose input was dropped (a recomputed layer is kept from its recompute to its backward).
-    A layer in ``kept`` reads its kept aggregation in backward, not its input: nothing is
-    recomputed for it."""
-    L = num_layers
-    order = [("forward", l) for l in range(L - 1)]
-    materialized = set()   # recomputed layers whose transient exists now
-    if L - 1 in recomputed:
-        materialized.add(L - 1)  # written by the last forward sweep, released after backward
-    for l in reversed(range(L)):
-        if l in kept:
-            order.append(("backward", l))
-            continue
-        need = []
-        j = l
-        while j >= 1 and j in recomputed and j not in materialized:
-            need.append(j)
-            j -= 1
-        for j in reversed(need):
-            order.append(("recompute", j - 1))
-            materialized.add(j)
-        order.append(("backward", l))
-        materialized.discard(l)
-    return order
+def schedule_of(w: Workload, a: "Assignment") -> Schedule:
+    """The epoch the engine runs for assignment ``a`` on workload ``w``: what the model
+    prices."""
+    return epoch_schedule(w.num_layers, recomputed=a.recomputed, kept=a.kept,
+                          masked=[l for l in range(w.num_layers) if w.masked(l)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -817,30 +794,25 @@ class Memory:
 def _stored_bytes(w: Workload, a: Assignment, acts=None, grads=None
                   ) -> list[tuple[int, int, int]]:
     """Stored bytes per tier (device, host, SSD) at the start of the epoch and during each sweep
-    of `sweep_order`: activation blocks all epoch; ``G_l`` from backward l to backward l-1; a
-    recomputed layer from its (re)computation to its last use (forward, or its backward).
+    of its schedule (`schedule_of`): activation blocks all epoch; a gradient table and a
+    recomputed layer's transient from the sweep that makes it to the sweep that frees it.
     ``acts``, ``grads``: the layers' `Workload.tier_bytes`, if already worked out."""
     L = w.num_layers
     acts = acts or [w.tier_bytes(l, a.activations[l]) for l in range(L)]
     grads = grads or [w.tier_bytes(l, a.gradients[l]) for l in range(L)]
     kept = kept_bytes(w, a)
     base = [sum(acts[l][c] for l in range(L)) + kept[c] for c in (D, H, S)]
-    rset = a.recomputed
-    live_transient: set = set()
-    live_grads: set = set()
+    live = {ACTIVATIONS: set(), GRADIENTS: set()}  # recomputed layers' transients; G_l
     out = [tuple(base)]
-    for kind, l in sweep_order(L, rset, a.kept):
-        if kind in ("forward", "recompute") and l + 1 in rset:
-            live_transient.add(l + 1)
-        if kind == "backward" and l >= 1:
-            live_grads.add(l)
-        now = [base[i] + sum(grads[g][c] for g in live_grads) for i, c in enumerate((D, H, S))]
-        now[1] += sum(acts[j][R] for j in live_transient)
+    for sweep in schedule_of(w, a).sweeps:
+        for table in sweep.makes:
+            live.get(table.name, set()).add(table.layer)
+        now = [base[i] + sum(grads[g][c] for g in live[GRADIENTS])
+               for i, c in enumerate((D, H, S))]
+        now[1] += sum(acts[j][R] for j in live[ACTIVATIONS])
         out.append(tuple(now))
-        if (kind == "forward" and l >= 1) or kind == "backward":
-            live_transient.discard(l)
-        if kind == "backward":
-            live_grads.discard(l + 1)
+        for table in sweep.frees:
+            live.get(table.name, set()).discard(table.layer)
     return out
 
 
@@ -979,7 +951,8 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
 
     read_once: set = set()  # activation layers read since written (cache hits afterwards)
     kept = a.kept
-    for kind, l in sweep_order(L, a.recomputed, kept):
+    for sweep in schedule_of(w, a).sweeps:
+        kind, l = sweep.kind, sweep.layer
         acts_in = a.activations[l]
         io = {"host": 0.0, "ssd": 0.0}
         direction = {"reads": 0.0, "writes": 0.0}
@@ -1063,7 +1036,6 @@ def fused_scale(profile, activation_floats: float) -> float:
     ones fault fresh pages in every step), so it is interpolated between the reference steps
     in the log of the widest activation's floats (nodes x widest width), and held constant
     outside them. Computed from the measurements each time, so it follows the cost model."""
-    from jgrind.models.model import gcn
     ref = FUSED_REFERENCE
     model = gcn(ref["features"], ref["hidden"], ref["classes"], num_layers=ref["layers"],
                 dropout=ref["dropout"])

@@ -26,6 +26,13 @@ class Fate(enum.Enum):
     RECOMPUTE = "recompute"
 
 
+# Tier codes: a fate as a small integer, for NumPy arrays of fates (the cost model's
+# `jgrind.plan.cost.Assignment`, the store's block tiers), in `Fate` order.
+D, H, S, R = 0, 1, 2, 3
+FATES = (Fate.DEVICE, Fate.HOST, Fate.SSD, Fate.RECOMPUTE)  # a code's fate: FATES[code]
+CODES = {fate: code for code, fate in enumerate(FATES)}     # a fate's code: CODES[fate]
+
+
 ACTIVATION = "activation"  # H_l: input rows of layer l (H_0 = node features)
 GRADIENT = "gradient"      # G_l: gradient of the loss w.r.t. H_l, accumulated across partitions
 # Z_l: layer l's aggregated input (`jgrind.models.conv.aggregation_split`), owned rows. Kept

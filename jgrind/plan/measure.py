@@ -30,14 +30,21 @@ import threading
 import time
 from typing import Callable
 
+import jax
 import numpy as np
+import optax
 
 from jgrind import _kernels, host_memory, transfers
 from jgrind.buffers import aligned_empty
 from jgrind.checksum import checksum, row_checksums
-from jgrind.plan.cost import SPAN_PIECE_BYTES
-from jgrind.plan.profile import PROFILE_VERSION, Profile, ProfileError, machine_fingerprint
+from jgrind.generators import csbm
+from jgrind.loss import node_weights, weighted_cross_entropy
+from jgrind.models.matmul import matmul  # the layers' products, at their precision
+from jgrind.models.model import gcn
+from jgrind.plan.cost import FUSED_REFERENCE, SPAN_PIECE_BYTES
+from jgrind.plan.hardware import PROFILE_VERSION, Profile, ProfileError, machine_fingerprint
 from jgrind.rows import add_rows, take_rows
+from jgrind.sparse import adjacency, spmm
 
 _MIB = 2**20
 _PAGE = 4096
@@ -89,8 +96,6 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     whatever happens. Measure on an otherwise idle machine: a concurrent job lowers the compute
     figures, and the profile is reused by later runs.
     """
-    import jax
-
     root = _check_directory(directory)
     sizes = _QUICK if quick else _FULL
     free = shutil.disk_usage(root).free
@@ -239,10 +244,6 @@ def _matmul_step(sizes: _Sizes, rng: np.random.Generator):
     """A jitted chain of ``x @ w`` products (several per call, so that dispatch does not count
     even on a fast accelerator); ``w`` is orthogonal, so values neither blow up nor decay into
     denormals however many calls follow each other. Returns the step, its input and flops."""
-    import jax
-
-    from jgrind.models.matmul import matmul  # the layers' products, at their precision
-
     m, k = sizes.matmul
     chain = sizes.matmul_chain
     w, _ = np.linalg.qr(rng.standard_normal((k, k)))
@@ -264,10 +265,6 @@ def _contraction_bw(sizes: _Sizes, rng: np.random.Generator) -> float:
     CPU backend this contraction over the long row dimension runs at a small fraction of the
     matmul rate (~10 GFLOP/s against ~150 here) and of the copy rate, so its flops misprice
     it several-fold: a 256 -> 8 top step is mostly this."""
-    import jax
-
-    from jgrind.models.matmul import matmul
-
     rows, width, narrow = sizes.contraction
     x = jax.device_put(rng.standard_normal((rows, width), dtype=np.float32))
     g = jax.device_put(rng.standard_normal((rows, narrow), dtype=np.float32))
@@ -280,10 +277,6 @@ def _contraction_bw(sizes: _Sizes, rng: np.random.Generator) -> float:
 def _spmm_rate(sizes: _Sizes, rng: np.random.Generator) -> float:
     """``A @ x`` through `jgrind.sparse.spmm` (the default backend, jitted) for a random square
     ``A`` with uniform degrees and mean weights, chained so that each product feeds the next."""
-    import jax
-
-    from jgrind.sparse import adjacency, spmm
-
     rows, nnz, width = sizes.spmm
     degree = max(1, nnz // rows)
     indptr = np.arange(rows + 1, dtype=np.int64) * degree
@@ -302,14 +295,7 @@ def _fused_step(nodes: int, repeats: int) -> tuple[int, int, float]:
     priced from these: one whole-graph program runs faster than its operations priced one by
     one (XLA fuses them), and slower per row as its tensors outgrow the caches and glibc's
     reusable heap (fresh pages fault in every step)."""
-    import jax
-    import optax
-
-    from jgrind.generators import csbm
-    from jgrind.loss import node_weights, weighted_cross_entropy
-    from jgrind.models.model import gcn
-    from jgrind.plan.cost import FUSED_REFERENCE as ref
-
+    ref = FUSED_REFERENCE
     degree = 10.0
     graph = csbm(num_nodes=nodes, num_classes=ref["classes"], num_features=ref["features"],
                  avg_degree=degree, seed=0)
@@ -351,8 +337,6 @@ STEP_ARGUMENTS = 16  # arrays a layer step takes: parameters, the block's adjace
 def _step_latency(sizes: _Sizes) -> float:
     """Seconds per call of a trivial jitted function taking `STEP_ARGUMENTS` small arrays (a
     call's cost grows with its arguments), each call waited for."""
-    import jax
-
     tiny = jax.jit(lambda args: sum(a[0] for a in args))
     args = [jax.device_put(np.zeros(8, np.float32)) for _ in range(STEP_ARGUMENTS)]
     tiny(args).block_until_ready()
@@ -430,8 +414,6 @@ def _transfer_bw(sizes: _Sizes) -> tuple[float, float, float]:
     """Host -> device (``device_put``) bytes/s of a large and of a small (partition-sized)
     array, and device -> host bytes/s as the engine reads a step output on the host
     (`jgrind.transfers`)."""
-    import jax
-
     # What a gather pays beyond copying its rows: a fresh buffer from the store
     # (`jgrind.buffers`), filled (its pages fault on first write) and handed to the device,
     # less the time to fill a buffer whose pages are already mapped (the row copies, which the
@@ -463,7 +445,6 @@ def _transfer_bw(sizes: _Sizes) -> tuple[float, float, float]:
 def _to_host_rate(nbytes: int, repeats: int, read: Callable) -> float:
     """Bytes/s of ``read(device array)``, each time on a fresh array (a JAX array caches its
     host copy)."""
-    import jax
     host = np.ones(nbytes // 4, np.float32)
     times = []
     for i in range(repeats + 1):
@@ -482,7 +463,6 @@ def link_rates(nbytes: int = 128 * _MIB, repeats: int = 3) -> tuple[float, float
     to the device, a device array to `pinned_host` memory (what the engine's copies cost at
     best, the floor of an out-of-core epoch's transfers), and JAX's copy of a device array
     into pageable memory (``np.asarray``). On the CPU backend all three are host copies."""
-    import jax
     pinned = transfers.pinned_host()
     host = np.ones(nbytes // 4, np.float32)
     if pinned is None:  # no page-locked kind: the pageable rates are the link's

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import sys
@@ -38,15 +39,21 @@ from typing import Callable, Optional
 import numpy as np
 
 from jgrind import disk_space
-from jgrind.plan.cost import (D, FATES, H, R, S, Assignment, Prediction, Workload,
-                              accumulate_seconds, backward_kind, fit_masks, format_bytes,
-                              format_minimum, least_device_budget,
-                              gather_seconds, in_memory_bytes, in_memory_seconds, loss_row_bytes,
-                              predict, read_block_seconds, step_seconds, sweep_order,
+from jgrind.partition import partition_graph
+from jgrind.partition.partitioners import label_propagation
+from jgrind.plan.budgets import UNLIMITED
+from jgrind.plan.cost import (Assignment, Prediction, Workload, accumulate_seconds,
+                              backward_kind, fit_masks, format_bytes, format_minimum,
+                              gather_seconds, in_memory_seconds, least_device_budget, predict,
+                              read_block_seconds, step_seconds, uniform,
                               with_page_cache, write_seconds)
-from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT
+from jgrind.plan.execution import fits_in_memory, in_memory_bytes
+from jgrind.plan.fates import (ACTIVATION, AGGREGATION, FATES, GRADIENT, D, Fate, H, R, S,
+                               TensorInfo)
+from jgrind.plan.inventory import layer_widths
+from jgrind.plan.protocols import IOStrategy
+from jgrind.plan.schedule import epoch_schedule
 
-UNLIMITED = 1 << 62
 MAX_PARTS = 4096
 
 
@@ -93,9 +100,8 @@ class Plan:
     def fates(self) -> dict:
         return {} if self.assignment is None else self.assignment.fates()
 
-    def policy(self):
-        """The plan as an ordinary policy (`jgrind.plan.policies.Planned`)."""
-        from jgrind.plan.policies import IOStrategy, Planned
+    def policy(self) -> "Planned":
+        """The plan as an ordinary policy (`Planned`)."""
         return Planned(assignment=tuple(sorted(self.fates().items(), key=lambda kv: kv[0])),
                        directory=self.directory, io=IOStrategy(cache=self.cache_bytes > 0),
                        in_memory=self.in_memory)
@@ -131,6 +137,34 @@ def _fate_summary(counts: dict) -> str:
     if len(parts) == 1:
         return parts[0][0]
     return " + ".join(f"{k} {v}" for k, v in parts)
+
+
+# -- a plan as a policy ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Planned:
+    """A plan's fates as an ordinary policy: a table lookup (`Plan.policy`).
+
+    ``io`` carries the plan's host cache mode; ``in_memory`` marks the fast-path plan."""
+
+    assignment: tuple            # ((name, layer, partition), fate) pairs
+    directory: Optional[str] = None
+    io: IOStrategy = IOStrategy()
+    in_memory: bool = False
+
+    def __call__(self, info: TensorInfo) -> Fate:
+        fate = self._lookup.get((info.name, info.layer, info.partition))
+        if fate is None:
+            if info.name == AGGREGATION:
+                return Fate.RECOMPUTE  # not kept: the plan lists kept aggregations only
+            if self.in_memory:
+                return Fate.DEVICE
+            raise KeyError(f"the plan has no fate for {info.name} of layer {info.layer}, "
+                           f"partition {info.partition}: it was made for another partitioning")
+        return fate
+
+    @functools.cached_property
+    def _lookup(self) -> dict:
+        return dict(self.assignment)
 
 
 # -- the program for one set of recomputed layers ------------------------------------------------
@@ -176,7 +210,7 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
     groups = [(ACTIVATION, l) for l in range(L) if l not in recomputed] + \
              [(GRADIENT, l) for l in range(1, L)]
     gi = {g: i for i, g in enumerate(groups)}
-    order = sweep_order(L, recomputed)
+    order = epoch_schedule(L, recomputed=recomputed).order()
     kept_layers = sorted(w.aggregated) if keep else []
     n_x = 4 * len(groups)
     zi = {l: n_x + 5 * i for i, l in enumerate(kept_layers)}  # y_D, y_H, y_S, k, u
@@ -510,7 +544,6 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
 def _uniform_candidates(w: Workload, ssd: bool, recompute: bool):
     """The fixed policies' assignments: everything on one tier, or hidden activations
     recomputed with the rest in host RAM."""
-    from jgrind.plan.cost import uniform
     L, P = w.num_layers, w.num_parts
     tiers = [("all device", D), ("all host", H)] + ([("all ssd", S)] if ssd else [])
     for label, code in tiers:
@@ -632,18 +665,12 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
     Candidate partition counts: powers of two from the smallest whose working set fits the
     device budget, and twice that (more partitions shrink the working set and leave more room
     for blocks, but add halo rows and per-step latency)."""
-    from jgrind.partition import partition_graph
-    from jgrind.partition.partitioners import label_propagation
-    from jgrind.plan.inventory import layer_widths
     partitioner = partitioner or label_propagation
     check_num_parts(num_parts, graph.num_nodes)
     dev = UNLIMITED if device_budget is None else int(device_budget)
-    widths = layer_widths(model, graph.num_features)
-    structure = 2 * (graph.indptr.nbytes + graph.indices.nbytes + 4 * graph.num_edges)
-    fast_bytes = in_memory_bytes(graph.num_nodes, graph.num_edges, graph.num_features, widths,
-                                 structure, loss_row_bytes(graph.labels))
-    num_params = _num_params(widths)
-    if num_parts in (None, 1) and fast_bytes <= dev:
+    fast_bytes = in_memory_bytes(graph, model)
+    num_params = _num_params(layer_widths(model, graph.num_features))
+    if fits_in_memory(graph, model, device_budget, num_parts):
         w = _single_partition_workload(graph, model)
         seconds = in_memory_seconds(w, profile)
         return Plan(in_memory=True, num_parts=1, assignment=None, prediction=None,
@@ -698,7 +725,6 @@ def _num_params(widths) -> int:
 
 def _single_partition_workload(graph, model) -> Workload:
     """The whole graph as one partition with no halo: the fast path's shapes."""
-    from jgrind.plan.inventory import layer_widths
     one = lambda n: np.array([n], np.int64)  # noqa: E731
     n, e = graph.num_nodes, graph.num_edges
     return Workload(widths=tuple(layer_widths(model, graph.num_features)),

@@ -4,7 +4,11 @@ Plain policies are functions or frozen dataclasses with ``__call__`` (hashable, 
 A policy that needs to see every tensor before deciding (budget-aware ones) also has
 ``bind(inventory, context) -> policy``; the engine calls it once with the full tensor
 inventory and a `BindContext` (the partitioned workload's shapes and the run's budgets).
-`auto` is such a policy: the planner (`jgrind.plan.planner`) chooses the fates.
+What a policy may declare besides is in `jgrind.plan.protocols`.
+
+This module is the catalogue users reach as ``jgrind.policies``: the fixed policies are
+defined here; `auto`, the planner as a policy, is defined on the planner's side
+(`jgrind.plan.auto`) and re-exported.
 
 Write your own in a few lines::
 
@@ -25,43 +29,27 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import numbers
 import os
 from typing import Callable, Optional, Sequence
 
+from jgrind.plan.auto import Auto, auto
+from jgrind.plan.budgets import UNLIMITED, check_budget, smaller
+from jgrind.plan.cost import Assignment, fit_masks, memory
 from jgrind.plan.fates import AGGREGATION, GRADIENT, Fate, PolicyError, TensorInfo
+from jgrind.plan.planner import Planned
+from jgrind.plan.protocols import (BindContext, IOStrategy, Policy, bind, check_policy,
+                                   io_strategy, store_directory)
 
-Policy = Callable[[TensorInfo], Fate]
-
-
-def check_policy(policy, what: str = "policy") -> None:
-    """PolicyError unless ``policy`` can be called with a `TensorInfo` (a function, or a frozen
-    dataclass with ``__call__``): a fate or a name passed where a policy goes fails here, not
-    inside the engine."""
-    if not callable(policy):
-        hint = (" (a Fate is what a policy returns; for one fate everywhere use e.g. "
-                "policies.host_offload())") if isinstance(policy, Fate) else (
-                " (for the command line's names use policies.in_memory(), host_offload(), "
-                "ssd_offload(dir), recompute_activations(), grinnder(...), auto(...))")
-        raise PolicyError(f"{what} must be a function from a TensorInfo to a Fate, got "
-                          f"{policy!r}{hint}")
+__all__ = ["Auto", "BindContext", "Budgeted", "ByKind", "ByLayer", "Constant", "IOStrategy",
+           "Naive", "Planned", "Policy", "auto", "bind", "by_layer", "check_budget",
+           "check_policy", "grinnder", "host_offload", "in_memory", "io_strategy", "naive",
+           "recompute_activations", "ssd_offload", "store_directory"]
 
 
 def _check_fate(value, what: str) -> None:
     if not isinstance(value, Fate):
         raise PolicyError(f"{what} must be a jgrind.Fate (DEVICE, HOST, SSD or RECOMPUTE), got "
                           f"{value!r}")
-
-
-def check_budget(value, name: str) -> Optional[int]:
-    """``value`` as bytes (None: unlimited), or PolicyError: a budget is a whole number of
-    bytes, 0 or more, e.g. ``2 << 30`` for 2 GiB (the command line reads "2GiB")."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise PolicyError(f"{name} must be a whole number of bytes, 0 or more (None: "
-                          f"unlimited), e.g. 2 << 30 for 2 GiB; got {value!r}")
-    return int(value)
 
 
 def _directory(value, who: str) -> str:
@@ -97,6 +85,12 @@ class Constant:
         if self.gradient_fate is not None:
             return self.gradient_fate
         return Fate.HOST if self.fate is Fate.RECOMPUTE else self.fate
+
+    @property
+    def device_only(self) -> bool:
+        """Activations and gradients all on the device (`jgrind.plan.protocols.DeviceOnly`):
+        the in-memory fast path computes the same when the graph fits."""
+        return self.fate is Fate.DEVICE and self.gradients is Fate.DEVICE
 
     def __call__(self, info: TensorInfo) -> Fate:
         if info.name == AGGREGATION:
@@ -141,33 +135,6 @@ def recompute_activations(gradients: Fate = Fate.HOST, features: Fate = Fate.HOS
 
 
 @dataclasses.dataclass(frozen=True)
-class IOStrategy:
-    """How the engine moves a layer's inputs, independently of where blocks live.
-
-    The default is the GriNNder scheme: no snapshot of a partition's gathered input is kept
-    (backward *regathers* it from the stored layer outputs), and SSD blocks are read whole,
-    through the host cache. A policy changes it by having an ``io`` attribute (see `naive`).
-
-    Attributes:
-      snapshots: write every partition's step input (owned + halo rows; a node-wise layer's
-        owned rows) to an SSD snapshot in the forward sweep and read it back in backward
-        instead of regathering.
-      row_reads: read SSD rows one node at a time (one read call per row, no whole-block
-        reads, no host cache).
-    """
-
-    snapshots: bool = False
-    row_reads: bool = False
-    cache: bool = True  # a host cache in front of the SSD tier, within the host budget
-
-
-def io_strategy(policy: Policy) -> IOStrategy:
-    """The `IOStrategy` a policy asks for (the GriNNder default unless it has an ``io``)."""
-    io = getattr(policy, "io", None)
-    return io if isinstance(io, IOStrategy) else IOStrategy()
-
-
-@dataclasses.dataclass(frozen=True)
 class Naive:
     """For comparison only: every block on SSD (as `ssd_offload`), plus the I/O of a naive
     out-of-core scheme: snapshots of the step inputs kept from forward to backward, and
@@ -204,7 +171,8 @@ class ByKind:
     def __call__(self, info: TensorInfo) -> Fate:
         return (self.gradients if info.name == GRADIENT else self.activations)(info)
 
-    def bind(self, inventory, context=None) -> "ByKind":
+    def bind(self, inventory: Sequence[TensorInfo],
+             context: Optional[BindContext] = None) -> "ByKind":
         return ByKind(bind(self.activations, inventory, context),
                       bind(self.gradients, inventory, context))
 
@@ -218,7 +186,8 @@ class ByLayer:
     def __call__(self, info: TensorInfo) -> Fate:
         return self.policies[min(info.layer, len(self.policies) - 1)](info)
 
-    def bind(self, inventory, context=None) -> "ByLayer":
+    def bind(self, inventory: Sequence[TensorInfo],
+             context: Optional[BindContext] = None) -> "ByLayer":
         return ByLayer(tuple(bind(p, inventory, context) for p in self.policies))
 
 
@@ -264,12 +233,13 @@ class Budgeted:
         check_budget(self.device_budget, "grinnder's device_budget")
         check_budget(self.host_budget, "grinnder's host_budget")
 
-    def bind(self, inventory: Sequence[TensorInfo], context=None) -> "Budgeted":
+    def bind(self, inventory: Sequence[TensorInfo],
+             context: Optional[BindContext] = None) -> "Budgeted":
         device, host = self.device_budget, self.host_budget
-        workload = getattr(context, "workload", None)
+        workload = None if context is None else context.workload
         if context is not None:
-            device = _smaller(device, context.device_budget)
-            host = _smaller(host, context.host_budget)
+            device = smaller(device, context.device_budget)
+            host = smaller(host, context.host_budget)
         ssd = context is None or bool(self.directory or context.directory)
         order = sorted((t for t in inventory if t.name != AGGREGATION),
                        key=lambda t: (t.first_backward_use, t.name, t.partition))
@@ -283,7 +253,7 @@ class Budgeted:
             return bound
         least_device = _least(lambda d: fit(d, host)[1], device)
         least_host = None
-        if ssd is False and fit(device, 1 << 62)[1] == 0:
+        if ssd is False and fit(device, UNLIMITED)[1] == 0:
             least_host = _least(lambda h: fit(device, h)[1], host)
         return dataclasses.replace(bound, least_device_budget=least_device,
                                    least_host_budget=least_host)
@@ -298,10 +268,6 @@ class Budgeted:
     @functools.cached_property
     def _lookup(self) -> dict:
         return dict(self.assignment)
-
-
-def _smaller(own: Optional[int], run: Optional[int]) -> Optional[int]:
-    return run if own is None else own if run is None else min(own, run)
 
 
 def _pack(order: Sequence[TensorInfo], device_room: int, host_room: int,
@@ -330,10 +296,8 @@ def _budgeted_fit(order, workload, reserve: int, ssd: bool, device: Optional[int
     bytes are missing. The working set is the engine's for that device budget (output masks
     are dropped when they do not fit, `jgrind.plan.cost.fit_masks`), and the check is the
     engine's: `jgrind.plan.cost.memory` against both budgets."""
-    from jgrind.plan.cost import Assignment, fit_masks, memory
-    unlimited = 1 << 62
-    device = unlimited if device is None else device
-    host = unlimited if host is None else host
+    device = UNLIMITED if device is None else device
+    host = UNLIMITED if host is None else host
     # the engine drops the masks only when they do not fit: start from the workload with them
     w = fit_masks(dataclasses.replace(workload, masks=True), device)
     working_set = max(w.working_set(), reserve)
@@ -368,159 +332,3 @@ def grinnder(device_budget: int, host_budget: int, directory: Optional[str] = No
     """The default out-of-core policy: device, then host, then SSD, within the budgets."""
     return Budgeted(int(device_budget), int(host_budget),
                     None if directory is None else os.fspath(directory), int(device_reserve))
-
-
-@dataclasses.dataclass(frozen=True)
-class BindContext:
-    """What the engine tells a binding policy besides the inventory.
-
-    Attributes:
-      workload: the partitioned shapes (`jgrind.plan.cost.Workload`).
-      device_budget, host_budget: the run's budgets in bytes (None: unlimited).
-      directory: the run's SSD store directory, if any.
-    """
-
-    workload: object
-    device_budget: Optional[int] = None
-    host_budget: Optional[int] = None
-    directory: Optional[str] = None
-
-
-def bind(policy: Policy, inventory: Sequence[TensorInfo],
-         context: Optional[BindContext] = None) -> Policy:
-    """Give a budget-aware policy the whole inventory; plain policies come back unchanged."""
-    binder = getattr(policy, "bind", None)
-    return binder(inventory, context) if callable(binder) else policy
-
-
-def store_directory(policy: Policy) -> Optional[str]:
-    """The SSD directory a policy names, if any (``ssd_offload(dir)``, ``grinnder(..., dir)``)."""
-    return getattr(policy, "directory", None)
-
-
-# -- the planner as a policy -------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Planned:
-    """A plan's fates as an ordinary policy: a table lookup (see `jgrind.plan.planner.Plan`).
-
-    ``io`` carries the plan's host cache mode; ``in_memory`` marks the fast-path plan."""
-
-    assignment: tuple            # ((name, layer, partition), fate) pairs
-    directory: Optional[str] = None
-    io: IOStrategy = IOStrategy()
-    in_memory: bool = False
-
-    def __call__(self, info: TensorInfo) -> Fate:
-        fate = self._lookup.get((info.name, info.layer, info.partition))
-        if fate is None:
-            if info.name == AGGREGATION:
-                return Fate.RECOMPUTE  # not kept: the plan lists kept aggregations only
-            if self.in_memory:
-                return Fate.DEVICE
-            raise KeyError(f"the plan has no fate for {info.name} of layer {info.layer}, "
-                           f"partition {info.partition}: it was made for another partitioning")
-        return fate
-
-    @functools.cached_property
-    def _lookup(self) -> dict:
-        return dict(self.assignment)
-
-
-@dataclasses.dataclass(frozen=True)
-class Auto:
-    """The planner as a policy: fates chosen to minimise the predicted epoch time under the
-    budgets (`jgrind.plan.planner`), from a measured hardware profile.
-
-    Used as ``train(..., policy=auto())``: the trainer calls `prepare` before partitioning, so
-    the planner also chooses the number of partitions, the host cache mode and the in-memory
-    fast path when everything fits. Inside a combinator (``by_layer(auto(), ...)``) it is bound
-    like any budget-aware policy, for the partitioning the engine already made.
-
-    Attributes:
-      device_budget, host_budget: bytes; None: the run's budgets, else what the profile
-        measured as free (device) and half the free host RAM. Given with the run's, the
-        smaller of the two.
-      directory: the SSD store; None: the run's ``store``.
-      profile: a `jgrind.plan.profile.Profile`, a path to a saved one, or None for the default
-        file (measured on first use, re-measured when stale).
-      recompute: allow the planner to recompute activation layers.
-      keep_aggregations: allow the planner to keep layers' aggregations instead of
-        regathering their inputs in backward (docs/engine.md, "Kept aggregations").
-      on_plan: called with the `Plan` of a whole run once `prepare` has made it (``jgrind
-        train`` prints it and saves it as plan.txt).
-    """
-
-    device_budget: Optional[int] = None
-    host_budget: Optional[int] = None
-    directory: Optional[str] = None
-    profile: object = dataclasses.field(default=None, compare=False, hash=False)
-    recompute: bool = True
-    keep_aggregations: bool = True
-    on_plan: Optional[Callable] = dataclasses.field(default=None, compare=False, hash=False)
-
-    def load_profile(self, directory=None):
-        """The profile to plan with; its SSD figures for this policy's store, else the run's
-        ``directory``."""
-        from jgrind.plan import profile as hw
-        if isinstance(self.profile, hw.Profile):
-            return self.profile
-        return hw.load_or_measure(self.profile, self.directory or directory,
-                                  log=lambda msg: print(f"jgrind: {msg}"))
-
-    def budgets(self, device_budget=None, host_budget=None, profile=None):
-        """The budgets to plan for: this policy's and the run's, the smaller where both are
-        given (the run's are the limits the engine holds every plan to, docs/engine.md), else
-        the profile's."""
-        def smaller(own, run):
-            return run if own is None else own if run is None else min(own, run)
-        dev = smaller(self.device_budget, device_budget)
-        host = smaller(self.host_budget, host_budget)
-        if dev is None and profile is not None:
-            dev = int(profile.device_free)
-        if host is None and profile is not None:
-            host = int(profile.host_free) // 2
-        return dev, host
-
-    def prepare(self, graph, model, *, device_budget=None, host_budget=None, directory=None,
-                partitioner=None, num_parts=None, seed: int = 0, progress=None):
-        """Plan a whole run (`jgrind.plan.planner.plan_run`); returns the `Plan`."""
-        from jgrind.plan.planner import plan_run
-        profile = self.load_profile(directory)
-        dev, host = self.budgets(device_budget, host_budget, profile)
-        planned = plan_run(graph, model, profile, device_budget=dev, host_budget=host,
-                           directory=self.directory or directory, partitioner=partitioner,
-                           num_parts=num_parts, seed=seed, recompute=self.recompute,
-                           progress=progress or (lambda msg: None),
-                           keep=self.keep_aggregations)
-        if self.on_plan is not None:
-            self.on_plan(planned)
-        return planned
-
-    def bind(self, inventory, context: Optional[BindContext] = None) -> Planned:
-        from jgrind.plan.planner import plan
-        if context is None:
-            raise ValueError("auto() needs the engine's BindContext (the partitioned shapes) "
-                             "to plan; pass it to train(policy=auto()) or bind(policy, "
-                             "inventory, context)")
-        profile = self.load_profile(context.directory)
-        dev, host = self.budgets(context.device_budget, context.host_budget, profile)
-        return plan(context.workload, profile, device_budget=dev, host_budget=host,
-                    directory=self.directory or context.directory,
-                    recompute=self.recompute, keep=self.keep_aggregations).policy()
-
-    def __call__(self, info: TensorInfo) -> Fate:
-        raise RuntimeError("auto() used before planning; the engine binds it (train(policy="
-                           "auto()) or bind(policy, inventory, context))")
-
-
-def auto(device_budget: Optional[int] = None, host_budget: Optional[int] = None,
-         directory: Optional[str | os.PathLike] = None, profile=None,
-         recompute: bool = True, keep_aggregations: bool = True,
-         on_plan: Optional[Callable] = None) -> Auto:
-    """Let the planner choose every fate, the partitions and the cache mode (see `Auto`)."""
-    if on_plan is not None and not callable(on_plan):
-        raise TypeError(f"on_plan must be a function of the Plan, got {on_plan!r}")
-    return Auto(check_budget(device_budget, "auto's device_budget"),
-                check_budget(host_budget, "auto's host_budget"),
-                None if directory is None else os.fspath(directory), profile, recompute,
-                keep_aggregations, on_plan)

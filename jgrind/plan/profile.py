@@ -1,10 +1,11 @@
-"""A measured hardware profile: the figures the planner predicts epoch time from.
+"""A measured hardware profile: the figures the planner predicts epoch time from, kept as a file.
 
 The planner chooses where each tensor lives by comparing what moving it costs (bytes over a
 measured bandwidth) with what keeping or recomputing it costs (flops over a measured rate).
-A `Profile` holds those figures, measured on this machine by `jgrind.plan.measure`; `save`
-keeps one as JSON (by default in ``~/.cache/jgrind/profile.json``, see `default_path`) so that
-it is measured once, not every run.
+A `Profile` holds those figures (`jgrind.plan.hardware`, re-exported here), measured on this
+machine by `jgrind.plan.measure`; `save` keeps one as JSON (by default in
+``~/.cache/jgrind/profile.json``, see `default_path`) so that it is measured once, not every
+run.
 
 A profile describes one machine and one software setup; `Profile.stale_reason` says when it no
 longer does (another CPU, another accelerator, another JAX, an older profile format), and
@@ -16,326 +17,23 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import pathlib
-import platform
-import socket
 import tempfile
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
-from jgrind import allocator, host_memory
-from jgrind.rows import threads as row_threads
+from jgrind import host_memory
+from jgrind.caches import cache_root
+from jgrind.plan import measure as measuring
+from jgrind.plan.hardware import (PROFILE_VERSION, OlderProfileError, Profile, ProfileError,
+                                  machine_fingerprint, why_stale)
 
-PROFILE_VERSION = 17  # 2: page-cache figures; 3: per-call overheads of row I/O;
-#                      4: gathers into the output buffer, scatter-add rate;
-#                      5: host -> device rate at two transfer sizes;
-#                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
-#                      7: host -> device from aligned buffers (`jgrind.buffers`), as the store
-#                         hands them over: adopted in place on the CPU backend
-#                      8: a whole-graph training step, which calibrates the fast path
-#                      9: the checksum rate (the SSD tier's CRC32 of every block); the
-#                         overlap of a row gather (not an O_DIRECT read) with compute; span
-#                         calls measured as the SSD tier's loop runs them (scratch reused)
-#                     10: the weight-gradient contraction with a narrow output
-#                     11: reads beside writes (`io_parallel`)
-#                     12: page-cache rates in pieces of the SSD tier's size
-#                         (`jgrind.plan.cost.SPAN_PIECE_BYTES`) through one reused buffer,
-#                         writes over cached pages: as the SSD tier moves its spans
-#                     13: native row gathers and scatter-adds (`jgrind.rows`), timed at two
-#                         row widths for a per-row cost beside the per-byte rate; the step
-#                         latency of a call with as many arguments as a layer step has
-#                     14: dense products at the layers' precision (`jgrind.models.matmul`:
-#                         full float32 on every backend; a GPU's default was TF32)
-#                     15: the checksum is `jgrind.checksum` (CRC32C with the CPU's
-#                         instruction, ~3x zlib's CRC-32 on the test machine); row-span
-#                         calls timed in the native loops (`jgrind/_kernels/spans.cc`)
-#                     16: device -> host as the engine copies step outputs
-#                         (`jgrind.transfers`: through `pinned_host` memory off the CPU
-#                         backend); the link's own rates both ways, from and to
-#                         `pinned_host` memory, and JAX's copy into pageable memory
-#                     17: row-span calls check and record each row's checksum, as the SSD
-#                         tier's loops do (`jgrind.engine.ssd`: a CRC32C per file row)
+__all__ = ["PROFILE_VERSION", "OlderProfileError", "Profile", "ProfileError", "default_path",
+           "load", "load_or_measure", "machine_fingerprint", "measure", "save",
+           "with_current_free_memory"]
 
-_MIB = 2**20
 _ADVICE = "run `jgrind profile` to re-measure"
 
-
-class ProfileError(ValueError):
-    """A profile file is unreadable or malformed, or the directory to measure cannot be used."""
-
-
-class OlderProfileError(ProfileError):
-    """A profile file written by another version of the format (its fields differ)."""
-
-
-# ------------------------------------------------------------------------------------------------
-# The profile
-# ------------------------------------------------------------------------------------------------
-
-_FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scatter_add_bw",
-                 "gather_row_seconds", "scatter_add_row_seconds",
-                 "copy_bw", "to_device_bw", "to_device_small_bw", "to_host_bw", "ssd_read_bw",
-                 "ssd_write_bw",
-                 "ssd_latency",
-                 "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
-                 "update_call_overhead", "overlap", "io_parallel", "checksum_bw",
-                 "contraction_bw", "link_to_device_bw", "link_to_host_bw",
-                 "pageable_to_host_bw")
-_INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
-               "to_device_small_bytes")
-
-
-@dataclasses.dataclass(frozen=True)
-class Profile:
-    """What this machine does per second, as the planner's cost model needs it.
-
-    Rates are per second, latencies in seconds, sizes in bytes. ``overlap`` is the share of a
-    transfer's time that a concurrent compute step hides (1: transfers are free while compute
-    runs; 0: they add up), measured by running a host row gather (as the store moves data)
-    and a jitted matmul together.
-    The ``*_free`` figures are a snapshot at measurement time, for defaults only: the planner
-    should check current free space itself before it commits to a plan.
-    """
-
-    version: int
-    machine: dict          # `machine_fingerprint()` of the machine it was measured on
-    created: str           # ISO-8601 UTC timestamp
-    matmul_flops: float    # dense float32 matmul on the default device, flop/s (2*m*k*n each)
-    contraction_bw: float  # jitted ``x.T @ g`` over many rows with a narrow ``g`` (a weight
-    #                        gradient into few outputs), bytes of ``x`` and ``g`` per second
-    spmm_rate: float       # jitted `jgrind.sparse.spmm`, nonzeros * width per second
-    step_latency: float    # seconds per dispatch + sync of a jitted call with a layer step's
-    #                        number of array arguments
-    gather_bw: float       # host `jgrind.rows.take_rows` of sorted random rows into scattered
-    #                        output rows (as the store places halo rows), bytes/s beyond the
-    #                        per-row cost
-    gather_row_seconds: float  # ... and seconds per row beyond the bytes (from two widths)
-    scatter_add_bw: float  # host `jgrind.rows.add_rows` of sorted random unique rows, bytes/s
-    scatter_add_row_seconds: float  # ... and seconds per row beyond the bytes
-    copy_bw: float         # host `np.copyto` of a large array, bytes/s
-    to_device_bw: float    # a fresh store buffer filled and handed to the device (`jax.device_put`),
-    #                        beyond the fill itself, bytes/s, of a large array
-    to_device_small_bw: float  # the same for a partition-sized array (the rate depends on size:
-    #                            on the CPU backend large buffers are freshly mapped pages)
-    to_device_bytes: int       # the sizes the two rates were measured at
-    to_device_small_bytes: int
-    to_host_bw: float      # a step output read on the host as the engine does it
-    #                        (`jgrind.transfers`), bytes/s (a view on the CPU backend)
-    link_to_device_bw: float  # a `pinned_host` array to the device: the link's rate, bytes/s
-    link_to_host_bw: float    # a device array to `pinned_host` memory, bytes/s
-    pageable_to_host_bw: float  # `np.asarray(device array)`: JAX's copy into pageable memory
-    ssd_read_bw: float     # sequential read, page cache out of the way, bytes/s
-    ssd_write_bw: float    # sequential write + fsync, bytes/s
-    ssd_latency: float     # seconds per random 4 KiB read, page cache out of the way
-    cached_read_bw: float  # reads of a file held in the OS page cache, 1 MiB per call, bytes/s
-    cached_write_bw: float  # buffered writes (no fsync) over pages the cache holds, bytes/s
-    cached_latency: float  # seconds per 4 KiB read served by the page cache (a system call)
-    read_call_overhead: float    # seconds of Python/NumPy work per row-span read, beyond I/O
-    update_call_overhead: float  # the same per read-add-write of a row span (scatter-adds)
-    overlap: float         # latency-hiding factor in [0, 1]
-    io_parallel: float     # share of a sweep's reads (prefetch thread) and writes (writer
-    #                        thread) that run side by side, measured beside compute, in [0, 1]
-    checksum_bw: float     # `jgrind.checksum` of a large array, bytes/s (SSD blocks are checked)
-    fused_steps: tuple     # [nodes, edges, seconds] of one jitted whole-graph training step
-    #                        of the reference GCN (`jgrind.plan.cost.FUSED_REFERENCE`) on
-    #                        generated graphs of two sizes, fastest of the repeats
-    device_free: int       # bytes free on the default device (host RAM on the CPU backend)
-    host_free: int         # available host RAM, bytes (within a cgroup's limit: `host_memory`)
-    ssd_free: int          # free bytes on the disk of `directory`
-    directory: str         # where the SSD figures were measured (absolute)
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: Any) -> "Profile":
-        """The profile in ``d`` (as written by `to_json`); ProfileError names the first
-        missing or bad field. Unknown fields are ignored."""
-        if not isinstance(d, dict):
-            raise ProfileError(f"expected a JSON object, found {type(d).__name__}")
-        values = {}
-        for field in dataclasses.fields(cls):
-            if field.name not in d:
-                raise ProfileError(f"field {field.name!r} is missing")
-            values[field.name] = _check_field(field.name, d[field.name])
-        return cls(**values)
-
-    def stale_reason(self) -> Optional[str]:
-        """None if this profile is current for this machine and this jgrind, else why not, in
-        one line ("it was measured on another machine (...)")."""
-        why = _stale(self)
-        return None if why is None else f"it {why}"
-
-    def format(self) -> str:
-        """A readable table of the figures, with units."""
-        m = self.machine
-        gib = 2**30
-        rows = [
-            ("machine", f"{m.get('cpu')!s}, {m.get('cores')} cores, "
-                        f"{_num(m.get('ram_bytes')) / gib:.1f} GiB RAM"
-                        + (f" (the limit of memory cgroup {m['memory_cgroup']})"
-                           if m.get("memory_cgroup") else "")),
-            ("jax", f"{m.get('jax')} on {m.get('backend')} ({m.get('device_kind')})"),
-            ("glibc huge pages", "on" if m.get("huge_pages") else "off"),
-            ("heap reuse", "on" if m.get("heap_reuse") else "off"),
-            ("row threads", f"{m.get('row_threads', 1)}"),
-            ("dense matmul", f"{self.matmul_flops / 1e9:.1f} GFLOP/s"),
-            ("contraction", f"{self.contraction_bw / 1e9:.2f} GB/s (weight gradient, "
-                            "narrow output)"),
-            ("sparse spmm", f"{self.spmm_rate / 1e9:.2f} G nonzeros*width/s"),
-            ("step latency", f"{self.step_latency * 1e3:.3f} ms"),
-            ("host gather", f"{self.gather_bw / 1e9:.2f} GB/s + "
-                            f"{self.gather_row_seconds * 1e9:.1f} ns per row"),
-            ("host scatter-add", f"{self.scatter_add_bw / 1e9:.2f} GB/s + "
-                                 f"{self.scatter_add_row_seconds * 1e9:.1f} ns per row"),
-            ("host copy", f"{self.copy_bw / 1e9:.2f} GB/s"),
-            ("checksum", f"{self.checksum_bw / 1e9:.2f} GB/s"),
-            ("host -> device", f"{self.to_device_bw / 1e9:.2f} GB/s at "
-                               f"{self.to_device_bytes / _MIB:.0f} MiB, "
-                               f"{self.to_device_small_bw / 1e9:.2f} GB/s at "
-                               f"{self.to_device_small_bytes / _MIB:.0f} MiB"),
-            ("device -> host", f"{self.to_host_bw / 1e9:.2f} GB/s (pageable: "
-                               f"{self.pageable_to_host_bw / 1e9:.2f} GB/s)"),
-            ("link", f"{self.link_to_device_bw / 1e9:.2f} GB/s to the device, "
-                     f"{self.link_to_host_bw / 1e9:.2f} GB/s back (pinned host memory)"),
-            ("SSD read", f"{self.ssd_read_bw / 1e9:.2f} GB/s"),
-            ("SSD write", f"{self.ssd_write_bw / 1e9:.2f} GB/s"),
-            ("SSD 4 KiB read", f"{self.ssd_latency * 1e3:.3f} ms"),
-            ("cached read", f"{self.cached_read_bw / 1e9:.2f} GB/s (file in the page cache)"),
-            ("cached write", f"{self.cached_write_bw / 1e9:.2f} GB/s (no fsync)"),
-            ("cached 4 KiB", f"{self.cached_latency * 1e3:.4f} ms"),
-            ("row-span call", f"{self.read_call_overhead * 1e6:.1f} us read, "
-                              f"{self.update_call_overhead * 1e6:.1f} us read-add-write "
-                              "(beyond the I/O)"),
-            ("overlap", f"{self.overlap:.2f} (share of transfer time hidden by compute)"),
-            ("reads/writes", f"{self.io_parallel:.2f} (share of the shorter that runs beside "
-                             "the longer)"),
-            ("whole-graph step", ", ".join(f"{s * 1e3:.1f} ms at {n} nodes, {e} edges"
-                                           for n, e, s in self.fused_steps)
-             + " (reference GCN)"),
-            ("device free", f"{self.device_free / gib:.1f} GiB"),
-            ("host free", f"{self.host_free / gib:.1f} GiB"),
-            ("SSD free", f"{self.ssd_free / gib:.1f} GiB in {self.directory}"),
-        ]
-        head = f"hardware profile (version {self.version}, measured {self.created})"
-        return "\n".join([head] + [f"  {name:<15} {value}" for name, value in rows])
-
-
-def _num(x: Any) -> float:
-    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
-
-
-def _check_field(name: str, value: Any) -> Any:
-    """``value`` if it is a valid ``name``, else ProfileError saying what is wrong."""
-    def bad(expected: str) -> ProfileError:
-        return ProfileError(f"field {name!r} is {value!r}, expected {expected}")
-
-    is_int = isinstance(value, int) and not isinstance(value, bool)
-    if name == "version":
-        if not is_int:
-            raise bad("an integer")
-    elif name == "machine":
-        if not isinstance(value, dict):
-            raise bad("an object (the machine fingerprint)")
-        value = dict(value)
-    elif name in ("created", "directory"):
-        if not isinstance(value, str) or not value:
-            raise bad("a non-empty string")
-    elif name in _FLOAT_FIELDS:
-        if not (is_int or isinstance(value, float)) or not math.isfinite(value) or value < 0:
-            raise bad("a finite non-negative number")
-        if name in ("overlap", "io_parallel") and value > 1:
-            raise bad("a number in [0, 1]")
-        value = float(value)
-    elif name == "fused_steps":
-        ok = isinstance(value, (list, tuple)) and value and all(
-            isinstance(step, (list, tuple)) and len(step) == 3 and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                and v > 0 for v in step) for step in value)
-        if not ok:
-            raise bad("a non-empty list of [nodes, edges, seconds], all positive")
-        value = tuple((int(n), int(e), float(t)) for n, e, t in value)
-    elif name in _INT_FIELDS:
-        if not is_int or value < 0:
-            raise bad("a non-negative integer (bytes)")
-    return value
-
-
-def _stale(profile: Profile) -> Optional[str]:
-    """Why ``profile`` does not describe this machine, as a predicate ("was measured on ..."),
-    or None. Hostnames are not compared: containers get a new one every start."""
-    if profile.version != PROFILE_VERSION:
-        return f"is version {profile.version}; this jgrind writes version {PROFILE_VERSION}"
-    then, now = profile.machine, machine_fingerprint()
-    hardware = [key for key in ("cpu", "cores") if then.get(key) != now[key]]
-    if not abs(_num(then.get("ram_bytes")) - now["ram_bytes"]) <= 0.05 * now["ram_bytes"]:
-        hardware.append("ram_bytes")
-    # profiles from before heap reuse or row threads existed were measured without them
-    then = {"heap_reuse": False, "row_threads": 1, **then}
-    software = [key for key in ("jax", "backend", "device_kind", "huge_pages", "heap_reuse",
-                                "row_threads")
-                if then.get(key) != now[key]]
-    reasons = []
-    if hardware:
-        was, ours = _describe(then), _describe(now)
-        reasons.append(f"was measured on another machine ({', '.join(was[k] for k in hardware)}"
-                       f"; this one has {', '.join(ours[k] for k in hardware)})")
-    if software:
-        names = {"jax": "jax", "backend": "backend", "device_kind": "device",
-                 "huge_pages": "glibc huge pages", "heap_reuse": "heap reuse",
-                 "row_threads": "row threads"}
-        switches = ("huge_pages", "heap_reuse")
-        shown = lambda k, v: ({True: "on", False: "off"}.get(v, "not recorded")  # noqa: E731
-                              if k in switches else repr(v))
-        reasons.append("was measured with " + ", ".join(
-            f"{names[k]} {shown(k, then.get(k))} (now {shown(k, now[k])})" for k in software))
-    return " and ".join(reasons) or None
-
-
-def _describe(fingerprint: dict) -> dict:
-    return {"cpu": f"cpu {fingerprint.get('cpu')!r}", "cores": f"{fingerprint.get('cores')} cores",
-            "ram_bytes": f"{_num(fingerprint.get('ram_bytes')) / 2**30:.1f} GiB RAM"}
-
-
-def machine_fingerprint() -> dict:
-    """What identifies the hardware and software a profile was measured with."""
-    import jax
-
-    return {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
-        # a cgroup's limit where there is one (a container, a Slurm job): the RAM there is
-        "ram_bytes": host_memory.total(),
-        "memory_cgroup": host_memory.limiting_cgroup(),
-        "jax": jax.__version__,
-        "backend": jax.default_backend(),
-        "device_kind": jax.devices()[0].device_kind,
-        # fresh buffers fault in 2 MiB pages instead of 4 KiB ones, or are not fresh at all:
-        # every transfer and step rate changes (jgrind.allocator)
-        "huge_pages": allocator.HUGE_PAGES.active(),
-        "heap_reuse": allocator.HEAP_REUSE.active(),
-        # the store's gathers and scatter-adds, split across threads (jgrind.rows)
-        "row_threads": row_threads(),
-    }
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-# ------------------------------------------------------------------------------------------------
-# The file
-# ------------------------------------------------------------------------------------------------
 
 def default_path(directory: str | os.PathLike | None = None) -> pathlib.Path:
     """``$JGRIND_PROFILE``, else ``$JGRIND_CACHE/profile.json``, else
@@ -345,7 +43,6 @@ def default_path(directory: str | os.PathLike | None = None) -> pathlib.Path:
     ``profile-<hash of its path>.json`` beside it: the SSD figures belong to one disk, so
     runs that alternate between two stores keep a profile for each instead of re-measuring
     and overwriting one (the compute figures are measured again for each, 10-30 s once)."""
-    from jgrind.caches import cache_root
     explicit = os.environ.get("JGRIND_PROFILE")
     if explicit:
         return pathlib.Path(explicit).expanduser()
@@ -437,7 +134,7 @@ def load_or_measure(path: str | os.PathLike | None = None,
             kept = _set_aside(path)
             why = f"{err}; re-measuring (the old file is kept as {kept})"
         else:
-            stale = _stale(profile)
+            stale = why_stale(profile)
             if stale is not None:
                 why = f"profile {path} {stale}; re-measuring"
             elif directory is not None and _where(directory) != profile.directory:
@@ -488,6 +185,4 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
             progress: bool = False) -> Profile:
     """A fresh profile of this machine (`jgrind.plan.measure.measure`, which see); the SSD
     figures on the disk that holds ``directory``."""
-    from jgrind.plan import measure as measuring  # it builds Profiles: imported on use
-
     return measuring.measure(directory, quick=quick, progress=progress)

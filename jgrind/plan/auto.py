@@ -1,0 +1,114 @@
+"""`auto`: the planner as a policy.
+
+It lives on the planner's side: the fixed policies (`jgrind.plan.policies`) know nothing of
+the planner, and ``jgrind.policies.auto`` is this module's `auto`, re-exported there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Optional, Sequence
+
+from jgrind.plan import profile as hw
+from jgrind.plan.budgets import check_budget, smaller
+from jgrind.plan.fates import Fate, TensorInfo
+from jgrind.plan.planner import Plan, Planned, plan, plan_run
+from jgrind.plan.protocols import BindContext
+
+
+@dataclasses.dataclass(frozen=True)
+class Auto:
+    """The planner as a policy: fates chosen to minimise the predicted epoch time under the
+    budgets (`jgrind.plan.planner`), from a measured hardware profile.
+
+    Used as ``train(..., policy=auto())``: it is a `jgrind.plan.protocols.PlansRun`, so the
+    trainer (`jgrind.plan.execution.choose_execution`) calls `prepare` before partitioning, and
+    the planner also chooses the number of partitions, the host cache mode and the in-memory
+    fast path when everything fits. Inside a combinator (``by_layer(auto(), ...)``) it is bound
+    like any budget-aware policy, for the partitioning the engine already made.
+
+    Attributes:
+      device_budget, host_budget: bytes; None: the run's budgets, else what the profile
+        measured as free (device) and half the free host RAM. Given with the run's, the
+        smaller of the two.
+      directory: the SSD store; None: the run's ``store``.
+      profile: a `jgrind.plan.profile.Profile`, a path to a saved one, or None for the default
+        file (measured on first use, re-measured when stale).
+      recompute: allow the planner to recompute activation layers.
+      keep_aggregations: allow the planner to keep layers' aggregations instead of
+        regathering their inputs in backward (docs/engine.md, "Kept aggregations").
+      on_plan: called with the `Plan` of a whole run once `prepare` has made it (``jgrind
+        train`` prints it and saves it as plan.txt).
+    """
+
+    device_budget: Optional[int] = None
+    host_budget: Optional[int] = None
+    directory: Optional[str] = None
+    profile: object = dataclasses.field(default=None, compare=False, hash=False)
+    recompute: bool = True
+    keep_aggregations: bool = True
+    on_plan: Optional[Callable] = dataclasses.field(default=None, compare=False, hash=False)
+
+    def load_profile(self, directory=None):
+        """The profile to plan with; its SSD figures for this policy's store, else the run's
+        ``directory``."""
+        if isinstance(self.profile, hw.Profile):
+            return self.profile
+        return hw.load_or_measure(self.profile, self.directory or directory,
+                                  log=lambda msg: print(f"jgrind: {msg}"))
+
+    def budgets(self, device_budget=None, host_budget=None, profile=None):
+        """The budgets to plan for: this policy's and the run's, the smaller where both are
+        given (the run's are the limits the engine holds every plan to, docs/engine.md), else
+        the profile's."""
+        dev = smaller(self.device_budget, device_budget)
+        host = smaller(self.host_budget, host_budget)
+        if dev is None and profile is not None:
+            dev = int(profile.device_free)
+        if host is None and profile is not None:
+            host = int(profile.host_free) // 2
+        return dev, host
+
+    def prepare(self, graph, model, *, device_budget=None, host_budget=None, directory=None,
+                partitioner=None, num_parts=None, seed: int = 0, progress=None) -> Plan:
+        """Plan a whole run (`jgrind.plan.planner.plan_run`); returns the `Plan`."""
+        profile = self.load_profile(directory)
+        dev, host = self.budgets(device_budget, host_budget, profile)
+        planned = plan_run(graph, model, profile, device_budget=dev, host_budget=host,
+                           directory=self.directory or directory, partitioner=partitioner,
+                           num_parts=num_parts, seed=seed, recompute=self.recompute,
+                           progress=progress or (lambda msg: None),
+                           keep=self.keep_aggregations)
+        if self.on_plan is not None:
+            self.on_plan(planned)
+        return planned
+
+    def bind(self, inventory: Sequence[TensorInfo],
+             context: Optional[BindContext] = None) -> Planned:
+        if context is None:
+            raise ValueError("auto() needs the engine's BindContext (the partitioned shapes) "
+                             "to plan; pass it to train(policy=auto()) or bind(policy, "
+                             "inventory, context)")
+        profile = self.load_profile(context.directory)
+        dev, host = self.budgets(context.device_budget, context.host_budget, profile)
+        return plan(context.workload, profile, device_budget=dev, host_budget=host,
+                    directory=self.directory or context.directory,
+                    recompute=self.recompute, keep=self.keep_aggregations).policy()
+
+    def __call__(self, info: TensorInfo) -> Fate:
+        raise RuntimeError("auto() used before planning; the engine binds it (train(policy="
+                           "auto()) or bind(policy, inventory, context))")
+
+
+def auto(device_budget: Optional[int] = None, host_budget: Optional[int] = None,
+         directory: Optional[str | os.PathLike] = None, profile=None,
+         recompute: bool = True, keep_aggregations: bool = True,
+         on_plan: Optional[Callable] = None) -> Auto:
+    """Let the planner choose every fate, the partitions and the cache mode (see `Auto`)."""
+    if on_plan is not None and not callable(on_plan):
+        raise TypeError(f"on_plan must be a function of the Plan, got {on_plan!r}")
+    return Auto(check_budget(device_budget, "auto's device_budget"),
+                check_budget(host_budget, "auto's host_budget"),
+                None if directory is None else os.fspath(directory), profile, recompute,
+                keep_aggregations, on_plan)
