@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--store", help="directory for the SSD tier")
     train.add_argument("--out", default="runs/latest",
                        help="output directory for logs, plots and checkpoints [runs/latest]")
-    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar "
+                       "(shown only when stderr is a terminal)")
     train.add_argument("--no-compile-cache", action="store_true",
                        help="compile everything afresh instead of reusing the compiled "
                        "programs of earlier runs (kept under $JGRIND_CACHE/xla, else "
@@ -329,7 +330,9 @@ def cmd_train(args) -> int:
               "holds", flush=True)
     from jgrind.caches import compilation_cache
     with compilation_cache() if not args.no_compile_cache else contextlib.nullcontext():
-        summary = experiment.run_config(cfg, out=args.out, progress=not args.no_progress)
+        # a bar redrawn in a log file or a CI transcript is noise: shown on a terminal only
+        summary = experiment.run_config(cfg, out=args.out,
+                                        progress=not args.no_progress and sys.stderr.isatty())
     print(summary["line"])
     for line in ("store_line", "rss_line"):
         if summary[line]:

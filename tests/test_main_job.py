@@ -120,3 +120,12 @@ def test_rss_line_states_its_bound_and_says_when_it_is_over():
     over = experiment.rss_line(900 << 20, 16 << 20, 8 << 20, 10 << 20)
     assert "OVER" in over
     assert "no bound" in experiment.rss_line(100 << 20, None, 8 << 20, 10 << 20)
+
+
+def test_no_progress_bar_off_a_terminal(tmp_path, capsys):
+    """The bar is for a person at a terminal; redrawn into a log or CI transcript it is noise
+    (`.ci/run` runs `jgrind train` exactly as the README writes it)."""
+    assert cli.main(["train", "--dataset", "csbm", "--set", "num_nodes=300", "--epochs", "3",
+                     "--no-compile-cache", "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "it/s" not in err and "%|" not in err, err
