@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
+import functools
 
-from jgrind import transforms
+import numpy as np
+import optax
+
+from jgrind import generators, transforms
 from jgrind.graph import from_edges
+from jgrind.train import InMemory
 
 
 def community_graph(num_nodes=240, num_classes=3, num_features=12, degree=6, seed=0,
@@ -33,6 +37,21 @@ def community_graph(num_nodes=240, num_classes=3, num_features=12, degree=6, see
     if not directed:
         g = transforms.make_undirected(g)
     return transforms.remove_duplicate_edges(g)
+
+
+@functools.cache
+def csbm_graph():
+    """The generated graph most engine tests check against (400 nodes, 8 features, mean degree
+    6): one object, which the tests only read, so `reference` is shared between them too."""
+    return generators.csbm(num_nodes=400, num_features=8, avg_degree=6, seed=1)
+
+
+@functools.cache
+def reference(graph, model):
+    """The in-memory executor that out-of-core results are checked against, one per graph and
+    model: a new `InMemory` compiles its whole-graph step again, seconds per test for a check
+    that then takes a fraction of one. Graphs hash by identity, models by value."""
+    return InMemory(graph, model, optax.sgd(0.1))
 
 
 def mesh_graph(num_nodes: int, degree: float, seed=0):

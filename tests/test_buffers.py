@@ -6,14 +6,14 @@ import numpy as np
 import optax
 import pytest
 
-from jgrind import generators, models
+from jgrind import models
 from jgrind.buffers import ALIGNMENT, Recycler, aligned_empty, aligned_zeros
 from jgrind.engine import OutOfCore
 from jgrind.engine.store import Store
 from jgrind.partition import contiguous
 from jgrind.plan import Fate, policies
-from jgrind.train import InMemory
 
+from helpers import csbm_graph, reference
 from test_engine import assert_same_gradients
 
 
@@ -103,17 +103,17 @@ def test_nothing_is_kept_beyond_max_bytes():
 
 
 def test_the_engine_reuses_step_input_buffers_and_stays_exact(tmp_path):
-    graph = generators.csbm(num_nodes=400, num_features=8, avg_degree=6, seed=1)
+    graph = csbm_graph()
     model = models.gcn(8, 16, graph.num_classes, num_layers=3, dropout=0.5)
     params = model.init(jax.random.key(0))
-    reference = InMemory(graph, model, optax.sgd(0.1))
+    in_memory = reference(graph, model)
     for policy in (policies.host_offload(), policies.ssd_offload(tmp_path)):
         with OutOfCore(graph, model, optax.sgd(0.1), policy=policy, num_parts=6,
                        store=tmp_path, partitioner=contiguous) as ex:
             for epoch in range(2):
                 key = jax.random.key(epoch)
                 grads, loss = ex.loss_and_grad(params, key)
-                ref_loss, ref_grads = reference.loss_and_grad(params, key)
+                ref_loss, ref_grads = in_memory.loss_and_grad(params, key)
                 assert abs(float(loss) - float(ref_loss)) <= 1e-5 * abs(float(ref_loss))
                 assert_same_gradients(grads, ref_grads)
             buffers = ex.store.buffers
@@ -121,7 +121,7 @@ def test_the_engine_reuses_step_input_buffers_and_stays_exact(tmp_path):
 
 
 def test_input_buffers_are_kept_only_where_the_budget_holds_them():
-    graph = generators.csbm(num_nodes=400, num_features=8, avg_degree=6, seed=1)
+    graph = csbm_graph()
     model = models.gcn(8, 16, graph.num_classes, num_layers=2)
     kwargs = dict(policy=policies.host_offload(), num_parts=4, partitioner=contiguous)
     with OutOfCore(graph, model, optax.sgd(0.1), **kwargs) as ex:

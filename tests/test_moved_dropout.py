@@ -5,7 +5,7 @@ import numpy as np
 import optax
 import pytest
 
-from jgrind import generators, models
+from jgrind import models
 from jgrind.engine import OutOfCore
 from jgrind.models.dropout import dropout as hashed_dropout
 from jgrind.models.model import layer_key
@@ -14,13 +14,9 @@ from jgrind.models.split import as_executed
 from jgrind.partition import contiguous, partition_graph, random as random_partition
 from jgrind.plan import Fate, policies
 from jgrind.plan.cost import INPUT_PASSES, UNDROPPED_INPUT_PASSES, Workload, input_passes
-from jgrind.train import InMemory
 
+from helpers import csbm_graph, reference
 from test_engine import assert_same_gradients
-
-
-def _graph():
-    return generators.csbm(num_nodes=400, num_features=8, avg_degree=6, seed=1)
 
 
 def test_dropouts_move_where_the_consumer_drops_its_raw_input():
@@ -52,7 +48,7 @@ def test_the_store_holds_each_hidden_layer_output_already_dropped():
     """What the move is for: the producer stores ``dropout(H)`` with the consumer's key, so
     the consumer reads the rows as they are. Checked against the in-memory model's own
     values, row by row of the partition-major table."""
-    graph = _graph()
+    graph = csbm_graph()
     net = models.gcn(8, 16, 16, num_layers=3, dropout=0.3)
     params = net.init(jax.random.key(0))
     key = jax.random.key(7)
@@ -76,7 +72,7 @@ def test_gradients_equal_in_memory_at_a_rate_whose_scale_matters(policy, tmp_pat
     (`masked_cotangent`), the kept aggregation's update (`saved_backward`) and the full
     recompute (no masks: a device budget with no room for them); and not at all without a
     key (nothing dropped)."""
-    graph = _graph()
+    graph = csbm_graph()
     net = models.gcn(8, 16, graph.num_classes, num_layers=3, dropout=0.3)
     chosen = {"host": policies.host_offload(),
               "kept": policies.host_offload(aggregations=Fate.HOST),
@@ -90,7 +86,7 @@ def test_gradients_equal_in_memory_at_a_rate_whose_scale_matters(policy, tmp_pat
         budget = w.without_masks().working_set() + w.mask_bytes() // 2
     params = net.init(jax.random.key(0))
     key = None if policy == "no-key" else jax.random.key(3)
-    ref_loss, ref_grads = InMemory(graph, net, optax.sgd(0.1)).loss_and_grad(params, key)
+    ref_loss, ref_grads = reference(graph, net).loss_and_grad(params, key)
     with OutOfCore(graph, net, optax.sgd(0.1), policy=chosen, partitioned=pg,
                    store=tmp_path, device_budget=budget) as ex:
         grads, loss = ex.loss_and_grad(params, key)

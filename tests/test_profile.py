@@ -16,14 +16,16 @@ def measured(tmp_path_factory):
 
 
 @pytest.fixture
-def quick_measure(monkeypatch):
-    """`load_or_measure` measures at full size; make it quick, and count its calls."""
+def counted_measure(monkeypatch, measured):
+    """`load_or_measure` measures at full size; count its calls and hand it the module's
+    measurement: these tests check when it measures and what it saves, and a second real
+    measurement, even a quick one, compiles its programs again."""
     calls = []
-    real = profile.measure
+    got, _ = measured
 
     def fake(directory=None, **kwargs):
         calls.append(directory)
-        return real(directory, quick=True)
+        return got
 
     monkeypatch.setattr(profile, "measure", fake)
     return calls
@@ -104,13 +106,13 @@ def test_stale_reason(measured):
     assert dataclasses.replace(got, machine=older).stale_reason() is None
 
 
-def test_load_or_measure_remeasures_a_stale_file(measured, tmp_path, quick_measure):
+def test_load_or_measure_remeasures_a_stale_file(measured, tmp_path, counted_measure):
     got, where = measured
     path = tmp_path / "profile.json"
     profile.save(dataclasses.replace(got, machine={**got.machine, "cpu": "Imaginary CPU"}), path)
     logs = []
     fresh = profile.load_or_measure(path, where, log=logs.append)
-    assert quick_measure == [where]
+    assert counted_measure == [where]
     assert len(logs) == 1 and str(path) in logs[0]
     assert "another machine" in logs[0] and "re-measuring" in logs[0]
     saved = profile.load(path)
@@ -238,7 +240,7 @@ def test_profile_command_user_errors(tmp_path, capsys):
 
 
 def test_profile_of_an_older_format_is_replaced_not_set_aside(measured, tmp_path,
-                                                             quick_measure):
+                                                             counted_measure):
     """A profile written by an older jgrind (a field this version measures is missing) is
     re-measured with a line naming the versions, and replaced: it is not damage to keep."""
     import json
@@ -253,7 +255,7 @@ def test_profile_of_an_older_format_is_replaced_not_set_aside(measured, tmp_path
     with pytest.raises(profile.OlderProfileError, match=f"version {PROFILE_VERSION - 1}"):
         profile.load(path)
     got = profile.load_or_measure(path, tmp_path, log=lines.append)
-    assert quick_measure == [tmp_path]
+    assert counted_measure == [tmp_path]
     assert got.version == PROFILE_VERSION and profile.load(path).version == PROFILE_VERSION
     assert "is version" in lines[0] and "re-measuring" in lines[0]
     assert not list(tmp_path.glob("*.unreadable*"))

@@ -13,8 +13,8 @@ from jgrind.engine.spares import Spares, placeholder
 from jgrind.engine.steps import layer_steps, pad_partition
 from jgrind.partition import contiguous, partition_graph, shape_groups
 from jgrind.plan import Fate, policies
-from jgrind.train import InMemory
 
+from helpers import csbm_graph, reference
 from test_engine import assert_same_gradients
 
 
@@ -105,7 +105,7 @@ def test_spares_kept_for_the_next_steps_only():
 
 
 def test_engine_reuses_most_outputs_and_stays_exact(tmp_path):
-    graph = generators.csbm(num_nodes=400, num_features=8, avg_degree=6, seed=1)
+    graph = csbm_graph()
     for model, policy in [
             (models.gcn(8, 16, graph.num_classes, num_layers=3, dropout=0.5),
              policies.host_offload()),
@@ -114,7 +114,7 @@ def test_engine_reuses_most_outputs_and_stays_exact(tmp_path):
             (models.sage(8, 16, graph.num_classes, num_layers=2, dropout=0.5, residual=True,
                          layer_norm=True), policies.ssd_offload(tmp_path))]:
         params = model.init(jax.random.key(0))
-        reference = InMemory(graph, model, optax.sgd(0.1))
+        in_memory = reference(graph, model)
         # one padded shape: every step but the first two of a sweep finds the output of the
         # step before the one before, however the writer thread is timed
         with OutOfCore(graph, model, optax.sgd(0.1), policy=policy, num_parts=8,
@@ -122,7 +122,7 @@ def test_engine_reuses_most_outputs_and_stays_exact(tmp_path):
             for epoch in range(2):  # the second epoch runs on reused buffers
                 key = jax.random.key(epoch)
                 grads, loss = ex.loss_and_grad(params, key)
-                ref_loss, ref_grads = reference.loss_and_grad(params, key)
+                ref_loss, ref_grads = in_memory.loss_and_grad(params, key)
                 assert abs(float(loss) - float(ref_loss)) <= 1e-5 * abs(float(ref_loss))
                 assert_same_gradients(grads, ref_grads)
             taken = ex.spares.reused + ex.spares.made
@@ -130,7 +130,7 @@ def test_engine_reuses_most_outputs_and_stays_exact(tmp_path):
 
 
 def test_spares_only_where_the_device_budget_holds_one_more_output():
-    graph = generators.csbm(num_nodes=400, num_features=8, avg_degree=6, seed=1)
+    graph = csbm_graph()
     model = models.gcn(8, 16, graph.num_classes, num_layers=2)
     kwargs = dict(policy=policies.host_offload(), num_parts=4, partitioner=contiguous)
     with OutOfCore(graph, model, optax.sgd(0.1), **kwargs) as ex:
@@ -148,7 +148,7 @@ def test_spares_only_where_the_device_budget_holds_one_more_output():
 def test_partitions_run_grouped_by_padded_shape():
     # small and large partitions alternate by index: run in index order, no step would find
     # a stored output of its shape from the step before the one before
-    graph = generators.csbm(num_nodes=400, num_features=8, avg_degree=6, seed=1)
+    graph = csbm_graph()
     model = models.gcn(8, 16, graph.num_classes, num_layers=2)
     sizes = [20, 113, 20, 114, 20, 113]
 

@@ -7,20 +7,16 @@ import numpy as np
 import optax
 import pytest
 
-from jgrind import generators, models
+from jgrind import models
 from jgrind.engine import OutOfCore
 from jgrind.models.moved_dropout import DropsOutput, unwrap
 from jgrind.models.split import as_executed
 from jgrind.partition import contiguous
 from jgrind.plan import policies
 from jgrind.plan.cost import Workload
-from jgrind.train import InMemory
 
+from helpers import csbm_graph, reference
 from test_engine import assert_same_gradients
-
-
-def _graph():
-    return generators.csbm(num_nodes=400, num_features=8, avg_degree=6, seed=1)
 
 
 def test_narrowing_gcn_layers_split_and_parameters_map_back():
@@ -42,7 +38,7 @@ def test_narrowing_gcn_layers_split_and_parameters_map_back():
     for a, b in zip(jax.tree.leaves(merged), jax.tree.leaves(params)):
         assert a is b
     # the same function (dropout off: the executed model's own layer keys differ)
-    graph = _graph()
+    graph = csbm_graph()
     block = net.block(net.normalize(graph))
     np.testing.assert_allclose(executed.apply(split, block, graph.features),
                                net.apply(params, block, graph.features), rtol=1e-5, atol=1e-6)
@@ -93,10 +89,10 @@ def test_split_layers_are_exact_and_move_narrow_rows(policy, tmp_path):
     """The transform reads each partition's own rows of H_2 (16 wide) and writes G_2 as
     blocks; only the 3-wide U = H_2 W is gathered with its halo and scatter-added. Loss and
     gradients equal the in-memory computation of the unsplit model."""
-    graph = _graph()
+    graph = csbm_graph()
     net = models.gcn(graph.num_features, 16, graph.num_classes, num_layers=3, dropout=0.5)
     params, key = net.init(jax.random.key(0)), jax.random.key(42)
-    ref_loss, ref_grads = InMemory(graph, net, optax.sgd(0.1)).loss_and_grad(params, key)
+    ref_loss, ref_grads = reference(graph, net).loss_and_grad(params, key)
     chosen = {"in_memory": policies.in_memory(), "host": policies.host_offload(),
               "ssd": policies.ssd_offload(tmp_path),
               "recompute": policies.recompute_activations()}[policy]
@@ -122,11 +118,11 @@ def test_split_layers_are_exact_and_move_narrow_rows(policy, tmp_path):
 def test_node_wise_layers_of_residual_models_read_own_blocks(tmp_path):
     """The input and output projections of a residual model read no halo, in forward or
     backward, and are exact."""
-    graph = _graph()
+    graph = csbm_graph()
     net = models.gcn(graph.num_features, 16, graph.num_classes, num_layers=2, dropout=0.3,
                      residual=True, layer_norm=True)   # Linear, GCN, GCN, Linear
     params, key = net.init(jax.random.key(0)), jax.random.key(7)
-    ref_loss, ref_grads = InMemory(graph, net, optax.sgd(0.1)).loss_and_grad(params, key)
+    ref_loss, ref_grads = reference(graph, net).loss_and_grad(params, key)
     with OutOfCore(graph, net, optax.sgd(0.1), policy=policies.host_offload(), num_parts=3,
                    partitioner=contiguous) as ex:
         assert ex.local == [True, False, False, True]
@@ -143,7 +139,7 @@ def test_the_cost_model_sees_the_executed_layers():
     """The planner prices what the engine runs: four layers for the split GCN, and the
     transform's steps over own rows only."""
     from jgrind.partition import partition_graph
-    graph = _graph()
+    graph = csbm_graph()
     net = models.gcn(graph.num_features, 16, graph.num_classes, num_layers=3)
     normalized = net.normalize(graph)
     pg = partition_graph(normalized, contiguous(normalized, 4), num_parts=4)
@@ -160,7 +156,7 @@ def test_gradient_blocks_written_whole_are_priced_with_their_checksum():
     from jgrind.plan.cost import S
     from jgrind.plan.planner import _Coefficients
     from test_planner import fixed_profile
-    graph = _graph()
+    graph = csbm_graph()
     net = models.gcn(graph.num_features, 16, graph.num_classes, num_layers=3)
     normalized = net.normalize(graph)
     pg = partition_graph(normalized, contiguous(normalized, 4), num_parts=4)

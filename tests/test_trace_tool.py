@@ -16,7 +16,20 @@ def test_busy_time_counts_overlapping_events_once():
     assert trace_epoch._union([]) == 0
 
 
-def test_a_traced_epoch_is_written_and_summarised(tmp_path):
+def _summarize(monkeypatch, capsys, directory):
+    """``trace_epoch.py --summarize DIRECTORY`` in this process (reading a trace needs no
+    process of its own): its exit code, stdout and stderr."""
+    monkeypatch.setattr(sys, "argv", ["trace_epoch.py", "--summarize", str(directory)])
+    try:
+        trace_epoch.main()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_traced_epoch_is_written_and_summarised(tmp_path, monkeypatch, capsys):
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "tools", "trace_epoch.py"), "--rmat", "3000", "30000",
@@ -32,12 +45,7 @@ def test_a_traced_epoch_is_written_and_summarised(tmp_path):
     for name in ("default", "pageable"):
         assert list((tmp_path / "trace" / name).rglob("*.xplane.pb"))
     assert text.count("window ") == 2 and "/host:CPU" in text
-    again = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tools", "trace_epoch.py"), "--summarize",
-         str(tmp_path / "trace" / "default")], capture_output=True, text=True, env=env,
-        timeout=120)
-    assert again.returncode == 0 and "window " in again.stdout
-    missing = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tools", "trace_epoch.py"), "--summarize",
-         str(tmp_path / "nothing")], capture_output=True, text=True, env=env, timeout=120)
-    assert missing.returncode == 2 and "no *.xplane.pb" in missing.stderr
+    code, out, _ = _summarize(monkeypatch, capsys, tmp_path / "trace" / "default")
+    assert code == 0 and "window " in out
+    code, _, err = _summarize(monkeypatch, capsys, tmp_path / "nothing")
+    assert code == 2 and "no *.xplane.pb" in err
