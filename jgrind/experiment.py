@@ -309,7 +309,7 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
         "peak_resident": peak_resident, "graph_bytes": graph.nbytes(),
         "rss_line": None if memory is None else rss_line(
             peak_resident, engine_args["device_budget"], engine_args["host_budget"],
-            graph.nbytes()),
+            graph.nbytes(), device_in_ram=jax.default_backend() == "cpu"),
         "in_memory_check": check,
         "line": f"{cfg.model} on {graph.name}"
                 + (" (a random split per seed)" if per_seed else "") + f": {trials.summary()}",
@@ -347,19 +347,23 @@ RUNTIME_BYTES = 768 << 20
 
 
 def rss_line(peak: int, device_budget: Optional[int], host_budget: Optional[int],
-             graph_bytes: int) -> str:
-    """The peak resident memory of an out-of-core run against what it may hold: its budgets
-    (on a CPU the device's memory is the host's) plus its graph plus `RUNTIME_BYTES`. An
-    unlimited budget bounds nothing: the line says so."""
+             graph_bytes: int, device_in_ram: bool = True) -> str:
+    """The peak resident memory of an out-of-core run against what it may hold: its host
+    budget, its device budget where the device's memory is the host's (``device_in_ram``: the
+    CPU backend; a GPU's is not resident memory), its graph and `RUNTIME_BYTES`. An unlimited
+    budget bounds nothing: the line says so."""
     f = format_bytes
-    if device_budget is None or host_budget is None:
+    budgets = [host_budget] + ([device_budget] if device_in_ram else [])
+    if None in budgets:
         return (f"peak resident memory while training: {f(peak)} (graph {f(graph_bytes)}; "
                 "no bound: a budget is unlimited)")
-    bound = device_budget + host_budget + graph_bytes + RUNTIME_BYTES
+    bound = sum(budgets) + graph_bytes + RUNTIME_BYTES
     verdict = "within" if peak <= bound else "OVER"
+    named = (f"{f(device_budget)} + {f(host_budget)}" if device_in_ram else
+             f"host {f(host_budget)}")
     return (f"peak resident memory while training: {f(peak)}, {verdict} the budgets "
-            f"{f(device_budget)} + {f(host_budget)} + the graph {f(graph_bytes)} + "
-            f"{f(RUNTIME_BYTES)} for the runtime = {f(bound)}")
+            f"{named} + the graph {f(graph_bytes)} + {f(RUNTIME_BYTES)} for the runtime = "
+            f"{f(bound)}")
 
 
 def loss_check(out_of_core: float, in_memory: float, seed: int, digits: int = 6) -> dict:

@@ -120,6 +120,9 @@ def test_rss_line_states_its_bound_and_says_when_it_is_over():
     over = experiment.rss_line(900 << 20, 16 << 20, 8 << 20, 10 << 20)
     assert "OVER" in over
     assert "no bound" in experiment.rss_line(100 << 20, None, 8 << 20, 10 << 20)
+    # a GPU's memory is not resident: its budget bounds nothing here
+    gpu = experiment.rss_line(800 << 20, 16 << 30, 8 << 20, 10 << 20, device_in_ram=False)
+    assert "OVER" in gpu and "host 8.00 MiB" in gpu and "16.00 GiB" not in gpu
 
 
 def test_no_progress_bar_off_a_terminal(tmp_path, capsys):
