@@ -79,10 +79,6 @@ class Sweep:
     makes: tuple[Table, ...] = ()
     frees: tuple[Table, ...] = ()
 
-    @property
-    def label(self) -> str:
-        return f"{self.kind} {self.layer}"
-
 
 @dataclasses.dataclass(frozen=True)
 class Step:
@@ -110,10 +106,6 @@ class Schedule:
     def order(self) -> list[tuple[str, int]]:
         """``(kind, layer)`` of every sweep."""
         return [(s.kind, s.layer) for s in self.sweeps]
-
-    def forward_layers(self) -> list[int]:
-        """The layers whose forward steps run, in order, recomputations included."""
-        return [s.layer for s in self.sweeps if s.kind != BACKWARD]
 
     def backward(self, layer: int) -> Sweep:
         return next(s for s in self.sweeps if s.kind == BACKWARD and s.layer == layer)
