@@ -268,7 +268,8 @@ def test_store_damaged_between_forward_and_backward(damage, tmp_path):
 
 @pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "serial"])
 def test_a_step_finishes_before_the_load_two_partitions_on_starts(prefetch, monkeypatch):
-    """`OutOfCore._loaded` bounds the inputs alive to two partitions' (the working-set model):
+    """A sweep's pipeline (`jgrind.engine.pipeline.SweepIO`) bounds the inputs alive to two
+    partitions' (the working-set model):
     partition i's load starts only once the step of partition i-2 has finished. Steps are
     dispatched asynchronously, so without this wait a fast loader lets them queue up. With a
     loader thread the wait is the loader's, and load i is queued before step i-1 is
@@ -289,10 +290,11 @@ def test_a_step_finishes_before_the_load_two_partitions_on_starts(prefetch, monk
             events.append(("load", part.index))
             return part.index
         monkeypatch.setattr(jax, "block_until_ready", waiting)
-        for part, got in ex._loaded(load):
-            assert got == part.index
-            events.append(("dispatch", part.index))
-            ex._dispatched(jnp.full(3, float(part.index)))
+        with ex.built.pipeline.sweep(ex.parts, load) as io:
+            for part, got in io:
+                assert got == part.index
+                events.append(("dispatch", part.index))
+                io.dispatched(jnp.full(3, float(part.index)))
         monkeypatch.undo()
         order = [part.index for part in ex.parts]  # the partitions run grouped by shape
     assert sorted(order) == list(range(5))
@@ -322,7 +324,12 @@ def test_backward_reads_output_gradients_on_the_loader_thread(aggregations, monk
     with OutOfCore(graph, model, optax.sgd(0.1), num_parts=4,
                    policy=policies.host_offload(aggregations=aggregations)) as ex:
         ex.loss_and_grad(model.init(jax.random.key(0)), jax.random.key(1))
-        staged = list(ex._loaded(lambda part: (np.zeros(3, np.float32), part.index)))
+        staged = []
+        with ex.built.pipeline.sweep(ex.parts, lambda part: (np.zeros(3, np.float32),
+                                                             part.index)) as io:
+            for part, loaded in io:
+                staged.append((part, loaded))
+                io.dispatched(loaded[0])
     # every executed layer but the top reads the gradient of its output, once per partition
     assert len(threads) == (ex.num_layers - 1) * len(ex.parts)
     assert all(name.startswith("jgrind-loader") for name in threads), threads
@@ -449,16 +456,50 @@ def test_inputs_sent_in_row_ranges_are_exact(model, tmp_path, monkeypatch):
     """A step input sent to the device in several row ranges at once, joined there
     (`OutOfCore.staging_pieces`, for a GPU's host-side staging), gives the in-memory loss
     and gradients."""
-    from jgrind.engine import engine as engine_module
-    joined, plain_join = [], engine_module._join_rows
-    monkeypatch.setattr(engine_module, "MIN_PIECE_BYTES", 256)
-    monkeypatch.setattr(engine_module, "_join_rows",
+    from jgrind.engine import pipeline
+    joined, plain_join = [], pipeline._join_rows
+    monkeypatch.setattr(pipeline, "MIN_PIECE_BYTES", 256)
+    monkeypatch.setattr(pipeline, "_join_rows",
                         lambda *parts: (joined.append(len(parts)), plain_join(*parts))[-1])
 
     def setup(ex):
         ex.staging_pieces = 3
     _exact_with_blocks_on_every_tier(model, tmp_path, setup)
     assert joined and max(joined) == 3
+
+
+@pytest.mark.parametrize("model", ["gcn", "gat"])
+def test_inputs_filled_into_pinned_buffers_are_exact(model, tmp_path, monkeypatch):
+    """Off the CPU backend the store can fill step inputs into page-locked buffers that are
+    put on the device from there (`OutOfCore.pinned_inputs`, `jgrind.transfers.PinnedStaging`);
+    forced here on the CPU, with blocks spread over the device, host RAM and SSD, and the
+    buffers refilled over the sweeps, the loss and gradients are the in-memory ones."""
+    from jgrind import transfers
+    from jgrind.engine import build
+    made, sent, plain_to_device = [], [], transfers.PinnedStaging.to_device
+    monkeypatch.setattr(transfers.PinnedStaging, "to_device", lambda self, values: (
+        lambda out: (sent.append(out is not None), out)[-1])(plain_to_device(self, values)))
+
+    def staging():
+        made.append(transfers.pinned_staging(per_shape=3, enabled=False))
+        return made[-1]
+    monkeypatch.setattr(build, "_input_staging", staging)
+
+    def setup(ex):
+        assert not ex.pinned_inputs  # built switched off
+        ex.pinned_inputs = True
+    _exact_with_blocks_on_every_tier(model, tmp_path, setup)
+    assert made[0].made and made[0].reused  # inputs went through refilled pinned buffers
+    assert any(sent)  # and were put on the device from them
+
+
+def test_pinned_inputs_need_pinned_buffers(tmp_path):
+    graph = csbm_graph()
+    with OutOfCore(graph, _models(8, graph.num_classes)["gcn"], optax.sgd(0.1),
+                   policy=policies.host_offload(), num_parts=2) as ex:
+        assert ex.pinned_inputs is False  # the CPU backend: the store has none
+        with pytest.raises(ValueError, match="no page-locked input buffers"):
+            ex.pinned_inputs = True
 
 
 GUARDED = ["in_memory", "host", "ssd", "recompute", "grinnder", "spread", "spread-gpu-paths"]
@@ -544,13 +585,13 @@ def test_an_engine_stopped_while_it_is_built_leaves_no_files(tmp_path, monkeypat
     has written the features to its store but before it is returned to a ``with``, which
     would close it: the constructor removes the run's folder itself (seen in the full suite:
     the SIGINT test's run folder left behind)."""
-    from jgrind.engine import engine as engine_module
+    from jgrind.engine import build
     graph = community_graph(num_nodes=200)
     model = models.gcn(graph.num_features, 8, graph.num_classes)
 
     def interrupted(*args, **kwargs):
         raise stop()
-    monkeypatch.setattr(engine_module, "Spares", interrupted)  # made after the threads
+    monkeypatch.setattr(build, "Spares", interrupted)  # made after the threads
     with pytest.raises(stop):
         OutOfCore(graph, model, optax.sgd(0.1), policy=policies.ssd_offload(tmp_path),
                   num_parts=2)

@@ -18,8 +18,7 @@ from helpers import community_graph
 def test_a_route_groups_rows_by_tier_with_their_sources():
     # 4 blocks of 5 rows: block 0 host (slot 0), 1 SSD (file rows 0..4), 2 host (slot 5),
     # 3 SSD (file rows 5..9)
-    layout = Layout(tier=np.array([HOST, SSD, HOST, SSD], np.int8),
-                    slot=np.array([0, 0, 5, 5]), file_start=np.array([-1, 0, -1, 5]))
+    layout = Layout(tier=np.array([HOST, SSD, HOST, SSD], np.int8), slot=np.array([0, 0, 5, 5]))
     owner = np.array([1, 1, 2, 3, 3], np.int32)   # block 0's halo, owner-major as partitions are
     row = np.array([0, 4, 2, 1, 3], np.int32)
     route = make_route(layout, 0, 5, owner, row)
@@ -64,8 +63,7 @@ def test_routes_are_made_once_per_layout_and_partition(tmp_path, monkeypatch):
 
 
 def test_route_cache_reports_its_bytes():
-    layout = Layout(tier=np.array([HOST, HOST], np.int8), slot=np.array([0, 3]),
-                    file_start=np.array([-1, -1]))
+    layout = Layout(tier=np.array([HOST, HOST], np.int8), slot=np.array([0, 3]))
     cache = routes_module.RouteCache()
     assert cache.nbytes == 0
     cache.get(layout, 0, 3, np.array([1, 1], np.int32), np.array([0, 2], np.int32))

@@ -44,7 +44,7 @@ class HostCache:
 
     def make_room(self, nbytes: int) -> bool:
         """Evict least-recently-used unpinned entries until ``nbytes`` more fit; False if
-        pinned entries leave too little. For an entry built in place (`Table._whole_file`):
+        pinned entries leave too little. For an entry built in place (`SSDTier._whole_file`):
         room is made before its buffer is filled, so the cache and the buffer together stay
         within the capacity."""
         with self._lock:

@@ -24,12 +24,12 @@ from jgrind.plan.fates import D as DEVICE, H as HOST, R as RECOMPUTE, S as SSD  
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """A table's block placement: ``tier[b]`` of every block and ``slot[b]``, its first row in
-    that tier's array; for SSD blocks, ``file_start[b]``, its first row in the file."""
+    """A table's block placement: ``tier[b]``, the tier code of every block, and ``slot[b]``,
+    its first row among that tier's rows (the tier holds its blocks in table order: an array's
+    rows, or an SSD file's)."""
 
     tier: np.ndarray
     slot: np.ndarray
-    file_start: np.ndarray
 
     @property
     def key(self) -> bytes:
@@ -40,15 +40,18 @@ class Layout:
 class TierRows:
     """One tier's share of a partition's halo rows.
 
-    ``dst``: positions in the gathered input (or in the input gradient); ``src``: rows of the
-    tier's array (SSD: rows of the file, ascending); ``segments``: ``(start, stop, owner)``
-    runs of one owner block. 8 bytes per row (int32 indices where they fit), as much as the
-    partition's own halo arrays, per distinct layout."""
+    ``dst``: positions in the gathered input (or in the input gradient); ``src``: the tier's
+    rows (SSD: rows of the file, ascending); ``segments``: ``(start, stop, owner)`` runs of one
+    owner block; ``own``: how many leading rows are the partition's own block, contiguous from
+    ``src[0]`` (a scatter-add's route in the block's tier, SSD's sorted rows aside; else 0).
+    8 bytes per row (int32 indices where they fit), as much as the partition's own halo
+    arrays, per distinct layout."""
 
     code: int
     dst: np.ndarray
     src: np.ndarray
     segments: tuple
+    own: int = 0
 
     @property
     def size(self) -> int:
@@ -65,7 +68,8 @@ class Route:
     own_rows: int
     halo: tuple               # TierRows per tier that holds halo rows, in tier order
     #                           (with_own: the own rows too, first within their tier)
-    ssd_blocks: tuple         # blocks read from SSD (own and halo owners), for cache pinning
+    blocks: tuple             # (code, blocks) per tier read: own block and halo owners, sorted
+    only_code: Optional[int]  # the one tier holding every row, or None
     halo_owner: np.ndarray    # the arrays the route was made from (identity checked)
 
     def tier(self, code: int) -> Optional[TierRows]:
@@ -74,9 +78,20 @@ class Route:
                 return t
         return None
 
+    def blocks_in(self, code: int) -> tuple:
+        """The blocks of tier ``code`` this route reads (the tier may hold them at hand)."""
+        for c, blocks in self.blocks:
+            if c == code:
+                return blocks
+        return ()
+
+    @property
+    def ssd_blocks(self) -> tuple:
+        return self.blocks_in(SSD)
+
     @property
     def all_device(self) -> bool:
-        return self.own_code == DEVICE and all(t.code == DEVICE for t in self.halo)
+        return self.only_code == DEVICE
 
 
 def make_route(layout: Layout, block: int, own_rows: int, halo_owner: np.ndarray,
@@ -92,27 +107,31 @@ def make_route(layout: Layout, block: int, own_rows: int, halo_owner: np.ndarray
         rows = np.concatenate([np.arange(own_rows, dtype=np.int64), rows])
         first = 0
     codes = layout.tier[owners]
+    own_code = int(layout.tier[block])
     halo = []
     for code in np.unique(codes):
         sel = np.flatnonzero(codes == code)
         o, r = owners[sel], rows[sel]
+        src = layout.slot[o] + r
+        own = own_rows if with_own and code == own_code else 0
         if code == SSD:
-            src = layout.file_start[o] + r
             order = np.argsort(src, kind="stable")  # spans of the file want ascending rows
             sel, o, r, src = sel[order], o[order], r[order], src[order]
-        else:
-            src = layout.slot[o] + r
+            own = 0
         cuts = np.flatnonzero(np.diff(o)) + 1
         starts = np.concatenate([[0], cuts])
         stops = np.concatenate([cuts, [o.size]])
         segments = tuple((int(a), int(b), int(o[a])) for a, b in zip(starts, stops))
-        halo.append(TierRows(int(code), _compact(first + sel), _compact(src), segments))
-    on_ssd = {int(b) for b in np.unique(owners) if layout.tier[b] == SSD}
-    if layout.tier[block] == SSD:
-        on_ssd.add(int(block))
-    return Route(block=int(block), own_code=int(layout.tier[block]),
-                 own_start=int(layout.slot[block]), own_rows=int(own_rows), halo=tuple(halo),
-                 ssd_blocks=tuple(sorted(on_ssd)), halo_owner=halo_owner)
+        halo.append(TierRows(int(code), _compact(first + sel), _compact(src), segments, own))
+    read = {}  # tier code -> blocks read
+    for b in np.unique(owners):
+        read.setdefault(int(layout.tier[b]), set()).add(int(b))
+    read.setdefault(own_code, set()).add(int(block))
+    codes_read = {own_code} | {t.code for t in halo}
+    return Route(block=int(block), own_code=own_code, own_start=int(layout.slot[block]),
+                 own_rows=int(own_rows), halo=tuple(halo),
+                 blocks=tuple((c, tuple(sorted(read[c]))) for c in sorted(read)),
+                 only_code=own_code if len(codes_read) == 1 else None, halo_owner=halo_owner)
 
 
 def _compact(index: np.ndarray) -> np.ndarray:

@@ -119,18 +119,62 @@ def layer_steps(layer, remat_policy: Optional[Callable] = None,
     ``backward`` also return it applied to the owned rows of their input, bit-packed.
     ``node_loss``: the per-node loss ``top`` sums (`jgrind.loss.weighted_loss`; None: cross
     entropy)."""
-    def checkpointed(fn):
-        def apply(params, block, h, key):
-            return fn(params, block, h, key)
-        return jax.checkpoint(apply, policy=remat_policy) if remat_policy is not None else apply
+    emit = functools.partial(_emit, input_mask)
+    dropout = _OutputDropout(output_rate(layer), output_scale(layer))
+    masked = masked_params = None
+    if derivative_from_output(layer) is not None:
+        masked, masked_params = _masked_steps(layer, remat_policy, emit, dropout)
+    saving = saved = saved_params = None
+    split = aggregation_split(unwrap(layer))
+    if split is not None:
+        saving, saved, saved_params = _saved_steps(unwrap(layer), split, dropout)
+    return LayerSteps(**_plain_steps(_checkpointed(layer, remat_policy), emit, node_loss),
+                      masked_backward=masked, masked_backward_params=masked_params,
+                      emits_mask=input_mask is not None, forward_saving=saving,
+                      saved_backward=saved, saved_backward_params=saved_params)
 
-    apply = checkpointed(layer)
 
-    def emit(block, h, *outs):
-        if input_mask is None:
-            return outs
-        return (*outs, pack_mask(input_mask(h[: block.num_out])))
+def _checkpointed(fn: Callable, remat_policy: Optional[Callable]) -> Callable:
+    """``fn(params, block, h, key)``, inside ``jax.checkpoint`` with ``remat_policy`` if one
+    is given."""
+    def apply(params, block, h, key):
+        return fn(params, block, h, key)
+    return jax.checkpoint(apply, policy=remat_policy) if remat_policy is not None else apply
 
+
+def _emit(input_mask: Optional[Callable], block, h, *outs) -> tuple:
+    """A step's outputs, and the bit-packed mask of its input's owned rows when the layer
+    below takes one (``input_mask``)."""
+    if input_mask is None:
+        return outs
+    return (*outs, pack_mask(input_mask(h[: block.num_out])))
+
+
+@dataclasses.dataclass(frozen=True)
+class _OutputDropout:
+    """A layer that also runs its consumer's dropout on its output (`DropsOutput`) takes a pair
+    of keys; its pre-activation and aggregation are the wrapped layer's, keyed by the first.
+    ``rate`` 0: a plain layer and key."""
+
+    rate: float
+    scale: float
+
+    def finish(self, block, y, key):
+        """The output from the activation's output: the consumer's dropout, if it moved here."""
+        return drop_output(y, self.rate, split_key(key)[1], block) if self.rate else y
+
+    def own_key(self, key):
+        return split_key(key)[0] if self.rate else key
+
+    def cot_scale(self, key) -> float:
+        """The output dropout's scale of kept entries; 1 without a key (nothing dropped). The
+        key's presence is static: jit traces the two cases apart."""
+        return self.scale if self.rate and split_key(key)[1] is not None else 1.0
+
+
+def _plain_steps(apply: Callable, emit: Callable, node_loss: Optional[Callable]) -> dict:
+    """``forward``, ``backward`` (regather and recompute), ``backward_params`` and ``top``.
+    The gradient accumulator is donated: it is replaced by the returned sum."""
     def forward(params, block, h, key):
         return apply(params, block, h, key)
 
@@ -150,84 +194,68 @@ def layer_steps(layer, remat_policy: Optional[Callable] = None,
         value, (d_params, d_h) = jax.value_and_grad(loss, argnums=(0, 1))(params, h)
         return emit(block, h, value, _tree_add(acc, d_params), d_h)
 
-    # A layer that also runs its consumer's dropout on its output (`DropsOutput`) takes a pair
-    # of keys; its pre-activation and aggregation are the wrapped layer's, keyed by the first.
-    inner, out_rate, scale = unwrap(layer), output_rate(layer), output_scale(layer)
+    return dict(forward=_spared(forward), backward=_spared(backward, (5,)),
+                backward_params=jax.jit(backward_params, donate_argnums=5),
+                top=_spared(top, (6,)))
 
-    def finish(block, y, key):
-        """The output from the activation's output: the consumer's dropout, if it moved here."""
-        return drop_output(y, out_rate, split_key(key)[1], block) if out_rate else y
 
-    def own_key(key):
-        return split_key(key)[0] if out_rate else key
+def _masked_steps(layer, remat_policy: Optional[Callable], emit: Callable,
+                  dropout: _OutputDropout) -> tuple:
+    """``masked_backward`` and ``masked_backward_params``: the vjp of the pre-activation with
+    the output mask's cotangent."""
+    pre_layer = _checkpointed(without_activation(unwrap(layer)), remat_policy)
 
-    def cot_scale(key) -> float:
-        """The output dropout's scale of kept entries; 1 without a key (nothing dropped). The
-        key's presence is static: jit traces the two cases apart."""
-        return scale if out_rate and split_key(key)[1] is not None else 1.0
+    def pre(params, block, h, key):
+        return pre_layer(params, block, h, dropout.own_key(key))
 
-    masked = masked_params = None
-    if derivative_from_output(layer) is not None:
-        pre_layer = checkpointed(without_activation(inner))
+    def masked_backward(params, block, h, key, mask, g_out, acc):
+        _, vjp = jax.vjp(lambda p, x: pre(p, block, x, key), params, h)
+        d_params, d_h = vjp(masked_cotangent(mask, g_out, dropout.cot_scale(key)))
+        return emit(block, h, _tree_add(acc, d_params), d_h)
 
-        def pre(params, block, h, key):
-            return pre_layer(params, block, h, own_key(key))
+    def masked_backward_params(params, block, h, key, mask, g_out, acc):
+        _, vjp = jax.vjp(lambda p: pre(p, block, h, key), params)
+        (d_params,) = vjp(masked_cotangent(mask, g_out, dropout.cot_scale(key)))
+        return _tree_add(acc, d_params)
 
-        def masked_backward(params, block, h, key, mask, g_out, acc):
-            _, vjp = jax.vjp(lambda p, x: pre(p, block, x, key), params, h)
-            d_params, d_h = vjp(masked_cotangent(mask, g_out, cot_scale(key)))
-            return emit(block, h, _tree_add(acc, d_params), d_h)
+    return (_spared(masked_backward, (6,)),
+            jax.jit(masked_backward_params, donate_argnums=6))
 
-        def masked_backward_params(params, block, h, key, mask, g_out, acc):
-            _, vjp = jax.vjp(lambda p: pre(p, block, h, key), params)
-            (d_params,) = vjp(masked_cotangent(mask, g_out, cot_scale(key)))
-            return _tree_add(acc, d_params)
 
-        masked = _spared(masked_backward, (6,))
-        masked_params = jax.jit(masked_backward_params, donate_argnums=6)
+def _saved_steps(inner, split, dropout: _OutputDropout) -> tuple:
+    """``forward_saving``, ``saved_backward`` and ``saved_backward_params`` of a layer whose
+    aggregation ``split`` (`aggregation_split`) keeps ``z``; ``inner``: the layer without a
+    moved dropout."""
+    def forward_saving(params, block, h, key):
+        z = split.aggregate(block, h, dropout.own_key(key))
+        return dropout.finish(block, split.activate(split.update(params, z)), key), z
 
-    saving = saved = saved_params = None
-    split = aggregation_split(inner)
-    if split is not None:
-        def forward_saving(params, block, h, key):
-            z = split.aggregate(block, h, own_key(key))
-            return finish(block, split.activate(split.update(params, z)), key), z
+    def params_vjp(params, block, key, z, mask, g_out, wrt_z):
+        if mask is None:  # no mask: recompute the pre-activation from z
+            def f(p, zz):
+                return dropout.finish(block, split.activate(split.update(p, zz)), key)
+            cot = g_out
+        else:
+            f, cot = split.update, masked_cotangent(mask, g_out, dropout.cot_scale(key))
+        if wrt_z:
+            _, vjp = jax.vjp(f, params, z)
+            return vjp(cot)
+        _, vjp = jax.vjp(lambda p: f(p, z), params)
+        return vjp(cot)[0], None
 
-        def params_vjp(params, block, key, z, mask, g_out, wrt_z):
-            if mask is None:  # no mask: recompute the pre-activation from z
-                def f(p, zz):
-                    return finish(block, split.activate(split.update(p, zz)), key)
-                cot = g_out
-            else:
-                f, cot = split.update, masked_cotangent(mask, g_out, cot_scale(key))
-            if wrt_z:
-                _, vjp = jax.vjp(f, params, z)
-                return vjp(cot)
-            _, vjp = jax.vjp(lambda p: f(p, z), params)
-            return vjp(cot)[0], None
+    def saved_backward(params, block, z, key, mask, g_out, acc):
+        d_params, d_z = params_vjp(params, block, key, z, mask, g_out, True)
+        zeros = jnp.zeros((block.num_in, inner.in_channels), z.dtype)
+        _, transpose = jax.vjp(lambda h: split.aggregate(block, h, dropout.own_key(key)),
+                               zeros)
+        (d_h,) = transpose(d_z)
+        return _tree_add(acc, d_params), d_h
 
-        def saved_backward(params, block, z, key, mask, g_out, acc):
-            d_params, d_z = params_vjp(params, block, key, z, mask, g_out, True)
-            zeros = jnp.zeros((block.num_in, inner.in_channels), z.dtype)
-            _, transpose = jax.vjp(lambda h: split.aggregate(block, h, own_key(key)), zeros)
-            (d_h,) = transpose(d_z)
-            return _tree_add(acc, d_params), d_h
+    def saved_backward_params(params, block, z, key, mask, g_out, acc):
+        return _tree_add(acc, params_vjp(params, block, key, z, mask, g_out, False)[0])
 
-        def saved_backward_params(params, block, z, key, mask, g_out, acc):
-            return _tree_add(acc, params_vjp(params, block, key, z, mask, g_out, False)[0])
-
-        saving = _spared(forward_saving)
-        saved = _spared(saved_backward, (6,))
-        saved_params = jax.jit(saved_backward_params, donate_argnums=6)
-
-    # the gradient accumulator is donated: it is replaced by the returned sum
-    return LayerSteps(forward=_spared(forward),
-                      backward=_spared(backward, (5,)),
-                      backward_params=jax.jit(backward_params, donate_argnums=5),
-                      top=_spared(top, (6,)),
-                      masked_backward=masked, masked_backward_params=masked_params,
-                      emits_mask=input_mask is not None, forward_saving=saving,
-                      saved_backward=saved, saved_backward_params=saved_params)
+    return (_spared(forward_saving), _spared(saved_backward, (6,)),
+            jax.jit(saved_backward_params, donate_argnums=6))
 
 
 @dataclasses.dataclass(frozen=True)

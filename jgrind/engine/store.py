@@ -1,11 +1,14 @@
-"""The activation store: device, host RAM and SSD tiers behind one interface, with exact accounts.
+"""The activation store: tables whose blocks live in tiers, with exact accounts.
 
-A *table* is one layer's activation ``H_l`` or gradient ``G_l``: ``[N, width]`` rows in
-partition-major order, split into one block per partition. Every block has a fate (from the
-policy); each tier keeps the blocks assigned to it in one compact array (device: a JAX array;
-host: a NumPy array; SSD: an `SSDFile`), so gathering a partition's halo rows is one vectorised
-index per tier however many partitions there are. RECOMPUTE blocks live in a host-side transient
-array that exists only while the layer is needed.
+A *table* is one layer's activation ``H_l``, gradient ``G_l`` or aggregation ``Z_l``:
+``[N, width]`` rows in partition-major order, split into one block per partition. Every block
+has a fate (from the policy), and each fate is served by a tier class (`TIERS`,
+`jgrind.engine.tiers`): the device tier keeps its blocks in one JAX array, the host tier in one
+NumPy array, the SSD tier in one `SSDFile` behind the host cache, and a recomputed layer's
+blocks in a host array that exists only while the layer is needed. So a partition's halo rows
+are one vectorised index per tier however many partitions there are. The table keeps the
+fates and routes rows to the tiers; the store makes the tables and hands every tier the run's
+shared resources (`jgrind.engine.tiers.Shared`).
 
 The store keeps exact byte accounts per tier (current and peak, with a timeline for plots) and
 counts the bytes moved between tiers.
@@ -13,8 +16,8 @@ counts the bytes moved between tiers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import functools
 import os
 import pathlib
 import shutil
@@ -22,23 +25,36 @@ import threading
 import time
 import uuid
 import warnings
-from typing import Optional
+from typing import Callable, Mapping, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jgrind import disk_space, transfers
-from jgrind.buffers import Recycler, aligned_zeros
+from jgrind.buffers import Recycler
 from jgrind.engine.cache import HostCache
 from jgrind.engine.host_arrays import HostArrays
-from jgrind.engine.routes import Layout, RouteCache, TierRows
+from jgrind.engine.routes import Layout, RouteCache
 from jgrind.engine.ssd import SSDFile, StoreError
+from jgrind.engine.tiers import (WHOLE_FILE, DeviceRows, DeviceTier, HostTier, RowReadsSSDTier,
+                                 Shared, Snapshot, SSDTier, Tier, TierBlocks, TransientTier,
+                                 padded_buffer)
+from jgrind.engine.tiers.device import bucket_len, padded_rows as pad_index
 from jgrind.plan.fates import CODES, FATES, Fate
-from jgrind.rows import add_rows, copy_rows, take_rows
+from jgrind.rows import copy_rows
 
-# the host-cache key (with the table's) of a table's whole SSD file (`Table._whole_file`)
-WHOLE_FILE = "whole file"
+__all__ = ["Accounts", "BudgetError", "DeviceRows", "Snapshot", "Store", "TIERS", "Table",
+           "WHOLE_FILE", "leftover_runs", "make_run_dir"]
+
+# The class that holds each fate's blocks, made once per table that uses the fate as
+# ``TIERS[fate](TierBlocks, Shared)``. A run may serve a fate by another class (`Store`'s
+# ``tiers``), e.g. compressed host blocks: the class is all a new tier needs.
+TIERS: dict[Fate, Callable[..., Tier]] = {
+    Fate.DEVICE: DeviceTier,
+    Fate.HOST: HostTier,
+    Fate.SSD: SSDTier,
+    Fate.RECOMPUTE: TransientTier,
+}
 
 
 class BudgetError(ValueError):
@@ -80,112 +96,67 @@ class Accounts:
         return d
 
 
-# Device-side table operations. Index arrays are padded to bucketed lengths with an
-# out-of-range index, which `drop`/`fill` modes ignore, so a handful of shapes are compiled.
-def _explicit(fn):
-    """``fn`` with its NumPy arguments (the store's row indices, host rows bound for device
-    blocks) handed to the device by `jax.device_put` first: the transfers are meant, and a
-    transfer guard (``jax_transfer_guard="disallow"``) then tells them from accidental ones."""
-    @functools.wraps(fn)
-    def call(*args):
-        return fn(*(jax.device_put(a) if isinstance(a, np.ndarray) else a for a in args))
-    return call
-
-
-# made on the device: op by op, jnp.zeros would copy its Python zero there first
-_device_zeros = jax.jit(lambda shape: jnp.zeros(shape, jnp.float32), static_argnums=0)
-_device_take = _explicit(jax.jit(
-    lambda table, rows: jnp.take(table, rows, axis=0, mode="fill", fill_value=0)))
-_device_set = _explicit(jax.jit(
-    lambda table, rows, values: table.at[rows].set(values, mode="drop"), donate_argnums=0))
-_device_add = _explicit(jax.jit(
-    lambda table, rows, values: table.at[rows].add(values, mode="drop"), donate_argnums=0))
-# ``table[rows] += values[src]``: a scatter-add's rows that land on the device, taken from the
-# step output where it is (`Table.accumulate` with ``keep_device_rows``)
-_device_add_taken = _explicit(jax.jit(
-    lambda table, rows, values, src: table.at[rows].add(
-        jnp.take(values, src, axis=0, mode="fill", fill_value=0), mode="drop"),
-    donate_argnums=0))
-# ``gathered[rows] = values``, the device's rows set into a gathered input sent from the host
-_device_merge = _explicit(jax.jit(
-    lambda gathered, rows, values: gathered.at[rows].set(values, mode="drop"),
-    donate_argnums=0))
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceRows:
-    """A gathered input whose rows are partly on the device (`Table.gather` with
-    ``keep_device_rows``): ``host`` holds every other row, and ``values`` (a device array) the
-    rows that go to positions ``rows`` (padded with an out-of-range position). `to_device`
-    sends ``host`` and sets those rows there, so the device's rows never cross to the host and
-    back."""
-
-    host: np.ndarray
-    rows: np.ndarray
-    values: jax.Array
-
-    def to_device(self) -> jax.Array:
-        return _device_merge(jax.device_put(self.host), self.rows, self.values)
-
-
-def _padded_buffer(buffers: Recycler, used_rows: int, padded_rows: int,
-                   width: int) -> np.ndarray:
-    """A float32 ``[padded_rows, width]`` buffer whose first ``used_rows`` rows the caller fills:
-    only the padding is zeroed (zero-filling it all would be one more pass over the rows).
-    Aligned, so that XLA adopts it without a copy; from ``buffers``, so that the memory of a
-    step input the step is done with serves a later one."""
-    out = buffers.empty((padded_rows, width), np.float32)
-    out[used_rows:] = 0.0
-    return out
-
-
-def _padded_rows(rows: np.ndarray, length: int, fill: int) -> np.ndarray:
-    out = np.full(length, fill, np.int32)
-    out[: rows.size] = rows
-    return out
-
-
 class Table:
-    """One ``[N, width]`` tensor in partition-major order, its blocks spread over the tiers."""
+    """One ``[N, width]`` tensor in partition-major order, its blocks spread over the tiers.
 
-    def __init__(self, store: "Store", name: str, layer: int, width: int, fates: list[Fate],
-                 reserve: Optional[int] = None):
-        self.store, self.name, self.layer, self.width = store, name, layer, int(width)
+    The table keeps each block's fate and, per fate it uses, one tier object (made by
+    ``tiers[fate](TierBlocks, shared)``, `jgrind.engine.tiers`) that holds those blocks' rows,
+    numbered in table order (``slot[b]``: block ``b``'s first row in its tier). Whole-block
+    writes and reads go to the block's tier; a gather or scatter-add follows the partition's
+    route (`jgrind.engine.routes`), one call per tier that holds some of its rows.
+
+    Args:
+      name, layer: the table's key (``"activation"``, ``"gradient"``, ``"aggregation"``).
+      width: floats per row.
+      fates: the fate of every block.
+      block_rows: ``[P]`` rows of every block.
+      tiers: the tier class of every fate the table uses.
+      shared: the run's resources, passed to every tier (`jgrind.engine.tiers.Shared`).
+      routes: the run's route cache.
+      reserve: the most host bytes of tables made while this one lives (`HostArrays`).
+    """
+
+    def __init__(self, name: str, layer: int, width: int, fates: list[Fate],
+                 block_rows: np.ndarray, tiers: Mapping[Fate, Callable[..., Tier]],
+                 shared: Shared, routes: RouteCache, reserve: Optional[int] = None):
+        self.name, self.layer, self.width = name, layer, int(width)
         self.key = (name, layer)
-        sizes = store.block_rows
+        self.block_rows = block_rows
+        self._buffers, self._routes = shared.buffers, routes
         self.tier = np.array([CODES[f] for f in fates], np.int8)
-        self.slot = np.zeros(sizes.size, np.int64)      # first row of the block in its tier
-        self.tier_rows = []
+        self.slot = np.zeros(block_rows.size, np.int64)  # first row of the block in its tier
         for code in range(len(FATES)):
+            sizes = np.where(self.tier == code, block_rows, 0)
+            self.slot += np.where(self.tier == code, np.cumsum(sizes) - sizes, 0)
+        self._tiers: list[Optional[Tier]] = [None] * len(FATES)  # by tier code
+        for code, fate in enumerate(FATES):
             members = self.tier == code
-            starts = np.cumsum(np.where(members, sizes, 0)) - np.where(members, sizes, 0)
-            self.slot[members] = starts[members]
-            self.tier_rows.append(int(sizes[members].sum()))
-        self.device: Optional[jax.Array] = None
-        self.host: Optional[np.ndarray] = None
-        self.transient: Optional[np.ndarray] = None
-        self.ssd: Optional[SSDFile] = None
-        nbytes = lambda code: self.tier_rows[code] * self.width * 4  # noqa: E731
-        if self.tier_rows[CODES[Fate.DEVICE]]:
-            self.device = _device_zeros((self.tier_rows[CODES[Fate.DEVICE]], self.width))
-            store._charge(device=nbytes(CODES[Fate.DEVICE]))
-        if self.tier_rows[CODES[Fate.HOST]]:  # charged by the store's `HostArrays`
-            self.host = store.host_arrays.take(self.tier_rows[CODES[Fate.HOST]], self.width,
-                                               reserve)
-        if self.tier_rows[CODES[Fate.SSD]]:
-            members = self.tier == CODES[Fate.SSD]
-            offsets = np.concatenate([[0], np.cumsum(sizes[members])])
-            self.ssd_blocks = np.flatnonzero(members)     # block index -> file block order
-            self.ssd_index = np.full(sizes.size, -1, np.int64)
-            self.ssd_index[self.ssd_blocks] = np.arange(self.ssd_blocks.size)
-            self.ssd = SSDFile(store.run_dir / f"{name}-{layer}.bin", offsets, self.width,
-                               store.run_id, on_io=store.count)
-            store._charge(ssd=nbytes(CODES[Fate.SSD]))
-        file_start = np.full(sizes.size, -1, np.int64)
-        if self.ssd is not None:
-            file_start[self.ssd_blocks] = self.ssd.offsets[:-1]
-        self.layout = Layout(self.tier, self.slot, file_start)
-        self._device_lock = threading.Lock()
+            if block_rows[members].sum():
+                self._tiers[code] = tiers[fate](
+                    TierBlocks(self.key, self.width, block_rows, members, self.slot, reserve),
+                    shared)
+        # whether each block's rows are device memory (its tier's `on_device`)
+        self._on_device = np.array([tiers[fate].on_device for fate in FATES])[self.tier]
+        self.layout = Layout(self.tier, self.slot)
+
+    # -- what the tiers hold (for inspection and tests) ----------------------------------------
+    def _tier(self, fate: Fate):
+        return self._tiers[CODES[fate]]
+
+    @property
+    def device(self) -> Optional[jax.Array]:
+        """The device tier's array, or None."""
+        return getattr(self._tier(Fate.DEVICE), "array", None)
+
+    @property
+    def host(self) -> Optional[np.ndarray]:
+        """The host tier's array, or None."""
+        return getattr(self._tier(Fate.HOST), "array", None)
+
+    @property
+    def ssd(self) -> Optional[SSDFile]:
+        """The SSD tier's file, or None."""
+        return getattr(self._tier(Fate.SSD), "file", None)
 
     # -- helpers ---------------------------------------------------------------------------
     def fate(self, block: int) -> Fate:
@@ -196,123 +167,72 @@ class Table:
         `write`, or with ``halo_owner`` its `accumulate` into those halo rows too. Only rows
         that all land in device blocks stay on the device."""
         if halo_owner is None:
-            return self.tier[block] != CODES[Fate.DEVICE]
-        return bool(self.tier[block] != CODES[Fate.DEVICE]
-                    or (self.tier[halo_owner] != CODES[Fate.DEVICE]).any())
+            return not self._on_device[block]
+        return bool(not self._on_device[block] or not self._on_device[halo_owner].all())
 
     def held_on_host(self, block: int, halo_owner: Optional[np.ndarray] = None) -> bool:
         """Whether storing a step output of ``block`` (with ``halo_owner``: accumulating it)
         reads it in host memory only: no row of it lands in a device block, so the store
         needs no device copy of it and takes a host one (`write`, `accumulate`)."""
-        if self.tier[block] == CODES[Fate.DEVICE]:
+        if self._on_device[block]:
             return False
-        return halo_owner is None or not (self.tier[halo_owner] == CODES[Fate.DEVICE]).any()
+        return halo_owner is None or not self._on_device[halo_owner].any()
 
     @property
     def all_ssd(self) -> bool:
-        return self.ssd is not None and self.tier_rows[CODES[Fate.SSD]] == int(
-            self.store.block_rows.sum())
+        return self.ssd is not None and bool((self.tier == CODES[Fate.SSD]).all())
 
     @property
     def recomputed(self) -> bool:
-        return self.tier_rows[CODES[Fate.RECOMPUTE]] > 0
+        return self._tier(Fate.RECOMPUTE) is not None
 
     def _rows(self, block: int) -> int:
-        return int(self.store.block_rows[block])
+        return int(self.block_rows[block])
 
-    def _host_array(self, code: int) -> np.ndarray:
-        if code == CODES[Fate.HOST]:
-            return self.host
-        if self.transient is None:
-            raise RuntimeError(f"{self.name} {self.layer} is recomputed and not materialised")
-        return self.transient
+    def _tier_of(self, block: int) -> Tier:
+        return self._tiers[self.tier[block]]
 
     # -- transient (recompute) storage -------------------------------------------------------
     def materialize(self) -> None:
-        rows = self.tier_rows[CODES[Fate.RECOMPUTE]]
-        if rows and self.transient is None:
-            self.transient = self.store.host_arrays.take(rows, self.width)
+        """Make a recomputed layer's rows exist (before the sweep that rebuilds them)."""
+        transient = self._tier(Fate.RECOMPUTE)
+        if transient is not None:
+            transient.materialize()
 
     def release(self) -> None:
-        if self.transient is not None:
-            self.store.host_arrays.give(self.transient)
-            self.transient = None
+        """Give back a recomputed layer's rows (after their last reader)."""
+        transient = self._tier(Fate.RECOMPUTE)
+        if transient is not None:
+            transient.release()
+
+    def zero_lazily(self) -> None:
+        """Make a table kept by ``Store.drop(keep=True)`` (all on SSD) read as zeros again."""
+        self._tier(Fate.SSD).zero_lazily()
 
     # -- whole blocks ----------------------------------------------------------------------
     def write(self, block: int, values) -> None:
         """Store the first ``rows(block)`` rows of ``values`` (a padded step output)."""
-        code, rows = self.tier[block], self._rows(block)
-        start = int(self.slot[block])
-        if code == CODES[Fate.DEVICE]:
-            idx = np.arange(start, start + rows, dtype=np.int32)
-            idx = _padded_rows(idx, values.shape[0], self.device.shape[0])
-            with self._device_lock:
-                self.device = _device_set(self.device, idx, values)
-            return
-        host_values = transfers.host_view(values)[:rows]
-        if code == CODES[Fate.SSD]:
-            self.ssd.write_block(int(self.ssd_index[block]), host_values)
-            self.store.cache.invalidate((self.key, block))
-            self.store.cache.invalidate((self.key, WHOLE_FILE))
-            self.store.count(ssd_written=host_values.nbytes)
+        tier = self._tier_of(block)
+        if tier.on_device:
+            tier.write_block(int(block), values)
         else:
-            copy_rows(self._host_array(code)[start:start + rows], host_values)
-            self.store.count(host_written=host_values.nbytes)
+            tier.write_block(int(block), transfers.host_view(values)[:self._rows(block)])
 
     def read(self, block: int, padded_rows: int):
         """Block ``block`` padded with zero rows to ``padded_rows`` (device array if on device,
         else NumPy)."""
-        code, rows = self.tier[block], self._rows(block)
-        start = int(self.slot[block])
-        if code == CODES[Fate.DEVICE]:
-            idx = np.arange(start, start + rows, dtype=np.int32)
-            return _device_take(self.device, _padded_rows(idx, padded_rows,
-                                                          self.device.shape[0]))
-        out = _padded_buffer(self.store.buffers, rows, padded_rows, self.width)
+        tier, rows = self._tier_of(block), self._rows(block)
+        if tier.on_device:
+            return tier.read_on_device(int(block), padded_rows)
+        out = padded_buffer(self._buffers, rows, padded_rows, self.width)
         own = out[:rows]  # one view: `_fill` tells an in-place read by identity
-        self._fill(own, self._read_host_or_ssd(block, own))
+        self._fill(own, tier.read_block(int(block), own))
         return out
 
     @staticmethod
     def _fill(dst: np.ndarray, src: np.ndarray) -> None:
         if src is not dst:  # not read in place already
             copy_rows(dst, src)
-
-    def _read_host_or_ssd(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
-        """Block ``block``'s rows from host RAM or SSD: a view of a host array or a cached
-        block, or ``into`` itself when the block was read from SSD straight into it."""
-        code, rows = self.tier[block], self._rows(block)
-        if code == CODES[Fate.SSD]:
-            return self._ssd_block(block, into)
-        start = int(self.slot[block])
-        self.store.count(host_read=rows * self.width * 4)
-        return self._host_array(code)[start:start + rows]
-
-    def _ssd_block(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
-        """Block ``block`` from the host cache or its SSD file. A block the cache will not keep
-        is read into ``into`` when given (the caller's padded step input): one pass from the
-        page cache, not a fresh array and a copy."""
-        if self.store.row_reads:
-            i = int(self.ssd_index[block])
-            rows = np.arange(self.ssd.offsets[i], self.ssd.offsets[i + 1])
-            data = self.ssd.read_rows(rows, per_row=True)
-            self.store.count(ssd_read=data.nbytes)
-            return data
-        cache = self.store.cache
-        whole = cache.get((self.key, WHOLE_FILE)) if cache.capacity > 0 else None
-        if whole is not None:
-            i = int(self.ssd_index[block])
-            return whole[self.ssd.offsets[i]:self.ssd.offsets[i + 1]]
-        hit = cache.get((self.key, block))
-        if hit is not None:
-            return hit
-        keep = cache.fits(self._rows(block) * self.width * 4)
-        data = self.ssd.read_block(int(self.ssd_index[block]),
-                                   out=None if keep else into)
-        self.store.count(ssd_read=data.nbytes)
-        if keep:
-            cache.put((self.key, block), data)
-        return data
 
     # -- gather / accumulate over a partition's inputs ----------------------------------------
     def gather(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,
@@ -324,121 +244,40 @@ class Table:
         are, their rows are copied into the NumPy array, or with ``keep_device_rows`` left
         where they are: the result is then a `DeviceRows`, for a consumer that sends the rest
         to the device (on a GPU the device's rows then never cross PCIe twice)."""
-        route = self.store.routes.get(self.layout, block, self._rows(block), halo_owner,
-                                      halo_row)
-        own_rows = route.own_rows
-        if route.all_device:
-            idx = np.concatenate([np.arange(route.own_start, route.own_start + own_rows)]
-                                 + [t.src for t in route.halo]).astype(np.int32)
-            return _device_take(self.device, _padded_rows(idx, padded_rows,
-                                                          self.device.shape[0]))
-        out = _padded_buffer(self.store.buffers, own_rows + halo_row.size, padded_rows,
-                             self.width)
-        keys = [(self.key, b) for b in route.ssd_blocks] + [(self.key, WHOLE_FILE)]
-        self.store.cache.pin(keys)
-        on_device = []  # (positions, rows of the device array) left on the device
-        try:
+        route = self._routes.get(self.layout, block, self._rows(block), halo_owner, halo_row)
+        own_rows, own_tier = route.own_rows, self._tiers[route.own_code]
+        own_range = range(route.own_start, route.own_start + own_rows)
+        if route.only_code is not None and own_tier.on_device:
+            src = np.concatenate([np.arange(own_range.start, own_range.stop)]
+                                 + [t.src for t in route.halo])
+            return own_tier.take_on_device(src, padded_rows)
+        out = padded_buffer(self._buffers, own_rows + halo_row.size, padded_rows, self.width)
+        kept_tier, on_device = None, []  # (positions, rows) left on the one device tier
+        with contextlib.ExitStack() as held:
+            for code, tier in enumerate(self._tiers):
+                if tier is not None:
+                    held.enter_context(tier.hold(route.blocks_in(code)))
             own = out[:own_rows]
-            if keep_device_rows and route.own_code == CODES[Fate.DEVICE]:
+            if keep_device_rows and own_tier.on_device:
+                kept_tier = own_tier
                 on_device.append((np.arange(own_rows),
-                                  np.arange(route.own_start, route.own_start + own_rows)))
+                                  np.arange(own_range.start, own_range.stop)))
             else:
-                self._fill(own, self._block_rows(block, own))
+                self._fill(own, own_tier.read_block(int(block), own))
             for rows in route.halo:
-                if rows.code == CODES[Fate.DEVICE] and keep_device_rows:
+                tier = self._tiers[rows.code]
+                if keep_device_rows and tier.on_device and kept_tier in (None, tier):
+                    kept_tier = tier
                     on_device.append((rows.dst, rows.src))
-                elif rows.code == CODES[Fate.DEVICE]:
-                    idx = rows.src.astype(np.int32)
-                    n = _bucket_len(idx.size)
-                    got = _device_take(self.device, _padded_rows(idx, n, self.device.shape[0]))
-                    out[rows.dst] = jax.device_get(got)[: idx.size]
-                elif rows.code == CODES[Fate.SSD]:
-                    self._ssd_rows(rows, out)
-                else:  # host RAM (or a recomputed layer's transient): one native pass
-                    take_rows(self._host_array(rows.code), rows.src, out=out, dst=rows.dst)
-                    self.store.count(host_read=rows.size * self.width * 4)
-        finally:
-            self.store.cache.unpin(keys)
+                else:
+                    tier.take_rows(rows, out)
         if not on_device:
             return out
-        dst = np.concatenate([d for d, _ in on_device]).astype(np.int32)
-        src = np.concatenate([r for _, r in on_device]).astype(np.int32)
-        n = _bucket_len(dst.size)
-        values = _device_take(self.device, _padded_rows(src, n, self.device.shape[0]))
-        return DeviceRows(out, _padded_rows(dst, n, padded_rows), values)
-
-    def _block_rows(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
-        if self.tier[block] == CODES[Fate.DEVICE]:
-            start, rows = int(self.slot[block]), self._rows(block)
-            return jax.device_get(self.device[start:start + rows])
-        return self._read_host_or_ssd(block, into)
-
-    def _ssd_rows(self, rows: TierRows, out: np.ndarray) -> None:
-        """Halo rows held on SSD into ``out[rows.dst]``: from cached blocks, else cache the
-        owner block if it fits (a later partition will likely read it too), else read the rows
-        directly, all owners' rows in one coalesced `SSDFile.read_rows` (spans across
-        neighbouring blocks merge)."""
-        cache = self.store.cache
-        direct = [(0, rows.size)]
-        whole = self._whole_file() if cache.capacity > 0 else None
-        if whole is not None:  # one native pass, as from the host tier
-            take_rows(whole, rows.src, out=out, dst=rows.dst)
-            return
-        if cache.capacity > 0:
-            direct = []
-            for a, b, owner in rows.segments:
-                cached = cache.get((self.key, owner))
-                if cached is None and cache.fits(self._rows(owner) * self.width * 4):
-                    cached = self._ssd_block(owner)
-                if cached is not None:
-                    take_rows(cached, rows.src[a:b] - self.layout.file_start[owner], out=out,
-                              dst=rows.dst[a:b])
-                else:
-                    direct.append((a, b))
-        if not direct:
-            return
-        if len(direct) == 1:
-            (a, b), = direct
-            src, dst = rows.src[a:b], rows.dst[a:b]
-        else:
-            src = np.concatenate([rows.src[a:b] for a, b in direct])
-            dst = np.concatenate([rows.dst[a:b] for a, b in direct])
-        self.ssd.read_rows(src, per_row=self.store.row_reads, out=out, dst=dst)
-        self.store.count(ssd_read=src.size * self.width * 4)
-
-    def _whole_file(self) -> Optional[np.ndarray]:
-        """The table's whole SSD file as one host-cache entry, when the cache can hold it.
-
-        Halo rows come from many owner blocks: on 128 partitions a sweep's gathers touch 16k
-        (partition, owner) pairs, and a cache lookup and copy per pair cost ~30 us each (the
-        top layer's 8-wide gather of `tools/bench_planner.py`'s host-tight took 0.54 s for
-        5 MB). From one array, a partition's halo rows are one native pass, as from the host
-        tier. The file is read once, block by block with each block's checksum checked (or
-        copied from a cached block), the first time a gather needs it after it was written,
-        and a write to any block drops it. The issue's cache policy: whole layers while they
-        fit, else LRU blocks."""
-        cache, key = self.store.cache, (self.key, WHOLE_FILE)
-        whole = cache.get(key)
-        if whole is not None:
-            return whole
-        nbytes = self.ssd.rows * self.width * 4
-        # a file the cache cannot hold must not evict anything trying (make_room would empty
-        # it of every unpinned block, on every gather); where it can, room first, so that the
-        # cache and the buffer being filled stay within the budget
-        if not cache.fits(nbytes) or not cache.make_room(nbytes):
-            return None
-        whole = np.empty((self.ssd.rows, self.width), np.float32)
-        offsets = self.ssd.offsets
-        for i, block in enumerate(self.ssd_blocks):
-            part = whole[offsets[i]:offsets[i + 1]]
-            cached = cache.get((self.key, int(block)))
-            if cached is not None:
-                part[:] = cached
-                cache.invalidate((self.key, int(block)))  # held twice otherwise
-            else:
-                self.ssd.read_block(i, out=part)
-                self.store.count(ssd_read=part.nbytes)
-        return whole if cache.put(key, whole) else None
+        dst = np.concatenate([d for d, _ in on_device])
+        src = np.concatenate([r for _, r in on_device])
+        n = bucket_len(dst.size)
+        values = kept_tier.take_on_device(src, n)
+        return DeviceRows(out, pad_index(dst, n, padded_rows), values)
 
     def accumulate(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,
                    values, keep_device_rows: bool = False) -> None:
@@ -447,119 +286,32 @@ class Table:
         ``keep_device_rows`` the rows bound for device blocks are taken from ``values`` (a
         device array) where it is, not from its host copy sent back; on the CPU backend, where
         both are one buffer, the host path was faster (docs/results-history.md, section 8)."""
-        route = self.store.routes.get(self.layout, block, self._rows(block), halo_owner,
-                                      halo_row, with_own=True)
-        if route.all_device:
+        route = self._routes.get(self.layout, block, self._rows(block), halo_owner, halo_row,
+                                 with_own=True)
+        own_tier = self._tiers[route.own_code]
+        if route.only_code is not None and own_tier.on_device:
             (rows,) = route.halo
-            idx = _padded_rows(rows.src.astype(np.int32), values.shape[0], self.device.shape[0])
-            with self._device_lock:
-                self.device = _device_add(self.device, idx, values)
+            own_tier.add_on_device(rows.src, values)
             return
         host_values = transfers.host_view(values)
         for rows in route.halo:
-            if rows.code == CODES[Fate.DEVICE]:
-                n = _bucket_len(rows.size)
-                with self._device_lock:
-                    to = _padded_rows(rows.src.astype(np.int32), n, self.device.shape[0])
-                    self.device = (
-                        _device_add_taken(self.device, to, values,
-                                          _padded_rows(rows.dst.astype(np.int32), n,
-                                                       values.shape[0]))
-                        if keep_device_rows else
-                        _device_add(self.device, to, _pad_to(host_values[rows.dst], n)))
-            elif rows.code == CODES[Fate.SSD]:
-                read = self.ssd.add_rows(rows.src, host_values, src=rows.dst)
-                for _, _, owner in rows.segments:
-                    self.store.cache.invalidate((self.key, owner))
-                self.store.cache.invalidate((self.key, WHOLE_FILE))
-                row_bytes = self.width * 4
-                self.store.count(ssd_read=read * row_bytes, ssd_written=rows.size * row_bytes)
+            tier = self._tiers[rows.code]
+            if keep_device_rows and tier.on_device:
+                tier.add_taken_on_device(rows, values)
             else:
-                target = self._host_array(rows.code)
-                # the block's own rows come first and are contiguous: a slice add
-                own = route.own_rows if route.own_code == rows.code else 0
-                if own:
-                    mine = target[route.own_start:route.own_start + own]
-                    np.add(mine, host_values[:own], out=mine)
-                # rows within one accumulate are unique: one addition per row
-                add_rows(target, rows.src[own:], host_values, src=rows.dst[own:])
-                self.store.count(host_written=rows.size * self.width * 4)
+                tier.add_rows(rows, host_values)
 
     def free(self) -> None:
         """Give back every tier's storage (and delete the SSD file), uncharging the accounts."""
-        charge = {}
-        if self.device is not None:
-            charge["device"] = -int(self.device.size) * 4
-        if self.host is not None:
-            self.store.host_arrays.give(self.host)
-        if self.ssd is not None:
-            charge["ssd"] = -self.ssd.rows * self.ssd.width * 4
-            self.ssd.close()
-            self.ssd.path.unlink(missing_ok=True)
-            self.store.cache.drop_table(self.key)
-        self.release()
-        self.device = self.host = self.ssd = None
-        self.store._charge(**charge)
+        for tier in self._tiers:
+            if tier is not None:
+                tier.free()
+        self._tiers = [None] * len(FATES)
 
     def close(self) -> None:
-        if self.ssd is not None:
-            self.ssd.close()
-
-
-def _bucket_len(n: int) -> int:
-    """Round index-array lengths up to a power of two so device gathers compile few shapes."""
-    return 1 << max(int(n - 1).bit_length(), 3)
-
-
-def _pad_to(values: np.ndarray, n: int) -> np.ndarray:
-    out = aligned_zeros((n,) + values.shape[1:], values.dtype)
-    out[: values.shape[0]] = values
-    return out
-
-
-class Snapshot:
-    """The step inputs (owned + halo rows, or a node-wise layer's owned rows) of every
-    partition of one layer, kept on SSD from the forward sweep to backward: the naive scheme's
-    redundant copy of data the stored layer outputs already hold (GriNNder regathers instead).
-    Block ``p`` is partition ``p``'s ``input_rows[p]`` rows, written and read whole."""
-
-    def __init__(self, store: "Store", layer: int, width: int, input_rows: np.ndarray):
-        if store.run_dir is None:
-            raise StoreError("snapshots need the SSD tier; pass a store directory")
-        self.store, self.layer, self.width = store, layer, int(width)
-        self.key = ("snapshot", layer)
-        self.offsets = np.concatenate([[0], np.cumsum(input_rows)]).astype(np.int64)
-        self.nbytes = int(self.offsets[-1]) * self.width * 4
-        self.filled = False  # set once the forward sweep has written every block
-        self.ssd: Optional[SSDFile] = SSDFile(store.run_dir / f"snapshot-{layer}.bin",
-                                              self.offsets, self.width, store.run_id,
-                                              on_io=store.count)
-        store._charge(ssd=self.nbytes)
-
-    def write(self, block: int, values) -> None:
-        """Store the first ``input_rows[block]`` rows of ``values`` (a padded gather)."""
-        rows = int(self.offsets[block + 1] - self.offsets[block])
-        host_values = transfers.host_view(values)[:rows]
-        self.ssd.write_block(block, host_values)
-        self.store.count(ssd_written=host_values.nbytes)
-
-    def read(self, block: int, padded_rows: int) -> np.ndarray:
-        rows = int(self.offsets[block + 1] - self.offsets[block])
-        out = _padded_buffer(self.store.buffers, rows, padded_rows, self.width)
-        self.ssd.read_block(block, out[:rows])
-        self.store.count(ssd_read=rows * self.width * 4)
-        return out
-
-    def free(self) -> None:
-        if self.ssd is not None:
-            self.ssd.close()
-            self.ssd.path.unlink(missing_ok=True)
-            self.ssd = None
-            self.store._charge(ssd=-self.nbytes)
-
-    def close(self) -> None:
-        if self.ssd is not None:
-            self.ssd.close()
+        for tier in self._tiers:
+            if tier is not None:
+                tier.close()
 
 
 class Store:
@@ -575,11 +327,17 @@ class Store:
         table included (`HostArrays`; the engine passes the plan's peak). 0 keeps none.
       input_buffer_bytes: the most host RAM kept for step inputs' buffers between uses (`buffers`,
         a `jgrind.buffers.Recycler`). 0 keeps none.
+      tiers: classes that serve some fates instead of `TIERS` (``row_reads`` serves SSD by
+        `RowReadsSSDTier`).
+      input_staging: page-locked buffers that reads and gathers fill instead
+        (`jgrind.transfers.PinnedStaging`), falling back to ``buffers``; None: ``buffers``.
     """
 
     def __init__(self, block_rows: np.ndarray, directory: Optional[str | os.PathLike],
                  host_cache_bytes: int, ssd_bytes_needed: int = 0, row_reads: bool = False,
-                 host_tables_bytes: int = 0, input_buffer_bytes: int = 0):
+                 host_tables_bytes: int = 0, input_buffer_bytes: int = 0,
+                 tiers: Optional[Mapping[Fate, Callable[..., Tier]]] = None,
+                 input_staging=None):
         self.block_rows = np.asarray(block_rows, np.int64)
         self.row_reads = bool(row_reads)
         self.accounts = Accounts()
@@ -592,10 +350,20 @@ class Store:
         self.routes = RouteCache()  # where each partition's rows live, per table layout
         self.host_arrays = HostArrays(host_tables_bytes,
                                       on_change=lambda delta: self._charge(host=delta))
-        self.buffers = Recycler(input_buffer_bytes)  # what `read` and `gather` fill
+        self.buffers = Recycler(input_buffer_bytes)
+        self.input_staging = input_staging
+        if input_staging is not None:
+            input_staging.fallback = self.buffers
+        fills = self.buffers if input_staging is None else input_staging  # `read`, `gather`
         if ssd_bytes_needed:
             self.run_dir = make_run_dir(directory, ssd_bytes_needed, self.run_id)
         self.cache = HostCache(0 if row_reads else host_cache_bytes, on_change=self._sample)
+        self.tiers = {**TIERS, **({Fate.SSD: RowReadsSSDTier} if row_reads else {}),
+                      **(tiers or {})}
+        # what every tier is given: it reaches nothing else of the store
+        self.shared = Shared(charge=self._charge, count=self.count,
+                             host_arrays=self.host_arrays, buffers=fills,
+                             cache=self.cache, run_dir=self.run_dir, run_id=self.run_id)
 
     def table(self, name: str, layer: int, width: int, fates: list[Fate],
               reserve: Optional[int] = None) -> Table:
@@ -611,10 +379,10 @@ class Store:
             t.free()
             t = None
         if t is not None:
-            t.ssd.zero_lazily()
-            self.cache.drop_table(t.key)  # (every block is also invalidated when next written)
+            t.zero_lazily()
         else:
-            t = Table(self, name, layer, width, fates, reserve)
+            t = Table(name, layer, width, fates, self.block_rows, self.tiers, self.shared,
+                      self.routes, reserve)
         self.tables[(name, layer)] = t
         return t
 
@@ -623,7 +391,7 @@ class Store:
         stale = self.tables.get(("snapshot", layer))
         if stale is not None:
             self.drop(stale)
-        s = Snapshot(self, layer, width, input_rows)
+        s = Snapshot(self.shared, layer, width, input_rows)
         self.tables[s.key] = s
         return s
 
@@ -669,7 +437,7 @@ class Store:
         for t in [*self.tables.values(), *self.kept.values()]:
             t.close()
         self.host_arrays.clear()
-        self.buffers.clear()
+        (self.buffers if self.input_staging is None else self.input_staging).clear()
         if self.run_dir is not None:
             disk_space.release(self.run_dir)
             if self.run_dir.exists():

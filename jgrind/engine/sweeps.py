@@ -1,0 +1,258 @@
+"""One sweep over every partition: a layer's forward, or its backward in the variant the
+schedule names (`jgrind.plan.schedule.Variant`).
+
+A sweep loads each partition's step input through the `Pipeline` (ahead of the step, on the
+loader thread), dispatches the jitted step, and stores the outputs on the writer thread into
+the tables the schedule names. `jgrind.engine.runner.Runner` runs the sweeps in the
+schedule's order.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional
+
+import jax
+import numpy as np
+
+from jgrind import transfers
+from jgrind.engine.build import Built, input_shape
+from jgrind.engine.steps import PaddedPartition
+from jgrind.engine.store import Snapshot, Table
+from jgrind.models.model import layer_key
+from jgrind.models.moved_dropout import step_key
+from jgrind.plan.schedule import Variant
+
+# The step function each backward variant names, called alike: ``(steps, params, block, input,
+# key, mask, output gradient or (labels, weights), accumulator, spare buffer)``. Returns the
+# step's outputs: (loss term,) accumulator, input gradient, mask made; the bottom layer's
+# variants only the accumulator.
+_BACKWARD_STEPS = {
+    Variant.TOP: lambda s, p, b, h, k, m, g, acc, spare: s.top(p, b, h, k, *g, acc, spare),
+    Variant.BACKWARD: lambda s, p, b, h, k, m, g, acc, spare: s.backward(p, b, h, k, g, acc,
+                                                                         spare),
+    Variant.MASKED_BACKWARD: lambda s, p, b, h, k, m, g, acc, spare: s.masked_backward(
+        p, b, h, k, m, g, acc, spare),
+    Variant.BACKWARD_PARAMS: lambda s, p, b, h, k, m, g, acc, spare: (s.backward_params(
+        p, b, h, k, g, acc),),
+    Variant.MASKED_BACKWARD_PARAMS: lambda s, p, b, h, k, m, g, acc, spare: (
+        s.masked_backward_params(p, b, h, k, m, g, acc),),
+}
+FROM_KEPT = frozenset({Variant.SAVED_BACKWARD, Variant.SAVED_BACKWARD_PARAMS})
+_MASKED = frozenset({Variant.MASKED_BACKWARD, Variant.MASKED_BACKWARD_PARAMS})
+_PARAMS_ONLY = frozenset({Variant.BACKWARD_PARAMS, Variant.MASKED_BACKWARD_PARAMS})
+
+
+class Sweeps:
+    """The sweeps of a `Built` engine. ``snapshots``: the naive scheme's saved step inputs
+    per layer while they live (made and dropped by the runner)."""
+
+    def __init__(self, built: Built):
+        self.built = built
+        self.snapshots: dict[int, Snapshot] = {}
+        self._layer_keys: tuple = (None, ())  # (a step's key, its layers' keys): `layer_key`
+
+    def layer_key(self, key, l: int):
+        """Executed layer l's dropout key: its model layer's; for a layer that runs its
+        consumer's dropout on its output (`DropsOutput`), that and the consumer's."""
+        origin, layers = self.built.executed.origin, self.built.model.layers
+        if key is None:
+            return step_key(layers[l], None, None)
+        if self._layer_keys[0] is not key:  # one program folds every layer's key, once a step:
+            # a fold_in per step with a Python int would copy the int to the device each time
+            self._layer_keys = (key, _fold_layer_keys(key, max(origin) + 1))
+        keys = self._layer_keys[1]
+        consumer = keys[origin[l + 1]] if l + 1 < len(origin) else None
+        return step_key(layers[l], keys[origin[l]], consumer)
+
+    # -- the sweeps ---------------------------------------------------------------------------
+    def forward(self, params, l: int, key, variant: Variant = Variant.FORWARD) -> None:
+        """``H_{l+1}`` from ``H_l``, and ``Z_l`` too for `Variant.FORWARD_SAVING`. If an
+        unfilled snapshot of layer l exists (the naive scheme), every partition's step input is
+        also written to it."""
+        b = self.built
+        src, dst = b.activations[l], b.activations[l + 1]
+        dst.materialize()  # a recomputed layer's transient, outside an epoch (`predict`)
+        steps, p_l, k_l = b.steps[l], params[l], self.layer_key(key, l)
+        kept = b.aggregations[l] if variant is Variant.FORWARD_SAVING else None
+        snap = self.snapshots.get(l)
+        snap = snap if snap is not None and not snap.filled else None
+        b.spares.plan([shape for p in b.parts for shape in
+                       [(p.num_out, dst.width)] + ([(p.num_out, kept.width)]
+                                                   if kept is not None else [])],
+                      per_step=1 if kept is None else 2)
+        # the naive scheme's snapshot is written from the loaded host rows: left unstaged,
+        # they are not copied to the device and back (on a GPU)
+        with b.pipeline.sweep(b.parts, self.input_loader(l, src, stage=snap is None),
+                              stage=snap is None) as io:
+            for part, h_in in io:
+                if snap is not None:
+                    io.write(snap.write, part.index, h_in)
+                spare = b.spares.take((part.num_out, dst.width))
+                if kept is not None:
+                    out, z = steps.forward_saving(p_l, self.device_block(part), h_in, k_l,
+                                                  (spare, b.spares.take((part.num_out,
+                                                                         kept.width))))
+                    io.write(self.stored, z, kept.write, part.index,
+                             self.for_the_store(z, kept, part.index))
+                else:
+                    out = steps.forward(p_l, self.step_block(part, l), h_in, k_l, spare)
+                io.dispatched(out)
+                io.write(self.stored, out, dst.write, part.index,
+                         self.for_the_store(out, dst, part.index))
+        if snap is not None:
+            snap.filled = True
+
+    def backward(self, params, l: int, variant: Variant, key, upper: Optional[Table],
+                 lower: Optional[Table], loss, acc, masks):
+        """Layer l's backward sweep, running ``variant``'s step. ``masks``: its output masks
+        per partition (from layer l+1's sweep) for a masked variant. Returns the loss, the
+        accumulated parameter gradient, and the masks of layer l-1's output when this layer's
+        steps make them, else None."""
+        if variant in FROM_KEPT:
+            return loss, self._backward_from_kept(params, l, key, variant, upper, lower, acc,
+                                                  masks), None
+        b = self.built
+        steps, p_l, k_l = b.steps[l], params[l], self.layer_key(key, l)
+        run = _BACKWARD_STEPS[variant]
+        top, masked = variant is Variant.TOP, variant in _MASKED
+        made = {} if steps.emits_mask else None
+        snap = self.snapshots.get(l)
+        store_input_gradient = self._store_input_gradient(l, lower)
+        # the input gradients' buffers (the top step makes one even for a one-layer model)
+        spared = variant not in _PARAMS_ONLY
+        b.spares.plan([self.input_shape(p, l) for p in b.parts] if spared else [])
+        load_input = self.input_loader(l, b.activations[l],
+                                       snap if snap is not None and snap.filled else None)
+        # the output gradient is read with the input, off the main thread (`Pipeline`); the
+        # top layer's labels and loss weights load with its input, as device arrays
+        load = (lambda part: (load_input(part), (part.labels, part.weights))) if top else \
+            (lambda part: (load_input(part), upper.read(part.index, part.num_out)))
+        with b.pipeline.sweep(b.parts, load) as io:
+            for part, (h_in, g_out) in io:
+                spare = b.spares.take(self.input_shape(part, l)) if spared else None
+                mask = masks.pop(part.index) if masked else None
+                out = run(steps, p_l, self.step_block(part, l), h_in, k_l, mask, g_out, acc,
+                          spare)
+                if top:
+                    loss = loss + out[0]
+                    out = out[1:]
+                acc = out[0]
+                io.dispatched(acc)
+                if not spared:  # the bottom layer: no input gradient
+                    continue
+                d_h = out[1]
+                if made is not None:
+                    made[part.index] = out[2]
+                if lower is not None:
+                    io.write(self.stored, d_h, store_input_gradient, part,
+                             self.for_the_store(d_h, lower, part.index,
+                                                None if b.plan.local[l] else part.halo_owner))
+                else:  # a one-layer model's input gradient: nothing stores it
+                    b.spares.give(d_h)
+        return loss, acc, made
+
+    def _backward_from_kept(self, params, l, key, variant, upper, lower, acc, masks):
+        """Layer l's backward sweep from its kept aggregation: no regather, no recompute of
+        the sparse product. Makes no masks for layer l-1 (it does not see ``H_l``), so that
+        layer recomputes its pre-activation (from its own kept ``Z``) or its output."""
+        b = self.built
+        steps, p_l, k_l = b.steps[l], params[l], self.layer_key(key, l)
+        kept, width = b.aggregations[l], b.plan.widths[l]
+        params_only = variant is Variant.SAVED_BACKWARD_PARAMS
+        b.spares.plan([(p.num_in, width) for p in b.parts] if not params_only else [])
+        accumulate = functools.partial(lower.accumulate,
+                                       keep_device_rows=b.transfers.keep_device_rows) \
+            if lower is not None else None
+        with b.pipeline.sweep(b.parts, lambda part: (kept.read(part.index, part.num_out),
+                                                     upper.read(part.index, part.num_out))) as io:
+            for part, (z, g_out) in io:
+                block = self.device_block(part)
+                mask = masks.pop(part.index) if masks is not None else None
+                if params_only:
+                    acc = steps.saved_backward_params(p_l, block, z, k_l, mask, g_out, acc)
+                    io.dispatched(acc)
+                    continue
+                acc, d_h = steps.saved_backward(p_l, block, z, k_l, mask, g_out, acc,
+                                                b.spares.take((part.num_in, width)))
+                io.dispatched(acc)
+                io.write(self.stored, d_h, accumulate, part.index, part.halo_owner,
+                         part.halo_row, self.for_the_store(d_h, lower, part.index,
+                                                           part.halo_owner))
+        return acc
+
+    # -- a step's inputs ----------------------------------------------------------------------
+    def input_loader(self, l: int, table: Table, snapshot: Optional[Snapshot] = None,
+                     stage: bool = True) -> Callable:
+        """``part -> layer l's step input``: the partition's own block of ``table`` for a
+        node-wise layer, else its own and halo rows gathered; read back from ``snapshot``
+        instead when one is given (the naive scheme's backward). A gather to ``stage`` leaves
+        the rows that are on the device there, where the device is not host RAM
+        (`jgrind.engine.store.DeviceRows`, put together by the pipeline)."""
+        local = self.built.plan.local[l]
+        if snapshot is not None:
+            rows = (lambda part: part.num_out) if local else (lambda part: part.num_in)
+            return lambda part: snapshot.read(part.index, rows(part))
+        if local:
+            return lambda part: table.read(part.index, part.num_out)
+        keep = stage and self.built.transfers.keep_device_rows
+        return lambda part: table.gather(part.index, part.halo_owner, part.halo_row,
+                                         part.num_in, keep_device_rows=keep)
+
+    def input_shape(self, part: PaddedPartition, l: int) -> tuple:
+        return input_shape(part, l, self.built.plan.local, self.built.plan.widths)
+
+    def device_block(self, part: PaddedPartition):
+        """``part``'s block structure on the device: kept there, or sent for this step."""
+        cached = self.built.blocks.get(part.index)
+        if cached is not None:
+            return cached
+        self.built.store.count(to_device=part.nbytes())
+        return jax.device_put(part.block)
+
+    def step_block(self, part: PaddedPartition, l: int):
+        """The block layer l's steps run on: without halo rows for a node-wise layer."""
+        if self.built.plan.local[l]:
+            return self.built.local_blocks[part.index]
+        return self.device_block(part)
+
+    # -- a step's outputs ---------------------------------------------------------------------
+    def for_the_store(self, output: jax.Array, table: Table, block: int,
+                      halo_owner: Optional[np.ndarray] = None):
+        """What the writer thread stores of a dispatched step's output into ``table``: where
+        the store reads it in host memory only (`Table.held_on_host`) and ``pinned_host`` is
+        set, a copy in page-locked host memory, started now (the GPU's copy engine writes it
+        as soon as the step ends, and the store reads it in place); else the output itself,
+        with its host copy started when the store reads it on the host and
+        ``early_host_copies`` is on (`TransferSettings`). Outputs kept on the device are not
+        copied."""
+        if not table.stored_on_host(block, halo_owner):
+            return output
+        self.built.store.count(to_host=output.nbytes)
+        settings = self.built.transfers
+        if settings.pinned_host is not None and table.held_on_host(block, halo_owner):
+            return transfers.to_host(output, settings.pinned_host)
+        if settings.early_host_copies:
+            output.copy_to_host_async()
+        return output
+
+    def stored(self, output: jax.Array, store: Callable, *args) -> None:
+        """``store(*args)``, whose last argument is ``output`` or its host copy, then hand
+        ``output`` to `spares` for a later step: it is read no more."""
+        store(*args)
+        self.built.spares.give(output)
+
+    def _store_input_gradient(self, l: int, lower: Optional[Table]) -> Callable:
+        """How layer l's backward stores a partition's input gradient into ``G_l``: its own
+        block written whole for a node-wise layer, else own and halo rows scatter-added."""
+        if lower is not None and self.built.plan.local[l]:
+            return lambda part, d_h: lower.write(part.index, d_h)
+        keep = self.built.transfers.keep_device_rows
+        return lambda part, d_h: lower.accumulate(part.index, part.halo_owner, part.halo_row,
+                                                  d_h, keep_device_rows=keep)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _fold_layer_keys(key: jax.Array, count: int) -> tuple:
+    """``layer_key(key, i)`` for the model's layers ``0 .. count-1``, in one program."""
+    return tuple(layer_key(key, i) for i in range(count))
