@@ -33,9 +33,11 @@ import dataclasses
 import functools
 from typing import Optional, Sequence
 
+import jax
 import numpy as np
 
 from jgrind.models.conv import derivative_from_output
+from jgrind.models.gat import GATConv
 from jgrind.models.model import gcn
 from jgrind.models.moved_dropout import drops_input, unwrap
 from jgrind.models.split import as_executed
@@ -67,6 +69,27 @@ INPUT_PASSES = 2.0
 # nothing drops or masks its input rows; the products read them (priced on their own) and the
 # backward writes and zero-pads their gradient.
 UNDROPPED_INPUT_PASSES = 1.0
+
+
+# Device bytes of a partition step beyond its arguments and results: XLA's temporaries
+# (`jax.jit(step).lower(...).compile().memory_analysis().temp_size_in_bytes`), bounded by
+# `Workload.step_temp_bytes` in multiples of row bytes. On the CPU backend, over every step
+# variant of GCN, SAGE (kept aggregations too), GCN with LayerNorm and residual, and GAT on
+# R-MAT graphs: a copy of the input rows where the layer drops them itself, or where its
+# backward transposes a kept aggregation into them (`INPUT_TEMP_COPIES`; four with LayerNorm
+# or a residual: the
+# normalised rows and their statistics, forward and backward), plus the output rows at the
+# input, aggregation and output widths (the aggregation, the pre-activation and their
+# cotangents); for GAT also `EDGE_TEMP_PASSES` over the per-edge features and attention
+# (gathered rows, weights and their cotangents: 4.3x at most, measured).
+INPUT_TEMP_COPIES = 1
+NORMED_INPUT_TEMP_COPIES = 4
+EDGE_TEMP_PASSES = 5.0
+# Device copies of the parameters during an epoch: the parameters, the summed gradient, two
+# optimizer moments (Adam), and one for the update.
+PARAMETER_COPIES = 5
+# Bytes per output row of the top step's class ids (int32) and loss weights (float32)
+LABEL_ROW_BYTES = 8
 
 
 def input_passes(layer) -> float:
@@ -139,7 +162,8 @@ class Workload:
         (`jgrind.plan.inventory.aggregation_widths`).
       loss_row_bytes: device bytes per output row of the top step beyond its output, for
         multi-label targets: the row's T targets and the loss's two per-target tensors (the
-        loss and its cotangent). (A class id per row fits in the slack of the output's.)
+        loss and its cotangent).
+      num_params: the model's parameter count (`PARAMETER_COPIES` of them stay on the device).
     """
 
     widths: tuple
@@ -160,6 +184,7 @@ class Workload:
     masks: bool = True
     aggregated: dict = dataclasses.field(default_factory=dict)
     loss_row_bytes: int = 0
+    num_params: int = 0
 
     @property
     def num_parts(self) -> int:
@@ -214,7 +239,7 @@ class Workload:
             needs_edges=model.needs_edges,
             needs_adjacency=model.needs_adjacency, num_nodes=pg.graph.num_nodes,
             num_edges=pg.graph.num_edges, aggregated=aggregation_widths(model),
-            loss_row_bytes=loss_row_bytes(pg.graph.labels))
+            loss_row_bytes=loss_row_bytes(pg.graph.labels), num_params=parameter_count(model))
 
     # -- sizes ------------------------------------------------------------------------------
     def block_bytes(self, layer: int) -> np.ndarray:
@@ -279,26 +304,90 @@ class Workload:
         return dataclasses.replace(self, masks=False)
 
     def working_set(self) -> int:
-        """Device bytes one partition step needs beyond stored blocks: padded inputs (and their
-        gradient), outputs with about two more tensors of intermediates, the block structure;
-        plus the output masks (`mask_bytes`)."""
+        """Device bytes the engine holds beside its stored blocks, at the peak of any step
+        (`_step_bytes`), plus the output masks (`mask_bytes`), the node-wise layers' blocks
+        (`local_structure_bytes`) and the parameters (`PARAMETER_COPIES`)."""
         return self._working_set
 
     @functools.cached_property
     def _working_set(self) -> int:
-        return self._step_bytes() + self.mask_bytes()
+        return (self._step_bytes() + self.mask_bytes() + self.local_structure_bytes()
+                + PARAMETER_COPIES * ITEMSIZE * self.num_params)
+
+    def local_structure_bytes(self) -> int:
+        """Device bytes of the blocks node-wise layers run on (their padded output rows' ids),
+        which the engine keeps on the device for every partition."""
+        if not any(self.local(l) for l in range(self.num_layers)):
+            return 0
+        return int(ITEMSIZE * np.sum(np.where(self.owned > 0, self.pad_out, 0)))
+
+    def step_temp_bytes(self, layer: int) -> np.ndarray:
+        """``[P]`` bound on XLA's temporaries in a step of ``layer`` (see
+        `INPUT_TEMP_COPIES`)."""
+        f_in, f_out = self.widths[layer], self.widths[layer + 1]
+        inner = unwrap(self.layers[layer])
+        options = getattr(inner, "options", None)
+        if options is not None and (options.layer_norm or options.residual):
+            copies = NORMED_INPUT_TEMP_COPIES
+        elif drops_input(self.layers[layer]):
+            copies = INPUT_TEMP_COPIES
+        else:
+            copies = 0
+        aggregation = self.aggregated.get(layer, f_in)
+        temp = ITEMSIZE * (copies * self.step_inputs(layer) * f_in
+                           + self.pad_out * (f_in + aggregation + f_out))
+        if isinstance(inner, GATConv):
+            per_edge = inner.heads * inner.out_channels + inner.heads
+            temp = temp + EDGE_TEMP_PASSES * ITEMSIZE * self.pad_edges * per_edge
+        return temp.astype(np.int64)
 
     def _step_bytes(self) -> int:
-        worst = 0
-        structure = self.structure_bytes()
+        """The most device bytes a partition step of any layer holds at once (the arrays the
+        engine has alive while it runs, `jgrind.engine.pipeline`):
+
+        * its inputs and the next partition's, loaded while it runs: the gathered rows; in
+          backward also the output gradient (or the kept aggregation instead of the rows); the
+          top step's labels and loss weights;
+        * its outputs, and the previous partition's, which the writer thread is still
+          storing: the output rows (and the kept aggregation) in forward, the input gradient,
+          shaped like the gathered rows, in backward;
+        * XLA's temporaries (`step_temp_bytes`), and the block structure of the step and of
+          the step before it (sent to the device when each is dispatched, freed when the step
+          ends).
+
+        Each term is its largest over the partitions: the partitions of a sweep alternate
+        between padded shapes."""
+        def most(nbytes) -> int:
+            return int(np.max(np.where(self.owned > 0, nbytes, 0), initial=0))
+
+        worst, top = 0, self.num_layers - 1
+        structure = most(self.structure_bytes())
         for l in range(self.num_layers):
             f_in, f_out = self.widths[l], self.widths[l + 1]
-            need = ITEMSIZE * (self.step_inputs(l) * f_in * 2 + self.pad_out * f_out * 3) \
-                + structure
-            if l == self.num_layers - 1:
-                need = need + self.pad_out * self.loss_row_bytes
-            worst = max(worst, int(need.max(initial=0)))
-        return worst
+            rows = ITEMSIZE * self.step_inputs(l) * f_in
+            out_rows = ITEMSIZE * self.pad_out * f_out
+            kept = ITEMSIZE * self.pad_out * self.aggregated.get(l, 0)
+            temp = most(self.step_temp_bytes(l))
+            if l < top:
+                forward = 2 * most(rows) + 2 * most(out_rows + kept)
+                gradient = 2 * most(rows) if l >= 1 else 0
+                regather = 2 * most(rows + out_rows) + gradient + temp
+                # from a kept aggregation: it replaces the rows as input, and the transpose
+                # of the aggregation writes into a copy of them
+                from_kept = 2 * most(kept + out_rows) + gradient + temp \
+                    + INPUT_TEMP_COPIES * most(rows) if l in self.aggregated else 0
+                worst = max(worst, forward + temp, regather, from_kept)
+            else:  # forward, the loss and backward in one step
+                labels = 2 * most(self.pad_out * LABEL_ROW_BYTES) \
+                    + most(self.pad_out * self.loss_row_bytes)
+                worst = max(worst, 4 * most(rows) + labels + temp)
+        return worst + 2 * structure
+
+
+def parameter_count(model) -> int:
+    """The number of parameters of ``model`` (from shapes; nothing is initialised)."""
+    shapes = jax.eval_shape(model.init, jax.random.key(0))
+    return int(sum(np.prod(leaf.shape, dtype=np.int64) for leaf in jax.tree.leaves(shapes)))
 
 
 def loss_row_bytes(labels: np.ndarray) -> int:
