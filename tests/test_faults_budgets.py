@@ -20,6 +20,7 @@ from jgrind.config import parse_bytes
 from jgrind.engine import BudgetError, OutOfCore
 from jgrind.partition import contiguous
 from jgrind.plan import policies
+from jgrind.plan.budgets import UNLIMITED
 from jgrind.plan.cost import format_minimum
 from jgrind.plan.planner import PlanError
 from jgrind.train import InMemory, make_executor
@@ -27,7 +28,6 @@ from jgrind.train import InMemory, make_executor
 from helpers import community_graph
 from test_planner import fixed_profile
 
-UNLIMITED = 1 << 62
 GRAPHS = {
     "csbm": lambda: generators.csbm(num_nodes=600, num_features=12, avg_degree=6, seed=3),
     "rmat": lambda: generators.rmat(num_nodes=512, num_edges=4096, num_features=12,

@@ -49,3 +49,21 @@ def test_a_traced_epoch_is_written_and_summarised(tmp_path, monkeypatch, capsys)
     assert code == 0 and "window " in out
     code, _, err = _summarize(monkeypatch, capsys, tmp_path / "nothing")
     assert code == 2 and "no *.xplane.pb" in err
+
+
+def _epochs(compiled):
+    """An ``epoch()`` for `trace_epoch.time_variant` whose epochs take 1, 2, 3, ... seconds
+    and compile the given numbers of programs."""
+    runs = iter(enumerate(compiled, start=1))
+    return lambda: next(runs)
+
+
+def test_a_variants_first_compiling_epoch_is_not_timed():
+    # no compiles: the epochs asked for, all timed
+    assert trace_epoch.time_variant(_epochs([0, 0, 0]), 2) == ([1, 2], False, 0)
+    # the first epoch compiles: run once more, that one left out of the median
+    assert trace_epoch.time_variant(_epochs([10, 0, 0]), 2) == ([2, 3], True, 0)
+    # a variant that compiles every epoch still ends; its later epochs count, and say so
+    assert trace_epoch.time_variant(_epochs([10, 3, 3]), 2) == ([2, 3], True, 2)
+    # a compile after a timed epoch is not a warm-up: it counts
+    assert trace_epoch.time_variant(_epochs([0, 5]), 2) == ([1, 2], False, 1)

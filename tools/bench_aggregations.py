@@ -15,13 +15,9 @@ The 1M-node case is `tools/bench_out_of_core.py overhead --runs host,host-keep,.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
-import tempfile
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness
 
 
 def main() -> None:
@@ -32,25 +28,22 @@ def main() -> None:
                    help="comma-separated NAME:PARTS, NAME a tools/bench_planner.py configuration")
     p.add_argument("--tier", choices=("device", "host", "ssd"), default="host")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--store", default=tempfile.gettempdir(), help="SSD tier directory")
+    harness.add_store(p)
     args = p.parse_args()
 
-    import bench_planner
     specs = []
     for item in args.configs.split(","):
         name, _, parts = item.partition(":")
-        cfg = next((c for c in bench_planner.CONFIGS if c.name == name), None)
+        cfg = harness.planner_config(name)
         if cfg is None or not parts.isdigit():
             p.error(f"{item!r}: give NAME:PARTS with NAME one of "
-                    f"{', '.join(c.name for c in bench_planner.CONFIGS)}")
+                    f"{', '.join(c.name for c in harness.CONFIGS)}")
         specs.append((cfg, int(parts)))
 
     import jax
     import optax
 
     from jgrind.engine import OutOfCore
-    from jgrind.partition import partition_graph
-    from jgrind.partition.partitioners import label_propagation
     from jgrind.plan import Fate, policies
 
     def policy(keep: Fate):
@@ -66,27 +59,19 @@ def main() -> None:
           f"{args.rounds} interleaved epochs each after a warm-up")
     print(f"{'config':<14} {'parts':>5} {'regather s':>28} {'kept s':>28} {'kept / regather':>16}")
     for cfg, parts in specs:
-        graph, model = bench_planner.build(cfg)
-        normalized = model.normalize(graph)
-        pg = partition_graph(normalized, label_propagation(normalized, parts, seed=0),
-                             num_parts=parts)
+        graph, model = harness.build_config(cfg)
+        pg = harness.partition(graph, model, parts)
         engines = {keep: OutOfCore(graph, model, optax.adam(1e-3), policy=policy(keep),
                                    partitioned=pg, store=args.store)
                    for keep in (Fate.RECOMPUTE, tier)}
         times = {keep: [] for keep in engines}
-        state = {keep: (model.init(jax.random.key(0)), None) for keep in engines}
+        trainings = {keep: harness.Training(ex, model, ex.optimizer)
+                     for keep, ex in engines.items()}
+        key = jax.random.key(1)
 
         def epoch(keep, e):
-            params, opt_state = state[keep]
-            ex = engines[keep]
-            opt_state = ex.optimizer.init(params) if opt_state is None else opt_state
-            t = time.perf_counter()
-            params, opt_state, loss = ex.step(params, opt_state, jax.random.fold_in(key, e))
-            jax.block_until_ready(loss)
-            state[keep] = (params, opt_state)
-            return time.perf_counter() - t
+            return trainings[keep].epoch(jax.random.fold_in(key, e))[0]
 
-        key = jax.random.key(1)
         try:
             for keep in engines:
                 epoch(keep, 0)  # compiles

@@ -35,14 +35,14 @@ import json
 import os
 import re
 import shutil
+import resource
 import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness
 
 RUNS = ("in-memory", "device", "host", "ssd")
 
@@ -51,50 +51,28 @@ def child(spec: dict) -> dict:
     import jax
     import optax
 
-    import resource
-
-    from jgrind import allocator, models
+    from jgrind import allocator
     from jgrind.engine import OutOfCore
-    from jgrind.partition import partition_graph
-    from jgrind.partition.partitioners import label_propagation
-    from jgrind.plan import policies
     from jgrind.train import InMemory
 
-    device_budget = host_budget = None
-    if spec["config"]:
-        import bench_planner
-        cfg = next(c for c in bench_planner.CONFIGS if c.name == spec["config"])
-        graph, model = bench_planner.build(cfg)
-        device_budget, host_budget = cfg.device_budget, cfg.host_budget
-    else:
-        from jgrind.generators import rmat
-        graph = rmat(num_nodes=spec["rmat"][0], num_edges=spec["rmat"][1], num_features=128,
-                     num_classes=47, seed=0)
-        model = models.gcn(128, 256, 47, num_layers=3, dropout=0.5)
+    graph, model, cfg = harness.graph_and_model(spec["config"], spec["rmat"])
+    device_budget, host_budget = (cfg.device_budget, cfg.host_budget) if cfg else (None, None)
     optimizer = optax.adam(1e-3)
     run = spec["run"]
     if run == "in-memory":
         ex = InMemory(graph, model, optimizer)
     else:
-        normalized = model.normalize(graph)
-        pg = partition_graph(normalized, label_propagation(normalized, spec["parts"], seed=0),
-                             num_parts=spec["parts"])
-        policy = {"device": policies.in_memory(), "host": policies.host_offload(),
-                  "ssd": policies.ssd_offload(spec["store"])}[run]
-        if run == "ssd" and not spec["config"]:
+        pg = harness.partition(graph, model, spec["parts"])
+        if run == "ssd" and not cfg:
             host_budget = 0  # every block through the SSD tier, as bench_out_of_core's "ssd"
-        ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=pg,
-                       store=spec["store"], device_budget=device_budget,
+        ex = OutOfCore(graph, model, optimizer, policy=harness.policy(run, spec["store"]),
+                       partitioned=pg, store=spec["store"], device_budget=device_budget,
                        host_budget=host_budget)
-    params = model.init(jax.random.key(0))
-    state = optimizer.init(params)
+    training = harness.Training(ex, model, optimizer)
     times, faults = [], []
     for epoch in range(1 + spec["epochs"]):  # the first compiles
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        start = time.perf_counter()
-        params, state, loss = ex.step(params, state, jax.random.key(epoch))
-        jax.block_until_ready(loss)
-        times.append(time.perf_counter() - start)
+        times.append(training.epoch(jax.random.key(epoch))[0])
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
     if hasattr(ex, "close"):
         ex.close()
@@ -104,7 +82,7 @@ def child(spec: dict) -> dict:
             "epochs": times[1:], "faults": faults[1:],
             "spares": None if spares is None else [spares.reused, spares.made],
             "inputs": None if inputs is None else [inputs.reused, inputs.made],
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "peak_rss": harness.peak_rss()}
 
 
 def main() -> None:
@@ -112,28 +90,21 @@ def main() -> None:
         print(json.dumps(child(json.loads(sys.argv[2]))))
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--rmat", nargs=2, type=int, metavar=("NODES", "EDGES"))
-    src.add_argument("--config", help="a tools/bench_planner.py configuration name")
-    p.add_argument("--parts", type=int, default=8,
-                   help="partitions (the planner benchmark's tables say how many it chose)")
+    harness.add_source(p, config=True)
+    harness.add_parts(p, default=8,
+                      help="partitions (the planner benchmark's tables say how many it chose)")
     p.add_argument("--runs", default="in-memory,host", help=f"comma-separated, from {RUNS}")
     p.add_argument("--settings", default="off,reuse",
                    help="comma-separated, from off, huge, reuse, huge+reuse")
     p.add_argument("--reps", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=4,
-                   help="timed epochs per child, after a warm-up (heap reuse settles by the third)")
-    p.add_argument("--store", default="/tmp")
+    harness.add_epochs(p, 4, help="timed epochs per child, after a warm-up (heap reuse "
+                                  "settles by the third)")
+    harness.add_store(p, default="/tmp")
     p.add_argument("--against", metavar="COMMIT",
                    help="also run every child on this commit's code, alternating with the "
                         "working tree's")
     args = p.parse_args()
 
-    if args.config:
-        import bench_planner
-        names = [c.name for c in bench_planner.CONFIGS]
-        if args.config not in names:
-            p.error(f"unknown configuration {args.config!r}; choose from {names}")
     unknown = set(args.runs.split(",")) - set(RUNS)
     if unknown:
         p.error(f"unknown runs {sorted(unknown)}; choose from {list(RUNS)}")
@@ -180,12 +151,8 @@ def _run_all(args, settings, choices, base, trees) -> dict:
                 spec = {"run": run, "config": args.config, "rmat": args.rmat,
                         "parts": args.parts,
                         "epochs": args.epochs, "store": args.store}
-                proc = subprocess.run([sys.executable, os.path.abspath(__file__), "_child",
-                                       json.dumps(spec)], env=env, capture_output=True,
-                                      text=True)
-                if proc.returncode != 0:
-                    sys.exit(f"{run} ({name} {version}) failed:\n{proc.stderr[-2000:]}")
-                got = json.loads(proc.stdout.strip().splitlines()[-1])
+                got = harness.run_child([sys.executable, os.path.abspath(__file__), "_child",
+                                         json.dumps(spec)], f"{run} ({name} {version})", env)
                 assert got["active"] == [s.name for s in choices[name]], \
                     f"the child did not get the setting {name!r}: {got['active']}"
                 r = results.setdefault((run, name, version),

@@ -12,10 +12,10 @@ fills), with the filled one, and so on. Each process reports XLA's backend compi
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
+
+import harness
 
 _CHILD = r"""
 import collections, contextlib, json, sys, time
@@ -65,10 +65,8 @@ def main() -> None:
               "process s | epochs s |")
         print("|---|---|---|---|---|---|")
         for run in runs:
-            proc = subprocess.run([sys.executable, "-c", _CHILD, "off" if run == "off" else cache,
-                                   str(args.nodes), str(args.parts)],
-                                  capture_output=True, text=True, check=True)
-            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            r = harness.run_child([sys.executable, "-c", _CHILD, "off" if run == "off" else cache,
+                                   str(args.nodes), str(args.parts)], f"cache {run}")
             losses.add(tuple(r["losses"]))
             print(f"| {run} | {r['compile_s']:.2f} ({r['compiles']}) | {r['retrieval_s']:.2f} | "
                   f"{r['train_s']:.2f} | {r['process_s']:.2f} | "

@@ -27,40 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
 
 import numpy as np
 
-
-def peak_rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
-
-
-def skew(text: str) -> dict:
-    """``--skew a,b,c`` as `jgrind.generators.rmat`'s keyword arguments."""
-    values = [float(v) for v in text.split(",")]
-    if len(values) != 3:
-        raise SystemExit(f"--skew takes three probabilities a,b,c (d is the rest), got {text!r}")
-    return dict(zip("abc", values))
-
-
-def load(path):
-    d = np.load(path)
-    return {k: d[k] for k in d.files}
-
-
-def load_graph(path):
-    """The benchmark graph as a jgrind `Graph` (all training labels, no val/test)."""
-    from jgrind.graph import Graph
-    d = load(path)
-    n = d["indptr"].size - 1
-    return Graph(indptr=d["indptr"], indices=d["indices"], features=d["features"],
-                 labels=d["labels"], train_mask=d["train_mask"], val_mask=np.zeros(n, bool),
-                 test_mask=np.zeros(n, bool), num_classes=int(d["num_classes"]))
+import harness
 
 
 # -- jgrind ------------------------------------------------------------------------------------
@@ -68,27 +41,23 @@ def run_jgrind(path: str, hidden: int, epochs: int) -> dict:
     import jax
     import optax
 
-    from jgrind import models
     from jgrind.train import InMemory
 
-    graph = load_graph(path)
-    model = models.gcn(graph.num_features, hidden, graph.num_classes, num_layers=3,
-                       dropout=0.5)
+    graph = harness.load_npz(path)
+    model = harness.gcn(graph.num_features, graph.num_classes, hidden)
     optimizer = optax.adam(0.01)
     t0 = time.perf_counter()
     ex = InMemory(graph, model, optimizer)
     prep = time.perf_counter() - t0
-    params = model.init(jax.random.key(0))
-    opt_state = optimizer.init(params)
+    training = harness.Training(ex, model, optimizer)
     times = []
     for epoch in range(epochs + 1):  # epoch 0 compiles
-        t = time.perf_counter()
-        params, opt_state, loss = ex.step(params, opt_state, jax.random.key(epoch))
-        loss = float(loss)
-        times.append(time.perf_counter() - t)
+        seconds, loss = training.epoch(jax.random.key(epoch))
+        times.append(seconds)
     from jgrind.sparse import default_backend
     return {"framework": "jgrind", "epoch_times": times[1:], "compile_epoch": times[0],
-            "prepare_seconds": prep, "loss": loss, "peak_rss_gib": peak_rss_gib(),
+            "prepare_seconds": prep, "loss": float(loss),
+            "peak_rss_gib": harness.peak_rss() / 2**30,
             "spmm_backend": default_backend()}
 
 
@@ -102,7 +71,7 @@ def run_pyg(path: str, hidden: int, epochs: int) -> dict:
     torch.manual_seed(0)
     # the same accelerator JAX would use: a GPU where PyTorch sees one
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    d = load(path)
+    d = harness.read_npz(path)
     n = d["indptr"].size - 1
     # adj_t[dst, src]: our CSR rows are destinations, which is PyG's adj_t convention
     adj_t = torch.sparse_csr_tensor(torch.from_numpy(d["indptr"].astype(np.int64)),
@@ -146,7 +115,7 @@ def run_pyg(path: str, hidden: int, epochs: int) -> dict:
         times.append(time.perf_counter() - t)
     cuda = device.type == "cuda"
     return {"framework": "pyg", "epoch_times": times[1:], "first_epoch": times[0],
-            "loss": float(loss), "peak_rss_gib": peak_rss_gib(),
+            "loss": float(loss), "peak_rss_gib": harness.peak_rss() / 2**30,
             "torch": torch.__version__, "threads": torch.get_num_threads(),
             "device": torch.cuda.get_device_name() if cuda else "cpu",
             "peak_device_bytes": torch.cuda.max_memory_allocated() if cuda else None}
@@ -161,7 +130,7 @@ def run_floor(path: str, hidden: int, repeats: int) -> dict:
     from jgrind import transforms
     from jgrind.sparse import adjacency, spmm
 
-    g = load_graph(path)
+    g = harness.load_npz(path)
     n = g.num_nodes
     norm = transforms.gcn_norm(g)
     adj = jax.device_put(adjacency(norm.indptr, norm.indices, norm.edge_weight, n))
@@ -206,30 +175,19 @@ def run_floor(path: str, hidden: int, repeats: int) -> dict:
 
 # -- driver ------------------------------------------------------------------------------------
 def child(kind: str, path: str, args) -> dict:
-    cmd = [sys.executable, __file__, "--child", kind, "--graph", path, "--hidden",
-           str(args.hidden), "--epochs", str(args.epochs)]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"{kind} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return harness.run_child([sys.executable, __file__, "--child", kind, "--graph", path,
+                              "--hidden", str(args.hidden), "--epochs", str(args.epochs)], kind)
 
 
 def main():
     from jgrind.allocator import relaunch_if_wanted
     relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--nodes", type=int, default=1_000_000)
-    p.add_argument("--edges", type=int, default=10_000_000)
-    p.add_argument("--features", type=int, default=128)
-    p.add_argument("--classes", type=int, default=47)
-    p.add_argument("--tasks", type=int, default=0,
-                   help="binary targets per node (multi-label; 0: one class per node)")
-    p.add_argument("--skew", default="0.57,0.19,0.19",
-                   help="R-MAT quadrant probabilities a,b,c (more even for denser graphs)")
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--epochs", type=int, default=10)
+    harness.add_graph_size(p, nodes=1_000_000, edges=10_000_000)
+    harness.add_hidden(p)
+    harness.add_epochs(p, 10)
     p.add_argument("--skip-pyg", action="store_true")
-    p.add_argument("--json", help="also write the results here")
+    harness.add_json(p)
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--graph", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -238,16 +196,13 @@ def main():
         print(json.dumps(fn(args.graph, args.hidden, args.epochs)))
         return
 
-    from jgrind.generators import rmat
     t0 = time.perf_counter()
-    g = rmat(num_nodes=args.nodes, num_edges=args.edges, num_features=args.features,
-             num_classes=args.classes, num_tasks=args.tasks, seed=0,
-             **skew(args.skew))
+    g = harness.rmat_graph(args.nodes, args.edges, args.features, args.classes, args.tasks,
+                           args.skew)
     gen = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "graph.npz")
-        np.savez(path, indptr=g.indptr, indices=g.indices, features=g.features,
-                 labels=g.labels, train_mask=g.train_mask[0], num_classes=g.num_classes)
+        harness.save_npz(g, path)
         del g
         results = {"graph": {"nodes": args.nodes, "edges": args.edges,
                              "features": args.features, "classes": args.classes,
@@ -258,9 +213,7 @@ def main():
         if not args.skip_pyg:
             results["pyg"] = child("pyg", path, args)
     report(results, args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    harness.write_json(args.json, results)
 
 
 def report(r: dict, args) -> None:
@@ -271,10 +224,7 @@ def report(r: dict, args) -> None:
     print(f"graph: R-MAT, {g['nodes']:,} nodes, {g['edges']:,} directed edges, "
           f"{g['features']} features, {task}; model: 3-layer GCN, hidden "
           f"{args.hidden}; median of {args.epochs} epochs after one warm-up")
-    from jgrind.allocator import summary
-    print(f"machine: {os.cpu_count()} cores, "
-          f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB RAM, "
-          f"{summary()} (jgrind and PyG alike)")
+    print(f"machine: {harness.machine()} (jgrind and PyG alike)")
     j = r["jgrind"]
     print(f"  jgrind ({j['spmm_backend']} spmm): median epoch {med(j['epoch_times']):.3f} s, "
           f"peak RSS {j['peak_rss_gib']:.2f} GiB")

@@ -22,8 +22,9 @@
 #                                # in-memory, PyG, host and SSD on the 1M-node graph
 #   bash tools/bench_gpu.sh 8    # transfers and row moves alone (tools/bench_transfers.py),
 #                                # then host_offload's epoch under engine variants, each traced
-#   bash tools/bench_gpu.sh 9    # host_offload as it runs, its inputs sent in 8 row ranges,
-#                                # and with pageable output copies; each traced (about 150 s)
+#   bash tools/bench_gpu.sh 9    # host_offload as it runs (inputs sent in 8 row ranges), with
+#                                # inputs filled into page-locked buffers, and in one piece;
+#                                # each traced (about 150 s)
 #
 # The limits come from the H100 and H200 runs (docs/results-history.md, section 8): an out-of-core
 # run's first epoch compiled for 80-113 s; host_offload's epochs took 6.4-8.5 s before the
@@ -112,9 +113,9 @@ case "${1:-1}" in
         --parts 8 --epochs 2 --variants default,no-early-copies,one-row-thread \
         --trace "$OUT/trace-dir"
     collect_traces ;;
-9)  # short: fits the last minutes of a session's device time
+9)  # short: fits the last minutes of a session's device time; "default" sends inputs in 8 pieces
     run 190 pinned python3 tools/trace_epoch.py --rmat 1000000 10000000 --policy host \
-        --parts 8 --epochs 1 --variants default,pieces-8,pageable --trace "$OUT/trace-dir"
+        --parts 8 --epochs 1 --variants default,pinned-inputs,pieces-1 --trace "$OUT/trace-dir"
     collect_traces ;;
 *)
     echo "usage: bash tools/bench_gpu.sh 0|1|2|3|4|5|6|7|8|9" >&2

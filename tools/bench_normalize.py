@@ -16,12 +16,11 @@ import subprocess
 import sys
 import time
 
+import harness
+
 
 def status_gib(field: str) -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 2**20
-    return float("nan")
+    return harness.resident(field) / 2**30
 
 
 def measure(folder: str, model: str) -> dict:

@@ -40,6 +40,7 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import harness  # noqa: E402
 from memory_cgroup import drop_caches, joining, memory_cgroup  # noqa: E402
 
 RUNS = ("whole", "jgrind", "scratch", "convert")
@@ -69,21 +70,14 @@ def write_dataset(folder: pathlib.Path, nodes: int, edges: int, features: int,
     return d
 
 
-def status_bytes(field: str) -> int:
-    """A ``/proc/self/status`` figure (``VmHWM``: peak RSS; ``RssAnon``: anonymous memory)."""
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    return -1
-
-
 def run(kind: str, dataset: pathlib.Path, undirected: bool) -> dict:
     """In this fresh process: one way of loading ``dataset``."""
     import jgrind
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=dataset.parent) as tmp:
         if kind == "whole":
-            from jgrind.datasets.ogb import _masks, _num_classes, _targets
+            from jgrind.datasets.ogb import _masks, _targets
+            from jgrind.graph import class_count
             with np.load(dataset / "raw/data.npz") as archive:
                 data = dict(archive)
             with np.load(dataset / "raw/node-label.npz") as archive:
@@ -91,9 +85,9 @@ def run(kind: str, dataset: pathlib.Path, undirected: bool) -> dict:
             labels = _targets(label.astype(np.float64), dataset)
             masks = _masks(dataset / "split/time", len(labels))
             graph = jgrind.from_edges(*data["edge_index"], data["node_feat"], labels,
-                                      num_classes=_num_classes(labels), train_mask=masks[0],
-                                      val_mask=masks[1], test_mask=masks[2],
-                                      name=dataset.name)
+                                      num_classes=class_count(labels, name=dataset.name),
+                                      train_mask=masks[0], val_mask=masks[1],
+                                      test_mask=masks[2], name=dataset.name)
             if undirected:
                 graph = jgrind.transforms.make_undirected(graph)
         elif kind in ("jgrind", "scratch"):
@@ -109,7 +103,7 @@ def run(kind: str, dataset: pathlib.Path, undirected: bool) -> dict:
         else:
             raise SystemExit(f"unknown run {kind!r}; choose from {', '.join(RUNS)}")
         seconds = time.perf_counter() - t0
-        anon, peak = status_bytes("RssAnon"), status_bytes("VmHWM")
+        anon, peak = harness.resident("RssAnon"), harness.resident("VmHWM")
         # one number for the whole graph: equal in every run that built the same graph
         fingerprint = zlib.crc32(json.dumps(graph.fingerprint(), sort_keys=True).encode())
     return {"seconds": seconds, "anon": anon, "peak": peak, "fingerprint": fingerprint}

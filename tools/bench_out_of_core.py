@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import json
 import os
-import resource
 import shlex
 import subprocess
 import sys
@@ -41,7 +40,8 @@ from typing import Optional
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_epoch import load, run_pyg, skew  # noqa: E402  (tools/ is not a package)
+import harness  # noqa: E402  (tools/ is not a package)
+from bench_epoch import run_pyg  # noqa: E402
 from memory_cgroup import drop_caches, joining, memory_cgroup  # noqa: E402
 
 def partition(partitioners, name: str, graph, parts: int):
@@ -78,16 +78,9 @@ MOVED = ("ssd_read", "ssd_written", "host_read", "host_written", "ssd_read_ops",
 
 
 # -- small helpers -------------------------------------------------------------------------
-def peak_rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-
-
-def current_rss(field: str = "VmRSS") -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
+def memory_now() -> tuple[int, int, int]:
+    """Resident bytes now, the peak so far, and the anonymous bytes now."""
+    return harness.resident(), harness.peak_rss(), harness.resident("RssAnon")
 
 
 def window_peak_rss() -> int:
@@ -109,26 +102,8 @@ def fmt(n) -> str:
     return f"{n:.0f} B"
 
 
-def gpus() -> str:
-    """The NVIDIA GPUs, from nvidia-smi: asked here, not through JAX, because initialising
-    JAX's GPU backend in the parent would take GPU memory from the runs (its allocator
-    reserves most of the card)."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return "; ".join(line.strip() for line in out.stdout.splitlines() if line.strip()) \
-        if out.returncode == 0 else ""
-
-
 def machine() -> str:
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    from jgrind import allocator
-    gpu = gpus()
-    return (f"{os.cpu_count()} cores, {ram / 2**30:.1f} GiB RAM, "
-            f"{'GPU ' + gpu if gpu else 'no GPU'}, {allocator.summary()} (every run alike)")
+    return f"{harness.machine()} (every run alike)"
 
 
 def accelerator() -> dict:
@@ -178,36 +153,26 @@ def kernel_io() -> dict:
 
 
 def load_graph(path: str):
-    from jgrind.graph import Graph
     if path.startswith("npy:"):  # saved by `mapped_copy`: every array a read-only memory map
         from jgrind.datasets import load as load_dataset
         return load_dataset(path)
-    d = load(path)
-    n = d["indptr"].size - 1
-    return Graph(indptr=d["indptr"], indices=d["indices"], features=d["features"],
-                 labels=d["labels"], train_mask=d["train_mask"], val_mask=np.zeros(n, bool),
-                 test_mask=np.zeros(n, bool), num_classes=int(d["num_classes"]))
+    return harness.load_npz(path)
 
 
 def gcn(graph, hidden: int):
-    from jgrind import models
-    return models.gcn(graph.num_features, hidden, graph.num_classes, num_layers=3,
-                      dropout=0.5)
+    return harness.gcn(graph.num_features, graph.num_classes, hidden)
 
 
 def save_graph(args, directory: str) -> tuple[str, float]:
-    from jgrind.generators import rmat
     t0 = time.perf_counter()
     if args.graph == "geometric":
         g = geometric(args)
     else:
-        g = rmat(num_nodes=args.nodes, num_edges=args.edges, num_features=args.features,
-                 num_classes=args.classes, num_tasks=args.tasks, seed=0,
-                 **skew(args.skew))
+        g = harness.rmat_graph(args.nodes, args.edges, args.features, args.classes, args.tasks,
+                               args.skew)
     seconds = time.perf_counter() - t0
     path = os.path.join(directory, "graph.npz")
-    np.savez(path, indptr=g.indptr, indices=g.indices, features=g.features, labels=g.labels,
-             train_mask=g.train_mask[0], num_classes=g.num_classes)
+    harness.save_npz(g, path)
     return path, seconds
 
 
@@ -349,28 +314,31 @@ def overhead_child(cfg: dict) -> dict:
                 "widths": ex.widths, "num_layers": ex.num_layers, "local": ex.local,
                 "inputs": int(sum(p.num_inputs for p in pg.partitions))}
     prepare = time.perf_counter() - t0
-    params = model.init(jax.random.key(0))
-    opt_state = optimizer.init(params)
+    training = harness.Training(ex, model, optimizer)
     key = jax.random.key(1)
     times, moved, kernel, loss = [], [], [], None
+    in_use = harness.DeviceInUse()
+    in_use.window()  # from here: the epochs
+    device_peaks = []
     for epoch in range(1 + cfg["epochs"]):  # epoch 0 compiles
         if epoch and cfg["drop_caches"]:
             drop_caches()
         before = dataclasses.replace(ex.store.accounts) if run != "in-memory" else None
         io_before = kernel_io()
-        t = time.perf_counter()
-        params, opt_state, loss = ex.step(params, opt_state, jax.random.fold_in(key, epoch))
+        seconds, loss = training.epoch(jax.random.fold_in(key, epoch))
+        times.append(seconds)
         loss = float(loss)
-        jax.block_until_ready(params)
-        times.append(time.perf_counter() - t)
         io_after = kernel_io()
         kernel.append({k: io_after[k] - io_before[k] for k in io_after})
         if before is not None:
             after = ex.store.accounts
             moved.append({k: getattr(after, k) - getattr(before, k) for k in MOVED})
+        device_peaks.append(in_use.window())
+    in_use.close()
     result = {"run": run, "epoch_times": times[1:], "warmup_seconds": times[0],
-              "prepare_seconds": prepare, "loss": loss, "peak_rss": peak_rss(),
-              "moved": moved[1:], "kernel_io": kernel[1:], "accelerator": accelerator(),
+              "prepare_seconds": prepare, "loss": loss, "peak_rss": harness.peak_rss(),
+              "moved": moved[1:], "kernel_io": kernel[1:],
+              "accelerator": {**accelerator(), "epoch_device_in_use": device_peaks},
               **info}
     if run == "budgeted":
         result["fates"] = fate_counts(ex)
@@ -492,7 +460,16 @@ def run_summary(v: dict) -> str:
     acc = v.get("accelerator") or {}
     return (f"epochs {' '.join(f'{t:.3f}' for t in v['epoch_times'])} s (warm-up "
             f"{v.get('warmup_seconds', 0):.1f} s), loss {v['loss']:.4f}, peak RSS "
-            f"{fmt(v['peak_rss'])}, peak device {fmt(acc.get('peak_device_bytes'))}")
+            f"{fmt(v['peak_rss'])}, peak device {fmt(acc.get('peak_device_bytes'))}"
+            + in_use_text(acc))
+
+
+def in_use_text(acc: dict) -> str:
+    """The most device memory in use within each epoch, where the allocator was sampled."""
+    sampled = acc.get("epoch_device_in_use") or []
+    if not any(s is not None for s in sampled):
+        return ""
+    return " (most in use per epoch, sampled: " + ", ".join(fmt(s) for s in sampled) + ")"
 
 
 def last_kernel_io(v: dict) -> Optional[dict]:
@@ -722,32 +699,33 @@ def wall_child(cfg: dict) -> dict:
 
     stages = {}
     graph = load_graph(cfg["graph"])
-    stages["graph loaded"] = (current_rss(), peak_rss(), current_rss("RssAnon"))
+    stages["graph loaded"] = memory_now()
     model = gcn(graph, cfg["hidden"])
     normalized = model.normalize(graph)
     t0 = time.perf_counter()
     assignment = partition(PARTITIONERS, cfg["partitioner"], normalized, cfg["parts"])
     part_seconds = time.perf_counter() - t0
     pg = partition_graph(normalized, assignment, num_parts=cfg["parts"])
-    stages["partitioned"] = (current_rss(), peak_rss(), current_rss("RssAnon"))
+    stages["partitioned"] = memory_now()
     optimizer = optax.adam(0.01)
     ex = OutOfCore(graph, model, optimizer, partitioned=pg, store=cfg["store"],
                    device_budget=cfg["device_budget"], host_budget=cfg["host_budget"])
-    stages["engine built"] = (current_rss(), peak_rss(), current_rss("RssAnon"))
+    stages["engine built"] = memory_now()
     window_peak_rss()
     epoch_peaks = []
-    params = model.init(jax.random.key(0))
-    opt_state = optimizer.init(params)
+    training = harness.Training(ex, model, optimizer)
     times = []
+    in_use = harness.DeviceInUse()
+    in_use.window()  # from here: the epochs
+    device_peaks = []
     for epoch in range(cfg["epochs"]):
-        t = time.perf_counter()
-        params, opt_state, loss = ex.step(params, opt_state, jax.random.key(epoch))
+        seconds, loss = training.epoch(jax.random.key(epoch))
+        times.append(seconds)
         loss = float(loss)
-        jax.block_until_ready(params)
-        times.append(time.perf_counter() - t)
         epoch_peaks.append(window_peak_rss())
-        stages[f"after epoch {epoch}"] = (current_rss(), epoch_peaks[-1],
-                                          current_rss("RssAnon"))
+        device_peaks.append(in_use.window())
+        stages[f"after epoch {epoch}"] = (harness.resident(), epoch_peaks[-1],
+                                          harness.resident("RssAnon"))
     a = ex.store.accounts
     inv = ex.inventory
     fates = fate_counts(ex)
@@ -758,7 +736,7 @@ def wall_child(cfg: dict) -> dict:
     result = {
         # resetting VmHWM also resets ru_maxrss, so the run's peak is the largest window's
         "epoch_times": times, "loss": loss, "stages": stages,
-        "peak_rss": max([peak_rss(), *epoch_peaks, *(v[1] for v in stages.values())]),
+        "peak_rss": max([harness.peak_rss(), *epoch_peaks, *(v[1] for v in stages.values())]),
         "epoch_peak_rss": epoch_peaks,
         "partition_seconds": part_seconds,
         "graph_bytes": {"raw graph": graph.nbytes(),
@@ -772,8 +750,9 @@ def wall_child(cfg: dict) -> dict:
         "peaks": {"device": a.peak_device, "host": a.peak_host, "ssd": a.peak_ssd},
         "moved_total": {k: getattr(a, k) for k in MOVED},
         "routes_bytes": ex.store.routes.nbytes,
-        "accelerator": accelerator(),
+        "accelerator": {**accelerator(), "epoch_device_in_use": device_peaks},
     }
+    in_use.close()
     ex.close()
     return result
 
@@ -887,6 +866,10 @@ def report_wall_jgrind(j: dict, dev: int, host: int, mapped: bool = False) -> No
     if acc.get("peak_device_bytes") is not None:
         print(f"  on {acc['device_kind']} (JAX {acc['jax']}): peak GPU memory in use "
               f"{fmt(acc['peak_device_bytes'])} against the device budget {fmt(dev)}")
+        sampled = acc.get("epoch_device_in_use") or []
+        if any(s is not None for s in sampled):
+            print("  most GPU memory in use within each epoch (sampled every 2 ms): "
+                  + ", ".join(fmt(s) for s in sampled) + " (the first includes compilation)")
     print("  RSS by stage: " + ", ".join(f"{k} {fmt(v[0])}" for k, v in j["stages"].items()))
     print("  of which anonymous (not file pages, which the kernel can drop): "
           + ", ".join(f"{k} {fmt(v[2])}" for k, v in j["stages"].items() if len(v) > 2))
@@ -919,29 +902,21 @@ def main():
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(s, nodes, edges, parts, partitioner, epochs):
-        s.add_argument("--nodes", type=int, default=nodes)
-        s.add_argument("--edges", type=int, default=edges)
-        s.add_argument("--features", type=int, default=128)
-        s.add_argument("--classes", type=int, default=47)
-        s.add_argument("--tasks", type=int, default=0,
-                       help="binary targets per node: a multi-label task trained with binary "
-                            "cross entropy (0: one class per node)")
+        harness.add_graph_size(s, nodes=nodes, edges=edges)
         s.add_argument("--graph", choices=["rmat", "geometric"], default="rmat",
                        help="R-MAT (power law, no locality), or a random geometric graph "
                             "(mesh-like locality; random features and classes)")
-        s.add_argument("--skew", default="0.57,0.19,0.19",
-                       help="R-MAT quadrant probabilities a,b,c (more even for denser graphs)")
-        s.add_argument("--hidden", type=int, default=256)
-        s.add_argument("--parts", type=int, default=parts)
+        harness.add_hidden(s)
+        harness.add_parts(s, default=parts)
         s.add_argument("--partitioner", default=partitioner,
                        help="contiguous, random, label_propagation, metis; "
                        "label_propagation:START runs it with init=START (e.g. clusters, "
                        "the single-level start), label_propagation:edge_imbalance=2.5 with "
                        "that option")
-        s.add_argument("--epochs", type=int, default=epochs)
-        s.add_argument("--store", default=default_store,
-                       help="SSD tier directory (default $JGRIND_STORE or a directory in /tmp)")
-        s.add_argument("--json", help="also write the results here")
+        harness.add_epochs(s, epochs)
+        harness.add_store(s, default_store, help="SSD tier directory (default $JGRIND_STORE or "
+                                                 "a directory in /tmp)")
+        harness.add_json(s)
 
     o = sub.add_parser("overhead", help="epoch time and bytes moved per policy")
     common(o, 1_000_000, 10_000_000, 4, "label_propagation", 3)
@@ -955,14 +930,10 @@ def main():
                    "4GiB; needs root), page cache included: files larger than what is left of "
                    "it are read from the storage device, as the kernel's counts then show. "
                    f"{' and '.join(UNCAPPED_RUNS)} run uncapped (they hold every activation)")
-    o.add_argument("--device-budget", default=None,
-                   help="the budgeted run's device budget (e.g. 8GiB)")
-    o.add_argument("--host-budget", default=None,
-                   help="the budgeted run's host budget (e.g. 32GiB)")
+    harness.add_budgets(o, help="the budgeted run's budget (e.g. 8GiB)")
     w = sub.add_parser("memory-wall", help="peak RSS against budgets, and PyG")
     common(w, 3_000_000, 30_000_000, 16, "contiguous", 2)
-    w.add_argument("--device-budget", default="2GiB")
-    w.add_argument("--host-budget", default="2GiB")
+    harness.add_budgets(w, defaults=("2GiB", "2GiB"))
     w.add_argument("--skip-pyg", action="store_true")
     w.add_argument("--memory-limit", default=None,
                    help="run jgrind in a memory cgroup of this size (e.g. 5GiB; needs root): "
@@ -979,24 +950,18 @@ def main():
         unknown = set(args.runs) - set(RUNS) - set(OPTIONAL_RUNS)
         if unknown:
             p.error(f"unknown runs {sorted(unknown)}; choose from {RUNS + OPTIONAL_RUNS}")
-        args.device_budget = parse_bytes(args.device_budget) if args.device_budget else None
-        args.host_budget = parse_bytes(args.host_budget) if args.host_budget else None
         args.memory_limit = parse_bytes(args.memory_limit) if args.memory_limit else None
         if "budgeted" in args.runs and (args.device_budget is None
                                         or args.host_budget is None):
             p.error("the budgeted run needs --device-budget and --host-budget")
         results = overhead(args)
     else:
-        args.device_budget = parse_bytes(args.device_budget)
-        args.host_budget = parse_bytes(args.host_budget)
         args.pyg_rss_cap = parse_bytes(args.pyg_rss_cap)
         args.memory_limit = parse_bytes(args.memory_limit) if args.memory_limit else None
         results = memory_wall(args)
-    results["command"] = shlex.join([sys.executable] + sys.argv)
+    results["command"] = harness.command()
     results["machine"] = machine()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+    harness.write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -8,14 +8,14 @@ fast.
     python tools/bench_planner.py fast-path           # the fast path's price, 30k-1M nodes
     python tools/bench_planner.py report --json results.json --stat min   # re-render a run
 
-``accuracy``: for every configuration (graph size, model, hidden size, budgets chosen to force
-each tier) the planner makes a plan (`jgrind.plan.policies.auto`), then the run is measured
-under ``auto`` and under every fixed policy: ``in_memory`` (the fast path, where it fits the
-device budget), ``host_offload``, ``ssd_offload``, ``recompute_activations``. Fixed policies run
-on the partitioning the planner chose, so they differ from ``auto`` only in the fates. A fixed
-policy whose blocks exceed a budget is reported as "does not fit" (the engine's budget check).
-For every run that fits, the cost model's prediction for *that run's* fates is printed beside
-the measured median epoch time and the store's peak accounts per tier.
+``accuracy``: for every configuration (`harness.CONFIGS`: graph size, model, hidden size,
+budgets chosen to force each tier) the planner makes a plan (`jgrind.plan.policies.auto`), then
+the run is measured under ``auto`` and under every fixed policy: ``in_memory`` (the fast path,
+where it fits the device budget), ``host_offload``, ``ssd_offload``, ``recompute_activations``.
+Fixed policies run on the partitioning the planner chose, so they differ from ``auto`` only in
+the fates. A fixed policy whose blocks exceed a budget is reported as "does not fit" (the
+engine's budget check). For every run that fits, the cost model's prediction for *that run's*
+fates is printed beside the measured median epoch time and the store's peak accounts per tier.
 
 ``planning-time``: `Workload.build` and `plan` for a 5-layer GCN on 1024 partitions.
 
@@ -37,69 +37,19 @@ import sys
 import tempfile
 import time
 
-GiB, MiB = 1 << 30, 1 << 20
+import harness
+from harness import CONFIGS, MiB, Config, build_config
 
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-    name: str
-    nodes: int
-    avg_degree: float
-    features: int
-    hidden: int
-    layers: int
-    model: str
-    device_budget: int
-    host_budget: int
-    store: bool  # an SSD store directory is available
-    purpose: str
-
-
-# Budgets are chosen from the stored bytes of each configuration to force each tier; the
-# "purpose" column says which. Sizes keep every run to a few seconds per epoch on 2 cores.
-CONFIGS = (
-    Config("fits", 60_000, 10, 64, 128, 3, "gcn", 2 * GiB, 2 * GiB, True,
-           "everything fits on the device: the fast path"),
-    Config("device-tight", 150_000, 10, 64, 128, 3, "gcn", 40 * MiB, 2 * GiB, True,
-           "the device holds part of the blocks; host RAM the rest"),
-    Config("host-tight", 150_000, 10, 64, 128, 3, "gcn", 24 * MiB, 160 * MiB, True,
-           "device and host full: part of the blocks on SSD"),
-    Config("ssd", 200_000, 10, 64, 256, 3, "gcn", 48 * MiB, 32 * MiB, True,
-           "almost everything on SSD"),
-    Config("no-ssd", 150_000, 10, 64, 256, 3, "gcn", 48 * MiB, 700 * MiB, False,
-           "no SSD store: device, host RAM or recompute"),
-    Config("deep-sage", 100_000, 12, 64, 128, 4, "sage", 32 * MiB, 200 * MiB, True,
-           "4-layer GraphSAGE, device and host partly full"),
-    Config("wide", 120_000, 8, 128, 512, 3, "gcn", 96 * MiB, 1 * GiB, True,
-           "wide hidden layers: host offload with a large working set"),
-)
 FIXED = ("in_memory", "host_offload", "ssd_offload", "recompute")
-
-
-def build(cfg: Config):
-    from jgrind.generators import csbm
-    from jgrind.models.model import gcn, sage
-    graph = csbm(num_nodes=cfg.nodes, num_features=cfg.features, avg_degree=cfg.avg_degree,
-                 num_classes=8, seed=0)
-    make = gcn if cfg.model == "gcn" else sage
-    model = make(graph.num_features, cfg.hidden, graph.num_classes, num_layers=cfg.layers,
-                 dropout=0.5)
-    return graph, model
 
 
 def time_epochs(executor, model, epochs: int) -> list[float]:
     import jax
     import optax
-    params = model.init(jax.random.key(0))
-    opt_state = optax.adam(1e-3).init(params)
+    training = harness.Training(executor, model, optax.adam(1e-3))
     key = jax.random.key(1)
-    times = []
-    for e in range(epochs + 1):  # the first epoch compiles
-        t = time.perf_counter()
-        params, opt_state, loss = executor.step(params, opt_state, jax.random.fold_in(key, e))
-        jax.block_until_ready(loss)
-        times.append(time.perf_counter() - t)
-    return times[1:]
+    # the first epoch compiles
+    return [training.epoch(jax.random.fold_in(key, e))[0] for e in range(epochs + 1)][1:]
 
 
 def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
@@ -110,7 +60,7 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
     from jgrind.plan.planner import plan_run
     from jgrind.train import InMemory, in_memory_bytes
 
-    graph, model = build(cfg)
+    graph, model = build_config(cfg)
     store = store_root if cfg.store else None
     t = time.perf_counter()
     the_plan = plan_run(graph, model, profile, device_budget=cfg.device_budget,
@@ -259,9 +209,8 @@ def accuracy(args) -> list[dict]:
             result = run_config(cfg, profile, args.epochs, store_root)
             result["profile"] = profile.to_json()
             results.append(result)
-            if args.json:  # after every configuration, so a long run can be cut short
-                with open(args.json, "w") as f:
-                    json.dump(results, f, indent=1, default=str)
+            # after every configuration, so a long run can be cut short
+            harness.write_json(args.json, results)
     report(results)
     return results
 
@@ -366,8 +315,8 @@ def main():
                    help="the first N graphs only (the last, 1M nodes, takes ~1 min)")
     for s in (a, t, f):
         s.add_argument("--profile", default=None, help="profile file (default: jgrind's)")
-        s.add_argument("--store", default=tempfile.gettempdir(), help="SSD store directory")
-        s.add_argument("--json", help="also write the results here")
+        harness.add_store(s, help="SSD store directory")
+        harness.add_json(s)
     args = p.parse_args()
     if args.mode == "report":
         with open(args.json) as f:
@@ -375,9 +324,7 @@ def main():
         return
     result = {"accuracy": accuracy, "planning-time": planning_time,
               "fast-path": fast_path}[args.mode](args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1, default=str)
+    harness.write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
+
+import harness
 
 
 def measure(folder: str, cold: bool) -> dict:
@@ -49,10 +50,8 @@ def main() -> None:
         return
     if not os.path.exists(args.folder):
         from jgrind.datasets import save_graph
-        from jgrind.generators import rmat
         t0 = time.perf_counter()
-        graph = rmat(num_nodes=args.nodes, num_edges=args.edges, num_features=args.features,
-                     num_classes=47, seed=0)
+        graph = harness.rmat_graph(args.nodes, args.edges, args.features)
         t1 = time.perf_counter()
         save_graph(graph, args.folder)
         print(f"generated in {t1 - t0:.2f} s, saved in {time.perf_counter() - t1:.2f} s: "
@@ -60,8 +59,7 @@ def main() -> None:
     cmd = [sys.executable, __file__, "--folder", args.folder, "--_measure"] + \
         (["--cold"] if args.cold else [])
     for _ in range(args.rounds):
-        r = json.loads(subprocess.run(cmd, check=True, capture_output=True,
-                                      text=True).stdout.splitlines()[-1])
+        r = harness.run_child(cmd, "loading the saved graph")
         print(f"load {r['load']:.2f} s, normalize for GCN {r['normalize']:.2f} s"
               f"{' (page cache dropped first)' if args.cold else ''}")
 

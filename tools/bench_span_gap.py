@@ -28,12 +28,13 @@ import zlib
 
 import numpy as np
 
+import harness
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rmat", nargs=2, type=int, default=(1_000_000, 10_000_000),
-                   metavar=("NODES", "EDGES"))
-    p.add_argument("--parts", type=int, default=8)
+    harness.add_source(p, rmat=(1_000_000, 10_000_000))
+    harness.add_parts(p, default=8)
     p.add_argument("--widths", default="256,128", help="row widths (floats), comma-separated")
     p.add_argument("--gaps", default="128,32,16,8,4", help="gaps in KiB, comma-separated")
     p.add_argument("--repeats", type=int, default=2)
@@ -46,19 +47,13 @@ def main() -> None:
     p.add_argument("--skip-python", action="store_true", help="do not time the Python loops")
     args = p.parse_args()
 
-    from jgrind import _kernels, models
+    from jgrind import _kernels
     from jgrind.checksum import checksum, method
     from jgrind.engine import ssd
-    from jgrind.generators import rmat
-    from jgrind.partition import partition_graph
-    from jgrind.partition.partitioners import label_propagation
     from jgrind.plan.cost import COALESCE_BYTES
 
-    graph = rmat(num_nodes=args.rmat[0], num_edges=args.rmat[1], num_features=128,
-                 num_classes=47, seed=0)
-    normalized = models.gcn(128, 256, 47, num_layers=3).normalize(graph)
-    pg = partition_graph(normalized, label_propagation(normalized, args.parts, seed=0),
-                         num_parts=args.parts)
+    graph, model, _ = harness.graph_and_model(rmat=args.rmat)
+    pg = harness.partition(graph, model, args.parts)
     halos = [np.sort(pg.position[part.halo]).astype(np.int64) for part in pg.partitions]
     print(f"R-MAT {args.rmat[0]:,} nodes, {args.rmat[1]:,} edges, {args.parts} partitions: "
           f"{sum(h.size for h in halos):,} halo rows; engine gap {COALESCE_BYTES >> 10} KiB; "

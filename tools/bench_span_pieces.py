@@ -11,35 +11,30 @@ each size's epoch times and the median ratio to the first size.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
-import tempfile
-import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="host-tight")
+    p.add_argument("--config", default="host-tight", choices=[c.name for c in harness.CONFIGS])
     p.add_argument("--pieces", default=f"{1 << 20},{4 << 20}", help="bytes, comma-separated")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--store", default=tempfile.gettempdir())
+    harness.add_store(p)
     args = p.parse_args()
 
     import jax
     import optax
 
-    import bench_planner
     from jgrind.engine import OutOfCore
     from jgrind.engine import ssd
     from jgrind.plan import policies
     from jgrind.plan.planner import plan_run
     from jgrind.plan.profile import load_or_measure
 
-    cfg = next(c for c in bench_planner.CONFIGS if c.name == args.config)
-    graph, model = bench_planner.build(cfg)
+    cfg = harness.planner_config(args.config)
+    graph, model = harness.build_config(cfg)
     planned = plan_run(graph, model, load_or_measure(), device_budget=cfg.device_budget,
                        host_budget=cfg.host_budget, directory=args.store)
     pieces = [int(x) for x in args.pieces.split(",")]
@@ -47,18 +42,13 @@ def main() -> None:
     with OutOfCore(graph, model, optax.adam(1e-3), policy=policies.ssd_offload(args.store),
                    partitioned=planned.partitioned, store=args.store,
                    device_budget=cfg.device_budget, host_budget=cfg.host_budget) as ex:
-        params = model.init(jax.random.key(0))
-        state = optax.adam(1e-3).init(params)
+        training = harness.Training(ex, model, optax.adam(1e-3))
         key = jax.random.key(1)
-        params, state, loss = ex.step(params, state, key)  # compiles
-        jax.block_until_ready(loss)
+        training.epoch(key)  # compiles
         for r in range(args.rounds):
             for piece in (pieces if r % 2 == 0 else pieces[::-1]):
                 ssd.SCRATCH_BYTES = piece
-                start = time.perf_counter()
-                params, state, loss = ex.step(params, state, jax.random.fold_in(key, r))
-                jax.block_until_ready(loss)
-                times[piece].append(time.perf_counter() - start)
+                times[piece].append(training.epoch(jax.random.fold_in(key, r))[0])
     base = statistics.median(times[pieces[0]])
     print(f"{args.config}, ssd_offload, {planned.num_parts} partitions, {args.rounds} rounds")
     for piece in pieces:

@@ -23,6 +23,7 @@ import warnings
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # noqa: E402  (beside this file: Python puts tools/ on the path)
 
 
 def random_csr(rows: int, cols: int, nnz: int, seed: int):
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
                    help="kernel-2t: the native kernel called through ctypes into a preallocated "
                         "output, outside XLA (no output allocation / first-touch page faults)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", default=None, help="also write the results here")
+    harness.add_json(p)
     args = p.parse_args(argv)
     cols = args.cols or args.rows
     feats = [int(f) for f in args.features.split(",")]
@@ -185,10 +186,8 @@ def main(argv=None) -> int:
         if ratio:
             line += f" | {r['native-2t'] / r['torch-2t']:>20.2f}"
         print(line + " |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": args.rows, "cols": cols, "nnz": args.nnz, "results": results}, f,
-                      indent=1)
+    harness.write_json(args.json, {"rows": args.rows, "cols": cols, "nnz": args.nnz,
+                                   "results": results})
     return 0
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import time
+
+import harness
 
 # name -> (generator, kwargs). "products" is ogbn-products' size: 2,449,029 nodes, 61,859,140
 # directed edges, 100 features, 47 classes (for csbm: mean degree 61,859,140 / 2,449,029).
@@ -44,7 +44,7 @@ def _run_case(name: str) -> dict:
     start = time.perf_counter()
     graph = getattr(generators, fn)(**kwargs)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    peak = harness.peak_rss()
     return dict(case=name, graph=repr(graph), seconds=seconds, peak_rss=peak,
                 baseline_rss=baseline, graph_bytes=graph.nbytes(),
                 transient=peak - baseline - graph.nbytes())
@@ -66,9 +66,7 @@ def main(argv=None) -> None:
     print(f"{'case':<18}{'seconds':>9}{'peak GiB':>10}{'base GiB':>10}{'graph GiB':>11}"
           f"{'transient GiB':>15}  graph")
     for name in args.cases or list(CASES):
-        out = subprocess.run([sys.executable, __file__, "--child", name], check=True,
-                             capture_output=True, text=True).stdout
-        r = json.loads(out.strip().splitlines()[-1])
+        r = harness.run_child([sys.executable, __file__, "--child", name], name)
         print(f"{name:<18}{r['seconds']:>9.1f}{r['peak_rss'] / gib:>10.2f}"
               f"{r['baseline_rss'] / gib:>10.2f}{r['graph_bytes'] / gib:>11.2f}"
               f"{r['transient'] / gib:>15.2f}  {r['graph']}", flush=True)

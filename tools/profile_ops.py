@@ -31,28 +31,23 @@ import collections
 import concurrent.futures as cf
 import dataclasses
 import functools
-import os
 import resource
 import sys
-import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness
 
 
 def main() -> None:
     from jgrind.allocator import relaunch_if_wanted
     relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--config", help="a tools/bench_planner.py configuration name")
-    src.add_argument("--rmat", nargs=2, type=int, metavar=("NODES", "EDGES"))
-    p.add_argument("--policy", choices=("device", "host", "ssd", "recompute", "auto"),
-                   required=True)
-    p.add_argument("--parts", type=int, help="partitions (required but with --policy auto)")
-    p.add_argument("--host-budget", type=int, default=None, help="bytes (0: host cache off)")
-    p.add_argument("--store", default=tempfile.gettempdir())
+    harness.add_source(p, config=True)
+    harness.add_policy(p, harness.POLICIES + ("auto",))
+    harness.add_parts(p, default=None, help="partitions (required but with --policy auto)")
+    harness.add_budgets(p, device=False)
+    harness.add_store(p)
     p.add_argument("--overlapped", action="store_true",
                    help="run a normal epoch (prefetch and writer threads on) and say where "
                         "each thread spends it, and where the main thread waits on the others "
@@ -66,29 +61,14 @@ def main() -> None:
     import optax
 
     import jgrind.engine.engine as engine_module
-    from jgrind import models
     from jgrind.engine import OutOfCore
     from jgrind.engine import store as store_module
     from jgrind.models.moved_dropout import unwrap
-    from jgrind.partition import partition_graph
-    from jgrind.partition.partitioners import label_propagation
-    from jgrind.plan import cost, policies
+    from jgrind.plan import cost
     from jgrind.plan import profile as hardware
 
-    device_budget = None
-    if args.config:
-        import bench_planner
-        cfg = next((c for c in bench_planner.CONFIGS if c.name == args.config), None)
-        if cfg is None:
-            p.error(f"unknown configuration {args.config!r}; choose from "
-                    f"{[c.name for c in bench_planner.CONFIGS]}")
-        graph, model = bench_planner.build(cfg)
-        device_budget = None if args.policy == "device" else cfg.device_budget
-    else:
-        from jgrind.generators import rmat
-        graph = rmat(num_nodes=args.rmat[0], num_edges=args.rmat[1], num_features=128,
-                     num_classes=47, seed=0)
-        model = models.gcn(128, 256, 47, num_layers=3, dropout=0.5)
+    graph, model, cfg = harness.graph_and_model(args.config, args.rmat)
+    device_budget = cfg.device_budget if cfg and args.policy != "device" else None
     if args.policy == "auto" and not args.config:
         p.error("--policy auto plans a --config (its budgets)")
     if args.policy != "auto" and args.parts is None:
@@ -105,9 +85,7 @@ def main() -> None:
             args.host_budget = cfg.host_budget
         policy, args.parts = planned.policy(), planned.num_parts
     else:
-        policy = {"device": policies.in_memory(), "host": policies.host_offload(),
-                  "ssd": policies.ssd_offload(args.store),
-                  "recompute": policies.recompute_activations()}[args.policy]
+        policy = harness.policy(args.policy, args.store)
 
     seconds: dict = collections.defaultdict(float)
     # minor page faults of the whole process while each operation runs (serial profile only:
@@ -165,10 +143,14 @@ def main() -> None:
         setattr(store_module.Table, op,
                 timed(lambda a, op=op: f"{op} {a[0].name} {a[0].layer}",
                       getattr(store_module.Table, op)))
-    plain_steps = engine_module.layer_steps
+    # the module through which the engine builds its steps calls `layer_steps` by name
+    builder = sys.modules.get("jgrind.engine.build", engine_module)
+    plain_steps = builder.layer_steps
 
     def counted_steps(layer, *args, **kwargs):  # layer_steps' own arguments, passed on
-        steps = plain_steps(layer, *args, **kwargs)
+        return counted(layer, plain_steps(layer, *args, **kwargs))
+
+    def counted(layer, steps):
         inner = unwrap(layer)  # a layer running its consumer's dropout: named "+dropout"
         label = (f"{type(inner).__name__}{'+dropout' if inner is not layer else ''} "
                  f"{layer.in_channels}->{getattr(layer, 'out_channels', '')}")
@@ -177,11 +159,13 @@ def main() -> None:
                   "saved_backward_params")
         return dataclasses.replace(steps, **{f: timed(f"step {f} ({label})", getattr(steps, f))
                                              for f in fields if getattr(steps, f) is not None})
-    engine_module.layer_steps = counted_steps
+    if hasattr(plain_steps, "__wrapped__"):  # uncached, for arguments that do not hash
+        counted_steps.__wrapped__ = lambda layer, *a, **k: counted(
+            layer, plain_steps.__wrapped__(layer, *a, **k))
+    builder.layer_steps = counted_steps
 
-    normalized = model.normalize(graph)
-    pg = planned.partitioned if planned is not None else partition_graph(
-        normalized, label_propagation(normalized, args.parts, seed=0), num_parts=args.parts)
+    pg = planned.partitioned if planned is not None else harness.partition(graph, model,
+                                                                           args.parts)
     ex = OutOfCore(graph, model, optax.adam(1e-3), policy=policy, partitioned=pg,
                    store=args.store, device_budget=device_budget, host_budget=args.host_budget,
                    prefetch=args.overlapped)
@@ -189,15 +173,13 @@ def main() -> None:
         if pool is not None:  # tag its futures, for the main thread's waits
             pool.submit = _tagging(pool.submit, name)
     try:
-        params = model.init(jax.random.key(0))
-        opt_state = optax.adam(1e-3).init(params)
+        training = harness.Training(ex, model, optax.adam(1e-3))
         for epoch in range(3):
             seconds.clear()
             faults.clear()
-            start, flt = time.perf_counter(), _minor_faults()
-            params, opt_state, loss = ex.step(params, opt_state, jax.random.key(epoch))
-            jax.block_until_ready(loss)
-            total, total_faults = time.perf_counter() - start, _minor_faults() - flt
+            flt = _minor_faults()
+            total, _ = training.epoch(jax.random.key(epoch))
+            total_faults = _minor_faults() - flt
         w = ex.workload
         if args.overlapped:
             print(f"normal epoch {total:.3f} s ({args.policy}, {args.parts} parts); seconds "

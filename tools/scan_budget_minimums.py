@@ -26,6 +26,7 @@ from jgrind.config import parse_bytes
 from jgrind.engine import BudgetError
 from jgrind.partition import contiguous
 from jgrind.plan import policies
+from jgrind.plan.budgets import UNLIMITED
 from jgrind.train import make_executor
 
 GRAPHS = {
@@ -48,7 +49,7 @@ def stated_device_budget(error: BudgetError) -> int:
 def refusal(graph, model, parts: int, device: int, host: int):
     """The engine's BudgetError at these budgets, or None if it takes them."""
     try:
-        make_executor(graph, model, optax.sgd(0.1), policy=policies.grinnder(1 << 62, 1 << 62),
+        make_executor(graph, model, optax.sgd(0.1), policy=policies.grinnder(UNLIMITED, UNLIMITED),
                       num_parts=parts, device_budget=device, host_budget=host,
                       partitioner=contiguous).close()
     except BudgetError as err:
