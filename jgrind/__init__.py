@@ -8,7 +8,7 @@ The data flow, one module group per stage (no module imports a later stage):
     predictions)
 """
 
-from jgrind import caches, datasets, generators, interop, models, transforms
+from jgrind import compile_cache, datasets, generators, interop, models, transforms
 from jgrind.graph import Graph, GraphError, from_edges
 from jgrind.plan import Fate, TensorInfo, policies
 from jgrind.train import TrainResult, Trials, run_trials, train
@@ -16,6 +16,6 @@ from jgrind.inference import load_checkpoint, predict
 
 __version__ = "0.1.0"
 
-__all__ = ["Fate", "Graph", "GraphError", "TensorInfo", "TrainResult", "Trials", "caches",
+__all__ = ["Fate", "Graph", "GraphError", "TensorInfo", "TrainResult", "Trials", "compile_cache",
            "datasets", "from_edges", "generators", "interop", "load_checkpoint", "models",
            "policies", "predict", "run_trials", "train", "transforms"]

@@ -328,7 +328,7 @@ def cmd_train(args) -> int:
         print("jgrind: note: without --host-budget the SSD tier keeps a host cache of up to "
               "half the free RAM in front of its files; --host-budget bounds the RAM the run "
               "holds", flush=True)
-    from jgrind.caches import compilation_cache
+    from jgrind.compile_cache import compilation_cache
     with compilation_cache() if not args.no_compile_cache else contextlib.nullcontext():
         # a bar redrawn in a log file or a CI transcript is noise: shown on a terminal only
         summary = experiment.run_config(cfg, out=args.out,
@@ -502,8 +502,8 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    if argv is None:  # the real command line (not a call from Python): see jgrind.allocator
-        from jgrind.allocator import relaunch_if_wanted
+    if argv is None:  # the real command line (not a call from Python): see jgrind.hostio.allocator
+        from jgrind.hostio.allocator import relaunch_if_wanted
         relaunch_if_wanted()
         _command_line_signals_and_warnings()
     handlers = {"train": cmd_train, "datasets": cmd_datasets, "partition": cmd_partition,

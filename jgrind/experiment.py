@@ -25,7 +25,8 @@ from typing import Iterator, Optional, Sequence
 import jax
 import numpy as np
 
-from jgrind import checkpoint as ckpt, disk_space, host_memory
+from jgrind import checkpoint as ckpt
+from jgrind.hostio import disk_space, host_memory
 from jgrind.config import (ConfigError, RunConfig, build_loss, build_model, build_optimizer,
                            build_policy, load_graph, split_for)
 from jgrind.datasets import split_per_seed

@@ -1,4 +1,4 @@
-"""Tests of jgrind.allocator: glibc allocator settings (huge pages, heap reuse) asked for at
+"""Tests of jgrind.hostio.allocator: glibc allocator settings (huge pages, heap reuse) asked for at
 process start."""
 
 import os
@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from jgrind import allocator, cli
+from jgrind import cli
+from jgrind.hostio import allocator
 
 HUGE = allocator.HUGE_PAGES.tunables[0]  # glibc.malloc.hugetlb=1
 needs_thp = pytest.mark.skipif(not allocator.HUGE_PAGES.can_help(), reason=(
@@ -61,7 +62,7 @@ def test_kernel_mode_reads_the_bracketed_choice(tmp_path):
 
 @needs_thp
 def test_relaunch_restarts_the_interpreter_with_huge_pages():
-    code = ("import os, sys, jgrind.allocator as a; a.relaunch_with_huge_pages(); "
+    code = ("import os, sys, jgrind.hostio.allocator as a; a.relaunch_with_huge_pages(); "
             "print(os.environ.get('GLIBC_TUNABLES'), a.HUGE_PAGES.active(), sys.argv[1:])")
     assert _child(code, "a", "b").split() == [HUGE, "True", "['a',", "'b']"]
     # the command line's hook relaunches only when asked
@@ -72,7 +73,7 @@ def test_relaunch_restarts_the_interpreter_with_huge_pages():
 
 @needs_glibc
 def test_relaunch_if_wanted_restarts_with_heap_reuse_when_asked():
-    code = ("import os, jgrind.allocator as a; a.relaunch_if_wanted(); "
+    code = ("import os, jgrind.hostio.allocator as a; a.relaunch_if_wanted(); "
             "print(a.HEAP_REUSE.active(), a.HUGE_PAGES.active(), a.summary())")
     assert _child(code).split()[:2] == ["False", "False"]
     out = _child(code, JGRIND_REUSE_HEAP="1")

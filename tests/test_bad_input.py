@@ -246,7 +246,7 @@ def test_an_unwritable_kernel_cache_builds_privately_and_leaves_nothing(tmp_path
     afile.write_text("")
     temp = tmp_path / "tmp"
     temp.mkdir()
-    code = ("import numpy as np; from jgrind import _kernels, rows; "
+    code = ("import numpy as np; from jgrind import _kernels; from jgrind.hostio import rows; "
             "assert _kernels.available(), _kernels.unavailable_reason(); "
             "print(rows.take_rows(np.ones((4, 3), np.float32), np.array([1, 2])).shape)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -643,7 +643,7 @@ def _release_run_folders():
     """Run folders made here by `make_run_dir` alone (no store closes them): drop their
     reservation locks after each test."""
     yield
-    from jgrind import disk_space
+    from jgrind.hostio import disk_space
     for folder in list(disk_space._HELD):
         disk_space.release(folder)
 
@@ -652,7 +652,7 @@ def test_space_promised_to_a_running_run_is_not_free(tmp_path):
     """Two runs on one store directory: the second counts what the first's plan will still
     write (its files are sparse, so the disk's free space shows only what is written)."""
     import shutil
-    from jgrind import disk_space
+    from jgrind.hostio import disk_space
     from jgrind.engine.store import StoreError, make_run_dir
     free = shutil.disk_usage(tmp_path).free
     first = make_run_dir(tmp_path, free * 3 // 4, b"a" * 16)  # this process: alive
@@ -688,7 +688,7 @@ def test_two_runs_starting_together_cannot_claim_the_same_space(tmp_path, monkey
     import shutil
     import threading
     import time
-    from jgrind import disk_space
+    from jgrind.hostio import disk_space
     from jgrind.engine.store import StoreError, make_run_dir
     real = disk_space.promised
 
@@ -743,7 +743,7 @@ def test_a_run_folder_whose_pid_was_reused_is_a_leftover(tmp_path):
     """A killed run's pid taken since by another process: its reservation's start time tells
     them apart, so the folder is reported as left over and promises no space."""
     import json
-    from jgrind import disk_space
+    from jgrind.hostio import disk_space
     from jgrind.engine.store import leftover_runs
     folder = tmp_path / f"jgrind-run-{os.getpid()}-0123456789ab"  # a live pid: this process
     folder.mkdir()
@@ -767,7 +767,7 @@ def test_a_run_whose_pid_is_not_visible_but_holds_its_lock_still_counts(tmp_path
     import subprocess
     import sys
     import textwrap
-    from jgrind import disk_space
+    from jgrind.hostio import disk_space
     from jgrind.engine.store import leftover_runs
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -794,9 +794,9 @@ def test_a_run_whose_pid_is_not_visible_but_holds_its_lock_still_counts(tmp_path
 
 
 def test_a_store_holds_its_reservation_locked_until_it_closes(tmp_path):
-    from jgrind import disk_space
+    from jgrind.hostio import disk_space
     from jgrind.engine.store import Store
-    from jgrind.owner_locks import held_by_another
+    from jgrind.hostio.owner_locks import held_by_another
     store = Store([10, 10], tmp_path, host_cache_bytes=0, ssd_bytes_needed=1 << 20)
     folder = store.run_dir
     assert held_by_another(folder / disk_space.RESERVATION)

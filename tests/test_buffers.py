@@ -1,5 +1,5 @@
 """The store's host buffers are adopted by XLA's CPU client in place, and recycled once
-nothing holds them (`jgrind.buffers`)."""
+nothing holds them (`jgrind.hostio.buffers`)."""
 
 import jax
 import numpy as np
@@ -7,7 +7,7 @@ import optax
 import pytest
 
 from jgrind import models
-from jgrind.buffers import ALIGNMENT, Recycler, aligned_empty, aligned_zeros
+from jgrind.hostio.buffers import ALIGNMENT, Recycler, aligned_empty, aligned_zeros
 from jgrind.engine import OutOfCore
 from jgrind.engine.store import Store
 from jgrind.partition import contiguous

@@ -1,12 +1,12 @@
-"""Tests of jgrind.checksum: the SSD tier's block checksum (CRC32C by the CPU, else zlib)."""
+"""Tests of jgrind.hostio.checksum: the SSD tier's block checksum (CRC32C by the CPU, else zlib)."""
 
 import zlib
 
 import numpy as np
 import pytest
 
-import jgrind.checksum as checksum_module
-from jgrind.checksum import checksum, method
+import jgrind.hostio.checksum as checksum_module
+from jgrind.hostio.checksum import checksum, method
 
 
 def _reference_crc32c(data: bytes) -> int:

@@ -96,7 +96,7 @@ def test_generated_graph_every_policy(model, policy, tmp_path):
 @pytest.mark.parametrize("policy", ["host", "ssd"])
 def test_row_moves_split_across_threads_are_exact(policy, tmp_path, monkeypatch):
     # every gather and scatter-add of the store in parts of a few rows, on 3 threads
-    import jgrind.rows as rows
+    import jgrind.hostio.rows as rows
     graph = csbm_graph()
     monkeypatch.setattr(rows, "MIN_BYTES_PER_THREAD", 256)
     calls = []
@@ -435,7 +435,7 @@ def test_outputs_stored_through_pinned_host_memory_are_exact(model, tmp_path, mo
     there; forced here on the CPU, with blocks spread over the device, host RAM and SSD (so
     some scatter-adds touch device blocks and keep the device output), the loss and gradients
     are the in-memory ones."""
-    from jgrind import transfers
+    from jgrind.hostio import transfers
     pinned, plain_put = [], jax.device_put
 
     def put(x, *args, **kwargs):
@@ -471,10 +471,10 @@ def test_inputs_sent_in_row_ranges_are_exact(model, tmp_path, monkeypatch):
 @pytest.mark.parametrize("model", ["gcn", "gat"])
 def test_inputs_filled_into_pinned_buffers_are_exact(model, tmp_path, monkeypatch):
     """Off the CPU backend the store can fill step inputs into page-locked buffers that are
-    put on the device from there (`OutOfCore.pinned_inputs`, `jgrind.transfers.PinnedStaging`);
+    put on the device from there (`OutOfCore.pinned_inputs`, `jgrind.hostio.transfers.PinnedStaging`);
     forced here on the CPU, with blocks spread over the device, host RAM and SSD, and the
     buffers refilled over the sweeps, the loss and gradients are the in-memory ones."""
-    from jgrind import transfers
+    from jgrind.hostio import transfers
     from jgrind.engine import build
     made, sent, plain_to_device = [], [], transfers.PinnedStaging.to_device
     monkeypatch.setattr(transfers.PinnedStaging, "to_device", lambda self, values: (
@@ -513,7 +513,7 @@ def test_no_implicit_transfers_in_an_out_of_core_epoch(policy, tmp_path):
     names (the big_vision trainer runs under the same guard). "spread" puts blocks on the
     device, in host RAM and on SSD; "spread-gpu-paths" also forces the paths the engine takes
     off the CPU backend (device rows kept there, outputs through ``pinned_host`` memory)."""
-    from jgrind import transfers
+    from jgrind.hostio import transfers
     graph = csbm_graph()
     names = list(_models(8, graph.num_classes))
     net = _models(8, graph.num_classes)[names[GUARDED.index(policy) % len(names)]]
@@ -680,7 +680,7 @@ def test_naive_snapshots_cost_exactly_the_step_inputs(layer_norm, tmp_path):
     """With the host cache off, snapshots add exactly one write of every partition's step
     input of layers 0..L-2 per epoch; reading them back replaces the regather byte for byte.
     They are freed by the end of the epoch. Without LayerNorm the narrowing last layer runs as
-    a node-wise transform (`jgrind.models.split`), whose input both schemes read, and the
+    a node-wise transform (`jgrind.executed.split`), whose input both schemes read, and the
     naive one snapshots, as own rows only: the same reads, not a halo's more."""
     graph = csbm_graph()
     model = models.gcn(8, 16, graph.num_classes, num_layers=3, dropout=0.5,
@@ -1165,10 +1165,10 @@ def test_a_lazily_zeroed_file_reads_zeros_and_writes_only_what_it_must(tmp_path)
 
 def test_without_a_host_budget_the_host_cache_fits_the_free_ram(tmp_path, monkeypatch):
     """No host budget: the host cache in front of the SSD tier would hold every SSD block.
-    It takes at most half of the host RAM free (`jgrind.host_memory`, a cgroup's limit
+    It takes at most half of the host RAM free (`jgrind.hostio.host_memory`, a cgroup's limit
     included), so in a small container it shrinks instead of running the job out of memory;
     the gradients stay exact either way."""
-    from jgrind import host_memory
+    from jgrind.hostio import host_memory
 
     graph = csbm_graph()
     model = models.gcn(8, 16, graph.num_classes, num_layers=3, dropout=0.5)

@@ -17,7 +17,8 @@ import numpy as np
 import optax
 import pytest
 
-from jgrind import checkpoint as ckpt, disk_space, interrupts, models
+from jgrind import checkpoint as ckpt, interrupts, models
+from jgrind.hostio import disk_space
 from jgrind.cli import main
 from jgrind.train import train
 

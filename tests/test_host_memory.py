@@ -1,4 +1,4 @@
-"""`jgrind.host_memory`: RAM within the limits of the process's memory cgroups."""
+"""`jgrind.hostio.host_memory`: RAM within the limits of the process's memory cgroups."""
 
 import os
 import pathlib
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from jgrind import host_memory
+from jgrind.hostio import host_memory
 
 GIB = 1 << 30
 
@@ -132,7 +132,7 @@ def test_inside_a_real_memory_cgroup_the_profile_sees_its_limit(tmp_path):
     try:
         v2 = (root / "cgroup.controllers").exists()
         (group / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(GIB))
-        script = ("from jgrind import host_memory; from jgrind.plan import profile; "
+        script = ("from jgrind.hostio import host_memory; from jgrind.plan import profile; "
                   "m = profile.machine_fingerprint(); "
                   "print(host_memory.total(), host_memory.available(), m['ram_bytes'], "
                   "m['memory_cgroup'])")

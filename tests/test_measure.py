@@ -41,9 +41,9 @@ def test_measure_gives_positive_figures_and_removes_its_files(measured):
 
 
 def test_device_to_host_is_timed_on_the_engines_path(monkeypatch):
-    """The profile's device -> host rate times the engine's own copy (`jgrind.transfers`):
+    """The profile's device -> host rate times the engine's own copy (`jgrind.hostio.transfers`):
     through ``pinned_host`` memory where the engine copies there, a view on the CPU backend."""
-    from jgrind import transfers
+    from jgrind.hostio import transfers
     made = []
     plain = transfers.to_host
 
@@ -142,7 +142,7 @@ def test_page_cache_rates_are_taken_as_the_ssd_tier_moves_data(tmp_path, monkeyp
 
 
 def test_row_rates_are_timed_on_the_store_path_at_two_widths(monkeypatch):
-    """Gathers go through `jgrind.rows.take_rows` into scattered output rows and scatter-adds
+    """Gathers go through `jgrind.hostio.rows.take_rows` into scattered output rows and scatter-adds
     through `add_rows`, as the store moves halo rows, at two widths: narrow rows pay a per-row
     cost that a rate per byte alone misses."""
     calls = []

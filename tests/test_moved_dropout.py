@@ -9,8 +9,8 @@ from jgrind import models
 from jgrind.engine import OutOfCore
 from jgrind.models.dropout import dropout as hashed_dropout
 from jgrind.models.model import layer_key
-from jgrind.models.moved_dropout import DropsOutput, drops_input, unwrap
-from jgrind.models.split import as_executed
+from jgrind.executed.moved_dropout import DropsOutput, drops_input, unwrap
+from jgrind.executed.split import as_executed
 from jgrind.partition import contiguous, partition_graph, random as random_partition
 from jgrind.plan import Fate, policies
 from jgrind.plan.cost import INPUT_PASSES, UNDROPPED_INPUT_PASSES, Workload, input_passes

@@ -54,7 +54,7 @@ def equal_parts_workload(num_parts=2, hidden=32, num_layers=2, nodes=240, whole=
     """Equal-size partitions (contiguous cut of a graph whose size divides evenly), so a
     count of blocks per tier has one byte size and brute force can enumerate counts.
     ``whole``: a LayerNorm before every layer but the first, which keeps the narrowing top
-    layer whole (`jgrind.models.split`): one layer fewer to enumerate."""
+    layer whole (`jgrind.executed.split`): one layer fewer to enumerate."""
     graph = community_graph(num_nodes=nodes, num_features=16)
     model = models.gcn(graph.num_features, hidden, graph.num_classes, num_layers=num_layers,
                        layer_norm=whole)

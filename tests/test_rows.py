@@ -1,8 +1,8 @@
-"""Tests of jgrind.rows: the host row gather and scatter-add the store uses."""
+"""Tests of jgrind.hostio.rows: the host row gather and scatter-add the store uses."""
 
 import numpy as np
 
-from jgrind.rows import add_rows, take_rows
+from jgrind.hostio.rows import add_rows, take_rows
 
 
 def test_add_rows_equals_one_addition_per_row():
@@ -28,13 +28,13 @@ def test_take_rows_fills_the_given_buffer():
 
 
 def _numpy_only(monkeypatch):
-    """Run `jgrind.rows` on its NumPy fallback (as when the native kernels do not build)."""
-    import jgrind.rows as rows
+    """Run `jgrind.hostio.rows` on its NumPy fallback (as when the native kernels do not build)."""
+    import jgrind.hostio.rows as rows
     monkeypatch.setattr(rows, "_kernels_lib", None)
 
 
 def test_native_kernels_are_used_when_they_build():
-    import jgrind.rows as rows
+    import jgrind.hostio.rows as rows
     from jgrind import _kernels
     if not _kernels.available():
         import pytest
@@ -115,7 +115,7 @@ def test_large_moves_split_across_threads_move_the_same_rows(monkeypatch):
 
     import pytest
 
-    import jgrind.rows as rows
+    import jgrind.hostio.rows as rows
     from jgrind import _kernels
     if not _kernels.available():
         pytest.skip("the native kernels did not build here")
@@ -174,7 +174,7 @@ def test_row_threads_follow_the_backend_unless_set(monkeypatch):
     several where the compute runs on an accelerator (the host's cores are idle)."""
     import jax
 
-    import jgrind.rows as rows
+    import jgrind.hostio.rows as rows
     previous = rows.set_threads(None)
     try:
         assert rows.threads() == 1  # this suite runs on the CPU backend
@@ -194,7 +194,7 @@ def test_row_threads_follow_the_backend_unless_set(monkeypatch):
 def test_row_threads_from_the_environment(monkeypatch):
     import pytest
 
-    import jgrind.rows as rows
+    import jgrind.hostio.rows as rows
     for text, want in (("", None), ("3", 3), (" 2 ", 2)):
         monkeypatch.setenv("JGRIND_ROW_THREADS", text)
         assert rows._threads_from_environment() == want
@@ -211,7 +211,7 @@ def test_copy_rows_splits_large_copies_across_the_row_threads(monkeypatch):
 
     import pytest
 
-    import jgrind.rows as rows
+    import jgrind.hostio.rows as rows
     src = np.random.default_rng(0).standard_normal((3001, 16)).astype(np.float32)
     seen, plain = [], np.copyto
 

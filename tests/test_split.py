@@ -9,8 +9,8 @@ import pytest
 
 from jgrind import models
 from jgrind.engine import OutOfCore
-from jgrind.models.moved_dropout import DropsOutput, unwrap
-from jgrind.models.split import as_executed
+from jgrind.executed.moved_dropout import DropsOutput, unwrap
+from jgrind.executed.split import as_executed
 from jgrind.partition import contiguous
 from jgrind.plan import policies
 from jgrind.plan.cost import Workload
@@ -26,7 +26,7 @@ def test_narrowing_gcn_layers_split_and_parameters_map_back():
     assert kinds == ["GCNConv", "GCNConv", "Linear", "Propagate"]
     assert how.origin == (0, 1, 2, 2)
     transform, propagate = executed.layers[2:]
-    # the transform's input dropout runs in the layer below (jgrind.models.moved_dropout)
+    # the transform's input dropout runs in the layer below (jgrind.executed.moved_dropout)
     assert transform.options.dropout == 0.0 and not transform.bias
     assert isinstance(executed.layers[1], DropsOutput) and executed.layers[1].rate == 0.5
     assert propagate.options.activation is None and propagate.options.dropout == 0.0

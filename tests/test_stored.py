@@ -486,7 +486,7 @@ def test_mark_owner_holds_its_lock_while_open(tmp_path):
 
 
 def test_a_save_holds_its_owner_lock_while_it_writes(tmp_path, monkeypatch):
-    from jgrind.owner_locks import held_by_another
+    from jgrind.hostio.owner_locks import held_by_another
     seen = []
     real_save = np.save
 

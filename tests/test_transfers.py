@@ -1,10 +1,10 @@
-"""Page-locked staging buffers (`jgrind.transfers.PinnedStaging`): filled in place, sent to
+"""Page-locked staging buffers (`jgrind.hostio.transfers.PinnedStaging`): filled in place, sent to
 the device from the buffer itself, and never refilled while a view or a transfer uses them."""
 
 import numpy as np
 import pytest
 
-from jgrind import transfers
+from jgrind.hostio import transfers
 
 staging_or_skip = transfers.pinned_staging
 if staging_or_skip() is None:  # every backend JAX ships for CPU has pinned_host memory

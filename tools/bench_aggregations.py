@@ -21,7 +21,7 @@ import harness
 
 
 def main() -> None:
-    from jgrind.allocator import relaunch_if_wanted
+    from jgrind.hostio.allocator import relaunch_if_wanted
     relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", required=True,

@@ -5,7 +5,7 @@
     python tools/bench_allocator.py --config host-tight --parts 128 --runs ssd
 
 Every run is a fresh interpreter (glibc reads its tunables at start), once per setting of
-``--settings`` in turn (``off``; ``huge``: `jgrind.allocator.HUGE_PAGES`; ``reuse``:
+``--settings`` in turn (``off``; ``huge``: `jgrind.hostio.allocator.HUGE_PAGES`; ``reuse``:
 `HEAP_REUSE`; ``huge+reuse``), ``--reps`` times, so that a slow patch of a noisy machine hits
 every setting alike. Each child builds the graph, partitions it by label propagation (seed 0),
 times ``--epochs`` epochs after a warm-up and reports them with their page faults and the
@@ -51,7 +51,7 @@ def child(spec: dict) -> dict:
     import jax
     import optax
 
-    from jgrind import allocator
+    from jgrind.hostio import allocator
     from jgrind.engine import OutOfCore
     from jgrind.train import InMemory
 
@@ -109,7 +109,7 @@ def main() -> None:
     if unknown:
         p.error(f"unknown runs {sorted(unknown)}; choose from {list(RUNS)}")
 
-    from jgrind import allocator
+    from jgrind.hostio import allocator
     choices = {"off": (), "huge": (allocator.HUGE_PAGES,), "reuse": (allocator.HEAP_REUSE,),
                "huge+reuse": (allocator.HUGE_PAGES, allocator.HEAP_REUSE)}
     settings = args.settings.split(",")
@@ -139,7 +139,7 @@ def main() -> None:
 
 def _run_all(args, settings, choices, base, trees) -> dict:
     """Every child, in the interleaved order; results by (run, setting, version)."""
-    from jgrind import allocator
+    from jgrind.hostio import allocator
     results: dict = {}
     for rep in range(args.reps):
         for run in args.runs.split(","):

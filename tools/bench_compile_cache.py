@@ -1,4 +1,4 @@
-"""What the persistent compilation cache (`jgrind.caches.compilation_cache`) saves a new process.
+"""What the persistent compilation cache (`jgrind.compile_cache.compilation_cache`) saves a new process.
 
 Runs the same out-of-core training (R-MAT graph, 3-layer GCN, hidden 256, `host_offload`,
 two epochs) in fresh processes, interleaved: without the cache, with an empty one (which it
@@ -23,7 +23,7 @@ t_start = time.perf_counter()
 import jax, optax
 from jax import monitoring
 import jgrind
-from jgrind.caches import compilation_cache
+from jgrind.compile_cache import compilation_cache
 from jgrind.generators import rmat
 
 cache, nodes, parts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -180,7 +180,7 @@ def child(kind: str, path: str, args) -> dict:
 
 
 def main():
-    from jgrind.allocator import relaunch_if_wanted
+    from jgrind.hostio.allocator import relaunch_if_wanted
     relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     harness.add_graph_size(p, nodes=1_000_000, edges=10_000_000)

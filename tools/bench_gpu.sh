@@ -12,7 +12,7 @@
 #                                # with heap reuse (README, "Allocator settings")
 #   bash tools/bench_gpu.sh 5    # the same, serial: each store operation and step alone
 #   bash tools/bench_gpu.sh 6    # part 0's first profile with the store's row moves split
-#                                # across 4, then 12 threads (jgrind.rows.set_threads)
+#                                # across 4, then 12 threads (jgrind.hostio.rows.set_threads)
 #   bash tools/bench_gpu.sh 1    # 1M nodes, 10M edges: in-memory, PyG, device, host, SSD
 #   bash tools/bench_gpu.sh 2    # ogbn-products size, 8 GiB device budget, beside PyG
 #   bash tools/bench_gpu.sh 3    # the naive scheme beside ssd_offload (target 3)

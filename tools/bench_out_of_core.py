@@ -86,7 +86,7 @@ def memory_now() -> tuple[int, int, int]:
 def window_peak_rss() -> int:
     """Peak RSS since the last call (VmHWM, then reset through /proc/self/clear_refs; Linux
     4.0+); ru_maxrss cannot be reset, so this is how a later epoch's own peak is seen."""
-    from jgrind import host_memory  # called in a child, which has jgrind loaded already
+    from jgrind.hostio import host_memory  # called in a child, which has jgrind loaded already
     peak = host_memory.peak_resident()
     host_memory.reset_peak_resident()
     return peak
@@ -374,7 +374,7 @@ def grinnder_minimum(n: int, halo: int, widths: list, num_layers: int,
                      local: Optional[list] = None) -> dict:
     """Bytes per epoch the regathering scheme needs with every block on SSD (4-byte floats),
     over the engine's executed layers (a narrowing GCN layer is a node-wise transform and a
-    propagation, `jgrind.models.split`).
+    propagation, `jgrind.executed.split`).
 
     H_l (l >= 1) is written once; the forward sweep gathers H_0..H_{L-2} (own + halo rows); the
     backward sweep regathers H_0..H_{L-1} (H_{L-1} only here: the top layer is fused with the
@@ -886,7 +886,7 @@ def report_wall_jgrind(j: dict, dev: int, host: int, mapped: bool = False) -> No
 
 # -- driver --------------------------------------------------------------------------------
 def main():
-    from jgrind.allocator import relaunch_if_wanted
+    from jgrind.hostio.allocator import relaunch_if_wanted
     relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     if len(sys.argv) >= 2 and sys.argv[1] == "_child":
         fn = {"overhead": overhead_child, "wall": wall_child, "pyg": pyg_child,

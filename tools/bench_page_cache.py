@@ -23,7 +23,7 @@ import numpy as np
 
 def main() -> None:
     from jgrind.plan.cost import SPAN_PIECE_BYTES
-    from jgrind.rows import add_rows
+    from jgrind.hostio.rows import add_rows
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default=tempfile.gettempdir(), help="where the test file goes")

@@ -290,7 +290,7 @@ def fast_path(args) -> dict:
 
 
 def main():
-    from jgrind.allocator import relaunch_if_wanted
+    from jgrind.hostio.allocator import relaunch_if_wanted
     relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

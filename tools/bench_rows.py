@@ -1,4 +1,4 @@
-"""Host row moves: `jgrind.rows` (native loops) against NumPy's fancy indexing, per row.
+"""Host row moves: `jgrind.hostio.rows` (native loops) against NumPy's fancy indexing, per row.
 
     python tools/bench_rows.py [--rows 150000] [--picked 8000] [--widths 8,64,128,256]
                                [--threads 1]
@@ -6,10 +6,10 @@
 Gathers ``picked`` sorted random rows of a ``rows``-row float32 table into scattered rows of an
 output buffer (``out[dst] = table[idx]``, as the store places halo rows), and scatter-adds them
 back (``table[idx] += values``), at each row width; prints nanoseconds per row for the native
-path (`jgrind.rows.take_rows` / `add_rows`) and for NumPy (``out[dst] = np.take(...)``;
+path (`jgrind.hostio.rows.take_rows` / `add_rows`) and for NumPy (``out[dst] = np.take(...)``;
 take, add and an indexed store). Best of 200 repeats each. ``--threads N`` splits the native
-moves of at least `jgrind.rows.MIN_BYTES_PER_THREAD` a part across N threads
-(`jgrind.rows.set_threads`).
+moves of at least `jgrind.hostio.rows.MIN_BYTES_PER_THREAD` a part across N threads
+(`jgrind.hostio.rows.set_threads`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def main() -> None:
     import numpy as np
 
-    from jgrind import rows
+    from jgrind.hostio import rows
     from jgrind.plan.measure import _best_seconds
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

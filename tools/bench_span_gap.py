@@ -5,7 +5,7 @@ SSD-tier file as wide as a hidden layer, and times one sweep of every partition'
 through it: `SSDFile.read_rows` (a gather) and `SSDFile.add_rows` (a gradient scatter-add),
 with rows less than each gap apart merged into one call (`jgrind.plan.cost.COALESCE_BYTES` is
 the engine's choice). It also times the same read sweep through the Python span loops (native
-kernels off) at each gap, and the block checksum (`jgrind.checksum`) against zlib's CRC-32.
+kernels off) at each gap, and the block checksum (`jgrind.hostio.checksum`) against zlib's CRC-32.
 
     python tools/bench_span_gap.py --rmat 1000000 10000000 --parts 8
     python tools/bench_span_gap.py --cold --skip-python --parts 32 --gaps 128,64,32,16
@@ -48,7 +48,7 @@ def main() -> None:
     args = p.parse_args()
 
     from jgrind import _kernels
-    from jgrind.checksum import checksum, method
+    from jgrind.hostio.checksum import checksum, method
     from jgrind.engine import ssd
     from jgrind.plan.cost import COALESCE_BYTES
 

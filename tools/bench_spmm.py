@@ -49,7 +49,7 @@ def available_bytes() -> int:
 
 
 def main(argv=None) -> int:
-    from jgrind.allocator import relaunch_if_wanted
+    from jgrind.hostio.allocator import relaunch_if_wanted
     relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=1_000_000)

@@ -14,7 +14,7 @@ the time until the rows are on the host. Measured:
   `jax.device_put` to ``pinned_host``, then ``np.asarray`` of that; a jitted step whose output
   is placed in ``pinned_host`` by XLA;
 - host memory: a fresh NumPy array's first touch, a copy into touched memory, and
-  `jgrind.rows.take_rows` / `add_rows` of scattered rows on 1, 4, 8 and 16 threads.
+  `jgrind.hostio.rows.take_rows` / `add_rows` of scattered rows on 1, 4, 8 and 16 threads.
 On the CPU backend the transfers are host copies (or none); the lines still print.
 """
 
@@ -39,7 +39,7 @@ def main() -> None:
     import jax
     from jax.sharding import SingleDeviceSharding
 
-    from jgrind import rows
+    from jgrind.hostio import rows
 
     dev = jax.devices()[0]
     kinds = [m.kind for m in dev.addressable_memories()]

@@ -24,7 +24,7 @@ by a 3-layer GCN (hidden 256, dropout 0.5), or one of the planner benchmark's co
 tools/ is not a package: a script imports this as ``harness`` (Python puts the script's own
 folder first on its path; tests put tools/ there). jgrind, and with it JAX, is imported only
 inside the functions that use it: a script may first have to re-launch itself
-(`jgrind.allocator.relaunch_if_wanted`) or keep its process off the GPU (``JAX_PLATFORMS``,
+(`jgrind.hostio.allocator.relaunch_if_wanted`) or keep its process off the GPU (``JAX_PLATFORMS``,
 read when JAX is imported).
 """
 
@@ -361,7 +361,7 @@ def gpus() -> str:
 
 def machine() -> str:
     """Cores, RAM, GPUs and glibc allocator settings, for a results header."""
-    from jgrind import allocator
+    from jgrind.hostio import allocator
     gpu = gpus()
     return (f"{os.cpu_count()} cores, {ram_bytes() / 2**30:.1f} GiB RAM, "
             f"{'GPU ' + gpu if gpu else 'no GPU'}, {allocator.summary()}")

@@ -40,7 +40,7 @@ import harness
 
 
 def main() -> None:
-    from jgrind.allocator import relaunch_if_wanted
+    from jgrind.hostio.allocator import relaunch_if_wanted
     relaunch_if_wanted()  # JGRIND_HUGE_PAGES=1: with glibc huge pages, as the jgrind command
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     harness.add_source(p, config=True)
@@ -63,7 +63,7 @@ def main() -> None:
     import jgrind.engine.engine as engine_module
     from jgrind.engine import OutOfCore
     from jgrind.engine import store as store_module
-    from jgrind.models.moved_dropout import unwrap
+    from jgrind.executed.moved_dropout import unwrap
     from jgrind.plan import cost
     from jgrind.plan import profile as hardware
 

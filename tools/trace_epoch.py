@@ -28,7 +28,7 @@ import time
 import harness
 
 
-# name -> (step outputs to host through pinned memory, OutOfCore.early_host_copies, jgrind.rows
+# name -> (step outputs to host through pinned memory, OutOfCore.early_host_copies, jgrind.hostio.rows
 # threads (None: the backend's choice), OutOfCore.staging_pieces (None: the engine's default,
 # 8 off the CPU backend), OutOfCore.pinned_inputs)
 VARIANTS = {"default": (True, True, None, None, False),
@@ -73,7 +73,7 @@ def run(args) -> None:
     import optax
     from jax import monitoring
 
-    from jgrind import rows
+    from jgrind.hostio import rows
     from jgrind.engine import OutOfCore
 
     compiles = collections.Counter()

@@ -2,8 +2,8 @@
 
 Nothing happens at import: the first call of `load` (or `available`) compiles
 ``csr_spmm.cc`` (the sparse product), ``rows.cc`` (host row gathers and scatter-adds, see
-`jgrind.rows`), ``spans.cc`` (the SSD tier's row reads and read-add-writes, see
-`jgrind.engine.ssd`), ``checksum.cc`` (CRC32C, see `jgrind.checksum`), ``labels.cc``
+`jgrind.hostio.rows`), ``spans.cc`` (the SSD tier's row reads and read-add-writes, see
+`jgrind.engine.ssd`), ``checksum.cc`` (CRC32C, see `jgrind.hostio.checksum`), ``labels.cc``
 (label propagation's inner loop, see `jgrind.partition.partitioners`) and ``bisection.cc``
 (the recursive bisection's growing and balancing, see `jgrind.partition.bisection`) with the
 system C++ compiler into one library in a cache directory (see `build`), loads it with ctypes

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from jgrind.caches import cache_root, cpu_identity
+from jgrind.compile_cache import cache_root, cpu_identity
 
 # compiled together into one shared library
 SOURCES = tuple(Path(__file__).with_name(name)

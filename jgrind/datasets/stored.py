@@ -43,7 +43,7 @@ import numpy as np
 from jgrind.datasets.errors import DatasetError, npy_problem, require_file
 from jgrind.datasets.npz import read_npy_header
 from jgrind.graph import Graph
-from jgrind.owner_locks import held_by_another, lock
+from jgrind.hostio.owner_locks import held_by_another, lock
 
 FORMAT = "jgrind-graph"
 VERSION = 1
@@ -148,7 +148,7 @@ OWNER = "owner"  # "host pid" of the process writing a hidden working folder
 def mark_owner(folder: Path) -> IO:
     """Record this process (host and pid) as the owner of the working folder ``folder``, so
     that `recover` and `sweep_abandoned` can tell, after a crash, that nobody is using it
-    any more. Returns the owner file, open and locked (`jgrind.owner_locks`: what shows a
+    any more. Returns the owner file, open and locked (`jgrind.hostio.owner_locks`: what shows a
     live owner whose pid means nothing here, in another container): keep it open while the
     folder is in use (it is a context manager). Renaming the folder keeps the lock."""
     fh = open(Path(folder) / OWNER, "w", encoding="ascii")

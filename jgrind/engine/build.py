@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import optax
 
-from jgrind import host_memory, transfers
+from jgrind.hostio import host_memory, transfers
 from jgrind.arguments import whole_number
 from jgrind.engine.pipeline import Pipeline, TransferSettings
 from jgrind.engine.spares import Spares
@@ -31,7 +31,7 @@ from jgrind.loss import node_weights
 from jgrind.models.block import Block
 from jgrind.models.conv import derivative_from_output
 from jgrind.models.model import GNN
-from jgrind.models.split import as_executed
+from jgrind.executed.split import as_executed
 from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.plan.budgets import UNLIMITED, check_budget
 from jgrind.plan.cost import (Assignment, Memory, Workload, fit_masks, format_bytes,
@@ -112,7 +112,7 @@ class Built:
       plan: the bound, checked plan (`BoundPlan`).
       model: the layers as executed (narrowing GCN layers split in two); ``given_model``: as
         the user built it; ``executed``: the record that maps one to the other
-        (`jgrind.models.split.as_executed`).
+        (`jgrind.executed.split.as_executed`).
       optimizer: the optax transformation, or None (predictions only); ``update``: its
         jitted step ``(params, opt_state, grads, loss) -> (params, opt_state)``, donating
         the first two.
@@ -419,7 +419,7 @@ def _apply_update(optimizer, params, opt_state, grads, loss):
 def _open_store(plan: BoundPlan, pg: PartitionedGraph, parts: list, budgets: tuple,
                 directory: Optional[str], largest_output: int) -> Store:
     """The store, with a host cache within the host budget (without one: at most half the
-    host RAM free now, `jgrind.host_memory`) unless the policy's I/O reads no whole blocks."""
+    host RAM free now, `jgrind.hostio.host_memory`) unless the policy's I/O reads no whole blocks."""
     device_budget, host_budget = budgets
     m = plan.memory
     host_cache = max(host_budget - m.host, 0) if host_budget < UNLIMITED else \

@@ -26,7 +26,7 @@ The GriNNder scheme in JAX (see docs/architecture.md):
   them (`jgrind.plan.cost.fit_masks`).
 
 * **Node-wise layers** (``aggregates = False``: `jgrind.models.Linear`, and the transform half
-  of a GCN layer split by `jgrind.models.split.as_executed`) read no neighbours, so their
+  of a GCN layer split by `jgrind.executed.split.as_executed`) read no neighbours, so their
   steps read the partition's own block of ``H_l`` instead of gathering a halo, on a block
   with no halo rows; their input gradient has no halo rows either and is written as the
   block of ``G_l``, not scatter-added (no other layer adds to it).
@@ -142,7 +142,7 @@ class OutOfCore:
       store: directory for the SSD tier (a private subdirectory is made and removed).
       device_budget, host_budget: bytes; None = unlimited. Without a host budget, the host
         cache in front of the SSD tier holds at most half the host RAM free when the engine
-        starts (`jgrind.host_memory`: within a container's or job's memory limit), not every
+        starts (`jgrind.hostio.host_memory`: within a container's or job's memory limit), not every
         SSD block regardless of the RAM there is.
       remat_policy: ``jax.checkpoint`` policy for intermediates inside a layer step.
       prefetch: overlap gathers and writes with compute on background threads.

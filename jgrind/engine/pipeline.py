@@ -30,7 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgrind import interrupts, transfers
+from jgrind import interrupts
+from jgrind.hostio import transfers
 from jgrind.engine.store import DeviceRows
 
 MAX_PENDING_WRITES = 1  # writes queued behind the compute (see `SweepIO.write`)
@@ -56,7 +57,7 @@ class TransferSettings:
       staging_pieces: row ranges a large step input is sent to the device in, at once
         (`_put`).
       input_staging: the page-locked buffers the store fills step inputs into, when it has
-        them (`jgrind.transfers.PinnedStaging`); an input in one of them is put from there.
+        them (`jgrind.hostio.transfers.PinnedStaging`); an input in one of them is put from there.
     """
 
     keep_device_rows: bool
@@ -218,7 +219,7 @@ def _staged(load: Callable, count: Callable, pieces: int = 1,
     """``load`` followed by `jax.device_put` of each NumPy array in its result, and a gather
     whose device rows stayed on the device (`DeviceRows`) put together there; ``count``
     (`Store.count`) adds the bytes sent (``to_device``). On the CPU backend the put adopts an
-    aligned buffer without a copy (`jgrind.buffers`), as the step's dispatch would; elsewhere
+    aligned buffer without a copy (`jgrind.hostio.buffers`), as the step's dispatch would; elsewhere
     it is the transfer, made where `SweepIO` calls ``load`` and waited for there: a step
     dispatched on an input whose host-side staging is still running holds the dispatching
     thread until it ends (seen on an H200: 17-19 ms a step). ``pieces`` > 1 sends a large

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgrind import transfers
+from jgrind.hostio import transfers
 from jgrind.engine.build import Built
 from jgrind.engine.store import Table
 from jgrind.engine.sweeps import Sweeps

@@ -4,7 +4,7 @@ Every partition step allocates its large outputs anew: the layer's output rows i
 input gradient in backward. On the CPU backend XLA allocates them with ``malloc``, and glibc
 serves a buffer this large (above its mmap threshold, at most 32 MiB) from a fresh mapping and
 unmaps it on ``free``: every page of every step's output faults on its first write and is
-zeroed by the kernel (`jgrind.allocator`). The whole-graph step pays that once per epoch; the
+zeroed by the kernel (`jgrind.hostio.allocator`). The whole-graph step pays that once per epoch; the
 engine pays it for every partition of every sweep, although its steps run on a handful of
 padded shapes again and again.
 
@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgrind.buffers import aligned_empty
+from jgrind.hostio.buffers import aligned_empty
 
 # When the engine dispatches step i+1, step i-1's output has been stored and handed back (it
 # waits for that write before queuing another, `MAX_PENDING_WRITES`): kept for step i+1, a

@@ -12,7 +12,7 @@ mapped pages count towards the process's resident memory, and the whole point of
 keep activations out of RAM.
 
 Integrity: the file size and header are checked before every read (truncation, overwrites),
-and the file keeps in memory one checksum per row (`jgrind.checksum.row_checksums`: CRC32C,
+and the file keeps in memory one checksum per row (`jgrind.hostio.checksum.row_checksums`: CRC32C,
 4 bytes a row). Every write records the checksums of the rows it changed (a whole block, or
 the rows an addition added to or wrote back as zeros), and every read verifies the rows it
 returns that hold this epoch's values, as does an addition for the rows it adds to. So a file
@@ -33,9 +33,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from jgrind import _kernels
-from jgrind.checksum import row_checksums
+from jgrind.hostio.checksum import row_checksums
 from jgrind.plan.cost import COALESCE_BYTES, SPAN_PIECE_BYTES
-from jgrind.rows import add_rows, take_rows
+from jgrind.hostio.rows import add_rows, take_rows
 
 MAGIC = b"JGRINDST"
 VERSION = 1

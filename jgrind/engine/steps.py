@@ -58,7 +58,7 @@ import numpy as np
 from jgrind.loss import weighted_loss
 from jgrind.models.block import Block, make_block
 from jgrind.models.conv import aggregation_split, derivative_from_output, without_activation
-from jgrind.models.moved_dropout import (drop_output, output_rate, output_scale, split_key,
+from jgrind.executed.moved_dropout import (drop_output, output_rate, output_scale, split_key,
                                          unwrap)
 
 
@@ -87,7 +87,7 @@ def pack_mask(keep: jax.Array) -> jax.Array:
 
 def masked_cotangent(mask: jax.Array, g_out: jax.Array, scale: float = 1.0) -> jax.Array:
     """The pre-activation's cotangent from the output mask: ``g_out`` where the mask is set
-    (times ``scale``: the output dropout's ``1 / (1 - rate)``, `jgrind.models.moved_dropout`),
+    (times ``scale``: the output dropout's ``1 / (1 - rate)``, `jgrind.executed.moved_dropout`),
     else 0."""
     keep = jnp.unpackbits(mask, axis=1, count=g_out.shape[1]).astype(bool)
     kept = g_out if scale == 1.0 else g_out * jnp.asarray(scale, g_out.dtype)

@@ -30,8 +30,8 @@ from typing import Callable, Mapping, Optional
 import jax
 import numpy as np
 
-from jgrind import disk_space, transfers
-from jgrind.buffers import Recycler
+from jgrind.hostio import disk_space, transfers
+from jgrind.hostio.buffers import Recycler
 from jgrind.engine.cache import HostCache
 from jgrind.engine.host_arrays import HostArrays
 from jgrind.engine.routes import Layout, RouteCache
@@ -41,7 +41,7 @@ from jgrind.engine.tiers import (WHOLE_FILE, DeviceRows, DeviceTier, HostTier, R
                                  padded_buffer)
 from jgrind.engine.tiers.device import bucket_len, padded_rows as pad_index
 from jgrind.plan.fates import CODES, FATES, Fate
-from jgrind.rows import copy_rows
+from jgrind.hostio.rows import copy_rows
 
 __all__ = ["Accounts", "BudgetError", "DeviceRows", "Snapshot", "Store", "TIERS", "Table",
            "WHOLE_FILE", "leftover_runs", "make_run_dir"]
@@ -326,11 +326,11 @@ class Store:
       host_tables_bytes: the most host RAM the tables may hold, freed arrays kept for the next
         table included (`HostArrays`; the engine passes the plan's peak). 0 keeps none.
       input_buffer_bytes: the most host RAM kept for step inputs' buffers between uses (`buffers`,
-        a `jgrind.buffers.Recycler`). 0 keeps none.
+        a `jgrind.hostio.buffers.Recycler`). 0 keeps none.
       tiers: classes that serve some fates instead of `TIERS` (``row_reads`` serves SSD by
         `RowReadsSSDTier`).
       input_staging: page-locked buffers that reads and gathers fill instead
-        (`jgrind.transfers.PinnedStaging`), falling back to ``buffers``; None: ``buffers``.
+        (`jgrind.hostio.transfers.PinnedStaging`), falling back to ``buffers``; None: ``buffers``.
     """
 
     def __init__(self, block_rows: np.ndarray, directory: Optional[str | os.PathLike],

@@ -15,12 +15,12 @@ from typing import Callable, Optional
 import jax
 import numpy as np
 
-from jgrind import transfers
+from jgrind.hostio import transfers
 from jgrind.engine.build import Built, input_shape
 from jgrind.engine.steps import PaddedPartition
 from jgrind.engine.store import Snapshot, Table
 from jgrind.models.model import layer_key
-from jgrind.models.moved_dropout import step_key
+from jgrind.executed.moved_dropout import step_key
 from jgrind.plan.schedule import Variant
 
 # The step function each backward variant names, called alike: ``(steps, params, block, input,

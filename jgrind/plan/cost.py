@@ -39,8 +39,8 @@ import numpy as np
 from jgrind.models.conv import derivative_from_output
 from jgrind.models.gat import GATConv
 from jgrind.models.model import gcn
-from jgrind.models.moved_dropout import drops_input, unwrap
-from jgrind.models.split import as_executed
+from jgrind.executed.moved_dropout import drops_input, unwrap
+from jgrind.executed.split import as_executed
 from jgrind.partition import shape_groups
 from jgrind.plan.fates import ACTIVATION, AGGREGATION, CODES, FATES, GRADIENT, D, Fate, H, R, S
 from jgrind.plan.inventory import aggregation_widths, layer_widths
@@ -65,7 +65,7 @@ ELEMENTWISE_PASSES = 6.0          # bias, activation, dropout, residual, norm: b
 # rows, and this term dominates narrow layers (`tools/profile_ops.py` shows it: a 256 -> 8 top
 # step over 128 small partitions takes several times what its products alone cost).
 INPUT_PASSES = 2.0
-# The same for a layer whose dropout runs in the layer below (`jgrind.models.moved_dropout`):
+# The same for a layer whose dropout runs in the layer below (`jgrind.executed.moved_dropout`):
 # nothing drops or masks its input rows; the products read them (priced on their own) and the
 # backward writes and zero-pads their gradient.
 UNDROPPED_INPUT_PASSES = 1.0
@@ -197,7 +197,7 @@ class Workload:
     @classmethod
     def build(cls, pg, model, max_shapes: int = 3) -> "Workload":
         """From a `PartitionedGraph` (of the normalised graph) and a `GNN`, whose layers are
-        taken as the engine runs them (`jgrind.models.split.as_executed`)."""
+        taken as the engine runs them (`jgrind.executed.split.as_executed`)."""
         model = as_executed(model)[0]
         parts = pg.partitions
         P = len(parts)

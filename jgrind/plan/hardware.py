@@ -14,14 +14,14 @@ import platform
 import socket
 from typing import Any, Optional
 
-from jgrind import allocator, host_memory
-from jgrind.rows import threads as row_threads
+from jgrind.hostio import allocator, host_memory
+from jgrind.hostio.rows import threads as row_threads
 
 PROFILE_VERSION = 17  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
-#                      6: scatter-adds through `jgrind.rows` (take, add, store), not `x[i] += v`
-#                      7: host -> device from aligned buffers (`jgrind.buffers`), as the store
+#                      6: scatter-adds through `jgrind.hostio.rows` (take, add, store), not `x[i] += v`
+#                      7: host -> device from aligned buffers (`jgrind.hostio.buffers`), as the store
 #                         hands them over: adopted in place on the CPU backend
 #                      8: a whole-graph training step, which calibrates the fast path
 #                      9: the checksum rate (the SSD tier's CRC32 of every block); the
@@ -32,16 +32,16 @@ PROFILE_VERSION = 17  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                     12: page-cache rates in pieces of the SSD tier's size
 #                         (`jgrind.plan.cost.SPAN_PIECE_BYTES`) through one reused buffer,
 #                         writes over cached pages: as the SSD tier moves its spans
-#                     13: native row gathers and scatter-adds (`jgrind.rows`), timed at two
+#                     13: native row gathers and scatter-adds (`jgrind.hostio.rows`), timed at two
 #                         row widths for a per-row cost beside the per-byte rate; the step
 #                         latency of a call with as many arguments as a layer step has
 #                     14: dense products at the layers' precision (`jgrind.models.matmul`:
 #                         full float32 on every backend; a GPU's default was TF32)
-#                     15: the checksum is `jgrind.checksum` (CRC32C with the CPU's
+#                     15: the checksum is `jgrind.hostio.checksum` (CRC32C with the CPU's
 #                         instruction, ~3x zlib's CRC-32 on the test machine); row-span
 #                         calls timed in the native loops (`jgrind/_kernels/spans.cc`)
 #                     16: device -> host as the engine copies step outputs
-#                         (`jgrind.transfers`: through `pinned_host` memory off the CPU
+#                         (`jgrind.hostio.transfers`: through `pinned_host` memory off the CPU
 #                         backend); the link's own rates both ways, from and to
 #                         `pinned_host` memory, and JAX's copy into pageable memory
 #                     17: row-span calls check and record each row's checksum, as the SSD
@@ -92,11 +92,11 @@ class Profile:
     spmm_rate: float       # jitted `jgrind.sparse.spmm`, nonzeros * width per second
     step_latency: float    # seconds per dispatch + sync of a jitted call with a layer step's
     #                        number of array arguments
-    gather_bw: float       # host `jgrind.rows.take_rows` of sorted random rows into scattered
+    gather_bw: float       # host `jgrind.hostio.rows.take_rows` of sorted random rows into scattered
     #                        output rows (as the store places halo rows), bytes/s beyond the
     #                        per-row cost
     gather_row_seconds: float  # ... and seconds per row beyond the bytes (from two widths)
-    scatter_add_bw: float  # host `jgrind.rows.add_rows` of sorted random unique rows, bytes/s
+    scatter_add_bw: float  # host `jgrind.hostio.rows.add_rows` of sorted random unique rows, bytes/s
     scatter_add_row_seconds: float  # ... and seconds per row beyond the bytes
     copy_bw: float         # host `np.copyto` of a large array, bytes/s
     to_device_bw: float    # a fresh store buffer filled and handed to the device (`jax.device_put`),
@@ -106,7 +106,7 @@ class Profile:
     to_device_bytes: int       # the sizes the two rates were measured at
     to_device_small_bytes: int
     to_host_bw: float      # a step output read on the host as the engine does it
-    #                        (`jgrind.transfers`), bytes/s (a view on the CPU backend)
+    #                        (`jgrind.hostio.transfers`), bytes/s (a view on the CPU backend)
     link_to_device_bw: float  # a `pinned_host` array to the device: the link's rate, bytes/s
     link_to_host_bw: float    # a device array to `pinned_host` memory, bytes/s
     pageable_to_host_bw: float  # `np.asarray(device array)`: JAX's copy into pageable memory
@@ -121,7 +121,7 @@ class Profile:
     overlap: float         # latency-hiding factor in [0, 1]
     io_parallel: float     # share of a sweep's reads (prefetch thread) and writes (writer
     #                        thread) that run side by side, measured beside compute, in [0, 1]
-    checksum_bw: float     # `jgrind.checksum` of a large array, bytes/s (SSD blocks are checked)
+    checksum_bw: float     # `jgrind.hostio.checksum` of a large array, bytes/s (SSD blocks are checked)
     fused_steps: tuple     # [nodes, edges, seconds] of one jitted whole-graph training step
     #                        of the reference GCN (`jgrind.plan.cost.FUSED_REFERENCE`) on
     #                        generated graphs of two sizes, fastest of the repeats
@@ -299,10 +299,10 @@ def machine_fingerprint() -> dict:
         "backend": jax.default_backend(),
         "device_kind": jax.devices()[0].device_kind,
         # fresh buffers fault in 2 MiB pages instead of 4 KiB ones, or are not fresh at all:
-        # every transfer and step rate changes (jgrind.allocator)
+        # every transfer and step rate changes (jgrind.hostio.allocator)
         "huge_pages": allocator.HUGE_PAGES.active(),
         "heap_reuse": allocator.HEAP_REUSE.active(),
-        # the store's gathers and scatter-adds, split across threads (jgrind.rows)
+        # the store's gathers and scatter-adds, split across threads (jgrind.hostio.rows)
         "row_threads": row_threads(),
     }
 

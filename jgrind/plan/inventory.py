@@ -17,7 +17,7 @@ output, the logits, is never stored. ``H_0`` are the node features.
 from __future__ import annotations
 
 from jgrind.models.conv import aggregation_split
-from jgrind.models.split import as_executed
+from jgrind.executed.split import as_executed
 from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, TensorInfo
 
 
@@ -45,7 +45,7 @@ def aggregation_widths(model) -> dict:
 
 def build_inventory(model, pg, itemsize: int = 4) -> list[TensorInfo]:
     """All activation, gradient and aggregation blocks of one epoch of ``model`` on ``pg``,
-    its layers taken as the engine runs them (`jgrind.models.split.as_executed`)."""
+    its layers taken as the engine runs them (`jgrind.executed.split.as_executed`)."""
     model = as_executed(model)[0]
     num_layers = len(model.layers)
     widths = layer_widths(model, pg.graph.num_features)

@@ -34,16 +34,17 @@ import jax
 import numpy as np
 import optax
 
-from jgrind import _kernels, host_memory, transfers
-from jgrind.buffers import aligned_empty
-from jgrind.checksum import checksum, row_checksums
+from jgrind import _kernels
+from jgrind.hostio import host_memory, transfers
+from jgrind.hostio.buffers import aligned_empty
+from jgrind.hostio.checksum import checksum, row_checksums
 from jgrind.generators import csbm
 from jgrind.loss import node_weights, weighted_cross_entropy
 from jgrind.models.matmul import matmul  # the layers' products, at their precision
 from jgrind.models.model import gcn
 from jgrind.plan.cost import FUSED_REFERENCE, SPAN_PIECE_BYTES
 from jgrind.plan.hardware import PROFILE_VERSION, Profile, ProfileError, machine_fingerprint
-from jgrind.rows import add_rows, take_rows
+from jgrind.hostio.rows import add_rows, take_rows
 from jgrind.sparse import adjacency, spmm
 
 _MIB = 2**20
@@ -371,7 +372,7 @@ def _best_seconds(run: Callable[[], None], repeats: int) -> float:
 def _row_rates(sizes: _Sizes, rng: np.random.Generator):
     """``((gather_bw, gather_row_seconds), (scatter_add_bw, scatter_add_row_seconds))``: host
     row gathers and scatter-adds as the store does them for halo rows, with the store's own
-    `jgrind.rows` functions: random rows in ascending order, gathered into scattered rows of
+    `jgrind.hostio.rows` functions: random rows in ascending order, gathered into scattered rows of
     the output buffer. Timed at two row widths on tables of the same row count; a row then
     costs ``row_seconds + bytes / bw``. Narrow rows (a few classes wide) cost far more per
     byte than the bytes alone: each is a cache miss and a call of the copy loop."""
@@ -404,7 +405,7 @@ def _copy_bw(sizes: _Sizes) -> float:
 
 
 def _checksum_bw(sizes: _Sizes) -> float:
-    """`jgrind.checksum` bytes/s: the SSD tier checksums every whole block it writes and checks
+    """`jgrind.hostio.checksum` bytes/s: the SSD tier checksums every whole block it writes and checks
     it on every whole-block read (`jgrind.engine.ssd`)."""
     data = np.random.default_rng(0).integers(0, 255, sizes.transfer_bytes, np.uint8)
     return _best_rate(data.nbytes, lambda: checksum(data), sizes.repeats)
@@ -413,9 +414,9 @@ def _checksum_bw(sizes: _Sizes) -> float:
 def _transfer_bw(sizes: _Sizes) -> tuple[float, float, float]:
     """Host -> device (``device_put``) bytes/s of a large and of a small (partition-sized)
     array, and device -> host bytes/s as the engine reads a step output on the host
-    (`jgrind.transfers`)."""
+    (`jgrind.hostio.transfers`)."""
     # What a gather pays beyond copying its rows: a fresh buffer from the store
-    # (`jgrind.buffers`), filled (its pages fault on first write) and handed to the device,
+    # (`jgrind.hostio.buffers`), filled (its pages fault on first write) and handed to the device,
     # less the time to fill a buffer whose pages are already mapped (the row copies, which the
     # cost model prices at `copy_bw`). On the CPU backend XLA adopts the aligned buffer in
     # place, so the page faults are most of it; on a GPU the copy to the device is.
@@ -787,7 +788,7 @@ def _overlap(step: Callable, x, step_seconds: float, sizes: _Sizes,
     The engine moves data on background threads while a partition step runs. On this backend
     nearly all of it is CPU work: row gathers and scatter-adds, copies out of the page cache
     (the SSD tier reads through it), checksums. So the moving is measured as the store does it,
-    a row gather (`jgrind.rows.take_rows`) on a thread. Times a jitted matmul chain alone
+    a row gather (`jgrind.hostio.rows.take_rows`) on a thread. Times a jitted matmul chain alone
     (``t_c``), the gathers alone on a thread (``t_io``, about as long), and both at once
     (``t_both``, compute on this thread): ``clamp((t_c + t_io - t_both) / min(t_c, t_io),
     0, 1)``, median over repeats. 1 means the moving costs nothing while compute runs; 0 that

@@ -38,7 +38,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from jgrind import disk_space
+from jgrind.hostio import disk_space
 from jgrind.partition import partition_graph
 from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.budgets import UNLIMITED
@@ -425,7 +425,7 @@ def _quiet_stdout():
 
 def _recompute_sets(w: Workload, allow: bool):
     """The sets of activation layers to try recomputing. Not the output of a narrowing
-    node-wise layer (the transform of a split GCN layer, `jgrind.models.split`): it is smaller
+    node-wise layer (the transform of a split GCN layer, `jgrind.executed.split`): it is smaller
     than its input, which recomputing it needs, so dropping it saves little, and leaving it
     out halves the sets to solve (planning time, target 3 of the planner issue)."""
     hidden = [l for l in range(1, w.num_layers)

@@ -22,8 +22,8 @@ import pathlib
 import tempfile
 from typing import Callable, Optional
 
-from jgrind import host_memory
-from jgrind.caches import cache_root
+from jgrind.hostio import host_memory
+from jgrind.compile_cache import cache_root
 from jgrind.plan import measure as measuring
 from jgrind.plan.hardware import (PROFILE_VERSION, OlderProfileError, Profile, ProfileError,
                                   machine_fingerprint, why_stale)
@@ -155,7 +155,7 @@ def load_or_measure(path: str | os.PathLike | None = None,
 
 
 def with_current_free_memory(profile: Profile) -> Profile:
-    """``profile`` with the host RAM free *now* (`jgrind.host_memory`), not when it was
+    """``profile`` with the host RAM free *now* (`jgrind.hostio.host_memory`), not when it was
     measured: other processes, or a job's smaller memory limit, may have taken some since, and
     budgets default to half of it. On the CPU backend the device's free memory is that RAM."""
     free = host_memory.available()

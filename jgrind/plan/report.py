@@ -68,7 +68,7 @@ def format_plan(plan: Plan) -> str:
                      f"{row['why']}")
     w = plan.workload
     if w is not None:  # name the inputs of split GCN layers' propagation halves
-        from jgrind.models.split import Propagate
+        from jgrind.executed.split import Propagate
         split = [l for l, layer in enumerate(w.layers) if isinstance(layer, Propagate)]
         if split:
             lines.append("  (" + ", ".join(f"H_{l}" for l in split) + ": the narrow output "

@@ -15,7 +15,7 @@ import numpy as np
 from jgrind.engine.routes import TierRows
 from jgrind.engine.ssd import SSDFile
 from jgrind.engine.tiers.protocol import Shared, TierBlocks
-from jgrind.rows import take_rows
+from jgrind.hostio.rows import take_rows
 
 # the host-cache key (with the table's) of a table's whole SSD file (`SSDTier._whole_file`)
 WHOLE_FILE = "whole file"

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jgrind.buffers import aligned_zeros
+from jgrind.hostio.buffers import aligned_zeros
 from jgrind.engine.routes import TierRows
 from jgrind.engine.tiers.protocol import NOTHING_HELD, Shared, TierBlocks
 

@@ -1,6 +1,6 @@
 """The host tier, and the transient host array of a recomputed layer.
 
-Rows move by the native row loops (`jgrind.rows`): one pass per row, the GIL released.
+Rows move by the native row loops (`jgrind.hostio.rows`): one pass per row, the GIL released.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 
 from jgrind.engine.routes import TierRows
 from jgrind.engine.tiers.protocol import NOTHING_HELD, Shared, TierBlocks
-from jgrind.rows import add_rows, copy_rows, take_rows
+from jgrind.hostio.rows import add_rows, copy_rows, take_rows
 
 
 class HostTier:

@@ -8,7 +8,7 @@ from typing import Optional
 
 import numpy as np
 
-from jgrind import transfers
+from jgrind.hostio import transfers
 from jgrind.engine.routes import TierRows
 from jgrind.engine.ssd import SSDFile, StoreError
 from jgrind.engine.tiers.cached_ssd import SSDTier

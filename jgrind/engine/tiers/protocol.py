@@ -18,7 +18,7 @@ from typing import Callable, ContextManager, Optional, Protocol
 
 import numpy as np
 
-from jgrind.buffers import Recycler
+from jgrind.hostio.buffers import Recycler
 from jgrind.engine.cache import HostCache
 from jgrind.engine.host_arrays import HostArrays
 from jgrind.engine.routes import TierRows
@@ -34,8 +34,8 @@ class Shared:
         (`jgrind.engine.store.Accounts`); called from the I/O threads, so it locks.
       host_arrays: host RAM for tables, handed from a freed table to the next (`HostArrays`),
         which charges the host account itself.
-      buffers: the step inputs' buffers (`jgrind.buffers.Recycler`, or page-locked ones,
-        `jgrind.transfers.PinnedStaging`): what reads fill.
+      buffers: the step inputs' buffers (`jgrind.hostio.buffers.Recycler`, or page-locked ones,
+        `jgrind.hostio.transfers.PinnedStaging`): what reads fill.
       cache: the host cache in front of the SSD tier (capacity 0: off).
       run_dir: the run's private folder for files; None when the plan puts nothing on SSD.
       run_id: the run's 16-byte id, written into every file's header.

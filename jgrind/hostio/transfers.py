@@ -20,7 +20,7 @@ from typing import Optional
 import jax
 import numpy as np
 
-from jgrind import buffers
+from jgrind.hostio import buffers
 
 
 def pinned_host() -> Optional[jax.sharding.Sharding]:
@@ -64,12 +64,12 @@ class PinnedStaging:
     The NumPy view writes into memory a JAX array owns, which JAX otherwise treats as
     immutable. That is safe under two rules kept here: a buffer is filled again only once no
     view of it is referenced (the reference count of its flat view, as in
-    `jgrind.buffers.Recycler`), and its last transfer to the device has finished.
+    `jgrind.hostio.buffers.Recycler`), and its last transfer to the device has finished.
 
     Buffers are kept per (shape, dtype), at most ``per_shape`` each (a step input comes in a
     handful of padded shapes); a request beyond them gets ``fallback``'s memory (ordinary
     aligned memory by default), which `to_device` does not claim. It has the same `empty` as
-    `jgrind.buffers.Recycler`, so a store can take either as its buffers; with ``enabled``
+    `jgrind.hostio.buffers.Recycler`, so a store can take either as its buffers; with ``enabled``
     False every request goes to ``fallback``, so a switched-off pool changes nothing.
     """
 

@@ -10,7 +10,7 @@ Runs are told apart by their folder, ``jgrind-run-<pid>-<id>``, and the reservat
 process (its pid and start time, and the machine: `machine_id`), so a folder whose process is
 gone, or whose pid another process has taken since, promises nothing, and one of this
 machine's may be removed (`abandoned_here`). A run also holds its reservation file locked while
-it lives (`jgrind.owner_locks`), so a run in another container on this machine, whose pid
+it lives (`jgrind.hostio.owner_locks`), so a run in another container on this machine, whose pid
 means nothing here, still counts. A run on another machine sharing the disk cannot be seen
 from here (unless the file system carries its lock) and is not counted.
 """
@@ -24,7 +24,7 @@ import pathlib
 import shutil
 from typing import IO, Callable, Iterator, Optional
 
-from jgrind.owner_locks import held_by_another, lock
+from jgrind.hostio.owner_locks import held_by_another, lock
 
 RESERVATION = "reserved.json"  # in a run's folder: the SSD bytes its plan writes
 RUN_GLOB = "jgrind-run-*-*"

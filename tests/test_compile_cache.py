@@ -1,4 +1,4 @@
-"""jgrind's cache root and the persistent XLA compilation cache (`jgrind.caches`)."""
+"""jgrind's cache root and the persistent XLA compilation cache (`jgrind.compile_cache`)."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import textwrap
 import jax
 import pytest
 
-from jgrind import _kernels, caches
+from jgrind import _kernels, compile_cache
 
 # A new process trains two epochs out of core (host tier, 3 partitions: several padded
 # shapes of forward and backward steps, the sparse product in native code where it builds)
@@ -19,7 +19,7 @@ _TRAIN = textwrap.dedent("""
     import jax, optax
     from jax import monitoring
     import jgrind
-    from jgrind.caches import compilation_cache
+    from jgrind.compile_cache import compilation_cache
     from jgrind.generators import csbm
 
     hits = []
@@ -73,7 +73,7 @@ def test_a_second_process_loads_the_compiled_steps_and_trains_identically(tmp_pa
 def test_the_block_restores_jax_settings_and_an_unwritable_directory_only_warns(tmp_path):
     before = (jax.config.jax_compilation_cache_dir,
               jax.config.jax_persistent_cache_min_compile_time_secs)
-    with caches.compilation_cache(tmp_path / "xla", min_compile_seconds=0.25) as where:
+    with compile_cache.compilation_cache(tmp_path / "xla", min_compile_seconds=0.25) as where:
         assert where == tmp_path / "xla" and where.is_dir()
         assert jax.config.jax_compilation_cache_dir == str(where)
         assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.25
@@ -82,24 +82,24 @@ def test_the_block_restores_jax_settings_and_an_unwritable_directory_only_warns(
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     with pytest.warns(UserWarning, match="not writable"):
-        with caches.compilation_cache(blocker / "xla") as where:
+        with compile_cache.compilation_cache(blocker / "xla") as where:
             assert where is None
             assert jax.config.jax_compilation_cache_dir == before[0]
 
 
 def test_cache_root_follows_jgrind_cache_then_xdg(monkeypatch, tmp_path):
     monkeypatch.setenv("JGRIND_CACHE", str(tmp_path / "mine"))
-    assert caches.cache_root() == tmp_path / "mine"
+    assert compile_cache.cache_root() == tmp_path / "mine"
     monkeypatch.delenv("JGRIND_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert caches.cache_root() == tmp_path / "xdg" / "jgrind"
+    assert compile_cache.cache_root() == tmp_path / "xdg" / "jgrind"
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
-    per_cpu = caches.default_compilation_cache_dir()
+    per_cpu = compile_cache.default_compilation_cache_dir()
     assert per_cpu.parent == tmp_path / "xdg" / "jgrind" / "xla"
-    monkeypatch.setattr(caches, "cpu_identity", lambda: "another CPU")
-    assert caches.default_compilation_cache_dir() != per_cpu  # other ISA, other programs
+    monkeypatch.setattr(compile_cache, "cpu_identity", lambda: "another CPU")
+    assert compile_cache.default_compilation_cache_dir() != per_cpu  # other ISA, other programs
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax's"))
-    assert caches.default_compilation_cache_dir() == tmp_path / "jax's"
+    assert compile_cache.default_compilation_cache_dir() == tmp_path / "jax's"
     from jgrind._kernels import build
     from jgrind.plan import profile
     monkeypatch.delenv("JGRIND_PROFILE", raising=False)

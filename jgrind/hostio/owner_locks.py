@@ -1,7 +1,7 @@
 """Whether the process working in a folder is alive, where its pid cannot tell: an ``flock``.
 
 jgrind marks the folders it works in with its pid: a stored graph's hidden working folders
-(`jgrind.datasets.stored`) and the SSD store's run folders (`jgrind.disk_space`). After a
+(`jgrind.datasets.stored`) and the SSD store's run folders (`jgrind.hostio.disk_space`). After a
 crash, a folder whose process is gone may be recovered or its space counted free. But a
 process in another container that shares this machine's disk, and its host name, runs in
 another pid namespace: its pid means nothing here, so by its pid it looks gone while it is

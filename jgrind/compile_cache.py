@@ -70,7 +70,7 @@ def compilation_cache(directory: Optional[os.PathLike | str] = None,
     them instead of compiling again; yields the directory, or None when none can be used.
     JAX's settings are restored on exit, so the cache stays this block's business::
 
-        with jgrind.caches.compilation_cache():
+        with jgrind.compile_cache.compilation_cache():
             result = jgrind.train(key, graph, model, optimizer, policy=..., num_parts=16)
 
     Args:
@@ -86,7 +86,7 @@ def compilation_cache(directory: Optional[os.PathLike | str] = None,
 
     An unwritable directory leaves the cache off (and says so with a warning) rather than
     failing the run: the cache only saves time. A damaged entry (truncated, overwritten) is
-    the same: JAX warns and compiles that program again (`tests/test_caches.py`).
+    the same: JAX warns and compiles that program again (`tests/test_compile_cache.py`).
     """
     import jax
     from jax.experimental.compilation_cache import compilation_cache as jax_cache

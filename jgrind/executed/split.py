@@ -28,7 +28,7 @@ from jgrind.models.conv import LayerOptions, apply_wrapper
 from jgrind.models.gcn import GCNConv
 from jgrind.models.init import zeros
 from jgrind.models.linear import Linear
-from jgrind.models.moved_dropout import move_dropout
+from jgrind.executed.moved_dropout import move_dropout
 from jgrind.sparse import spmm
 
 
@@ -109,7 +109,7 @@ class Executed:
 
 def as_executed(model):
     """``model`` with its narrowing GCN layers split (see the module docstring) and its input
-    dropouts moved to the layers below (`jgrind.models.moved_dropout`), and the map between
+    dropouts moved to the layers below (`jgrind.executed.moved_dropout`), and the map between
     the two (`Executed`). Idempotent: the executed model splits and moves nothing further."""
     layers, origin, keys = [], [], []
     for i, layer in enumerate(model.layers):
@@ -125,7 +125,7 @@ def as_executed(model):
             layers.append(layer)
             origin.append(i)
             keys.append(None)
-    # then every movable input dropout runs in the layer below (jgrind.models.moved_dropout)
+    # then every movable input dropout runs in the layer below (jgrind.executed.moved_dropout)
     layers = move_dropout(layers)
     executed = Executed(tuple(layers), tuple(origin), tuple(keys))
     if executed.layers == tuple(model.layers):
