@@ -127,7 +127,7 @@ def test_input_buffers_are_kept_only_where_the_budget_holds_them():
     with OutOfCore(graph, model, optax.sgd(0.1), **kwargs) as ex:
         kept = ex.store.buffers.max_bytes
         assert kept > 0  # no budget
-        plan = ex.memory.device + ex._largest_output()
+        plan = ex.memory.device + ex.built.largest_output
     with OutOfCore(graph, model, optax.sgd(0.1), device_budget=plan, **kwargs) as ex:
         assert ex.store.buffers.max_bytes == 0
         ex.loss_and_grad(model.init(jax.random.key(0)), jax.random.key(0))

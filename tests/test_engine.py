@@ -245,7 +245,7 @@ def test_store_damaged_between_forward_and_backward(damage, tmp_path):
     model = models.gcn(graph.num_features, 8, graph.num_classes, num_layers=2)
     ex = OutOfCore(graph, model, optax.sgd(0.1), policy=policies.ssd_offload(tmp_path),
                    num_parts=3, host_budget=0, prefetch=False)
-    forward = ex._forward_layer
+    forward = ex.runner.sweeps.forward
 
     def forward_then_damage(params, layer, key, *variant):
         forward(params, layer, key, *variant)
@@ -259,7 +259,7 @@ def test_store_damaged_between_forward_and_backward(damage, tmp_path):
                 f.write(b"\x7f" * 16)
             else:
                 f.write(b"XXXXXXXX")
-    ex._forward_layer = forward_then_damage
+    ex.runner.sweeps.forward = forward_then_damage
     with pytest.raises(StoreCorruptedError, match="store file"):
         ex.loss_and_grad(model.init(jax.random.key(0)), None)
     ex.close()
@@ -726,16 +726,17 @@ def test_epoch_after_a_failed_epoch(policy, tmp_path):
     chosen = {"ssd": policies.ssd_offload, "naive": policies.naive}[policy](tmp_path)
     with OutOfCore(graph, model, optax.sgd(0.1), policy=chosen, num_parts=3,
                    partitioner=contiguous) as ex:
-        backward = ex._backward_layer
+        sweeps = ex.runner.sweeps
+        backward = sweeps.backward
 
         def fail_at_layer_1(params, l, *args):
             if l == 1:
                 raise RuntimeError("injected")
             return backward(params, l, *args)
-        ex._backward_layer = fail_at_layer_1
+        sweeps.backward = fail_at_layer_1
         with pytest.raises(RuntimeError, match="injected"):
             ex.loss_and_grad(params, None)
-        ex._backward_layer = backward
+        sweeps.backward = backward
         grads, loss = ex.loss_and_grad(params, None)
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
     assert_same_gradients(grads, ref_grads)

@@ -110,7 +110,7 @@ def test_the_engine_is_a_built_record_and_a_runner():
                    policy=policies.host_offload()) as ex:
         assert isinstance(ex.built, Built)
         assert ex.store is ex.built.store and ex.fates is ex.built.plan.fates
-        assert ex.schedule is ex.built.plan.schedule and ex.parts is ex.built.parts
+        assert ex.memory is ex.built.plan.memory and ex.parts is ex.built.parts
         expected = 1 if jax.default_backend() == "cpu" else GPU_STAGING_PIECES
         assert ex.staging_pieces == expected
         ex.staging_pieces = 3
@@ -136,13 +136,14 @@ def test_predictions_run_the_epochs_forward_sweeps():
                          ("recompute", policies.recompute_activations())):
         with OutOfCore(graph, model, None, num_parts=3, policy=policy) as ex:
             ran = []
-            forward = ex._forward_layer
+            forward = ex.runner.sweeps.forward
 
             def watched(params, l, key, variant, _ran=ran, _forward=forward):
                 _ran.append((l, key, variant))
                 return _forward(params, l, key, variant)
-            ex._forward_layer = watched
+            ex.runner.sweeps.forward = watched
             logits[name] = ex.predict(params)
-            assert [l for l, _, _ in ran] == [s.layer for s in forward_sweeps(ex.schedule)]
+            assert [l for l, _, _ in ran] == [
+                s.layer for s in forward_sweeps(ex.built.plan.schedule)]
             assert all(key is None and v is Variant.FORWARD for _, key, v in ran)
     np.testing.assert_allclose(logits["recompute"], logits["host"], rtol=1e-5, atol=1e-6)

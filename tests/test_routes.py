@@ -9,7 +9,8 @@ import pytest
 from jgrind import models
 from jgrind.engine import OutOfCore
 from jgrind.engine import routes as routes_module
-from jgrind.engine.routes import DEVICE, HOST, SSD, Layout, make_route
+from jgrind.engine.routes import DEVICE, SSD, Layout, make_route
+from jgrind.plan.fates import H as HOST
 from jgrind.plan import Fate
 
 from helpers import community_graph

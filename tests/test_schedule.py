@@ -134,22 +134,23 @@ def test_the_engine_runs_its_schedule(kind):
     graph = community_graph(num_nodes=200)
     model = models.gcn(graph.num_features, 16, graph.num_classes, num_layers=4)
     with OutOfCore(graph, model, optax.sgd(0.1), num_parts=3, policy=_policy(kind)) as ex:
-        ran = []
-        forward, backward = ex._forward_layer, ex._backward_layer
+        ran, sweeps = [], ex.runner.sweeps
+        forward, backward = sweeps.forward, sweeps.backward
 
         def forward_sweep(params, l, key, variant=Variant.FORWARD):
             ran.append((l, variant))
             return forward(params, l, key, variant)
 
-        def backward_sweep(params, l, *args):
-            ran.append((l, ex._backward_variants[l]))
-            return backward(params, l, *args)
-        ex._forward_layer, ex._backward_layer = forward_sweep, backward_sweep
+        def backward_sweep(params, l, variant, *args):
+            ran.append((l, variant))
+            return backward(params, l, variant, *args)
+        sweeps.forward, sweeps.backward = forward_sweep, backward_sweep
         ex.loss_and_grad(model.init(jax.random.key(0)), jax.random.key(1))
-    assert ran == [(s.layer, s.variant) for s in ex.schedule.sweeps]
-    variants = {s.variant for s in ex.schedule.sweeps}
+        schedule = ex.built.plan.schedule
+    assert ran == [(s.layer, s.variant) for s in schedule.sweeps]
+    variants = {s.variant for s in schedule.sweeps}
     assert (V.SAVED_BACKWARD in variants) == (kind in ("kept", "recompute-keep-z1"))
-    assert any(s.kind == RECOMPUTE for s in ex.schedule.sweeps) == kind.startswith("recompute")
+    assert any(s.kind == RECOMPUTE for s in schedule.sweeps) == kind.startswith("recompute")
 
 
 def test_kept_aggregations_are_saved_without_a_dropout_key():
@@ -162,7 +163,7 @@ def test_kept_aggregations_are_saved_without_a_dropout_key():
     loss, grads = InMemory(graph, model, optax.sgd(0.1)).loss_and_grad(params, None)
     with OutOfCore(graph, model, optax.sgd(0.1), num_parts=4,
                    policy=policies.host_offload(aggregations=Fate.HOST)) as ex:
-        assert ex.kept
+        assert ex.built.plan.kept
         out_grads, out_loss = ex.loss_and_grad(params, None)
     assert float(out_loss) == pytest.approx(float(loss), rel=1e-5)
     assert_same_gradients(out_grads, grads)

@@ -135,7 +135,7 @@ def test_spares_only_where_the_device_budget_holds_one_more_output():
     kwargs = dict(policy=policies.host_offload(), num_parts=4, partitioner=contiguous)
     with OutOfCore(graph, model, optax.sgd(0.1), **kwargs) as ex:
         assert ex.spares.enabled  # no budget
-        plan, spare = ex.memory.device, ex._largest_output()
+        plan, spare = ex.memory.device, ex.built.largest_output
     with OutOfCore(graph, model, optax.sgd(0.1), device_budget=plan, **kwargs) as ex:
         assert not ex.spares.enabled
         params = model.init(jax.random.key(0))

@@ -73,14 +73,14 @@ def _count_moves(ex):
     for table in ex.activations:
         wrap(table, "gather", "gather")
         wrap(table, "read", "read")
-    real_table = ex._gradient_table
+    real_table = ex.runner.gradient_table
 
     def gradient_table(layer):
         table = real_table(layer)
         wrap(table, "accumulate", "accumulate")
         wrap(table, "write", "write")
         return table
-    ex._gradient_table = gradient_table
+    ex.runner.gradient_table = gradient_table
     return calls
 
 

@@ -18,8 +18,8 @@ from typing import Optional
 
 import numpy as np
 
-# the tier codes of `jgrind.plan.fates`, by the names of their tiers
-from jgrind.plan.fates import D as DEVICE, H as HOST, R as RECOMPUTE, S as SSD  # noqa: F401
+# the tier codes of `jgrind.plan.fates` that hold rows, by the names of their tiers
+from jgrind.plan.fates import D as DEVICE, S as SSD
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """The cost model: predicted epoch time and memory per tier of a fate assignment.
 
-It mirrors what `jgrind.engine.OutOfCore` does in an epoch, sweep by sweep (see
-`jgrind.plan.inventory` for the sweep order), and prices every data movement and kernel with
-the rates of a measured `jgrind.plan.profile.Profile`:
+It prices the epoch `jgrind.engine.OutOfCore` runs, the assignment's
+`jgrind.plan.schedule.Schedule`, sweep by sweep, and every data movement and kernel with the
+rates of a measured `jgrind.plan.profile.Profile`. Each price is worked out per partition
+(`step_parts`, `gather_parts`, ...); a sweep's figure is their sum, and the prediction keeps
+the parts, in the schedule's order, for the plan's chart:
 
 * **compute** of a partition step: sparse products (``nnz * width / spmm_rate``), dense
   transforms (``2 m k n / matmul_flops``) and a fixed dispatch latency; a backward step reruns
@@ -399,6 +401,35 @@ def loss_row_bytes(labels: np.ndarray) -> int:
     return int(labels.shape[1]) * (labels.itemsize + 2 * ITEMSIZE)
 
 
+# -- seconds per partition -------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Priced:
+    """One operation's seconds over a sweep (a step, a gather, a write...), per partition.
+
+    ``terms``: ``[P]`` arrays, indexed by partition, whose sum is each partition's share;
+    ``once``: seconds spent once in the sweep (a layer's SSD file read whole into the host
+    cache), paid by the first partition in the engine's order among ``needs`` (``[P]``
+    bool)."""
+
+    terms: tuple
+    once: float = 0.0
+    needs: Optional[np.ndarray] = None
+
+    def total(self) -> float:
+        """The sweep's seconds, summed term by term (the figures the planner compares)."""
+        return float(sum(np.sum(t) for t in self.terms)) + self.once
+
+    def parts(self, order: Optional[Sequence[int]] = None) -> np.ndarray:
+        """``[P]`` seconds per partition, indexed by partition: they sum to `total` up to
+        rounding. ``order``: the partitions in the order they run (default: index order)."""
+        out = np.array(functools.reduce(np.add, self.terms), np.float64)
+        if self.once:
+            order = range(out.size) if order is None else order
+            payer = next((p for p in order if self.needs[p]), order[0])
+            out[payer] += self.once
+        return out
+
+
 # -- compute ---------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Products:
@@ -542,6 +573,19 @@ def step_seconds(w: Workload, profile, layer: int, kind: str,
     aggregation). Backward steps from an output mask skip `Products.masked`; ``masked``
     overrides `Workload.masked` (the layer above makes no masks when it keeps its own
     aggregation: it does not regather this layer's output)."""
+    return _step(w, profile, layer, kind, masked).total()
+
+
+def step_parts(w: Workload, profile, layer: int, kind: str,
+               masked: Optional[bool] = None) -> np.ndarray:
+    """``[P]`` compute seconds of every partition's step in a sweep of ``layer`` (indexed by
+    partition; `step_seconds` is their sum)."""
+    return _step(w, profile, layer, kind, masked).parts()
+
+
+def _step(w: Workload, profile, layer: int, kind: str,
+          masked: Optional[bool] = None) -> _Priced:
+    """`step_seconds`, per partition."""
     shape = (w.widths[layer], w.widths[layer + 1], w.pad_out, w.step_inputs(layer),
              w.pad_edges, profile)
     masked = w.masked(layer) if masked is None else masked and w.masked(layer)
@@ -557,7 +601,7 @@ def step_seconds(w: Workload, profile, layer: int, kind: str,
                              masked=masked and not top,
                              memory_passes=TOP_PASSES if top else None, input_passes=passes)
     active = w.owned > 0
-    return float(np.sum(np.where(active, t + profile.step_latency, 0.0)))
+    return _Priced((np.where(active, t + profile.step_latency, 0.0),))
 
 
 def backward_kind(w: Workload, layer: int, kept: bool) -> str:
@@ -640,13 +684,29 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
     ``fast=False`` prices device rows as in a mixed layer even when all are on the device.
     A node-wise layer reads only each partition's own block (`Workload.local`).
     """
+    return _gather(w, profile, layer, codes, cache, reread, fast).total()
+
+
+def gather_parts(w: Workload, profile, layer: int, codes: np.ndarray,
+                 cache: CacheModel = CacheModel(), reread: bool = False, fast: bool = True,
+                 order: Optional[Sequence[int]] = None) -> np.ndarray:
+    """``[P]`` seconds of every partition's gather of ``H_layer``, indexed by partition. A
+    layer's SSD file read whole into the host cache is charged to the first partition in
+    ``order`` (the engine's, default index order) that reads rows from it."""
+    return _gather(w, profile, layer, codes, cache, reread, fast).parts(order)
+
+
+def _gather(w: Workload, profile, layer: int, codes: np.ndarray,
+            cache: CacheModel = CacheModel(), reread: bool = False,
+            fast: bool = True) -> _Priced:
+    """`gather_seconds`, per partition."""
     if w.local(layer):  # recomputed blocks are read as host ones; SSD blocks are checked
-        return read_block_seconds(w, profile, layer, np.where(codes == R, H, codes), cache,
-                                  verified=True)
+        return _read_block(w, profile, layer, np.where(codes == R, H, codes), cache,
+                           verified=True)
     row = w.widths[layer] * ITEMSIZE
     active = w.owned > 0
     if fast and np.all(codes == D):  # one device-side take per partition
-        return float(np.sum(np.where(active, w.pad_in * row / profile.gather_bw, 0.0)))
+        return _Priced((np.where(active, w.pad_in * row / profile.gather_bw, 0.0),))
     own = w.owned * row
     seconds = np.where(active, to_device_seconds(w.pad_in * row, profile)  # the buffer
                        + (w.pad_in - w.inputs) * row / profile.copy_bw, 0.0)  # padding zeroed
@@ -692,13 +752,29 @@ def gather_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
                 calls = w.ssd_calls[w.widths[layer]] @ in_ssd
                 span = w.ssd_rows[w.widths[layer]] @ in_ssd * row
                 seconds += _ssd_read(span, calls, profile) + halo_bytes / profile.gather_bw
-    return float(seconds.sum()) + whole_read
+    if not whole_file:
+        return _Priced((seconds,))
+    # every partition that reads rows of the file could be the one that loads it
+    readers = active & ((codes == S) | (w.halo @ (codes == S).astype(np.int64) > 0))
+    return _Priced((seconds,), whole_read, readers)
 
 
 def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
                   width: Optional[int] = None) -> float:
     """Seconds to store every partition's output rows as its block of ``H_layer`` (or of a
     tensor ``width`` wide, e.g. ``Z_layer``)."""
+    return _write(w, profile, layer, codes, width).total()
+
+
+def write_parts(w: Workload, profile, layer: int, codes: np.ndarray,
+                width: Optional[int] = None) -> np.ndarray:
+    """``[P]`` seconds of every partition's write of its block, indexed by partition
+    (`write_seconds` is their sum)."""
+    return _write(w, profile, layer, codes, width).parts()
+
+
+def _write(w: Workload, profile, layer: int, codes: np.ndarray,
+           width: Optional[int] = None) -> _Priced:
     width = w.widths[layer] if width is None else width
     nbytes = np.where(w.owned > 0, w.owned * width * ITEMSIZE, 0)
     per_tier = {D: nbytes / profile.gather_bw + profile.step_latency,
@@ -706,7 +782,7 @@ def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
                 R: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
                 S: nbytes / profile.to_host_bw + nbytes / profile.ssd_write_bw
                 + nbytes / profile.checksum_bw + profile.ssd_latency}  # + its checksum
-    return float(sum(np.sum(np.where(codes == c, t, 0.0)) for c, t in per_tier.items()))
+    return _Priced(tuple(np.where(codes == c, t, 0.0) for c, t in per_tier.items()))
 
 
 def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
@@ -716,6 +792,20 @@ def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
     wide, e.g. ``Z_layer``), padded, onto the device. ``verified``: SSD blocks are checked
     against their checksums (blocks written whole are; gradient blocks, updated row by row, are
     not)."""
+    return _read_block(w, profile, layer, codes, cache, width, verified).total()
+
+
+def read_block_parts(w: Workload, profile, layer: int, codes: np.ndarray,
+                     cache: CacheModel = CacheModel(), width: Optional[int] = None,
+                     verified: bool = False) -> np.ndarray:
+    """``[P]`` seconds of every partition's block read, indexed by partition
+    (`read_block_seconds` is their sum)."""
+    return _read_block(w, profile, layer, codes, cache, width, verified).parts()
+
+
+def _read_block(w: Workload, profile, layer: int, codes: np.ndarray,
+                cache: CacheModel = CacheModel(), width: Optional[int] = None,
+                verified: bool = False) -> _Priced:
     row = (w.widths[layer] if width is None else width) * ITEMSIZE
     own = np.where(w.owned > 0, w.owned * row, 0)
     pad = np.where(w.owned > 0, w.pad_out * row, 0)
@@ -726,7 +816,7 @@ def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
     per_tier = {D: pad / profile.gather_bw + profile.step_latency,
                 H: own / profile.copy_bw + onto_device,
                 S: ssd + onto_device}
-    return float(sum(np.sum(np.where(codes == c, t, 0.0)) for c, t in per_tier.items()))
+    return _Priced(tuple(np.where(codes == c, t, 0.0) for c, t in per_tier.items()))
 
 
 def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
@@ -734,12 +824,24 @@ def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
     """Seconds to scatter-add every partition's input gradient (own + halo rows) into
     ``G_layer``: a read-modify-write of rows in the tier of each row's owner block. A
     node-wise layer's input gradient has no halo rows: it is written as the block."""
+    return _accumulate(w, profile, layer, codes, fast).total()
+
+
+def accumulate_parts(w: Workload, profile, layer: int, codes: np.ndarray,
+                     fast: bool = True) -> np.ndarray:
+    """``[P]`` seconds of every partition's scatter-add into ``G_layer``, indexed by
+    partition (`accumulate_seconds` is their sum)."""
+    return _accumulate(w, profile, layer, codes, fast).parts()
+
+
+def _accumulate(w: Workload, profile, layer: int, codes: np.ndarray,
+                fast: bool = True) -> _Priced:
     if w.local(layer):
-        return write_seconds(w, profile, layer, codes)
+        return _write(w, profile, layer, codes)
     row = w.widths[layer] * ITEMSIZE
     active = w.owned > 0
     if fast and np.all(codes == D):
-        return float(np.sum(np.where(active, 2 * w.pad_in * row / profile.gather_bw, 0.0)))
+        return _Priced((np.where(active, 2 * w.pad_in * row / profile.gather_bw, 0.0),))
     seconds = np.where(active, w.inputs * row / profile.to_host_bw, 0.0)
     for code in (D, H, S):
         mine = (codes == code).astype(np.int64)
@@ -765,13 +867,15 @@ def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
     # priced as read and written, which overestimates the reads: on the 1M-node graph the
     # scatter-adds read back 1.65 GiB per epoch, not 1.88 (docs/results-history.md, section 4,
     # "Rows, not blocks, go current"). Which spans go unread depends on the partitions' order.
-    return float(seconds.sum())
+    return _Priced((seconds,))
 
 
 # -- an epoch, sweep by sweep ----------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Sweep:
-    """One pass over all partitions: its compute and I/O seconds and what it moves."""
+    """One pass over all partitions: its compute and I/O seconds and what it moves, in total
+    and per partition. The ``part_*`` arrays follow ``partitions``, the order the schedule
+    runs them in; each sums to its total up to rounding."""
 
     label: str              # "forward 0", "recompute 1", "backward 2", ...
     layer: int
@@ -779,8 +883,11 @@ class Sweep:
     compute: float
     reads: float            # gathers and block reads: the engine's prefetch thread
     writes: float           # writes and scatter-adds: its writer thread
-    io_by_tier: tuple       # ((tier name, seconds), ...) for the schedule chart
     moves: tuple            # human-readable: ("reload H_1 from ssd", "offload H_2 to host")
+    partitions: tuple = ()  # partition ids in the order the sweep runs them
+    part_compute: np.ndarray = dataclasses.field(default=None, compare=False)  # [P]
+    part_reads: np.ndarray = dataclasses.field(default=None, compare=False)    # [P]
+    part_writes: np.ndarray = dataclasses.field(default=None, compare=False)   # [P]
 
     def io_seconds(self, parallel: float) -> float:
         """The sweep's I/O time: reads and writes run on two threads, so ``parallel`` (the
@@ -965,20 +1072,33 @@ class Prediction:
         return sum(self.sweep_seconds(s) for s in self.sweeps) + self.update_seconds
 
     def schedule(self) -> list[dict]:
-        """Start and end of every sweep's compute and I/O lanes, in seconds from the epoch's
-        start: I/O runs beside the compute it overlaps; the part it cannot hide runs after."""
+        """The epoch as Gantt rows, partition by partition: for every sweep, one row per
+        partition in each lane it uses ("compute", "reads", "writes"), in the schedule's order,
+        and one "epoch" row spanning the sweep. A row has ``sweep`` (the sweep's index),
+        ``label``, ``lane``, ``partition`` (None for "epoch"), ``start`` and ``end`` (seconds
+        from the epoch's start) and ``what`` (the sweep's kind).
+
+        The model prices a sweep from its totals (`Sweep.seconds`), so the rows place each
+        lane's partitions end to end within the sweep's predicted span: reads start with the
+        sweep, writes end with it, and compute starts once the reads' share of the I/O it does
+        not hide (span less compute, shared between reads and writes in proportion) is over."""
         rows, t = [], 0.0
-        for s in self.sweeps:
+        for i, s in enumerate(self.sweeps):
             span = self.sweep_seconds(s)
-            rows.append({"sweep": s.label, "lane": "compute", "start": t, "end": t + s.compute,
-                         "what": s.kind})
-            lane_t = t
-            for tier, sec in s.io_by_tier:
-                if sec > 0:
-                    rows.append({"sweep": s.label, "lane": f"{tier} I/O", "start": lane_t,
-                                 "end": lane_t + sec, "what": "; ".join(s.moves)})
-            rows.append({"sweep": s.label, "lane": "epoch", "start": t, "end": t + span,
-                         "what": s.label})
+            io = s.reads + s.writes
+            lead = max(span - s.compute, 0.0) * s.reads / io if io > 0 else 0.0
+            lanes = (("compute", s.part_compute, t + lead), ("reads", s.part_reads, t),
+                     ("writes", s.part_writes, t + span - float(np.sum(s.part_writes))))
+            for lane, seconds, start in lanes:
+                if lane == "writes" and s.writes == 0:
+                    continue  # the sweep stores nothing (the bottom layer's backward)
+                ends = start + np.cumsum(seconds)
+                starts = np.concatenate(([start], ends[:-1]))
+                rows += [{"sweep": i, "label": s.label, "lane": lane, "partition": p,
+                          "start": float(a), "end": float(b), "what": s.kind}
+                         for p, a, b in zip(s.partitions, starts, ends)]
+            rows.append({"sweep": i, "label": s.label, "lane": "epoch", "partition": None,
+                         "start": t, "end": t + span, "what": s.kind})
             t += span
         return rows
 
@@ -1026,73 +1146,89 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
             num_params: int = 0) -> Prediction:
     """Predicted epoch of assignment ``a`` on workload ``w`` with a host cache of
     ``cache_capacity`` bytes in front of the SSD tier."""
-    L = w.num_layers
     mem = memory(w, a)
     cache = cache_model(w, a, cache_capacity, mem)
     mem = dataclasses.replace(mem, host_cache=min(cache.capacity, mem.cacheable))
     profile = with_page_cache(profile, page_cached(profile, mem))
-    sweeps = []
-    tier_name = {D: "device", H: "host", S: "ssd", R: "host"}
-
-    def where(codes):
-        names = sorted({tier_name[int(c)] if c != R else "recompute" for c in codes})
-        return "+".join(names)
-
+    schedule = schedule_of(w, a)
     read_once: set = set()  # activation layers read since written (cache hits afterwards)
-    kept = a.kept
-    for sweep in schedule_of(w, a).sweeps:
-        kind, l = sweep.kind, sweep.layer
-        acts_in = a.activations[l]
-        io = {"host": 0.0, "ssd": 0.0}
-        direction = {"reads": 0.0, "writes": 0.0}
-        moves = []
-
-        def charge(seconds, codes, writes=False):
-            share_ssd = float(np.mean(codes == S)) if len(codes) else 0.0
-            io["ssd"] += seconds * share_ssd
-            io["host"] += seconds * (1.0 - share_ssd)
-            direction["writes" if writes else "reads"] += seconds
-
-        if kind == "backward" and l in kept:  # reads Z_l instead of regathering H_l
-            z = a.aggregations[l]
-            charge(read_block_seconds(w, profile, l, z, cache, w.aggregated[l], verified=True), z)
-            moves.append(f"reload Z_{l} from {where(z)}")
-        else:
-            reread = l in read_once
-            charge(gather_seconds(w, profile, l, acts_in, cache, reread), acts_in)
-            read_once.add(l)
-            moves.append(f"gather H_{l} from {where(acts_in)}")
-        if kind in ("forward", "recompute"):
-            out = a.activations[l + 1]
-            charge(write_seconds(w, profile, l + 1, out), out, writes=True)
-            read_once.discard(l + 1)
-            moves.append(f"{'recompute' if kind == 'recompute' else 'offload'} H_{l + 1} "
-                         f"to {where(out)}")
-            if kind == "forward" and l in kept:
-                z = a.aggregations[l]
-                charge(write_seconds(w, profile, l, z, w.aggregated[l]), z, writes=True)
-                moves.append(f"offload Z_{l} to {where(z)}")
-            compute = step_seconds(w, profile, l, "forward")
-        else:
-            if l < L - 1:
-                g_up = a.gradients[l + 1]
-                # G_{l+1} blocks written whole (by a node-wise layer) carry a checksum
-                charge(read_block_seconds(w, profile, l + 1, g_up, cache,
-                                          verified=w.local(l + 1)), g_up)
-                moves.append(f"reload G_{l + 1} from {where(g_up)}")
-            if l >= 1:
-                g = a.gradients[l]
-                charge(accumulate_seconds(w, profile, l, g), g, writes=True)
-                moves.append(f"accumulate G_{l} in {where(g)}")
-            # the layer above makes this layer's output masks only if it regathers
-            compute = step_seconds(w, profile, l, backward_kind(w, l, l in kept),
-                                   masked=l + 1 not in kept)
-        sweeps.append(Sweep(label=f"{kind} {l}", layer=l, kind=kind, compute=compute,
-                            io_by_tier=tuple(sorted(io.items())), moves=tuple(moves),
-                            **direction))
+    sweeps = tuple(_price_sweep(w, a, profile, cache, sweep, order, read_once)
+                   for sweep, order in zip(schedule.sweeps,
+                                           partition_orders(schedule, w.num_parts)))
     update = 3.0 * num_params * ITEMSIZE * 4 / profile.copy_bw
-    return Prediction(tuple(sweeps), float(profile.overlap), mem, update,
-                      float(profile.io_parallel))
+    return Prediction(sweeps, float(profile.overlap), mem, update, float(profile.io_parallel))
+
+
+@functools.lru_cache(maxsize=64)
+def partition_orders(schedule: Schedule, num_parts: int) -> tuple:
+    """For every sweep of ``schedule``, its partitions in the order it runs them (`Schedule.steps`
+    over the engine's partitions, which it takes in index order): read-only int arrays."""
+    orders = [[] for _ in schedule.sweeps]
+    for step in schedule.steps(range(num_parts)):
+        orders[step.sweep].append(step.partition)
+    out = tuple(np.array(order, np.int64) for order in orders)
+    for order in out:
+        order.setflags(write=False)
+    return out
+
+
+def _tiers_named(codes: np.ndarray) -> str:
+    """The tiers of blocks ``codes``, as the moves name them: ``"device+ssd"``."""
+    names = {D: "device", H: "host", S: "ssd", R: "recompute"}
+    return "+".join(sorted({names[int(c)] for c in codes}))
+
+
+def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
+                 order: np.ndarray, read_once: set) -> Sweep:
+    """One sweep of the schedule (a `jgrind.plan.schedule.Sweep`), priced in total and per
+    partition. ``order``: its partitions in the order it runs them; ``read_once``: the
+    activation layers read since they were written, updated here."""
+    kind, l = sweep.kind, sweep.layer
+    totals = {"reads": 0.0, "writes": 0.0}
+    parts = {"reads": np.zeros(w.num_parts), "writes": np.zeros(w.num_parts)}
+    moves = []
+
+    def charge(priced: _Priced, side: str, move: str) -> None:
+        totals[side] += priced.total()
+        parts[side] += priced.parts(order)
+        moves.append(move)
+
+    if kind == "backward" and l in a.kept:  # reads Z_l instead of regathering H_l
+        z = a.aggregations[l]
+        charge(_read_block(w, profile, l, z, cache, w.aggregated[l], verified=True), "reads",
+               f"reload Z_{l} from {_tiers_named(z)}")
+    else:
+        acts_in = a.activations[l]
+        charge(_gather(w, profile, l, acts_in, cache, reread=l in read_once), "reads",
+               f"gather H_{l} from {_tiers_named(acts_in)}")
+        read_once.add(l)
+    if kind in ("forward", "recompute"):
+        out = a.activations[l + 1]
+        charge(_write(w, profile, l + 1, out), "writes",
+               f"{'recompute' if kind == 'recompute' else 'offload'} H_{l + 1} "
+               f"to {_tiers_named(out)}")
+        read_once.discard(l + 1)
+        if kind == "forward" and l in a.kept:
+            z = a.aggregations[l]
+            charge(_write(w, profile, l, z, w.aggregated[l]), "writes",
+                   f"offload Z_{l} to {_tiers_named(z)}")
+        step = _step(w, profile, l, "forward")
+    else:
+        if l < w.num_layers - 1:
+            g_up = a.gradients[l + 1]
+            # G_{l+1} blocks written whole (by a node-wise layer) carry a checksum
+            charge(_read_block(w, profile, l + 1, g_up, cache, verified=w.local(l + 1)),
+                   "reads", f"reload G_{l + 1} from {_tiers_named(g_up)}")
+        if l >= 1:
+            g = a.gradients[l]
+            charge(_accumulate(w, profile, l, g), "writes",
+                   f"accumulate G_{l} in {_tiers_named(g)}")
+        # the layer above makes this layer's output masks only if it regathers
+        step = _step(w, profile, l, backward_kind(w, l, l in a.kept), masked=l + 1 not in a.kept)
+    return Sweep(label=f"{kind} {l}", layer=l, kind=kind, compute=step.total(),
+                 moves=tuple(moves), partitions=tuple(int(p) for p in order),
+                 part_compute=step.parts()[order], part_reads=parts["reads"][order],
+                 part_writes=parts["writes"][order], **totals)
 
 
 # The whole-graph training steps `jgrind profile` times (`Profile.fused_steps`): a GCN with

@@ -205,203 +205,261 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
     enters through ``u_l >= gather - M k_l`` (``u_l`` is the gather when ``k_l = 0``, 0 when
     1). The sweep's compute is linear in ``k_l`` and, where the layer below uses output masks
     (made only by a layer that regathers), in ``k_{l+1}`` and their product ``q_l``."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    L, P = w.num_layers, w.num_parts
-    groups = [(ACTIVATION, l) for l in range(L) if l not in recomputed] + \
-             [(GRADIENT, l) for l in range(1, L)]
-    gi = {g: i for i, g in enumerate(groups)}
-    order = epoch_schedule(L, recomputed=recomputed).order()
-    kept_layers = sorted(w.aggregated) if keep else []
-    n_x = 4 * len(groups)
-    zi = {l: n_x + 5 * i for i, l in enumerate(kept_layers)}  # y_D, y_H, y_S, k, u
-    n_y = n_x + 5 * len(kept_layers)
-    pairs = [l for l in kept_layers if l + 1 in zi and w.masked(l)]
-    qi = {l: n_y + i for i, l in enumerate(pairs)}
-    t0 = n_y + len(pairs)
-    m_dev, m_host = t0 + len(order), t0 + len(order) + 1
-    n = m_host + 1
-    eta = float(profile.overlap)
-    par = float(profile.io_parallel)
+    program = _Program(w, profile, coef, recomputed, keep)
+    program.one_tier_per_block()
+    program.sweep_times()
+    program.memory(device_room, host_room, ssd, ssd_room)
+    counts = program.solve(ssd)
+    return None if counts is None else program.assignment(counts)
 
-    def x(g, code):
-        return 4 * gi[g] + code
 
-    def z(g):
-        return 4 * gi[g] + 3
+def _addto(d: dict, key: int, v: float) -> None:
+    d[key] = d.get(key, 0.0) + v
 
-    def y(l, code):
-        return zi[l] + code
 
-    def k(l):
-        return zi[l] + 3
+class _Program:
+    """The mixed-integer program of `_solve`: its variables, its constraint rows in the order
+    they are added, its bounds, and the assignment read from a solution.
 
-    def u(l):
-        return zi[l] + 4
+    Variables, in order: for each stored tensor group ``g``, its blocks per tier ``x[g, D/H/S]``
+    and the fast-path binary ``z[g]`` (every block on the device); for each layer whose
+    aggregation may be kept, ``Z_l``'s blocks per tier ``y[l, D/H/S]``, the keep binary
+    ``k[l]`` and the gather ``u[l]`` paid when not kept; ``q[l] = k[l] k[l+1]`` where a
+    sweep's compute needs that product; one epigraph ``T[s]`` per sweep (the objective is
+    their sum); the device and host peaks ``m_dev``, ``m_host``."""
 
-    rows, lo, hi = [], [], []
+    def __init__(self, w: Workload, profile, coef: _Coefficients, recomputed: frozenset,
+                 keep: bool):
+        L = w.num_layers
+        self.w, self.profile, self.coef, self.P = w, profile, coef, w.num_parts
+        self.groups = [(ACTIVATION, l) for l in range(L) if l not in recomputed] + \
+                      [(GRADIENT, l) for l in range(1, L)]
+        self.gi = {g: i for i, g in enumerate(self.groups)}
+        self.order = epoch_schedule(L, recomputed=recomputed).order()
+        self.kept_layers = sorted(w.aggregated) if keep else []
+        self.n_x = 4 * len(self.groups)
+        # y_D, y_H, y_S, k, u of each kept layer
+        self.zi = {l: self.n_x + 5 * i for i, l in enumerate(self.kept_layers)}
+        self.n_y = self.n_x + 5 * len(self.kept_layers)
+        pairs = [l for l in self.kept_layers if l + 1 in self.zi and w.masked(l)]
+        self.qi = {l: self.n_y + i for i, l in enumerate(pairs)}
+        self.t0 = self.n_y + len(pairs)
+        self.m_dev, self.m_host = self.t0 + len(self.order), self.t0 + len(self.order) + 1
+        self.n = self.m_host + 1
+        self.eta = float(profile.overlap)
+        self.par = float(profile.io_parallel)
+        self.rows, self.lo, self.hi = [], [], []
 
-    def add(entries: dict, lower: float, upper: float) -> None:
-        row = np.zeros(n)
+    # the variables' indices
+    def x(self, g, code):
+        return 4 * self.gi[g] + code
+
+    def z(self, g):
+        return 4 * self.gi[g] + 3
+
+    def y(self, l, code):
+        return self.zi[l] + code
+
+    def k(self, l):
+        return self.zi[l] + 3
+
+    def u(self, l):
+        return self.zi[l] + 4
+
+    def add(self, entries: dict, lower: float, upper: float) -> None:
+        """One constraint row: ``lower <= sum(v * var[key]) <= upper``."""
+        row = np.zeros(self.n)
         for key, v in entries.items():
             row[key] += v
-        rows.append(row)
-        lo.append(lower)
-        hi.append(upper)
+        self.rows.append(row)
+        self.lo.append(lower)
+        self.hi.append(upper)
 
-    # every block has exactly one tier; the fast path needs every block on the device
-    for g in groups:
-        add({x(g, D): 1, x(g, H): 1, x(g, S): 1}, P, P)
-        add({z(g): P, x(g, D): -1}, -np.inf, 0)
-    for l in kept_layers:  # a kept aggregation: all P blocks, or none
-        add({y(l, D): 1, y(l, H): 1, y(l, S): 1, k(l): -P}, 0, 0)
-    for l, q in qi.items():  # q = k_l * k_{l+1}
-        add({q: 1, k(l): -1, k(l + 1): -1}, -1, np.inf)
-        add({q: 1, k(l): -1}, -np.inf, 0)
-        add({q: 1, k(l + 1): -1}, -np.inf, 0)
+    def one_tier_per_block(self) -> None:
+        """Every block has exactly one tier; the fast path needs every block on the device; a
+        kept aggregation keeps all P blocks or none; ``q`` is the product it stands for."""
+        x, z, y, k, P = self.x, self.z, self.y, self.k, self.P
+        for g in self.groups:
+            self.add({x(g, D): 1, x(g, H): 1, x(g, S): 1}, P, P)
+            self.add({z(g): P, x(g, D): -1}, -np.inf, 0)
+        for l in self.kept_layers:
+            self.add({y(l, D): 1, y(l, H): 1, y(l, S): 1, k(l): -P}, 0, 0)
+        for l, q in self.qi.items():  # q = k_l * k_{l+1}
+            self.add({q: 1, k(l): -1, k(l + 1): -1}, -1, np.inf)
+            self.add({q: 1, k(l): -1}, -np.inf, 0)
+            self.add({q: 1, k(l + 1): -1}, -np.inf, 0)
 
-    def addto(d: dict, key: int, v: float) -> None:
-        d[key] = d.get(key, 0.0) + v
+    def sweep_times(self) -> None:
+        """Each sweep's epigraph ``T_s`` bounded below by the sweep's time."""
+        for s, (kind, l) in enumerate(self.order):
+            reads, writes, read_const, write_const = self._sweep_io(kind, l)
+            c, c_lin = self._sweep_compute(kind, l)
+            self._epigraph(s, (reads, read_const), (writes, write_const), c, c_lin)
 
-    # sweep epigraphs: T_s >= c + (1-eta) io and T_s >= io + (1-eta) c, where the sweep's I/O
-    # io = r + w - par min(r, w) = max(r + (1-par) w, w + (1-par) r) for its reads r and its
-    # writes w: four linear constraints, as T grows with io
-    for s, (kind, l) in enumerate(order):
-        reads, writes = {}, {}
-        const = {"reads": 0.0, "writes": 0.0}
-        c_lin, c = {}, 0.0
-
-        def term(op, group, layer, fast=False, into=None):
-            side = "writes" if op in ("write", "accumulate") else "reads"
-            target = (writes if side == "writes" else reads) if into is None else into[0]
-            if group not in gi:  # a recomputed activation layer: a host transient
-                if into is None:
-                    const[side] += coef(op, layer, R)
-                else:
-                    into[1][0] += coef(op, layer, R)
-                return
-            for code in (D, H, S):
-                addto(target, x(group, code), coef(op, layer, code) / P)
-            if fast:
-                addto(target, z(group), coef(op, layer, D, True) - coef(op, layer, D))
-
-        if kind == "backward" and l in zi:
-            # gather H_l only if Z_l is not kept: u_l >= gather - M k_l
-            gather, gconst = {}, [0.0]
-            term("gather", (ACTIVATION, l), l, fast=True, into=(gather, gconst))
-            big = gconst[0] + max(coef("gather", l, code) for code in (D, H, S, R)) + 1.0
-            add({u(l): 1, **{key: -v for key, v in gather.items()}, k(l): big},
-                gconst[0], np.inf)
-            reads[u(l)] = 1.0
-            for code in (D, H, S):
-                addto(reads, y(l, code), coef("read Z", l, code) / P)
+    def _sweep_io(self, kind: str, l: int):
+        """The sweep's reads and writes, each as ``{variable: seconds}`` and the constant
+        seconds of recomputed layers (host transients)."""
+        reads, writes, read_const, write_const = {}, {}, 0.0, 0.0
+        if kind == "backward" and l in self.zi:
+            self._gather_unless_kept(l, reads)
         else:
-            term("gather", (ACTIVATION, l), l, fast=True)
+            read_const += self._term("gather", (ACTIVATION, l), l, reads, fast=True)
         if kind in ("forward", "recompute"):
-            term("write", (ACTIVATION, l + 1), l + 1)
-            if kind == "forward" and l in zi:
+            write_const += self._term("write", (ACTIVATION, l + 1), l + 1, writes)
+            if kind == "forward" and l in self.zi:
                 for code in (D, H, S):
-                    addto(writes, y(l, code), coef("write Z", l, code) / P)
-            c = step_seconds(w, profile, l, "forward")
+                    _addto(writes, self.y(l, code), self.coef("write Z", l, code) / self.P)
         else:
-            if l < L - 1:
-                term("read", (GRADIENT, l + 1), l + 1)
+            if l < self.w.num_layers - 1:
+                read_const += self._term("read", (GRADIENT, l + 1), l + 1, reads)
             if l >= 1:
-                term("accumulate", (GRADIENT, l), l, fast=True)
-            regather = backward_kind(w, l, False)
-            if l == L - 1:
-                c = step_seconds(w, profile, l, "top")
-            else:
-                def sec(kept, masked):
-                    return step_seconds(w, profile, l, backward_kind(w, l, kept), masked=masked)
-                below_kept = l + 1 in zi and w.masked(l)  # then no masks when l+1 keeps Z
-                if l in zi and below_kept:
-                    rm, ru, km, ku = sec(False, True), sec(False, False), sec(True, True), \
-                        sec(True, False)
-                    c = rm
-                    addto(c_lin, k(l), km - rm)
-                    addto(c_lin, k(l + 1), ru - rm)
-                    addto(c_lin, qi[l], rm - ru - km + ku)
-                elif l in zi:
-                    c = sec(False, True)
-                    addto(c_lin, k(l), sec(True, True) - c)
-                elif below_kept:
-                    c = sec(False, True)
-                    addto(c_lin, k(l + 1), sec(False, False) - c)
-                else:
-                    c = step_seconds(w, profile, l, regather)
-        for long, short, long_const, short_const in (
-                (reads, writes, const["reads"], const["writes"]),
-                (writes, reads, const["writes"], const["reads"])):
+                write_const += self._term("accumulate", (GRADIENT, l), l, writes, fast=True)
+        return reads, writes, read_const, write_const
+
+    def _term(self, op: str, group, layer: int, into: dict, fast: bool = False) -> float:
+        """Add one operation's seconds per block in each tier to ``into``; return the constant
+        seconds instead when ``group`` is a recomputed activation layer (a host transient)."""
+        coef = self.coef
+        if group not in self.gi:
+            return coef(op, layer, R)
+        for code in (D, H, S):
+            _addto(into, self.x(group, code), coef(op, layer, code) / self.P)
+        if fast:
+            _addto(into, self.z(group), coef(op, layer, D, True) - coef(op, layer, D))
+        return 0.0
+
+    def _gather_unless_kept(self, l: int, reads: dict) -> None:
+        """A backward sweep whose layer may keep ``Z_l`` gathers ``H_l`` only if ``Z_l`` is not
+        kept (``u_l >= gather - M k_l``; ``u_l`` then carries the gather's seconds, constant
+        ones included), and reads ``Z_l`` if it is."""
+        coef, gather = self.coef, {}
+        const = self._term("gather", (ACTIVATION, l), l, gather, fast=True)
+        big = const + max(coef("gather", l, code) for code in (D, H, S, R)) + 1.0
+        self.add({self.u(l): 1, **{key: -v for key, v in gather.items()}, self.k(l): big},
+                 const, np.inf)
+        reads[self.u(l)] = 1.0
+        for code in (D, H, S):
+            _addto(reads, self.y(l, code), coef("read Z", l, code) / self.P)
+
+    def _sweep_compute(self, kind: str, l: int):
+        """The sweep's compute seconds: a constant ``c`` plus ``{variable: seconds}`` linear
+        in the keep binaries (and their product)."""
+        w, profile = self.w, self.profile
+        if kind in ("forward", "recompute"):
+            return step_seconds(w, profile, l, "forward"), {}
+        if l == w.num_layers - 1:
+            return step_seconds(w, profile, l, "top"), {}
+
+        def sec(kept, masked):
+            return step_seconds(w, profile, l, backward_kind(w, l, kept), masked=masked)
+        c_lin, k = {}, self.k
+        below_kept = l + 1 in self.zi and w.masked(l)  # then no masks when l+1 keeps Z
+        if l in self.zi and below_kept:
+            rm, ru, km, ku = sec(False, True), sec(False, False), sec(True, True), \
+                sec(True, False)
+            c = rm
+            _addto(c_lin, k(l), km - rm)
+            _addto(c_lin, k(l + 1), ru - rm)
+            _addto(c_lin, self.qi[l], rm - ru - km + ku)
+        elif l in self.zi:
+            c = sec(False, True)
+            _addto(c_lin, k(l), sec(True, True) - c)
+        elif below_kept:
+            c = sec(False, True)
+            _addto(c_lin, k(l + 1), sec(False, False) - c)
+        else:
+            c = step_seconds(w, profile, l, backward_kind(w, l, False))
+        return c, c_lin
+
+    def _epigraph(self, s: int, reads, writes, c: float, c_lin: dict) -> None:
+        """``T_s >= c + (1-eta) io`` and ``T_s >= io + (1-eta) c``, where the sweep's I/O
+        ``io = r + w - par min(r, w) = max(r + (1-par) w, w + (1-par) r)`` for its reads r and
+        its writes w: four linear constraints, as T grows with io. ``reads`` and ``writes``
+        are ``({variable: seconds}, constant seconds)``."""
+        eta, par = self.eta, self.par
+        for (long, long_const), (short, short_const) in ((reads, writes), (writes, reads)):
             io = dict(long)
             for key, v in short.items():
-                addto(io, key, (1 - par) * v)
+                _addto(io, key, (1 - par) * v)
             io_const = long_const + (1 - par) * short_const
-            first, second = {t0 + s: 1.0}, {t0 + s: 1.0}
+            first, second = {self.t0 + s: 1.0}, {self.t0 + s: 1.0}
             for key, v in io.items():
-                addto(first, key, -(1 - eta) * v)
-                addto(second, key, -v)
+                _addto(first, key, -(1 - eta) * v)
+                _addto(second, key, -v)
             for key, v in c_lin.items():
-                addto(first, key, -v)
-                addto(second, key, -(1 - eta) * v)
-            add(first, c + (1 - eta) * io_const, np.inf)
-            add(second, (1 - eta) * c + io_const, np.inf)
+                _addto(first, key, -v)
+                _addto(second, key, -(1 - eta) * v)
+            self.add(first, c + (1 - eta) * io_const, np.inf)
+            self.add(second, (1 - eta) * c + io_const, np.inf)
 
-    # memory: activations and kept aggregations all epoch, gradients two layers at a time
-    bmax = [float(w.block_bytes(l).max(initial=0)) for l in range(L)]
-    zmax = {l: float(w.aggregation_bytes(l).max(initial=0)) for l in kept_layers}
-    for code, m, room in ((D, m_dev, device_room), (H, m_host, host_room)):
-        add({**{x((ACTIVATION, l), code): bmax[l] for l in range(L)
-                if (ACTIVATION, l) in gi},
-             **{y(l, code): zmax[l] for l in kept_layers}, m: 1}, -np.inf, room)
-        for l in range(1, L):
-            entries = {m: 1, x((GRADIENT, l), code): -bmax[l]}
-            if l + 1 < L:
-                entries[x((GRADIENT, l + 1), code)] = -bmax[l + 1]
-            add(entries, 0, np.inf)
-    if ssd:
-        add({**{x(g, S): bmax[g[1]] for g in groups},
-             **{y(l, S): zmax[l] for l in kept_layers}}, -np.inf, ssd_room)
+    def memory(self, device_room: int, host_room: int, ssd: bool, ssd_room: int) -> None:
+        """The peaks: activations and kept aggregations all epoch, gradients two layers at a
+        time, within each tier's room."""
+        w, L, x, y = self.w, self.w.num_layers, self.x, self.y
+        bmax = [float(w.block_bytes(l).max(initial=0)) for l in range(L)]
+        zmax = {l: float(w.aggregation_bytes(l).max(initial=0)) for l in self.kept_layers}
+        for code, m, room in ((D, self.m_dev, device_room), (H, self.m_host, host_room)):
+            self.add({**{x((ACTIVATION, l), code): bmax[l] for l in range(L)
+                         if (ACTIVATION, l) in self.gi},
+                      **{y(l, code): zmax[l] for l in self.kept_layers}, m: 1}, -np.inf, room)
+            for l in range(1, L):
+                entries = {m: 1, x((GRADIENT, l), code): -bmax[l]}
+                if l + 1 < L:
+                    entries[x((GRADIENT, l + 1), code)] = -bmax[l + 1]
+                self.add(entries, 0, np.inf)
+        if ssd:
+            self.add({**{x(g, S): bmax[g[1]] for g in self.groups},
+                      **{y(l, S): zmax[l] for l in self.kept_layers}}, -np.inf, ssd_room)
 
-    c_obj = np.zeros(n)
-    c_obj[t0:t0 + len(order)] = 1.0
-    upper = np.full(n, np.inf)
-    for g in groups:
-        upper[x(g, D)] = upper[x(g, H)] = P
-        upper[x(g, S)] = P if ssd else 0
-        upper[z(g)] = 1
-    integrality = np.zeros(n)
-    integrality[:n_x] = 1
-    for l in kept_layers:
-        upper[y(l, D)] = upper[y(l, H)] = P
-        upper[y(l, S)] = P if ssd else 0
-        upper[k(l)] = 1
-        integrality[[y(l, D), y(l, H), y(l, S), k(l)]] = 1
-    for q in qi.values():
-        upper[q] = 1
-    with _quiet_stdout():  # HiGHS' MIP presolve prints a debug line straight to fd 1
-        res = milp(c_obj, constraints=LinearConstraint(np.array(rows), lo, hi),
-                   integrality=integrality, bounds=Bounds(np.zeros(n), upper),
-                   options={"time_limit": 10.0})
-    if res.x is None:
-        return None
-    counts = np.rint(res.x[:n_y]).astype(np.int64)
-    # The program counts blocks per tier as if halo reads were spread evenly over the blocks;
-    # the layout then gives the fastest tier the blocks other partitions read most.
-    most_read_first = np.argsort(-(w.halo.sum(axis=0) + w.owned), kind="stable")
+    def solve(self, ssd: bool) -> Optional[np.ndarray]:
+        """The block counts (``x`` and ``y``) of the fastest solution, or None if infeasible."""
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        x, z, y, k, P, n = self.x, self.z, self.y, self.k, self.P, self.n
+        c_obj = np.zeros(n)
+        c_obj[self.t0:self.t0 + len(self.order)] = 1.0
+        upper = np.full(n, np.inf)
+        for g in self.groups:
+            upper[x(g, D)] = upper[x(g, H)] = P
+            upper[x(g, S)] = P if ssd else 0
+            upper[z(g)] = 1
+        integrality = np.zeros(n)
+        integrality[:self.n_x] = 1
+        for l in self.kept_layers:
+            upper[y(l, D)] = upper[y(l, H)] = P
+            upper[y(l, S)] = P if ssd else 0
+            upper[k(l)] = 1
+            integrality[[y(l, D), y(l, H), y(l, S), k(l)]] = 1
+        for q in self.qi.values():
+            upper[q] = 1
+        with _quiet_stdout():  # HiGHS' MIP presolve prints a debug line straight to fd 1
+            res = milp(c_obj, constraints=LinearConstraint(np.array(self.rows), self.lo,
+                                                           self.hi),
+                       integrality=integrality, bounds=Bounds(np.zeros(n), upper),
+                       options={"time_limit": 10.0})
+        if res.x is None:
+            return None
+        return np.rint(res.x[:self.n_y]).astype(np.int64)
 
-    def codes_for(g) -> np.ndarray:
-        if g not in gi:
-            return np.full(P, R if g[0] == ACTIVATION else D, np.int8)
-        c3 = counts[4 * gi[g]: 4 * gi[g] + 3]
-        codes = np.empty(P, np.int8)
-        codes[most_read_first] = np.repeat(np.array([D, H, S], np.int8), c3)[:P]
-        return codes
+    def assignment(self, counts: np.ndarray) -> Assignment:
+        """Each block's tier from the solution's counts per tier."""
+        w, L, P, gi = self.w, self.w.num_layers, self.P, self.gi
+        # The program counts blocks per tier as if halo reads were spread evenly over the
+        # blocks; the layout then gives the fastest tier the blocks other partitions read most.
+        most_read_first = np.argsort(-(w.halo.sum(axis=0) + w.owned), kind="stable")
 
-    kept = {l: np.repeat(np.array([D, H, S], np.int8), counts[zi[l]: zi[l] + 3])[:P]
-            for l in kept_layers if counts[k(l)] == 1}
-    return Assignment(tuple(codes_for((ACTIVATION, l)) for l in range(L)),
-                      tuple(codes_for((GRADIENT, l)) if l else np.full(P, D, np.int8)
-                            for l in range(L)), kept)
+        def codes_for(g) -> np.ndarray:
+            if g not in gi:
+                return np.full(P, R if g[0] == ACTIVATION else D, np.int8)
+            c3 = counts[4 * gi[g]: 4 * gi[g] + 3]
+            codes = np.empty(P, np.int8)
+            codes[most_read_first] = np.repeat(np.array([D, H, S], np.int8), c3)[:P]
+            return codes
+
+        kept = {l: np.repeat(np.array([D, H, S], np.int8), counts[self.zi[l]: self.zi[l] + 3])[:P]
+                for l in self.kept_layers if counts[self.k(l)] == 1}
+        return Assignment(tuple(codes_for((ACTIVATION, l)) for l in range(L)),
+                          tuple(codes_for((GRADIENT, l)) if l else np.full(P, D, np.int8)
+                                for l in range(L)), kept)
 
 
 @contextlib.contextmanager

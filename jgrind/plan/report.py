@@ -1,12 +1,12 @@
 """A plan for people: a table of fates with reasons, predicted peaks and time, and two charts
-(the schedule as a Gantt chart, memory per tier over the epoch)."""
+(the schedule as a Gantt chart, partition by partition; memory per tier over the epoch)."""
 
 from __future__ import annotations
 
 import pathlib
 from typing import Optional
 
-from jgrind.plan.cost import format_bytes
+from jgrind.plan.cost import Prediction, format_bytes
 from jgrind.plan.planner import Plan
 
 
@@ -104,10 +104,51 @@ def print_plan(plan: Plan) -> None:
     print(format_plan(plan))
 
 
+LANES = ("compute", "reads", "writes")
+KIND_COLORS = {"forward": "tab:blue", "recompute": "tab:red", "backward": "tab:orange"}
+IO_COLORS = {"reads": "tab:green", "writes": "tab:purple"}
+# Outlines only while segments stay wide enough to see between them; with more partitions
+# neighbours are told apart by their shade alone.
+OUTLINED_PARTS = 32
+
+
+def draw_schedule(prediction: Prediction, ax) -> dict:
+    """Draw `Prediction.schedule` on the matplotlib axes ``ax``: a lane each for compute,
+    reads and writes, one segment per partition in every sweep, neighbouring partitions in
+    alternating shades, each sweep named above the lanes. Returns the segments drawn:
+    ``{(sweep index, lane): collection}``, one path per partition in the schedule's order."""
+    from matplotlib.colors import to_rgb
+
+    groups: dict = {}
+    for row in prediction.schedule():
+        groups.setdefault((row["sweep"], row["lane"]), []).append(row)
+    num_parts = max((len(s.partitions) for s in prediction.sweeps), default=0)
+    outline = dict(edgecolor="black", linewidth=0.3) if num_parts <= OUTLINED_PARTS else \
+        dict(edgecolor="none")
+    drawn = {}
+    for (i, lane), rows in groups.items():
+        if lane == "epoch":
+            row, = rows
+            ax.axvline(row["start"], color="grey", lw=0.4, ls=":")
+            ax.text((row["start"] + row["end"]) / 2, len(LANES) - 0.4, row["label"],
+                    ha="center", va="bottom", fontsize=7, rotation=30)
+            continue
+        base = to_rgb(KIND_COLORS[rows[0]["what"]] if lane == "compute" else IO_COLORS[lane])
+        shades = [(*base, 1.0 if k % 2 == 0 else 0.5) for k in range(len(rows))]
+        y = LANES.index(lane)
+        drawn[(i, lane)] = ax.broken_barh([(r["start"], r["end"] - r["start"]) for r in rows],
+                                          (y - 0.4, 0.8), facecolors=shades, **outline)
+    ax.set_yticks(range(len(LANES)), LANES)
+    ax.set_ylim(-0.6, len(LANES) + 0.6)
+    ax.set_xlabel("seconds into the epoch (predicted)")
+    return drawn
+
+
 def plot_plan(plan: Plan, directory: str | pathlib.Path) -> Optional[tuple]:
-    """Write ``plan-schedule.png`` (a Gantt chart of the epoch: compute and I/O per sweep) and
-    ``plan-memory.png`` (predicted bytes per tier over the epoch) to ``directory``. Returns the
-    two paths, or None for the in-memory fast path (nothing to schedule)."""
+    """Write ``plan-schedule.png`` (a Gantt chart of the epoch, `draw_schedule`: compute,
+    reads and writes per partition in every sweep) and ``plan-memory.png`` (predicted bytes
+    per tier over the epoch) to ``directory``. Returns the two paths, or None for the
+    in-memory fast path (nothing to schedule)."""
     if plan.in_memory or plan.prediction is None:
         return None
     import matplotlib
@@ -117,30 +158,13 @@ def plot_plan(plan: Plan, directory: str | pathlib.Path) -> Optional[tuple]:
     directory = pathlib.Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     p = plan.prediction
-    rows = p.schedule()
-    lanes = ["compute", "host I/O", "ssd I/O"]
-    colors = {"forward": "tab:blue", "backward": "tab:orange", "recompute": "tab:red",
-              "host I/O": "tab:green", "ssd I/O": "tab:purple"}
     fig, ax = plt.subplots(figsize=(11, 3.2))
-    for r in rows:
-        if r["lane"] not in lanes:
-            continue
-        y = lanes.index(r["lane"])
-        color = colors.get(r["what"], colors.get(r["lane"], "grey"))
-        ax.barh(y, r["end"] - r["start"], left=r["start"], color=color, edgecolor="black",
-                linewidth=0.4)
-    for r in rows:
-        if r["lane"] == "epoch":
-            ax.axvline(r["start"], color="grey", lw=0.4, ls=":")
-            ax.text((r["start"] + r["end"]) / 2, len(lanes) - 0.4, r["sweep"], ha="center",
-                    va="bottom", fontsize=7, rotation=30)
-    ax.set_yticks(range(len(lanes)), lanes)
-    ax.set_ylim(-0.6, len(lanes) + 0.6)
-    ax.set_xlabel("seconds into the epoch (predicted)")
+    draw_schedule(p, ax)
     ax.set_title(f"plan schedule: {plan.num_parts} partitions, predicted "
                  f"{plan.epoch_seconds:.3f} s per epoch")
+    colors = {**KIND_COLORS, **IO_COLORS}
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    ax.legend(handles, list(colors), fontsize=7, loc="lower right", ncol=5)
+    ax.legend(handles, list(colors), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     schedule = directory / "plan-schedule.png"
     fig.savefig(schedule, dpi=120)
