@@ -64,8 +64,33 @@ def manager(directory: str | pathlib.Path, every: int, keep: int = 2) -> ocp.Che
     directory.mkdir(parents=True, exist_ok=True)
     remove_partial(directory)  # the half-written step of a process killed outright (SIGKILL)
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=max(every, 1),
-                                           enable_async_checkpointing=False)
+                                           enable_async_checkpointing=False,
+                                           **_this_process_only())
     return ocp.CheckpointManager(directory, options=options)
+
+
+def _this_process_only() -> dict:
+    """Orbax's options for a checkpoint this process writes and reads alone: none in a run
+    of one process. In a run of several (`jgrind.devices.processes`) each keeps its own
+    folder, so orbax must not wait at its barriers for the others, which never write there
+    (and, so told, it leaves making the folder to the caller)."""
+    import jax
+    if jax.process_count() == 1:
+        return {}
+    me = jax.process_index()
+    return {"create": False, "multiprocessing_options": ocp.options.MultiprocessingOptions(
+        primary_host=me, active_processes={me})}
+
+
+def _local_copy(state: Any) -> Any:
+    """``state`` with every array placed on several devices (a parameter replicated over the
+    devices of a run on several, `jgrind.devices`) replaced by one copy, as a NumPy array:
+    saved with its placement, it could be restored only on the same devices."""
+    import jax
+    import numpy as np
+    return jax.tree.map(lambda a: np.asarray(a.addressable_data(0))
+                        if isinstance(a, jax.Array) and len(a.sharding.device_set) > 1 else a,
+                        state)
 
 
 def layout(state: Any) -> list:
@@ -300,7 +325,8 @@ def save_params(directory: str | pathlib.Path, epoch: int, params: Any, best_par
     `restore_params` reads: what ``jgrind train`` keeps in ``OUT/params/seed*``."""
     mgr = manager(directory, every=1, keep=1)
     try:
-        save(mgr, epoch, {"params": params, "best_params": best_params}, meta, force=True)
+        save(mgr, epoch, _local_copy({"params": params, "best_params": best_params}), meta,
+             force=True)
         mgr.wait_until_finished()
     finally:
         mgr.close()
@@ -315,7 +341,9 @@ def restore_params(directory: str | pathlib.Path, like: Any) -> Optional[tuple[A
     import jax
     import jax.numpy as jnp
     import numpy as np
-    mgr = ocp.CheckpointManager(pathlib.Path(directory).absolute())
+    mgr = ocp.CheckpointManager(pathlib.Path(directory).absolute(),
+                                options=ocp.CheckpointManagerOptions(
+                                    **_this_process_only()))
     try:
         step = mgr.latest_step()
         if step is None:

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import os
 import pathlib
 import signal
 import sys
@@ -92,13 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--parts", type=int, help="number of partitions for out-of-core runs")
     train.add_argument("--partitioner", help="label_propagation | contiguous | random | metis "
                        "[label_propagation]")
-    train.add_argument("--device-budget", help="device memory budget, e.g. 2GiB")
+    train.add_argument("--device-budget", help="memory budget of each device, e.g. 2GiB "
+                       "(with --devices K, every one of the K has this much)")
     train.add_argument("--host-budget", help="host RAM budget for offloaded blocks, e.g. 4GiB")
     train.add_argument("--store", help="directory for the SSD tier")
     train.add_argument("--out", default="runs/latest",
                        help="output directory for logs, plots and checkpoints [runs/latest]")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar "
                        "(shown only when stderr is a terminal)")
+    _device_flags(train)
     train.add_argument("--no-compile-cache", action="store_true",
                        help="compile everything afresh instead of reusing the compiled "
                        "programs of earlier runs (kept under $JGRIND_CACHE/xla, else "
@@ -187,8 +190,30 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--profile", help="hardware profile file [the default; measured if "
                       "missing or stale]")
     plan.add_argument("--remeasure", action="store_true", help="measure the profile again")
+    plan.add_argument("--devices", type=int, metavar="K", help="place the partitions on K "
+                      "devices (in each device's memory, as `jgrind train --devices K`): "
+                      "print the placement and the halo exchange's bytes per epoch")
     plan.add_argument("--out", default="runs/plan", help="where to write the charts "
                       "[runs/plan]")
+
+    launch = sub.add_parser(
+        "launch", help="run a command as several local processes (one model, JAX distributed)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+            "Start P processes on this machine, each running `jgrind COMMAND ...` with "
+            "--coordinator 127.0.0.1:PORT (a free port), --num-processes P and its own "
+            "--process-id filled in, and D devices each (the CPU: JAX_NUM_CPU_DEVICES=D; "
+            "GPUs: JAX_LOCAL_DEVICE_IDS, the I-th group of D). Their output is prefixed with "
+            "[I]. Ctrl-C and SIGTERM are passed on to every process. When one fails, the "
+            "others are stopped and launch exits with status 2, naming it.", 92),
+        epilog="example:\n  jgrind launch -n 2 --devices-per-process 2 -- train --dataset cora "
+               "--out runs/cora2")
+    launch.add_argument("-n", "--num-processes", dest="launch_processes", type=int,
+                        required=True, metavar="P", help="number of processes")
+    launch.add_argument("--devices-per-process", type=int, default=1, metavar="D",
+                        help="devices each process drives [1]")
+    launch.add_argument("arguments", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                        help="the jgrind command each process runs, after --")
 
     pred = sub.add_parser(
         "predict", help="logits or node embeddings from a trained run, as .npy",
@@ -217,6 +242,93 @@ def build_parser() -> argparse.ArgumentParser:
                       "store, policy, parts, partitioner, device_budget, host_budget, profile, "
                       "keep_aggregations, or dataset for the same graph at a new path")
     return parser
+
+
+def _device_flags(parser) -> None:
+    """``--devices`` and the flags that join this process to others (`jgrind.devices.processes`;
+    its defaults, written out here so that `--help` does not import JAX)."""
+    parser.add_argument("--devices", type=int, metavar="K", help="train on K devices, the "
+                        "partitions spread over them [1; with several processes, all of "
+                        "theirs]")
+    group = parser.add_argument_group("several processes", textwrap.fill(
+        "One model trained by P processes through JAX's distributed runtime (`jgrind launch` "
+        "fills these in on one machine). What is not given comes from the environment JAX "
+        "reads (JAX_COORDINATOR_ADDRESS, a Slurm or Open MPI job).", 92))
+    group.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address and a "
+                       "free port there, the same for every process")
+    group.add_argument("--num-processes", type=int, metavar="P", help="how many processes")
+    group.add_argument("--process-id", type=int, metavar="I", help="this process's number, "
+                       "0 to P-1 (process 0 runs the coordinator and writes --out)")
+    group.add_argument("--connect-timeout", type=float, metavar="S",
+                       help="seconds to wait for the coordinator and every process; then "
+                       "exit with status 2 [60]")
+    group.add_argument("--heartbeat-timeout", type=float, metavar="S",
+                       help="a process silent this long (killed, crashed, hung) makes the "
+                       "others exit with status 2, naming it [30]")
+
+
+def _join_processes(args):
+    """The processes this run joins (`jgrind.devices.processes.start`), or None when no flag
+    asks for several."""
+    if args.coordinator is None and args.num_processes is None and args.process_id is None:
+        return None
+    from jgrind.devices import processes
+    if args.coordinator is None and "JAX_COORDINATOR_ADDRESS" not in os.environ \
+            and (args.num_processes is None or args.process_id is None):
+        raise ConfigError("several processes need --coordinator HOST:PORT, --num-processes P "
+                          "and --process-id I (or the environment JAX reads: "
+                          "JAX_COORDINATOR_ADDRESS, a Slurm or Open MPI job)")
+    timeouts = {name: value for name, value in (("timeout_s", args.connect_timeout),
+                                                 ("heartbeat_timeout_s", args.heartbeat_timeout))
+                if value is not None}
+    return processes.start(args.coordinator, args.num_processes, args.process_id, **timeouts)
+
+
+def _check_devices(count: int, joined) -> None:
+    """``--devices count``, if that many exist (in every process together)."""
+    if count <= 1 and joined is None:
+        return
+    import jax
+    available = jax.devices()
+    if count <= len(available):
+        return
+    kind = available[0].platform
+    if joined is not None:
+        hint = (f" ({joined.local_devices} in each of the {joined.num_processes} processes); "
+                "give each more with `jgrind launch --devices-per-process`")
+    elif kind == "cpu":
+        hint = (f"; on the CPU, set JAX_NUM_CPU_DEVICES={count} (or XLA_FLAGS="
+                f"--xla_force_host_platform_device_count={count}) before jgrind starts")
+    else:
+        hint = ""
+    one = len(available) == 1
+    raise ConfigError(f"--devices {count}: {len(available)} {kind} device{'' if one else 's'} "
+                      f"exist{'s' if one else ''}{hint}")
+
+
+def settings_fingerprint(cfg: RunConfig) -> str:
+    """What every process of a run must agree on: the settings, less the paths of files that
+    may lie elsewhere on each machine (the store, the profile, a dataset's folder)."""
+    kept = dataclasses.asdict(cfg)
+    for name in ("store", "profile"):
+        kept.pop(name)
+    prefix, sep, _ = cfg.dataset.partition(":")
+    if sep and prefix.lower() in ("ogb", "npz", "edgelist", "npy"):
+        kept["dataset"] = prefix.lower() + ":"
+    return json.dumps(kept, sort_keys=True)
+
+
+def cmd_launch(args) -> int:
+    from jgrind.devices import processes
+    arguments = list(args.arguments)
+    if arguments[:1] == ["--"]:
+        arguments = arguments[1:]
+    if not arguments:
+        raise ConfigError("jgrind launch: name the command after --, e.g. "
+                          "`jgrind launch -n 2 -- train --dataset cora`")
+    if arguments[0] != "train":
+        raise ConfigError(f"jgrind launch runs train; {arguments[0]!r} runs in one process")
+    return processes.launch(arguments, args.launch_processes, args.devices_per_process)
 
 
 def cmd_predict(args) -> int:
@@ -291,6 +403,8 @@ def cmd_plan(args) -> int:
     device = device if device is not None else profile.device_free
     host = host if host is not None else profile.host_free // 2
     print(graph)
+    if args.devices is not None:
+        return _plan_devices(graph, model, cfg, partitioner, profile, args.devices)
     the_plan = plan_run(graph, model, profile, device_budget=device, host_budget=host,
                         directory=store, num_parts=cfg.parts or None,
                         partitioner=partitioner, progress=lambda msg: print(f"  {msg}"))
@@ -298,6 +412,35 @@ def cmd_plan(args) -> int:
     charts = plot_plan(the_plan, args.out)
     if charts:
         print(f"wrote {charts[0]} and {charts[1]}")
+    return 0
+
+
+def _plan_devices(graph, model, cfg, partitioner, profile, devices: int) -> int:
+    """`jgrind plan --devices K`: the partitions (``--parts``, else one per device) placed on
+    K devices by the profile's predicted step times, and the bytes the halo exchange moves per
+    epoch beside the minimum. Nothing runs, so K may exceed the devices this machine has."""
+    from jgrind.partition import partition_graph
+    from jgrind.plan.exchange import epoch_exchange_bytes, exchange_plan
+    from jgrind.plan.placement import Rates, place
+    if devices < 1:
+        raise ConfigError(f"--devices {devices}: place the partitions on 1 device or more")
+    parts = cfg.parts or devices
+    normalized = model.normalize(graph)
+    pg = partition_graph(normalized, partitioner(normalized, parts, seed=cfg.seed),
+                         num_parts=parts)
+    placement = place(pg, model, graph.num_features, devices, Rates.of(profile))
+    exchange = exchange_plan(normalized.indptr, normalized.indices,
+                             placement.device_of[pg.assignment], devices)
+    moved, minimum = epoch_exchange_bytes(exchange, model, graph.num_features)
+    print(f"{parts} partitions on {devices} devices, placed by the profile's predicted "
+          "forward seconds (ties within 5 % by bytes):")
+    print(placement.format())
+    slowest = float(placement.device_seconds.max())
+    print(f"slowest device: {slowest * 1e3:.2f} ms forward, "
+          f"{slowest / max(float(placement.seconds.sum()), 1e-30):.2f} of the whole")
+    ratio = moved / minimum if minimum else 1.0
+    print(f"halo exchange per epoch: {moved / 2**20:.2f} MiB moved between devices, minimum "
+          f"{minimum / 2**20:.2f} MiB ({ratio:.2f}x)")
     return 0
 
 
@@ -316,14 +459,41 @@ def train_config(args) -> RunConfig:
     cfg = RunConfig() if names_a_dataset else main_job()
     flags = {k: getattr(args, k) for k in ("dataset", "model", "epochs", "seeds", "policy",
                                            "keep_aggregations", "parts", "partitioner",
-                                           "device_budget", "host_budget", "store")
+                                           "devices", "device_budget", "host_budget", "store")
              if getattr(args, k) is not None}
+    if not names_a_dataset and flags.get("devices"):
+        # several devices hold their partitions in memory: the main job's out-of-core
+        # settings give way (those given as flags stay, and are refused by `build_policy`)
+        cfg = dataclasses.replace(cfg, policy="", device_budget="", host_budget="", store="")
     return dataclasses.replace(cfg, **flags).with_overrides(args.overrides)
 
 
 def cmd_train(args) -> int:
     from jgrind import experiment
     cfg = train_config(args)
+    joined = _join_processes(args)
+    out = args.out
+    if joined is not None:
+        from jgrind.devices import processes
+        processes.agree(settings_fingerprint(cfg), "settings")
+        if cfg.checkpoint_every:
+            raise ConfigError("checkpoint_every: checkpoints of a run of several processes are "
+                              "not written yet; leave it at 0")
+        if not cfg.devices:  # several processes train one model: on all their devices
+            cfg = dataclasses.replace(cfg, devices=joined.devices)
+        if joined.process_id:  # process 0 writes the run folder; the others' files are dropped
+            import tempfile
+            out = tempfile.mkdtemp(prefix=f"jgrind-process{joined.process_id}-")
+    _check_devices(cfg.devices, joined)
+    try:
+        return _train(cfg, args, out, experiment)
+    finally:
+        if out != args.out:
+            import shutil
+            shutil.rmtree(out, ignore_errors=True)
+
+
+def _train(cfg: RunConfig, args, out: str, experiment) -> int:
     if cfg.policy == "ssd" and not cfg.host_budget:
         print("jgrind: note: without --host-budget the SSD tier keeps a host cache of up to "
               "half the free RAM in front of its files; --host-budget bounds the RAM the run "
@@ -331,22 +501,25 @@ def cmd_train(args) -> int:
     from jgrind.compile_cache import compilation_cache
     with compilation_cache() if not args.no_compile_cache else contextlib.nullcontext():
         # a bar redrawn in a log file or a CI transcript is noise: shown on a terminal only
-        summary = experiment.run_config(cfg, out=args.out,
+        summary = experiment.run_config(cfg, out=out,
                                         progress=not args.no_progress and sys.stderr.isatty())
     print(summary["line"])
-    for line in ("store_line", "rss_line"):
-        if summary[line]:
+    for line in ("devices_line", "store_line", "rss_line"):
+        if summary.get(line):
             print(summary[line])
     check = summary["in_memory_check"]
     if check:
         print(check["line"])
-    plots = "training.png, memory.png" if summary["store_line"] else "training.png"
-    if (pathlib.Path(args.out) / "plan.txt").exists():
-        plots += ", plan.txt"
-        if (pathlib.Path(args.out) / "plan-schedule.png").exists():
-            plots += ", plan-schedule.png, plan-memory.png"
-    print(f"wrote {args.out}/ (summary.json, metrics-seed*.jsonl, {plots}, params/: "
-          f"`jgrind predict --run {args.out}`)")
+    if summary.get("plan_check"):
+        print(summary["plan_check"]["line"])
+    if out == args.out:  # (another process than 0 keeps no files)
+        plots = "training.png, memory.png" if summary["store_line"] else "training.png"
+        if (pathlib.Path(args.out) / "plan.txt").exists():
+            plots += ", plan.txt"
+            if (pathlib.Path(args.out) / "plan-schedule.png").exists():
+                plots += ", plan-schedule.png, plan-memory.png"
+        print(f"wrote {args.out}/ (summary.json, metrics-seed*.jsonl, {plots}, params/: "
+              f"`jgrind predict --run {args.out}`)")
     if check and not check["equal"]:
         print("jgrind: error: the out-of-core loss differs from the in-memory one: a bug in "
               "jgrind; please report it with this run's config.json", file=sys.stderr)
@@ -482,6 +655,13 @@ def _check_profile_target(path: pathlib.Path) -> None:
                                        "pass another path (--out), or remove it") from None
 
 
+def _process_errors() -> tuple:
+    """`jgrind.devices.processes.ProcessError` once that module is loaded (it imports JAX,
+    which commands of one process need not wait for)."""
+    processes = sys.modules.get("jgrind.devices.processes")
+    return (processes.ProcessError,) if processes is not None else ()
+
+
 def _engine_errors() -> tuple:
     """User-facing engine errors (bad budgets, a store directory that is unusable, fills up or
     is changed behind the run's back, policy, profile, a checkpoint of another run), imported
@@ -506,13 +686,27 @@ def main(argv=None) -> int:
         from jgrind.hostio.allocator import relaunch_if_wanted
         relaunch_if_wanted()
         _command_line_signals_and_warnings()
+    status = _run(args)
+    processes = sys.modules.get("jgrind.devices.processes")
+    if status and processes is not None and processes.current() is not None:
+        # the others may be waiting for this one in a collective, and JAX's shutdown at exit
+        # would wait for them: leave now, so that they see it gone (`processes.fail`)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
+
+
+def _run(args) -> int:
+    """Run the command ``args`` names; its exit status (2 and one line for the user's
+    mistakes)."""
     handlers = {"train": cmd_train, "datasets": cmd_datasets, "partition": cmd_partition,
                 "profile": cmd_profile, "plan": cmd_plan, "convert": cmd_convert,
-                "predict": cmd_predict}
+                "predict": cmd_predict, "launch": cmd_launch}
     try:
         return handlers[args.command](args)
     except (ConfigError, GraphError, FileNotFoundError, NotADirectoryError, PermissionError,
-            IsADirectoryError, FileExistsError, *_engine_errors()) as err:
+            IsADirectoryError, FileExistsError, *_process_errors(), *_engine_errors()) as err:
         print(f"jgrind: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a full disk: where the command writes, not a bug
@@ -523,6 +717,17 @@ def main(argv=None) -> int:
         where = f" {err.filename}" if err.filename else " a file"
         print(f"jgrind: error: cannot write{where}: the disk is full ({full}); free space "
               "there, or choose a folder on another disk", file=sys.stderr)
+        return 2
+    except Exception as err:
+        joined = sys.modules.get("jgrind.devices.processes")
+        joined = joined.current() if joined is not None else None
+        if joined is None or type(err).__name__ != "JaxRuntimeError":
+            raise
+        # a collective whose peer is gone (gloo: "Connection closed by peer"): not a bug here
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        print(f"jgrind: error: process {joined.process_id}: a collective with the other "
+              f"processes failed ({first}); another process has probably stopped: see its "
+              "output", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("jgrind: interrupted", file=sys.stderr)

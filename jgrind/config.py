@@ -116,8 +116,11 @@ class RunConfig:
     ("the partitioner's options, as key:value pairs joined by commas, e.g. "
      "edge_imbalance:1.5,imbalance:1.02 for label_propagation (at most that many times a fair "
      "share of the edges and of the nodes per partition) or imbalance:1.05 for metis")
+    devices: int = 0
+    ("devices to train on, the partitions spread over them (0 = one device; with several "
+     "processes, every process's devices)")
     device_budget: str = ""
-    "device memory budget, e.g. 2GiB ('' = unlimited)"
+    "memory budget of each device, e.g. 2GiB ('' = unlimited)"
     host_budget: str = ""
     "host RAM budget for offloaded blocks, e.g. 4GiB ('' = unlimited)"
     store: str = ""
@@ -262,6 +265,7 @@ _LIMITS = {
     "eval_every": (lambda v: v >= 1, "at least 1"),
     "checkpoint_every": (lambda v: v >= 0, "0 (off) or more"),
     "parts": (lambda v: v >= 0, "0 (the default) or more"),
+    "devices": (lambda v: v >= 0, "0 (one device) or more"),
     "num_nodes": (lambda v: v >= 1, "at least 1"),
     "avg_degree": (lambda v: math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
     "num_classes": (lambda v: v >= 0, "0 (from the labels) or more"),
@@ -437,7 +441,8 @@ def parse_bytes(text: str) -> Optional[int]:
 
 
 def build_policy(cfg: RunConfig, on_plan=None):
-    """The offload policy and engine arguments the configuration asks for (all None: in memory).
+    """The offload policy and engine arguments the configuration asks for (all None: in memory;
+    ``devices`` only when the configuration sets it).
     ``on_plan``: for the auto policy, called with the run's `Plan` once it is made."""
     from jgrind.plan import policies
     device, host = parse_bytes(cfg.device_budget), parse_bytes(cfg.host_budget)
@@ -456,9 +461,20 @@ def build_policy(cfg: RunConfig, on_plan=None):
     if cfg.policy not in choices:
         raise ConfigError(f"unknown policy {cfg.policy!r}; use one of "
                           f"{', '.join(k for k in choices if k)}")
-    return {"policy": choices[cfg.policy](), "num_parts": cfg.parts or None, "store": store,
-            "device_budget": device, "host_budget": host,
-            "partitioner": build_partitioner(cfg)}
+    engine = {"policy": choices[cfg.policy](), "num_parts": cfg.parts or None, "store": store,
+              "device_budget": device, "host_budget": host,
+              "partitioner": build_partitioner(cfg)}
+    if cfg.devices:  # `jgrind.train`'s devices; left out for one device, as before it existed
+        out_of_core = [f"{name}={value}" for name, value in (
+            ("policy", cfg.policy if cfg.policy != "in_memory" else ""), ("store", cfg.store),
+            ("device_budget", cfg.device_budget), ("host_budget", cfg.host_budget)) if value]
+        if out_of_core:
+            raise ConfigError(f"devices={cfg.devices} keeps every partition in its device's "
+                              f"memory; {', '.join(out_of_core)} (out-of-core training) cannot "
+                              "be combined with it yet: leave them out")
+        return {"num_parts": cfg.parts or None, "partitioner": engine["partitioner"],
+                "devices": cfg.devices}
+    return engine
 
 
 def build_partitioner(cfg: RunConfig):

@@ -30,6 +30,7 @@ from jgrind.hostio import disk_space, host_memory
 from jgrind.config import (ConfigError, RunConfig, build_loss, build_model, build_optimizer,
                            build_policy, load_graph, split_for)
 from jgrind.datasets import split_per_seed
+from jgrind.plan.check import run_check
 from jgrind.plan.cost import format_bytes
 from jgrind.plan.report import format_plan, plan_line, plot_plan
 from jgrind.plots import plot_memory, plot_training
@@ -272,13 +273,16 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
     trials = run_trials(run, seeds)
     peak_resident = host_memory.peak_resident()
     memory = trials.results[0].memory
+    devices = trials.results[0].devices
     check = None
-    if cfg.check_in_memory and memory is not None:
+    if cfg.check_in_memory and (memory is not None or devices is not None):
         if progress:
             print(f"jgrind: training seed {cfg.seed} again in memory, to compare", flush=True)
         again = train(jax.random.key(cfg.seed), graph, model, optimizer, **task(0))
         check = loss_check(trials.results[0].history[-1]["loss"],
-                           again.history[-1]["loss"], cfg.seed)
+                           again.history[-1]["loss"], cfg.seed,
+                           how="out of core" if memory is not None else
+                           f"on {cfg.devices} devices")
     with _whole(out / "training.png") as path:
         plot_training([r.history for r in trials.results], path,
                       metric=trials.metric + (f" ({graph.num_classes} tasks)"
@@ -312,6 +316,8 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
             peak_resident, engine_args["device_budget"], engine_args["host_budget"],
             graph.nbytes(), device_in_ram=jax.default_backend() == "cpu"),
         "in_memory_check": check,
+        "plan_check": run_check(trials.results[0].history),
+        "devices_line": None if devices is None else devices_line(devices),
         "line": f"{cfg.model} on {graph.name}"
                 + (" (a random split per seed)" if per_seed else "") + f": {trials.summary()}",
         # one line per seed: each seed's run has its own store
@@ -367,13 +373,23 @@ def rss_line(peak: int, device_budget: Optional[int], host_budget: Optional[int]
             f"{f(bound)}")
 
 
-def loss_check(out_of_core: float, in_memory: float, seed: int, digits: int = 6) -> dict:
+def devices_line(devices: dict) -> str:
+    """The placement of partitions on devices and the halo exchange's bytes per epoch beside
+    the least any exchange could move (`TrainResult.devices`)."""
+    ratio = devices["moved"] / devices["minimum"] if devices["minimum"] else 1.0
+    return (f"{devices['placement']}\nhalo exchange per epoch: "
+            f"{devices['moved'] / 2**20:.2f} MiB moved between devices, minimum "
+            f"{devices['minimum'] / 2**20:.2f} MiB ({ratio:.2f}x)")
+
+
+def loss_check(out_of_core: float, in_memory: float, seed: int, digits: int = 6,
+               how: str = "out of core") -> dict:
     """The final training losses of one seed trained out of core and in memory, compared:
     equal when they print the same to ``digits`` significant digits."""
     shown = f"{out_of_core:.{digits}g}", f"{in_memory:.{digits}g}"
     equal = shown[0] == shown[1]
     difference = abs(out_of_core - in_memory) / max(abs(in_memory), 1e-30)
-    line = (f"in-memory check, seed {seed}: final training loss {shown[0]} out of core, "
+    line = (f"in-memory check, seed {seed}: final training loss {shown[0]} {how}, "
             f"{shown[1]} in memory: " + ("equal" if equal else "DIFFERENT")
             + f" to {digits} digits (relative difference {difference:.1e})")
     return {"out_of_core": out_of_core, "in_memory": in_memory, "equal": equal,
@@ -440,8 +456,10 @@ def predict_run(out: str | pathlib.Path, seed: Optional[int] = None, layer: Opti
     graph = load_graph(cfg)
     model = build_model(cfg, graph)
     params, best_params, meta = load_checkpoint(out / PARAMS / f"seed{seed}", model)
+    # a run trained on several devices predicts on this one, in memory (`--set` may choose a
+    # policy instead): what it computes does not depend on where
     array = predict(graph, model, params if last else best_params, layer=layer,
-                    **build_policy(cfg))
+                    **build_policy(dataclasses.replace(cfg, devices=0)))
     info = {"graph": graph.name, "model": cfg.model, "seed": seed,
             "epoch": meta["epoch"] if last else meta["best"]["epoch"],
             "which": "last" if last else "best"}

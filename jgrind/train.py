@@ -2,9 +2,10 @@
 
 One straight line: prepare -> (resume) -> for each epoch: step, evaluate, log, checkpoint.
 The *executor* does the numerical work of an epoch. `InMemory` (here) runs the whole model in one
-jitted step, the fast path when everything fits; the out-of-core engine provides the same
-methods (`step`, `predict`, `embed`), so the trainer, logging, checkpoints, trials and
-predictions are shared by every execution strategy. Made without an optimizer, either only
+jitted step, the fast path when everything fits; the out-of-core engine and
+`jgrind.devices.Sharded` (one model over several devices) provide the same methods (`step`,
+`predict`, `embed`), so the trainer, logging, checkpoints, trials and predictions are shared by
+every execution strategy. Made without an optimizer, either only
 predicts.
 """
 
@@ -25,12 +26,14 @@ import optax
 
 from jgrind import checkpoint as ckpt, interrupts
 from jgrind.arguments import whole_number
+from jgrind.devices import Sharded
 from jgrind.engine import OutOfCore
 from jgrind.graph import Graph
 from jgrind.loss import node_weights, weighted_loss
 from jgrind.metrics import check_metric, cross_entropy, default_metric, evaluate
 from jgrind.models.model import GNN, Params
 from jgrind.plan.budgets import check_budget
+from jgrind.plan.check import check_epoch
 from jgrind.plan.execution import choose_execution
 from jgrind.plan.execution import in_memory_bytes  # noqa: F401 - jgrind.train's public name
 from jgrind.plan.protocols import check_policy
@@ -128,6 +131,10 @@ class TrainResult:
         bytes moved) and its ``timeline`` of ``(seconds, device, host, ssd)``, of the epochs
         this call ran (from ``first_epoch``); else None.
       first_epoch: the first epoch this call ran: 0, or the epoch after a resumed checkpoint.
+      devices: runs over several devices only: ``placement`` (one line per device: its
+        partitions, predicted seconds and bytes), ``moved`` and ``minimum`` (bytes the halo
+        exchange moves between devices per epoch, and the least any exchange could); else
+        None.
     """
 
     params: Params
@@ -140,6 +147,7 @@ class TrainResult:
     seconds: float
     memory: Optional[dict] = None
     first_epoch: int = 0
+    devices: Optional[dict] = None
 
 
 def _check_train_arguments(key, graph, model, optimizer, *, epochs, eval_every, patience,
@@ -189,7 +197,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
           device_budget: Optional[int] = None, host_budget: Optional[int] = None,
           partitioner=None, loss: Optional[Callable] = None,
           metrics: Optional[dict] = None,
-          ready: Optional[Callable[[], None]] = None) -> TrainResult:
+          ready: Optional[Callable[[], None]] = None, devices=None) -> TrainResult:
     """Train ``model`` on the full graph for ``epochs`` epochs (one optimizer step each).
 
     Args:
@@ -223,6 +231,10 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
       metrics: more metrics to log, ``{name: fn(logits, labels, mask) -> float}`` on host
         arrays (e.g. `jgrind.metrics.macro_f1`): each evaluation records ``train_NAME``,
         ``val_NAME`` and ``test_NAME``.
+      devices: run data-parallel over several devices (`jgrind.devices.Sharded`): a number K
+        (the first K of ``jax.devices()``) or a sequence of ``jax.Device``; None: one device.
+        ``num_parts`` partitions (default: one per device) are placed on them; out-of-core
+        arguments (``policy``, ``store``, budgets) are refused with it for now.
       ready: called once everything is set up and checked (the executor with its budgets and
         store, a resumed checkpoint), before the log is opened and the first epoch runs; what
         fails before it is a bad argument, and nothing has been written. (`jgrind train`
@@ -268,7 +280,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             executor = make_executor(graph, model, optimizer, split=split, policy=policy,
                                      num_parts=num_parts, store=store,
                                      device_budget=device_budget, host_budget=host_budget,
-                                     partitioner=partitioner, loss=loss)
+                                     partitioner=partitioner, loss=loss, devices=devices)
 
         # -- resume --------------------------------------------------------------------------
         manager = ckpt.manager(checkpoint_dir, checkpoint_every) if checkpoint_dir else None
@@ -326,6 +338,18 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             rate = learning_rate(opt_state)
             if rate is not None:
                 record["lr"] = rate
+            prediction = getattr(executor, "prediction", None)
+            if prediction is not None and epoch > resumed_at:  # (the first one compiles)
+                check = check_epoch(prediction, executor.sweep_seconds, record["seconds"],
+                                    epoch)
+                record.update(check.as_record())
+                # the first epoch that misses is said at once; the run's share of them at its
+                # end (`plan_check_line`), not one line per epoch for as long as it trains
+                if check.off() and not any(r.get("plan_off") for r in history):
+                    record["plan_off"] = True
+                    _say(f"jgrind: {check.line()}", bar)
+                elif check.off():
+                    record["plan_off"] = True
             train_seconds += record["seconds"]
             if not math.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss} at epoch {epoch}; lower the "
@@ -379,6 +403,10 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             store = getattr(executor, "store", None)
             memory = None if store is None else {**store.accounts.as_dict(),
                                                  "timeline": list(store.accounts.timeline)}
+            devices = None if not isinstance(executor, Sharded) else {
+                "placement": executor.placement.format(),
+                "moved": executor.exchange_bytes_per_epoch,
+                "minimum": executor.exchange_minimum_per_epoch}
             try:
                 if owned_executor and executor is not None and hasattr(executor, "close"):
                     executor.close()  # removes the run's SSD files, also on error
@@ -391,7 +419,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     return TrainResult(params=params, best_params=best["params"], history=history,
                        metric=metric, best_epoch=int(best["epoch"]), val=float(best["val"]),
                        test=float(best["test"]), seconds=train_seconds, memory=memory,
-                       first_epoch=resumed_at)
+                       first_epoch=resumed_at, devices=devices)
 
 
 # model selection: a score per evaluated epoch, higher is better
@@ -461,10 +489,13 @@ def _host_loss(node_loss: Optional[Callable]) -> Callable:
 def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy=None,
                   num_parts: Optional[int] = None, store=None,
                   device_budget: Optional[int] = None, host_budget: Optional[int] = None,
-                  partitioner=None, loss: Optional[Callable] = None) -> Executor:
+                  partitioner=None, loss: Optional[Callable] = None,
+                  devices=None) -> Executor:
     """The executor `jgrind.plan.execution.choose_execution` decides on: the in-memory fast
     path when it is asked for, or when everything fits the device budget and no policy forces
-    offloading; otherwise the out-of-core engine.
+    offloading; otherwise the out-of-core engine. With ``devices`` (a number or a sequence of
+    ``jax.Device``), the model data-parallel over them (`jgrind.devices.Sharded`), its
+    partitions in memory on their devices.
 
     A policy that plans the whole run (`jgrind.plan.auto`) chooses the fast path, or the
     partitions and fates the engine then runs. ``in_memory_bytes(graph, model)`` is the fast
@@ -475,6 +506,19 @@ def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy
         check_policy(policy)
     if num_parts is not None:
         whole_number(num_parts, "num_parts (None: 4, or the planner's choice)")
+    if devices is not None:
+        out_of_core = [name for name, value in (("policy", policy), ("store", store),
+                                                ("device_budget", device_budget),
+                                                ("host_budget", host_budget))
+                       if value is not None]
+        if out_of_core:
+            raise ValueError(f"devices= runs every partition in its device's memory; "
+                             f"{', '.join(out_of_core)} (out-of-core training) cannot be "
+                             "combined with it yet: host and SSD fates per device, and "
+                             "per-device budgets, are the next step")
+        kwargs = {} if partitioner is None else {"partitioner": partitioner}
+        return Sharded(graph, model, optimizer, devices=devices, num_parts=num_parts,
+                       split=split, loss=loss, **kwargs)
     chosen = choose_execution(graph, model, policy=policy, num_parts=num_parts, store=store,
                               device_budget=device_budget, host_budget=host_budget,
                               partitioner=partitioner)
@@ -484,7 +528,17 @@ def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy
         {"partitioner": partitioner}
     return OutOfCore(graph, model, optimizer, policy=chosen.policy, num_parts=chosen.num_parts,
                      partitioned=chosen.partitioned, split=split, store=store,
-                     device_budget=device_budget, host_budget=host_budget, loss=loss, **kwargs)
+                     device_budget=device_budget, host_budget=host_budget, loss=loss,
+                     prediction=chosen.prediction, **kwargs)
+
+
+def _say(line: str, bar) -> None:
+    """Print ``line`` above the progress ``bar`` if there is one (a plain print would break
+    it in two)."""
+    if hasattr(bar, "write"):
+        bar.write(line)
+    else:
+        print(line, flush=True)
 
 
 def _progress(iterable, enabled: bool, **kwargs):

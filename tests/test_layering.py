@@ -24,7 +24,7 @@ STAGES = [
     ("executed", ("jgrind.executed",)),
     ("partition", ("jgrind.partition",)),
     ("plan", ("jgrind.plan",)),
-    ("engine", ("jgrind.engine",)),
+    ("engine", ("jgrind.engine", "jgrind.devices")),
     ("train", ("jgrind.train", "jgrind.inference")),
     ("front ends", ("jgrind.config", "jgrind.experiment", "jgrind.cli")),
 ]

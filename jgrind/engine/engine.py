@@ -66,7 +66,6 @@ from jgrind.models.model import GNN
 from jgrind.partition import PartitionedGraph
 from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.protocols import Policy
-from jgrind.plan.schedule import BACKWARD
 
 
 class _Built:
@@ -107,26 +106,6 @@ class _Setting(_Built):
         setattr(engine.built.transfers, self.path[-1], value)
 
 
-class _Hook:
-    """A method of the engine's runner (``path``: the runner's attribute holding it, then its
-    name), replaceable through `OutOfCore`: tests wrap sweeps to watch or break them."""
-
-    def __init__(self, *path: str):
-        self.path = path
-
-    def _holder(self, engine):
-        holder = engine.runner
-        for name in self.path[:-1]:
-            holder = getattr(holder, name)
-        return holder
-
-    def __get__(self, engine, owner=None):
-        return self if engine is None else getattr(self._holder(engine), self.path[-1])
-
-    def __set__(self, engine, function) -> None:
-        setattr(self._holder(engine), self.path[-1], function)
-
-
 class OutOfCore:
     """An `Executor` (see `jgrind.train`) that runs the model partition by partition.
 
@@ -148,10 +127,14 @@ class OutOfCore:
       prefetch: overlap gathers and writes with compute on background threads.
       max_shapes: at most this many padded block shapes (compilations per layer step).
       loss: the per-node loss (`jgrind.loss.weighted_loss`); None: cross entropy.
+      prediction: the planner's predicted epoch for this run (`jgrind.plan.cost.Prediction`),
+        which `train` holds each epoch's measured sweeps against (`sweep_seconds`); None: no
+        plan predicted it.
 
-    Attributes: ``built`` (the `jgrind.engine.build.Built` record; its fields and its plan's
-    are readable here too: ``store``, ``parts``, ``fates``, ``memory``, ``schedule``...) and
-    ``runner`` (`jgrind.engine.runner.Runner`). The transfer settings ``keep_device_rows``,
+    Attributes: ``built`` (the `jgrind.engine.build.Built` record; some of its fields and its
+    plan's are readable here too: ``store``, ``parts``, ``fates``, ``memory``...; the schedule
+    is ``built.plan.schedule``) and ``runner`` (`jgrind.engine.runner.Runner`, whose
+    ``sweeps`` run the schedule's sweeps). The transfer settings ``keep_device_rows``,
     ``pinned_host``, ``early_host_copies``, ``staging_pieces`` and ``pinned_inputs`` can be set
     between epochs.
     """
@@ -163,37 +146,30 @@ class OutOfCore:
                  partitioned: Optional[PartitionedGraph] = None, split: int = 0,
                  store: Optional[str] = None, device_budget: Optional[int] = None,
                  host_budget: Optional[int] = None, remat_policy=None, prefetch: bool = True,
-                 max_shapes: int = 3, seed: int = 0, loss: Optional[Callable] = None):
+                 max_shapes: int = 3, seed: int = 0, loss: Optional[Callable] = None,
+                 prediction=None):
         self.built: Built = build(
             graph, model, optimizer, policy=policy, num_parts=num_parts,
             partitioner=partitioner, partitioned=partitioned, split=split, store=store,
             device_budget=device_budget, host_budget=host_budget, remat_policy=remat_policy,
             prefetch=prefetch, max_shapes=max_shapes, seed=seed, loss=loss)
         self.runner = Runner(self.built)
+        self.prediction = prediction
+
+    @property
+    def sweep_seconds(self) -> list[tuple[str, float]]:
+        """The last epoch's measured seconds per sweep (`Runner.sweep_seconds`)."""
+        return self.runner.sweep_seconds
 
     # -- what was built -----------------------------------------------------------------------
-    model, given_model, executed, optimizer = _Built(), _Built(), _Built(), _Built()
-    device_budget, host_budget, pg, num_nodes = _Built(), _Built(), _Built(), _Built()
-    parts, steps, store, activations = _Built(), _Built(), _Built(), _Built()
-    aggregations, spares = _Built(), _Built()
+    model, optimizer, device_budget, host_budget = _Built(), _Built(), _Built(), _Built()
+    pg, parts, steps, store = _Built(), _Built(), _Built(), _Built()
+    activations, aggregations, spares = _Built(), _Built(), _Built()
     num_layers, widths, inventory, workload = _Planned(), _Planned(), _Planned(), _Planned()
-    policy, io, fates, kept = _Planned(), _Planned(), _Planned(), _Planned()
-    local, memory, schedule = _Planned(), _Planned(), _Planned()
+    fates, local, memory = _Planned(), _Planned(), _Planned()
     pool, writer = _Built("pipeline", "loader"), _Built("pipeline", "writer")  # the threads
     keep_device_rows, pinned_host = _Setting(), _Setting()
     early_host_copies, staging_pieces, pinned_inputs = _Setting(), _Setting(), _Setting()
-    # the sweeps and the gradient tables, wrapped by tests (test_schedule, test_split)
-    _forward_layer = _Hook("sweeps", "forward")
-    _backward_layer = _Hook("sweeps", "backward")
-    _gradient_table = _Hook("gradient_table")
-
-    @property
-    def _backward_variants(self) -> dict:
-        """``{layer: the variant its backward sweep runs}``."""
-        return {s.layer: s.variant for s in self.schedule.sweeps if s.kind == BACKWARD}
-
-    def _largest_output(self) -> int:
-        return self.built.largest_output
 
     # -- running ------------------------------------------------------------------------------
     def step(self, params, opt_state, key):
@@ -206,23 +182,23 @@ class OutOfCore:
 
     def loss_and_grad(self, params, key):
         """``(grads, loss)`` of the full-graph loss, computed partition by partition."""
-        executed = self.executed
+        executed = self.built.executed
         grads, loss = self.runner.loss_and_grad(executed.split_params(params), key)
         return executed.merge_params(grads), loss
 
     def predict(self, params) -> np.ndarray:
         """Logits ``[N, C]`` in the graph's node order, dropout off, partition by partition."""
-        return self.runner.predict(self.executed.split_params(params))
+        return self.runner.predict(self.built.executed.split_params(params))
 
     def embed(self, params, layer: int) -> np.ndarray:
         """``[N, width]`` in the graph's node order, dropout off: the output of the model's
         first ``layer`` layers (0: the features; all of them: the logits), computed partition
         by partition and read back from wherever the policy stored it."""
-        if self.given_model.check_layer(layer) == len(self.given_model.layers):
+        given, executed = self.built.given_model, self.built.executed
+        if given.check_layer(layer) == len(given.layers):
             return self.predict(params)
         # the executed layer whose input that is
-        return self.runner.embed(self.executed.split_params(params),
-                                 self.executed.origin.index(layer))
+        return self.runner.embed(executed.split_params(params), executed.origin.index(layer))
 
     def close(self) -> None:
         self.built.close()

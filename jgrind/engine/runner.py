@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import jax
@@ -31,12 +32,24 @@ def forward_sweeps(schedule: Schedule, layers: Optional[int] = None) -> list[Swe
             and (layers is None or s.layer < layers)]
 
 
+def sweep_label(sweep: Sweep) -> str:
+    """A sweep's name as the cost model's prediction labels it (``"forward 0"``)."""
+    return f"{sweep.kind} {sweep.layer}"
+
+
 class Runner:
-    """Runs epochs and predictions on a `Built` engine. ``sweeps``: its `Sweeps`."""
+    """Runs epochs and predictions on a `Built` engine. ``sweeps``: its `Sweeps`.
+
+    ``sweep_seconds``: the last epoch's wall time per sweep, ``[(label, seconds)]`` in the
+    schedule's order, labelled as the cost model's prediction labels its sweeps. A sweep's
+    time runs until its stores are queued and written; device work it dispatched but nothing
+    waited for is counted in a later sweep, so the sum is the epoch's time to its last sweep
+    and single sweeps can shift a little."""
 
     def __init__(self, built: Built):
         self.built = built
         self.sweeps = Sweeps(built)
+        self.sweep_seconds: list[tuple[str, float]] = []
 
     def loss_and_grad(self, params, key):
         """``(grads, loss)`` of the full-graph loss for the executed model's ``params``:
@@ -46,7 +59,9 @@ class Runner:
         grads = list(grads)
         gradients: dict[int, Table] = {}  # G_l while it lives
         masks: Optional[dict] = None  # output masks of layer l, made by layer l+1's backward
+        timed = []
         for sweep in self.built.plan.schedule.sweeps:
+            start = time.perf_counter()
             for table in sweep.makes:
                 if table.name == GRADIENTS:
                     gradients[table.layer] = self.gradient_table(table.layer)
@@ -64,6 +79,8 @@ class Runner:
                     self.built.store.drop(gradients.pop(table.layer), keep=True)
                 else:
                     self.free(table)
+            timed.append((sweep_label(sweep), time.perf_counter() - start))
+        self.sweep_seconds = timed
         return tuple(grads), loss
 
     def make(self, table) -> None:

@@ -33,12 +33,15 @@ class Execution:
       num_parts: partitions to cut the graph into.
       partitioned: a planned run's `PartitionedGraph`, reused so the graph is not cut twice;
         None: the engine partitions.
+      prediction: a planned run's predicted epoch (`jgrind.plan.cost.Prediction`), which
+        the trainer holds each epoch against (`jgrind.plan.check`); None otherwise.
     """
 
     in_memory: bool
     policy: Optional[Policy] = None
     num_parts: Optional[int] = None
     partitioned: object = None
+    prediction: object = None
 
 
 IN_MEMORY = Execution(in_memory=True)
@@ -76,7 +79,7 @@ def choose_execution(graph, model, *, policy: Optional[Policy] = None,
         if plan.in_memory:
             return IN_MEMORY
         return Execution(in_memory=False, policy=plan.policy(), num_parts=plan.num_parts,
-                         partitioned=plan.partitioned)
+                         partitioned=plan.partitioned, prediction=plan.prediction)
     asks_for_engine = policy is not None or num_parts not in (None, 1) \
         or device_budget is not None or host_budget is not None
     if not asks_for_engine:

@@ -1,0 +1,316 @@
+"""One model on several devices (`jgrind.devices.Sharded`) against the in-memory computation.
+
+The test processes have one CPU device, so the checks on several run in subprocesses: one with
+``XLA_FLAGS=--xla_force_host_platform_device_count=4`` that checks every configuration and
+prints JSON (one start and one set of compilations, not one per case), and a pair of
+processes of 2 devices each joined by `jax.distributed` into one 4-device mesh. Tolerances are
+`test_engine`'s: the loss within 1e-5 relative, every gradient within ``1e-4 * max|g| + 1e-7``,
+parameters after 20 epochs within ``rtol=1e-3, atol=1e-5``.
+"""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+RTOL = 1e-4
+
+# (model, devices, partitions): every model on 1, 2 and 4 devices; partition counts the device
+# count does not divide (3 on 2, 6 on 4), and 4 devices for 3 partitions (one gets none).
+# Predictions (another compilation each) are compared where the last field is True.
+CASES = [("gcn", 1, 2, False), ("gcn", 2, 3, False), ("gcn", 4, 3, True),
+         ("sage-res-ln", 1, 1, False), ("sage-res-ln", 2, 2, False),
+         ("sage-res-ln", 4, 6, False),
+         ("gat-res-ln", 1, 1, False), ("gat-res-ln", 2, 3, False), ("gat-res-ln", 4, 4, True)]
+
+
+def _models(f, c):
+    from jgrind import models
+    return {
+        "gcn": models.gcn(f, 16, c, num_layers=2, dropout=0.5),
+        "sage-res-ln": models.sage(f, 16, c, num_layers=2, dropout=0.5, residual=True,
+                                   layer_norm=True),
+        "gat-res-ln": models.gat(f, 4, c, heads=2, num_layers=2, dropout=0.5, residual=True,
+                                 layer_norm=True),
+    }
+
+
+def _gradient_error(grads, reference) -> float:
+    """The largest error over the tensors, as a share of their bound (<= 1 passes)."""
+    import jax
+    worst = 0.0
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(reference)):
+        g, r = np.asarray(g), np.asarray(r)
+        worst = max(worst, float(np.abs(g - r).max()) / (RTOL * float(np.abs(r).max()) + 1e-7))
+    return worst
+
+
+# -- the subprocesses ---------------------------------------------------------------------------
+def _run_cases() -> dict:
+    """Every case of `CASES` and 20 epochs of `train`, as JSON-able results."""
+    import jax
+    import optax
+
+    from helpers import csbm_graph, reference
+    from jgrind import models
+    from jgrind.devices import Sharded
+    from jgrind.train import train
+
+    graph = csbm_graph()
+    built = _models(graph.num_features, graph.num_classes)
+    key = jax.random.key(42)  # dropout on
+    out = {"devices": len(jax.devices()), "cases": []}
+    for name, k, parts, predicts in CASES:
+        model = built[name]
+        params = model.init(jax.random.key(0))
+        ref_loss, ref_grads = reference(graph, model).loss_and_grad(params, key)
+        ex = Sharded(graph, model, optax.sgd(0.1), devices=k, num_parts=parts)
+        loss, grads = ex.loss_and_grad(params, key)
+        logits_error = float(np.abs(ex.predict(params)
+                                    - reference(graph, model).predict(params)).max()) \
+            if predicts else 0.0
+        out["cases"].append({
+            "model": name, "devices": k, "parts": parts, "loss": float(loss),
+            "reference": float(ref_loss), "gradient_error": _gradient_error(grads, ref_grads),
+            "logits_error": logits_error,
+            "idle_devices": int(sum(not ex.placement.partitions_of(d) for d in range(k))),
+            "bytes": ex.exchange_bytes_per_epoch,
+            "minimum": ex.exchange_minimum_per_epoch})
+    model = models.gcn(graph.num_features, 16, graph.num_classes, num_layers=2, dropout=0.5,
+                       residual=True, layer_norm=True)
+    opt = optax.adam(0.01)
+    ref = train(jax.random.key(3), graph, model, opt, epochs=20, progress=False, eval_every=5)
+    run = train(jax.random.key(3), graph, model, opt, epochs=20, progress=False, eval_every=5,
+                devices=4, num_parts=5)
+    out["train"] = {
+        "params_close": all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-5)
+                            for a, b in zip(jax.tree.leaves(run.params),
+                                            jax.tree.leaves(ref.params))),
+        "best_epoch": [run.best_epoch, ref.best_epoch], "test": [run.test, ref.test]}
+    return out
+
+
+def _run_process(coordinator: str, process_id: int) -> dict:
+    """One of two processes of 2 CPU devices each: the sharded loss on the 4-device mesh."""
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=2,
+                               process_id=process_id, initialization_timeout=60)
+    import optax
+
+    from helpers import csbm_graph, reference
+    from jgrind.devices import Sharded
+    graph = csbm_graph()
+    model = _models(graph.num_features, graph.num_classes)["gcn"]
+    params = model.init(jax.random.key(0))
+    key = jax.random.key(42)
+    ex = Sharded(graph, model, optax.sgd(0.1), devices=4, num_parts=4)
+    loss, grads = ex.loss_and_grad(params, key)
+    logits = ex.predict(params)
+    result = {"process": jax.process_index(), "global_devices": len(jax.devices()),
+              "local_devices": len(jax.local_devices()), "loss": float(loss)}
+    if jax.process_index() == 0:  # the other's results are the same replicated values
+        ref_loss, ref_grads = reference(graph, model).loss_and_grad(params, key)
+        result.update(reference=float(ref_loss),
+                      gradient_error=_gradient_error(jax.tree.map(np.asarray, grads),
+                                                     ref_grads),
+                      logits_error=float(np.abs(logits - reference(graph, model)
+                                                .predict(params)).max()))
+    jax.distributed.shutdown()
+    return result
+
+
+# XLA's CPU backend optimising less: half the compile time, which is most of these processes'
+# time. Each comparison's two sides compile under the same flags.
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def _environment(devices: int) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {FAST_COMPILE} " \
+                       f"--xla_force_host_platform_device_count={devices}".strip()
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+# -- the tests ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def four_devices():
+    done = subprocess.run([sys.executable, __file__, "cases"], env=_environment(4),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return _last_json(done.stdout)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{m}-{k}dev-{p}parts"
+                                                         for m, k, p, _ in CASES])
+def test_loss_and_gradients_equal_in_memory(four_devices, case):
+    assert four_devices["devices"] == 4
+    got = four_devices["cases"][case]
+    assert got["loss"] == pytest.approx(got["reference"], rel=1e-5)
+    assert got["gradient_error"] <= 1.0
+    assert got["logits_error"] < 1e-4
+
+
+def test_a_device_with_no_partition(four_devices):
+    idle = [c for c in four_devices["cases"] if c["idle_devices"]]
+    assert idle and all(c["gradient_error"] <= 1.0 for c in idle)
+
+
+def test_exchange_bytes_at_least_the_minimum(four_devices):
+    for c in four_devices["cases"]:
+        assert c["bytes"] >= c["minimum"]
+        assert (c["bytes"] == 0) == (c["devices"] == 1)
+
+
+def test_parameters_equal_after_20_epochs(four_devices):
+    got = four_devices["train"]
+    assert got["params_close"]
+    assert got["best_epoch"][0] == got["best_epoch"][1]
+    assert got["test"][0] == pytest.approx(got["test"][1])
+
+
+def test_two_processes_of_two_devices():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    coordinator = f"127.0.0.1:{port}"
+    procs = [subprocess.Popen([sys.executable, __file__, "process", coordinator, str(i)],
+                              env=_environment(2), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    results = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=240)
+            assert p.returncode == 0, stderr[-4000:]
+            results.append(_last_json(stdout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [r["process"] for r in results] == [0, 1]
+    assert all(r["global_devices"] == 4 and r["local_devices"] == 2 for r in results)
+    first = results[0]
+    assert results[1]["loss"] == first["loss"]
+    assert first["loss"] == pytest.approx(first["reference"], rel=1e-5)
+    assert first["gradient_error"] <= 1.0
+    assert first["logits_error"] < 1e-4
+
+
+def test_more_devices_than_exist():
+    import jax
+
+    from jgrind.devices import resolve_devices
+    have = len(jax.devices())
+    with pytest.raises(ValueError, match=rf"{have + 1} devices asked for, but {have} .*"
+                                         rf"xla_force_host_platform_device_count={have + 1}"):
+        resolve_devices(have + 1)
+    with pytest.raises(ValueError, match="1 or more"):
+        resolve_devices(0)
+    with pytest.raises(TypeError, match="jax.Device"):
+        resolve_devices(["cpu"])
+    assert resolve_devices(jax.devices()[:1]) == jax.devices()[:1]
+
+
+def test_out_of_core_arguments_are_refused_with_devices(tmp_path):
+    import optax
+
+    from helpers import community_graph
+    from jgrind import models
+    from jgrind.plan import policies
+    from jgrind.train import make_executor
+    graph = community_graph(num_nodes=60)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    with pytest.raises(ValueError, match=r"policy, store .*next step"):
+        make_executor(graph, model, optax.adam(0.01), devices=1,
+                      policy=policies.host_offload(), store=tmp_path)
+    with pytest.raises(ValueError, match=r"device_budget .*per-device budgets"):
+        make_executor(graph, model, optax.adam(0.01), devices=1, device_budget=2**30)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_one_device_in_this_process():
+    import jax
+    import optax
+
+    from helpers import community_graph, reference
+    from jgrind import models
+    from jgrind.train import make_executor
+    graph = community_graph(num_nodes=120)
+    model = models.gcn(graph.num_features, 8, graph.num_classes, num_layers=2)
+    ex = make_executor(graph, model, optax.sgd(0.1), devices=1, num_parts=3)
+    assert type(ex).__name__ == "Sharded" and ex.exchange_bytes_per_epoch == 0
+    params = model.init(jax.random.key(0))
+    loss, grads = ex.loss_and_grad(params, jax.random.key(1))
+    ref_loss, ref_grads = reference(graph, model).loss_and_grad(params, jax.random.key(1))
+    assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
+    assert _gradient_error(grads, ref_grads) <= 1.0
+
+
+# -- the command line -------------------------------------------------------------------------
+def test_two_processes_train_through_the_command_line_then_predict_on_one(tmp_path):
+    """`jgrind launch -n 2 -- train`: two processes of one device each train one model; the
+    run's in-memory check trains it again in one process and prints the same loss; the saved
+    parameters (process 0's, replicated over both devices when trained) are read back and
+    predicted with on this single device, scoring what the run scored."""
+    import json as json_
+
+    from jgrind.experiment import predict_run
+    env = _environment(1)
+    env.pop("XLA_FLAGS", None)  # the launcher gives each process its own devices
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "jgrind.cli", "launch", "-n", "2", "--",
+                           "train", "--dataset", "csbm", "--set", "num_nodes=300",
+                           "--epochs", "3", "--set", "check_in_memory=true", "--out", str(run),
+                           "--no-progress"], env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[0] ")]
+    assert any("device 1: partitions" in line for line in lines), done.stdout
+    assert any(line.startswith("[0] halo exchange per epoch: ") for line in lines)
+    check = next(line for line in lines if "in-memory check" in line)
+    assert "on 2 devices" in check and ": equal to 6 digits" in check, check
+    summary = json_.loads((run / "summary.json").read_text())
+    assert summary["in_memory_check"]["equal"]
+    _, info = predict_run(run)
+    assert info["test"] == pytest.approx(summary["test"][0])
+
+
+def test_plan_places_partitions_on_devices(capsys, tmp_path):
+    """`jgrind plan --devices K` places partitions on more devices than this machine has (it
+    runs nothing) and prints the exchange beside its minimum."""
+    from jgrind.cli import main
+    assert main(["plan", "--dataset", "csbm", "--set", "num_nodes=600", "--devices", "3",
+                 "--parts", "5", "--profile", str(tmp_path / "profile.json"),
+                 "--out", str(tmp_path / "plan")]) == 0
+    out = capsys.readouterr().out
+    placed = sorted(int(p) for line in out.splitlines() if line.startswith("device ")
+                    for p in line.split("partitions ")[1].split(";")[0].split(", "))
+    assert placed == [0, 1, 2, 3, 4]
+    assert "device 2: partitions" in out and "halo exchange per epoch: " in out
+
+
+def test_devices_with_out_of_core_settings_is_one_line(tmp_path):
+    from jgrind.config import ConfigError, RunConfig, build_policy
+    with pytest.raises(ConfigError, match=r"devices=2 keeps every partition in its device's "
+                                          r"memory; policy=host, host_budget=1GiB"):
+        build_policy(RunConfig(devices=2, policy="host", host_budget="1GiB"))
+    assert build_policy(RunConfig(devices=2, parts=4))["num_parts"] == 4
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    if sys.argv[1] == "cases":
+        print(json.dumps(_run_cases()))
+    else:
+        print(json.dumps(_run_process(sys.argv[2], int(sys.argv[3]))))

@@ -1,0 +1,105 @@
+"""Every planned run holds its epochs against the plan (`jgrind.plan.check`): the engine times
+the sweeps of the schedule it runs, labelled as the cost model labels the sweeps it priced."""
+
+import contextlib
+import io
+
+import jax
+import optax
+import pytest
+
+from helpers import community_graph
+from jgrind import models
+from jgrind.plan import policies
+from jgrind.plan.check import PLAN_MARGIN, check_epoch, run_check
+from jgrind.train import train
+from test_planner import fixed_profile
+
+
+class _Sweep:
+    def __init__(self, label, seconds):
+        self.label, self.secs = label, seconds
+
+
+class _Prediction:
+    """What `check_epoch` reads of a `jgrind.plan.cost.Prediction`."""
+
+    def __init__(self, sweeps, update=0.0):
+        self.sweeps = [_Sweep(label, s) for label, s in sweeps]
+        self.epoch_seconds = sum(s for _, s in sweeps) + update
+
+    def sweep_seconds(self, sweep):
+        return sweep.secs
+
+
+def test_an_epoch_is_off_when_it_misses_by_more_than_the_margin():
+    predicted = _Prediction([("forward 0", 1.0), ("backward 1", 2.0), ("backward 0", 1.0)])
+    within = check_epoch(predicted, [("forward 0", 1.1), ("backward 1", 2.2),
+                                     ("backward 0", 1.0)], 4.3, epoch=2)
+    assert within.deviation == pytest.approx(0.075) and not within.off()
+    slow = check_epoch(predicted, [("forward 0", 1.0), ("backward 1", 5.0),
+                                   ("backward 0", 1.0)], 7.0, epoch=3)
+    assert slow.off() and slow.deviation == pytest.approx(0.75)
+    assert slow.furthest() == ("backward 1", 2.0, 5.0)
+    assert slow.line() == ("epoch 3 took 7 s, the plan predicted 4 s (+75%); furthest off: "
+                           "backward 1, 5 s against 2 s")
+    fast = check_epoch(predicted, [("forward 0", 0.5), ("backward 1", 1.0),
+                                   ("backward 0", 0.5)], 2.0, epoch=4)
+    assert fast.off() and fast.deviation == pytest.approx(-0.5)
+    assert not fast.off(margin=0.6) and PLAN_MARGIN == 0.25
+
+
+def test_a_check_of_another_schedule_is_refused():
+    predicted = _Prediction([("forward 0", 1.0), ("backward 0", 1.0)])
+    with pytest.raises(ValueError, match="not the predicted ones"):
+        check_epoch(predicted, [("backward 0", 1.0), ("forward 0", 1.0)], 2.0, epoch=1)
+
+
+def test_the_run_check_summarises_the_epochs_checked():
+    predicted = _Prediction([("forward 0", 1.0), ("backward 0", 1.0)])
+    history = [{"epoch": 0, "seconds": 9.0}]  # compiling: not checked
+    for epoch, (f, b) in enumerate([(1.0, 1.1), (1.0, 3.0), (1.1, 3.2)], start=1):
+        check = check_epoch(predicted, [("forward 0", f), ("backward 0", b)], f + b, epoch)
+        history.append({"epoch": epoch, "seconds": f + b, **check.as_record()})
+    summary = run_check(history)
+    assert summary["epochs"] == 3 and summary["off"] == 2
+    assert summary["median_seconds"] == pytest.approx(4.0)
+    assert summary["furthest"] == "backward 0"
+    assert run_check([{"epoch": 0, "seconds": 1.0}]) is None
+
+
+def test_a_planned_run_records_every_sweep_beside_its_prediction(tmp_path):
+    """An `auto` run out of core (SSD forced by the budgets): from its second epoch on, each
+    epoch's record lists the schedule's sweeps, in order, with predicted and measured
+    seconds; the measured ones fit in the epoch; a plan that misses is said once, not every
+    epoch (the profile here predicts a machine 1000x faster than this one)."""
+    graph = community_graph(num_nodes=300, num_features=16)
+    model = models.gcn(graph.num_features, 32, graph.num_classes, num_layers=3, dropout=0.5)
+    stored = 4 * graph.num_nodes * (16 + 32 + 32) * 2
+    fast = fixed_profile()
+    fast = type(fast)(**{**vars(fast), "step_latency": 1e-9, "matmul_flops": 1e15,
+                         "spmm_rate": 1e13, "gather_bw": 1e13, "scatter_add_bw": 1e13})
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        result = train(jax.random.key(0), graph, model, optax.adam(1e-2), epochs=4,
+                       policy=policies.auto(profile=fast, directory=tmp_path),
+                       device_budget=stored // 3, host_budget=stored // 4, progress=False)
+    first, *checked = result.history
+    assert "predicted_seconds" not in first  # it compiles
+    assert len(checked) == 3
+    for record in checked:
+        labels = [label for label, _, _ in record["sweep_seconds"]]
+        assert labels[0] == "forward 0" and labels[-1] == "backward 0"
+        assert sum(m for _, _, m in record["sweep_seconds"]) <= record["seconds"]
+        assert record["plan_off"]
+    said = [line for line in printed.getvalue().splitlines() if "the plan predicted" in line]
+    assert len(said) == 1 and said[0].startswith("jgrind: epoch 1 took ")
+    assert run_check(result.history)["off"] == 3
+
+
+def test_a_run_without_a_plan_records_no_check(tmp_path):
+    graph = community_graph(num_nodes=200, num_features=8)
+    model = models.gcn(graph.num_features, 16, graph.num_classes)
+    result = train(jax.random.key(0), graph, model, optax.adam(1e-2), epochs=2,
+                   policy=policies.host_offload(), num_parts=3, progress=False)
+    assert all("predicted_seconds" not in r for r in result.history)
