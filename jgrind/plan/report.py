@@ -6,6 +6,7 @@ from __future__ import annotations
 import pathlib
 from typing import Optional
 
+from jgrind.executed.split import Propagate
 from jgrind.plan.cost import Prediction, format_bytes
 from jgrind.plan.planner import Plan
 
@@ -68,7 +69,6 @@ def format_plan(plan: Plan) -> str:
                      f"{row['why']}")
     w = plan.workload
     if w is not None:  # name the inputs of split GCN layers' propagation halves
-        from jgrind.executed.split import Propagate
         split = [l for l, layer in enumerate(w.layers) if isinstance(layer, Propagate)]
         if split:
             lines.append("  (" + ", ".join(f"H_{l}" for l in split) + ": the narrow output "
