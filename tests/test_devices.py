@@ -257,6 +257,32 @@ def test_one_device_in_this_process():
     assert _gradient_error(grads, ref_grads) <= 1.0
 
 
+RESUME_SCRIPT = """
+import sys, numpy as np, jax, optax
+from helpers import community_graph
+from jgrind import models
+from jgrind.train import train
+graph = community_graph(num_nodes=200)
+model = models.gcn(graph.num_features, 8, graph.num_classes, num_layers=2, dropout=0.5)
+run = lambda epochs, **kw: train(jax.random.key(0), graph, model, optax.adam(0.01),
+                                 epochs=epochs, devices=2, progress=False, **kw)
+whole = run(6)
+run(3, checkpoint_dir=sys.argv[1], checkpoint_every=1)
+resumed = run(6, checkpoint_dir=sys.argv[1], checkpoint_every=1)
+print(resumed.first_epoch, max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                               for a, b in zip(jax.tree.leaves(whole.params),
+                                               jax.tree.leaves(resumed.params))))
+"""
+
+
+def test_a_run_on_two_devices_resumed_from_its_checkpoint_ends_as_an_uninterrupted_one(
+        tmp_path):
+    done = subprocess.run([sys.executable, "-c", RESUME_SCRIPT, str(tmp_path / "ckpt")],
+                          env=_environment(2), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first_epoch, difference = done.stdout.split()[-2:]
+    assert int(first_epoch) == 3 and float(difference) == 0.0
+
 # -- the command line -------------------------------------------------------------------------
 def test_two_processes_train_through_the_command_line_then_predict_on_one(tmp_path):
     """`jgrind launch -n 2 -- train`: two processes of one device each train one model; the
