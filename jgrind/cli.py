@@ -190,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--profile", help="hardware profile file [the default; measured if "
                       "missing or stale]")
     plan.add_argument("--remeasure", action="store_true", help="measure the profile again")
+    plan.add_argument("--run", metavar="DIR", help="show a finished `jgrind train` run's "
+                      "plan with each sweep's measured seconds beside the predicted ones, and "
+                      "write run-against-plan.png to --out (nothing is planned)")
     plan.add_argument("--devices", type=int, metavar="K", help="place the partitions on K "
                       "devices (in each device's memory, as `jgrind train --devices K`): "
                       "print the placement and the halo exchange's bytes per epoch")
@@ -386,6 +389,8 @@ def cmd_plan(args) -> int:
     from jgrind.plan import profile as hw
     from jgrind.plan.planner import check_num_parts, plan_run
     from jgrind.plan.report import plot_plan, print_plan
+    if args.run is not None:
+        return _plan_of_run(pathlib.Path(args.run), args.out)
     flags = {k: getattr(args, k) for k in ("dataset", "model", "parts", "partitioner",
                                            "device_budget", "host_budget", "store", "profile")
              if getattr(args, k) is not None}
@@ -412,6 +417,35 @@ def cmd_plan(args) -> int:
     charts = plot_plan(the_plan, args.out)
     if charts:
         print(f"wrote {charts[0]} and {charts[1]}")
+    return 0
+
+
+def _plan_of_run(run: pathlib.Path, out: str) -> int:
+    """`jgrind plan --run DIR`: the plan a finished run saved (plan.txt) and its first seed's
+    sweeps, measured (the median over the epochs the run checked) beside predicted."""
+    from jgrind.plan.check import format_sweep_table, run_check, sweep_table
+    from jgrind.plan.report import plot_run_against_plan
+    log = run / "metrics-seed0.jsonl"
+    logs = sorted(run.glob("metrics-seed*.jsonl"))
+    if not logs:
+        raise ConfigError(f"--run {run}: no metrics log (metrics-seed*.jsonl) there; name the "
+                          "folder a `jgrind train --out` wrote")
+    log = log if log.exists() else logs[0]
+    try:
+        history = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--run {run}: cannot read {log.name}: {err}") from None
+    rows = sweep_table(history)
+    if not rows:
+        raise ConfigError(f"--run {run}: the run was not held against a plan (it ran in "
+                          "memory, on several devices, or with a fixed policy, or for one "
+                          "epoch only); train with --policy auto for two epochs or more")
+    if (run / "plan.txt").exists():
+        print((run / "plan.txt").read_text().rstrip())
+    print(f"sweeps of {log.name}, measured (median of the checked epochs) against predicted:")
+    print(format_sweep_table(rows))
+    print(run_check(history)["line"])
+    print(f"wrote {plot_run_against_plan(rows, out, title=f'{run.name} against its plan')}")
     return 0
 
 

@@ -3,6 +3,7 @@ the sweeps of the schedule it runs, labelled as the cost model labels the sweeps
 
 import contextlib
 import io
+import json
 
 import jax
 import optax
@@ -10,6 +11,7 @@ import pytest
 
 from helpers import community_graph
 from jgrind import models
+from jgrind.cli import main
 from jgrind.plan import policies
 from jgrind.plan.check import PLAN_MARGIN, check_epoch, run_check
 from jgrind.train import train
@@ -95,6 +97,26 @@ def test_a_planned_run_records_every_sweep_beside_its_prediction(tmp_path):
     said = [line for line in printed.getvalue().splitlines() if "the plan predicted" in line]
     assert len(said) == 1 and said[0].startswith("jgrind: epoch 1 took ")
     assert run_check(result.history)["off"] == 3
+
+    # `jgrind plan --run` reads the run's metrics log and shows each sweep both ways
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics-seed0.jsonl").write_text(
+        "".join(json.dumps(record) + "\n" for record in result.history))
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        assert main(["plan", "--run", str(run), "--out", str(tmp_path / "chart")]) == 0
+    lines = shown.getvalue().splitlines()
+    table = [line.split()[:2] for line in lines if line.startswith("  forward ")
+             or line.startswith("  backward ")]
+    assert [" ".join(t) for t in table] == labels
+    assert (tmp_path / "chart" / "run-against-plan.png").stat().st_size > 0
+
+
+def test_plan_of_a_run_never_checked_is_one_line(tmp_path, capsys):
+    (tmp_path / "metrics-seed0.jsonl").write_text('{"epoch": 0, "loss": 1.0, "seconds": 1.0}\n')
+    assert main(["plan", "--run", str(tmp_path), "--out", str(tmp_path / "c")]) == 2
+    assert "was not held against a plan" in capsys.readouterr().err
 
 
 def test_a_run_without_a_plan_records_no_check(tmp_path):

@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-__all__ = ["PLAN_MARGIN", "EpochCheck", "check_epoch", "run_check"]
+__all__ = ["PLAN_MARGIN", "EpochCheck", "check_epoch", "format_sweep_table", "run_check",
+           "sweep_table"]
 
 # The planner's accuracy target (docs/planner.md, "How good it is"): an epoch within a quarter
 # of its prediction.
@@ -91,3 +92,29 @@ def run_check(history: Sequence[dict], margin: float = PLAN_MARGIN):
             f"{planned[worst]:.3g} s")
     return {"predicted_seconds": predicted, "median_seconds": measured, "epochs": len(checked),
             "off": off, "margin": margin, "furthest": worst, "line": line}
+
+
+def sweep_table(history: Sequence[dict]) -> list[tuple[str, float, float]]:
+    """``(label, predicted, measured)`` seconds of every sweep of a run's checked epochs, in
+    the schedule's order, the measured one the median over those epochs; [] when none was
+    checked."""
+    checked = [r for r in history if "sweep_seconds" in r]
+    if not checked:
+        return []
+    rows = []
+    for i, (label, predicted, _) in enumerate(checked[-1]["sweep_seconds"]):
+        measured = sorted(r["sweep_seconds"][i][2] for r in checked)
+        rows.append((label, float(predicted), float(measured[len(measured) // 2])))
+    return rows
+
+
+def format_sweep_table(rows: Sequence[tuple[str, float, float]]) -> str:
+    """The sweeps' predicted and measured seconds as a table, one sweep per line."""
+    lines = [f"  {'sweep':<14} {'predicted':>10} {'measured':>10} {'':>7}"]
+    for label, predicted, measured in rows:
+        deviation = measured / predicted - 1.0 if predicted > 0 else 0.0
+        lines.append(f"  {label:<14} {predicted:>9.4f}s {measured:>9.4f}s {deviation:>+7.0%}")
+    total_p, total_m = sum(r[1] for r in rows), sum(r[2] for r in rows)
+    lines.append(f"  {'sweeps':<14} {total_p:>9.4f}s {total_m:>9.4f}s "
+                 f"{(total_m / total_p - 1.0) if total_p > 0 else 0.0:>+7.0%}")
+    return "\n".join(lines)

@@ -191,3 +191,36 @@ def plot_plan(plan: Plan, directory: str | pathlib.Path) -> Optional[tuple]:
     fig.savefig(memory, dpi=120)
     plt.close(fig)
     return schedule, memory
+
+
+def plot_run_against_plan(rows, directory: str | pathlib.Path,
+                          title: str = "") -> pathlib.Path:
+    """Write ``run-against-plan.png``: the epoch's sweeps end to end twice, as the plan
+    predicted them and as the run measured them (`jgrind.plan.check.sweep_table` rows), so a
+    sweep that took longer than priced shows as a longer bar in the lower lane."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(11, 2.4))
+    colors = plt.get_cmap("tab10")
+    for lane, (name, column) in enumerate((("predicted", 1), ("measured", 2))):
+        t = 0.0
+        for i, row in enumerate(rows):
+            ax.broken_barh([(t, row[column])], (lane - 0.4, 0.8), facecolors=colors(i % 10),
+                           edgecolor="white", linewidth=0.5)
+            if lane == 0:
+                ax.text(t, 1.5, row[0], fontsize=6, rotation=30, va="bottom")
+            t += row[column]
+    ax.set_yticks([0, 1], ["predicted", "measured"])
+    ax.set_ylim(-0.6, 2.6)
+    ax.set_xlabel("seconds into the epoch (median of the checked epochs)")
+    ax.set_title(title or "the run against its plan")
+    fig.tight_layout()
+    path = directory / "run-against-plan.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
