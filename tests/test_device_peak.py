@@ -27,10 +27,12 @@ from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.cost import format_bytes
 
 
-def device_bytes() -> int:
+def device_bytes(host_owned: frozenset = frozenset()) -> int:
     """Bytes of the live device arrays, each buffer once (`jax.device_get` on the CPU makes a
-    second array over the same buffer)."""
-    seen, total = set(), 0
+    second array over the same buffer). Buffers at the addresses ``host_owned`` are host
+    arrays the device uses in place (the CPU backend adopts aligned arrays): they hold no
+    device memory of their own."""
+    seen, total = set(host_owned), 0
     for array in jax.live_arrays():
         if array.is_deleted():
             continue
@@ -60,6 +62,10 @@ def watch_device_peak(engine) -> list:
     ``(step name, bytes)`` to."""
     peaks, last_load, memory = [], [None], {}
     submit_load, submit_write = engine.pool.submit, engine.writer.submit
+    # the blocks' host structure, which the engine puts once where the device adopts it
+    # (`jgrind.engine.sweeps.Sweeps.device_block`)
+    structure = frozenset(leaf.ctypes.data for part in engine.parts
+                          for leaf in jax.tree.leaves(part.block))
 
     def load(fn, *args):
         last_load[0] = submit_load(fn, *args)
@@ -84,7 +90,8 @@ def watch_device_peak(engine) -> list:
             if (name, shapes) not in memory:
                 memory[name, shapes] = step.lower(*args).compile().memory_analysis()
             out = step(*args)
-            peaks.append((name, device_bytes() + memory[name, shapes].temp_size_in_bytes))
+            peaks.append((name, device_bytes(structure)
+                          + memory[name, shapes].temp_size_in_bytes))
             return out
         return run
 

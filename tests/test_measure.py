@@ -13,7 +13,8 @@ from jgrind.plan import measure as measuring
 from jgrind.plan.cost import SPAN_PIECE_BYTES
 from jgrind.plan.profile import PROFILE_VERSION, ProfileError
 
-RATES = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scatter_add_bw", "copy_bw",
+RATES = ("matmul_flops", "spmm_rate", "step_latency", "sweep_step", "gather_bw", "scatter_add_bw",
+         "copy_bw",
          "to_device_bw", "to_host_bw", "link_to_device_bw", "link_to_host_bw",
          "pageable_to_host_bw", "ssd_read_bw", "ssd_write_bw", "ssd_latency")
 

@@ -79,7 +79,8 @@ def test_a_planned_run_records_every_sweep_beside_its_prediction(tmp_path):
     model = models.gcn(graph.num_features, 32, graph.num_classes, num_layers=3, dropout=0.5)
     stored = 4 * graph.num_nodes * (16 + 32 + 32) * 2
     fast = fixed_profile()
-    fast = type(fast)(**{**vars(fast), "step_latency": 1e-9, "matmul_flops": 1e15,
+    fast = type(fast)(**{**vars(fast), "step_latency": 1e-9, "sweep_step": 1e-9,
+                         "matmul_flops": 1e15,
                          "spmm_rate": 1e13, "gather_bw": 1e13, "scatter_add_bw": 1e13})
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

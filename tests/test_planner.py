@@ -36,7 +36,8 @@ def fixed_profile(**overrides) -> Profile:
     figures = dict(
         version=PROFILE_VERSION, machine=machine_fingerprint(),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        matmul_flops=5e10, spmm_rate=2e9, step_latency=5e-6, gather_bw=2e9, scatter_add_bw=1e9,
+        matmul_flops=5e10, spmm_rate=2e9, step_latency=5e-6, sweep_step=5e-6, gather_bw=2e9,
+        scatter_add_bw=1e9,
         gather_row_seconds=1e-8, scatter_add_row_seconds=1e-8, copy_bw=8e9,
         to_device_bw=2e9, to_device_small_bw=2e9, to_device_bytes=64 * MiB,
         to_device_small_bytes=4 * MiB, to_host_bw=1e11, link_to_device_bw=2e9,

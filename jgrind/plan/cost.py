@@ -7,7 +7,8 @@ rates of a measured `jgrind.plan.profile.Profile`. Each price is worked out per 
 the parts, in the schedule's order, for the plan's chart:
 
 * **compute** of a partition step: sparse products (``nnz * width / spmm_rate``), dense
-  transforms (``2 m k n / matmul_flops``) and a fixed dispatch latency; a backward step reruns
+  transforms (``2 m k n / matmul_flops``) and the sweep's fixed cost per step (the profile's
+  ``sweep_step``: the pipeline's hand-offs, puts, dispatch and waits); a backward step reruns
   the forward inside ``jax.vjp`` and adds the transposed products (3x the forward, 2x for the
   first layer, which needs no input gradient);
 * **I/O** of a sweep: the gathers of ``H_l`` (own rows and halo rows, from the tier of each
@@ -601,7 +602,7 @@ def _step(w: Workload, profile, layer: int, kind: str,
                              masked=masked and not top,
                              memory_passes=TOP_PASSES if top else None, input_passes=passes)
     active = w.owned > 0
-    return _Priced((np.where(active, t + profile.step_latency, 0.0),))
+    return _Priced((np.where(active, t + profile.sweep_step, 0.0),))
 
 
 def backward_kind(w: Workload, layer: int, kept: bool) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from jgrind.hostio import allocator, host_memory
 from jgrind.hostio.rows import threads as row_threads
 
-PROFILE_VERSION = 17  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 18  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.hostio.rows` (take, add, store), not `x[i] += v`
@@ -46,6 +46,8 @@ PROFILE_VERSION = 17  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                         `pinned_host` memory, and JAX's copy into pageable memory
 #                     17: row-span calls check and record each row's checksum, as the SSD
 #                         tier's loops do (`jgrind.engine.ssd`: a CRC32C per file row)
+#                     18: the sweep step (`sweep_step`): what the engine's pipeline costs a
+#                         partition step beyond its compute and I/O
 
 _MIB = 2**20
 
@@ -58,7 +60,8 @@ class OlderProfileError(ProfileError):
     """A profile file written by another version of the format (its fields differ)."""
 
 
-_FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "gather_bw", "scatter_add_bw",
+_FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "sweep_step", "gather_bw",
+                 "scatter_add_bw",
                  "gather_row_seconds", "scatter_add_row_seconds",
                  "copy_bw", "to_device_bw", "to_device_small_bw", "to_host_bw", "ssd_read_bw",
                  "ssd_write_bw",
@@ -92,6 +95,10 @@ class Profile:
     spmm_rate: float       # jitted `jgrind.sparse.spmm`, nonzeros * width per second
     step_latency: float    # seconds per dispatch + sync of a jitted call with a layer step's
     #                        number of array arguments
+    sweep_step: float      # seconds per partition step of a pipelined sweep with no data to
+    #                        move or compute: thread hand-offs, puts, dispatch, waits
+    #                        (`jgrind.plan.measure._sweep_step`); the cost model charges it
+    #                        per step instead of ``step_latency``
     gather_bw: float       # host `jgrind.hostio.rows.take_rows` of sorted random rows into scattered
     #                        output rows (as the store places halo rows), bytes/s beyond the
     #                        per-row cost
@@ -170,6 +177,8 @@ class Profile:
                             "narrow output)"),
             ("sparse spmm", f"{self.spmm_rate / 1e9:.2f} G nonzeros*width/s"),
             ("step latency", f"{self.step_latency * 1e3:.3f} ms"),
+            ("sweep step", f"{self.sweep_step * 1e3:.3f} ms (per partition step, beyond "
+                           "compute and I/O)"),
             ("host gather", f"{self.gather_bw / 1e9:.2f} GB/s + "
                             f"{self.gather_row_seconds * 1e9:.1f} ns per row"),
             ("host scatter-add", f"{self.scatter_add_bw / 1e9:.2f} GB/s + "

@@ -123,6 +123,8 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
            f"({sizes.spmm[1]} nonzeros, width {sizes.spmm[2]})")
     step_latency = _step_latency(sizes)
     report(f"step latency {step_latency * 1e3:.3f} ms")
+    sweep_step = _sweep_step(sizes)
+    report(f"sweep step {sweep_step * 1e3:.3f} ms (a pipelined step with no data)")
     fused_steps = tuple(_fused_step(nodes, sizes.repeats) for nodes in sizes.fused)
     for nodes, edges, seconds in fused_steps:
         report(f"whole-graph step {seconds * 1e3:.1f} ms (reference GCN, {nodes} nodes, "
@@ -175,7 +177,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         version=PROFILE_VERSION, machine=machine_fingerprint(),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         matmul_flops=matmul_flops, contraction_bw=contraction_bw, spmm_rate=spmm_rate,
-        step_latency=step_latency,
+        step_latency=step_latency, sweep_step=sweep_step,
         gather_bw=gather_bw, gather_row_seconds=gather_row, scatter_add_bw=scatter_add_bw,
         scatter_add_row_seconds=scatter_add_row, copy_bw=copy_bw,
         to_device_bw=to_device_bw, to_device_small_bw=to_device_small_bw,
@@ -348,6 +350,72 @@ def _step_latency(sizes: _Sizes) -> float:
             tiny(args).block_until_ready()
         batches.append((time.perf_counter() - start) / sizes.latency_calls)
     return statistics.median(batches)
+
+
+SWEEP_STEP_ROWS = 64  # rows of the trivial step's input and output: no data to speak of
+
+
+def _sweep_step(sizes: _Sizes) -> float:
+    """Seconds per partition step of a sweep whose steps move and compute next to nothing: what
+    the engine's machinery costs a step (`jgrind.engine.pipeline`), beyond the compute and the
+    I/O the cost model prices.
+
+    Runs the pipeline's pattern with trivial work: a loader thread (of two) waits for the step
+    before last, then puts the next step's two input arrays on the device in one call and
+    waits for them; the main thread takes them, queues the next load, puts a spare buffer (a
+    placeholder, `jgrind.engine.spares`), dispatches a step with `STEP_ARGUMENTS` arguments,
+    makes a marker to wait on, starts the output's host copy, and queues its store on a
+    writer thread, waiting for the write before last; the writer reads the output on the host
+    and copies it into a table. Median per step over ``sizes.latency_calls`` steps, over
+    repeats. On CPU-2, idle, this was 0.86-1.05 ms against a step latency (one call, waited
+    for) of 0.03-0.04 ms: thread hand-offs and JAX's host-side work per call, which the cost
+    model missed, and which is most of a small partition's step."""
+    import concurrent.futures as cf
+
+    rows, width = SWEEP_STEP_ROWS, 16
+
+    def fn(*args):
+        *rest, x, g, _spare = args
+        return x * 2.0 + g + sum(a[0] for a in rest)
+
+    step = jax.jit(fn, donate_argnums=STEP_ARGUMENTS - 1, keep_unused=True)
+    marker = jax.jit(lambda out: out.reshape(-1)[:1])
+    rest = [jax.device_put(np.zeros(8, np.float32)) for _ in range(STEP_ARGUMENTS - 3)]
+    inputs = [aligned_empty((rows, width)) for _ in range(2)]
+    for array in inputs:
+        array.fill(1.0)
+    table = np.zeros((rows, width), np.float32)
+
+    def load(before):
+        if before is not None:
+            jax.block_until_ready(before)
+        return jax.block_until_ready(jax.device_put(inputs))
+
+    def store(out) -> None:
+        np.copyto(table, np.asarray(out))
+
+    def sweep(loader, writer, steps: int) -> float:
+        start = time.perf_counter()
+        future, markers, pending = loader.submit(load, None), [], []
+        for i in range(steps):
+            x, g = future.result()
+            if i + 1 < steps:
+                future = loader.submit(load, markers[-1] if markers else None)
+            out = step(*rest, x, g, jax.device_put(aligned_empty((rows, width))))
+            markers = markers[-1:] + [marker(out)]
+            out.copy_to_host_async()
+            pending.append(writer.submit(store, out))
+            while len(pending) > 1:
+                pending.pop(0).result()
+        for write in pending:
+            write.result()
+        return (time.perf_counter() - start) / steps
+
+    with cf.ThreadPoolExecutor(2, thread_name_prefix="jgrind-profile-loader") as loader, \
+            cf.ThreadPoolExecutor(1, thread_name_prefix="jgrind-profile-writer") as writer:
+        sweep(loader, writer, 2)  # compiles
+        return statistics.median(sweep(loader, writer, sizes.latency_calls)
+                                 for _ in range(sizes.repeats))
 
 
 # -- host memory and transfers ---------------------------------------------------------------
