@@ -339,12 +339,18 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             if rate is not None:
                 record["lr"] = rate
             prediction = getattr(executor, "prediction", None)
+            check = None
             if prediction is not None and epoch > resumed_at:  # (the first one compiles)
-                check = check_epoch(prediction, executor.sweep_seconds, record["seconds"],
-                                    epoch)
+                try:
+                    check = check_epoch(prediction, executor.sweep_seconds, record["seconds"],
+                                        epoch)
+                except ValueError as err:  # a diagnostic: training goes on, unchecked
+                    _say(f"jgrind: the run is not held against its plan: {err}", bar)
+                    executor.prediction = None
+            if check is not None:
                 record.update(check.as_record())
                 # the first epoch that misses is said at once; the run's share of them at its
-                # end (`plan_check_line`), not one line per epoch for as long as it trains
+                # end (`jgrind.plan.check.run_check`), not one line per epoch
                 if check.off() and not any(r.get("plan_off") for r in history):
                     record["plan_off"] = True
                     _say(f"jgrind: {check.line()}", bar)

@@ -126,3 +126,22 @@ def test_a_run_without_a_plan_records_no_check(tmp_path):
     result = train(jax.random.key(0), graph, model, optax.adam(1e-2), epochs=2,
                    policy=policies.host_offload(), num_parts=3, progress=False)
     assert all("predicted_seconds" not in r for r in result.history)
+
+
+def test_a_plan_whose_sweeps_are_not_the_engines_is_said_and_training_goes_on(tmp_path,
+                                                                           capsys):
+    """The check is a diagnostic: a prediction of another schedule (here: its sweeps
+    reversed) is said once, and the run trains on, unchecked."""
+    from jgrind.engine import OutOfCore
+    graph = community_graph(num_nodes=200, num_features=8)
+    model = models.gcn(graph.num_features, 16, graph.num_classes)
+    ex = OutOfCore(graph, model, optax.adam(1e-2), policy=policies.host_offload(), num_parts=3)
+    labels = [f"{s.kind} {s.layer}" for s in ex.built.plan.schedule.sweeps]
+    ex.prediction = _Prediction([(label, 1.0) for label in reversed(labels)])
+    result = train(jax.random.key(0), graph, model, optax.adam(1e-2), epochs=3,
+                   executor=ex, progress=False)
+    assert len(result.history) == 3
+    assert all("predicted_seconds" not in r for r in result.history)
+    out = capsys.readouterr().out
+    assert out.count("is not held against its plan: the measured sweeps") == 1
+
