@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_train_epilog())
     train.add_argument("--dataset", help="dataset name (see `jgrind datasets`) [the main "
                        "job's generated graph]")
-    train.add_argument("--model", choices=["gcn", "sage", "gat"], help="architecture [gcn]")
+    train.add_argument("--model", choices=["gcn", "sage", "gat", "rgcn", "rgat"],
+                       help="architecture [gcn]")
     train.add_argument("--epochs", type=int, help="training epochs [200; the main job: "
                        f"{MAIN_JOB_EPOCHS}]")
     train.add_argument("--seeds", type=int, help="number of seeds; mean +- std is reported [1]")
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "backward: more bytes stored, less work [regather]")
     train.add_argument("--parts", type=int, help="number of partitions for out-of-core runs")
     train.add_argument("--partitioner", help="label_propagation | contiguous | random | metis "
+                       "| FILE.npy, an assignment saved by `jgrind partition --out` "
                        "[label_propagation]")
     train.add_argument("--device-budget", help="memory budget of each device, e.g. 2GiB "
                        "(with --devices K, every one of the K has this much)")
@@ -118,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="label_propagation | contiguous | random | metis "
                            "[label_propagation]")
     part.add_argument("--seed", type=int, help="the partitioner's seed [0]")
+    part.add_argument("--out", metavar="FILE.npy", help="save the assignment (every node's "
+                      "partition) there, for `jgrind train --partitioner FILE.npy`")
     part.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="KEY=VALUE", help="a setting, as for `jgrind train` (dataset "
                       "settings, e.g. num_nodes=100000; parts, partitioner, "
@@ -177,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example:\n  jgrind plan --dataset rmat --set num_nodes=1000000 --set hidden=256 "
                "\\\n      --device-budget 2GiB --host-budget 4GiB --store /mnt/nvme")
     plan.add_argument("--dataset", help="dataset name (see `jgrind datasets`) [csbm]")
-    plan.add_argument("--model", choices=["gcn", "sage", "gat"], help="architecture [gcn]")
+    plan.add_argument("--model", choices=["gcn", "sage", "gat", "rgcn", "rgat"],
+                      help="architecture [gcn]")
     plan.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="KEY=VALUE", help="a setting, as for `jgrind train`")
     plan.add_argument("--parts", type=int, help="fix the number of partitions [the planner "
@@ -410,9 +415,14 @@ def cmd_plan(args) -> int:
     print(graph)
     if args.devices is not None:
         return _plan_devices(graph, model, cfg, partitioner, profile, args.devices)
+    from jgrind.plan import policies  # the store_dtype settings, as auto plans with them
+    storages = policies.with_storage_named(
+        policies.auto(), cfg.store_dtype, cfg.store_dtype_activations,
+        cfg.store_dtype_aggregations, cfg.store_dtype_gradients).storages()
     the_plan = plan_run(graph, model, profile, device_budget=device, host_budget=host,
                         directory=store, num_parts=cfg.parts or None,
-                        partitioner=partitioner, progress=lambda msg: print(f"  {msg}"))
+                        partitioner=partitioner, progress=lambda msg: print(f"  {msg}"),
+                        storages=storages)
     print_plan(the_plan)
     charts = plot_plan(the_plan, args.out)
     if charts:
@@ -423,7 +433,8 @@ def cmd_plan(args) -> int:
 def _plan_of_run(run: pathlib.Path, out: str) -> int:
     """`jgrind plan --run DIR`: the plan a finished run saved (plan.txt) and its first seed's
     sweeps, measured (the median over the epochs the run checked) beside predicted."""
-    from jgrind.plan.check import format_sweep_table, run_check, sweep_table
+    from jgrind.plan.check import (format_parts_table, format_sweep_table, parts_table,
+                                   run_check, sweep_table)
     from jgrind.plan.report import plot_run_against_plan
     log = run / "metrics-seed0.jsonl"
     logs = sorted(run.glob("metrics-seed*.jsonl"))
@@ -444,6 +455,9 @@ def _plan_of_run(run: pathlib.Path, out: str) -> int:
         print((run / "plan.txt").read_text().rstrip())
     print(f"sweeps of {log.name}, measured (median of the checked epochs) against predicted:")
     print(format_sweep_table(rows))
+    if parts_table(history):
+        print("each sweep's parts, predicted/measured seconds, and the waits on reads/writes:")
+        print(format_parts_table(parts_table(history)))
     print(run_check(history)["line"])
     print(f"wrote {plot_run_against_plan(rows, out, title=f'{run.name} against its plan')}")
     return 0
@@ -451,8 +465,9 @@ def _plan_of_run(run: pathlib.Path, out: str) -> int:
 
 def _plan_devices(graph, model, cfg, partitioner, profile, devices: int) -> int:
     """`jgrind plan --devices K`: the partitions (``--parts``, else one per device) placed on
-    K devices by the profile's predicted step times, and the bytes the halo exchange moves per
-    epoch beside the minimum. Nothing runs, so K may exceed the devices this machine has."""
+    K devices by the profile's predicted step times, the bytes the halo exchange moves per
+    epoch beside the minimum, and the predicted epoch over each link the machine may use
+    (`jgrind.plan.sharded`). Nothing runs, so K may exceed the devices this machine has."""
     from jgrind.partition import partition_graph
     from jgrind.plan.exchange import epoch_exchange_bytes, exchange_plan
     from jgrind.plan.placement import Rates, place
@@ -475,6 +490,11 @@ def _plan_devices(graph, model, cfg, partitioner, profile, devices: int) -> int:
     ratio = moved / minimum if minimum else 1.0
     print(f"halo exchange per epoch: {moved / 2**20:.2f} MiB moved between devices, minimum "
           f"{minimum / 2**20:.2f} MiB ({ratio:.2f}x)")
+    from jgrind.plan.cost import parameter_count
+    from jgrind.plan.sharded import predictions
+    for prediction in predictions(exchange, normalized.indptr, model, graph.num_features,
+                                  profile, parameter_count(model)):
+        print(prediction.line())
     return 0
 
 
@@ -570,12 +590,20 @@ def cmd_partition(args) -> int:
     cfg = cfg.with_overrides(args.overrides)
     partitioner = build_partitioner(cfg)  # checked before the graph is loaded
     _parts_flag(args.parts)
+    if args.out and not args.out.endswith(".npy"):
+        raise ConfigError(f"--out {args.out}: the assignment is saved as a .npy file; name it "
+                          "FILE.npy")
     parts = cfg.parts or 8
     graph = load_graph(cfg)
     m = measure(partitioner, graph, parts, seed=cfg.seed)
     pg = partition_graph(graph, m.assignment, num_parts=parts)
     print(graph)
     print(quality(pg, m).format())
+    if args.out:
+        import numpy as np
+        np.save(args.out, np.asarray(m.assignment, np.int32), allow_pickle=False)
+        print(f"wrote {args.out}: the partition of each of the {graph.num_nodes} nodes "
+              f"(`jgrind train --partitioner {args.out}`)")
     return 0
 
 
@@ -644,7 +672,8 @@ def cmd_datasets(args) -> int:
     print("also by path: ogb:FOLDER (an OGB download), npz:FILE (a gnn-benchmark .npz, with a "
           "random split per seed, or any heterophilous-graphs .npz, with its fixed splits: "
           "told by its keys), edgelist:FILE (features.npy and labels.npy beside it), "
-          "npy:FOLDER (saved by `jgrind convert`)")
+          "npy:FOLDER (saved by `jgrind convert`), hgsl:FOLDER (an HGSL/GTN heterogeneous "
+          "dataset's pickles), mag-like:SCALE (the generated ogbn-mag-sized graph, scaled)")
     print("any of them: --set dataset_options=largest_component:true keeps the largest "
           "connected component")
     return 0

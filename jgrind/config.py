@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from jgrind.graph import Graph
-from jgrind.models.model import GNN, gat, gcn, sage
+from jgrind.models.model import GNN, gat, gcn, rgat, rgcn, sage
 from jgrind.plan.budgets import UNLIMITED
 
 
@@ -35,7 +35,7 @@ class RunConfig:
     dataset: str = "csbm"
     "dataset name (see `jgrind datasets`), ogb:DIR for an OGB raw directory"
     model: str = "gcn"
-    "gcn | sage | gat"
+    "gcn | sage | gat | rgcn | rgat (rgcn, rgat: a weight per relation of the graph)"
     hidden: int = 64
     "hidden width (GAT: per head)"
     layers: int = 2
@@ -46,6 +46,10 @@ class RunConfig:
     "GAT attention heads in the output layer (averaged)"
     attention_dropout: float = -1.0
     "GAT dropout on attention coefficients (-1 = as dropout)"
+    num_bases: int = 0
+    "R-GCN: relation weights as combinations of this many shared bases (0 = one per relation)"
+    num_blocks: int = 0
+    "R-GCN: block-diagonal relation weights of this many blocks (0 = dense)"
     dropout: float = 0.5
     "dropout rate on every layer's input (GAT: also on attention, unless attention_dropout)"
     residual: bool = False
@@ -106,12 +110,23 @@ class RunConfig:
     keep_aggregations: str = ""
     ("in_memory | host | ssd policies: keep each layer's aggregation in this tier (device | "
      "host | ssd) instead of regathering its input in backward ('' = regather, as GriNNder)")
+    store_dtype: str = ""
+    ("storage dtype of blocks offloaded to host RAM and SSD, computation staying float32: "
+     "float32 | bfloat16 | float16 | int8 | int8-stochastic, or auto (the auto policy may "
+     "choose bfloat16 or int8) ('' = float32, exact)")
+    store_dtype_activations: str = ""
+    "storage dtype of activations only ('' = store_dtype)"
+    store_dtype_aggregations: str = ""
+    "storage dtype of kept aggregations only ('' = store_dtype)"
+    store_dtype_gradients: str = ""
+    "storage dtype of gradients only ('' = store_dtype)"
     parts: int = 0
     "partitions for out-of-core runs (0 = 4 when out of core; with auto the planner chooses)"
     profile: str = ""
     "auto policy: hardware profile file ('' = the default, measured on first use)"
     partitioner: str = "label_propagation"
-    "label_propagation | contiguous | random | metis"
+    ("label_propagation | contiguous | random | metis | FILE.npy (an assignment saved by "
+     "`jgrind partition --out`)")
     partitioner_options: str = ""
     ("the partitioner's options, as key:value pairs joined by commas, e.g. "
      "edge_imbalance:1.5,imbalance:1.02 for label_propagation (at most that many times a fair "
@@ -163,6 +178,8 @@ class RunConfig:
         for name in ("store", "profile"):
             if getattr(self, name):
                 changes[name] = absolute(getattr(self, name))
+        if self.partitioner.endswith(".npy"):  # a saved assignment
+            changes["partitioner"] = absolute(self.partitioner)
         return dataclasses.replace(self, **changes)
 
     def loader_options(self) -> dict:
@@ -260,6 +277,8 @@ _LIMITS = {
     "lr_schedule": (lambda v: v in ("constant", "cosine"), "constant or cosine"),
     "warmup_epochs": (lambda v: v >= 0, "0 (off) or more"),
     "output_heads": (lambda v: v >= 1, "at least 1"),
+    "num_bases": (lambda v: v >= 0, "0 (one weight per relation) or more"),
+    "num_blocks": (lambda v: v >= 0, "0 (dense weights) or more"),
     "attention_dropout": (lambda v: v == -1 or 0 <= v < 1, "-1 (as dropout) or in [0, 1)"),
     "min_delta": (lambda v: math.isfinite(v) and v >= 0, "a finite number, 0 or more"),
     "eval_every": (lambda v: v >= 1, "at least 1"),
@@ -332,7 +351,17 @@ def build_model(cfg: RunConfig, graph: Graph) -> GNN:
         return gat(f, cfg.hidden, c, heads=cfg.heads, output_heads=cfg.output_heads,
                    attention_dropout=None if cfg.attention_dropout < 0 else
                    cfg.attention_dropout, **common)
-    raise ConfigError(f"unknown model {cfg.model!r}; use gcn, sage or gat")
+    if cfg.model == "rgcn":
+        try:
+            return rgcn(f, cfg.hidden, c, graph.num_relations, num_bases=cfg.num_bases or None,
+                        num_blocks=cfg.num_blocks or None, **common)
+        except ValueError as e:
+            raise ConfigError(f"rgcn: {e}") from e
+    if cfg.model == "rgat":
+        return rgat(f, cfg.hidden, c, graph.num_relations, heads=cfg.heads,
+                    output_heads=cfg.output_heads, attention_dropout=None
+                    if cfg.attention_dropout < 0 else cfg.attention_dropout, **common)
+    raise ConfigError(f"unknown model {cfg.model!r}; use gcn, sage, gat, rgcn or rgat")
 
 
 def build_loss(cfg: RunConfig, graph: Graph, split: int = 0):
@@ -391,6 +420,10 @@ def build_optimizer(cfg: RunConfig) -> optax.GradientTransformation:
 
 def load_graph(cfg: RunConfig, **loader_options) -> Graph:
     """The graph ``cfg`` names; ``loader_options`` go to its loader beside the settings'."""
+    from jgrind.devices.local import local_graph
+    local = None if loader_options else local_graph(cfg)
+    if local is not None:  # one of several processes, reading only its own rows
+        return local
     if cfg.num_classes:
         loader_options = {"num_classes": cfg.num_classes, **loader_options}
     from jgrind import datasets
@@ -461,7 +494,13 @@ def build_policy(cfg: RunConfig, on_plan=None):
     if cfg.policy not in choices:
         raise ConfigError(f"unknown policy {cfg.policy!r}; use one of "
                           f"{', '.join(k for k in choices if k)}")
-    engine = {"policy": choices[cfg.policy](), "num_parts": cfg.parts or None, "store": store,
+    try:  # the storage dtypes of offloaded blocks (`policies.with_storage`)
+        policy = policies.with_storage_named(
+            choices[cfg.policy](), cfg.store_dtype, cfg.store_dtype_activations,
+            cfg.store_dtype_aggregations, cfg.store_dtype_gradients)
+    except ValueError as e:
+        raise ConfigError(f"setting store_dtype: {e}") from None
+    engine = {"policy": policy, "num_parts": cfg.parts or None, "store": store,
               "device_budget": device, "host_budget": host,
               "partitioner": build_partitioner(cfg)}
     if cfg.devices:  # `jgrind.train`'s devices; left out for one device, as before it existed
@@ -484,6 +523,9 @@ def build_partitioner(cfg: RunConfig):
     import inspect
 
     from jgrind.partition import PARTITIONERS
+    if cfg.partitioner.endswith(".npy"):  # a saved assignment (`jgrind partition --out`)
+        from jgrind.datasets.saved_arrays import saved_assignment
+        return saved_assignment(cfg.partitioner)
     if cfg.partitioner not in PARTITIONERS:
         raise ConfigError(f"unknown partitioner {cfg.partitioner!r}; use one of "
                           f"{', '.join(PARTITIONERS)}")

@@ -420,7 +420,10 @@ def store_line(memory: dict, epochs: int, seed: int, first_epoch: int = 0,
             f"{f(memory['host_written'])}; SSD read {f(memory['ssd_read'])}, written "
             f"{f(memory['ssd_written'])} (file calls: {memory['ssd_read_ops']:,} reads of "
             f"{f(memory['ssd_file_read'])}, {memory['ssd_write_ops']:,} writes of "
-            f"{f(memory['ssd_file_written'])})")
+            f"{f(memory['ssd_file_written'])})"
+            # blocks in host RAM and on SSD kept in a smaller dtype (`jgrind.hostio.codecs`)
+            + (f"; stored as {memory['storage']}"
+               if memory.get("storage", "float32") != "float32" else ""))
 
 
 def predict_run(out: str | pathlib.Path, seed: Optional[int] = None, layer: Optional[int] = None,

@@ -62,6 +62,13 @@ class Graph:
       num_classes: C, the number of outputs the model predicts (multi-label: T).
       edge_weight: optional ``[E]`` float32 weight of every edge, aligned with ``indices``.
       name: a label for logs and reports.
+      edge_type: optional ``[E]`` small int (int8; int16 past 127 relations) relation id of
+        every edge, aligned with ``indices``; given exactly when ``relations`` is not empty.
+      relations: the relation names, ``"src__rel__dst"``, one per id in ``edge_type``.
+      node_types: ``(type name, count)`` pairs in global id order; each type holds a
+        contiguous range of ids and the counts sum to N. Empty for a homogeneous graph. The
+        features of a heterogeneous graph have one width: narrower types are zero-padded to
+        the widest (`jgrind.hetero`), so every layer stores one width.
 
     Construct through the dataclass constructor; it validates everything and freezes the arrays.
     """
@@ -76,6 +83,9 @@ class Graph:
     num_classes: int
     edge_weight: Optional[np.ndarray] = None
     name: str = "graph"
+    edge_type: Optional[np.ndarray] = None
+    relations: tuple[str, ...] = ()
+    node_types: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
@@ -101,6 +111,15 @@ class Graph:
             set_(k, freeze(m[None] if m.ndim == 1 else m))
         if self.edge_weight is not None:
             set_("edge_weight", freeze(np.asarray(self.edge_weight, dtype=np.float32)))
+        set_("relations", tuple(str(r) for r in self.relations))
+        set_("node_types", tuple((str(t), int(c)) for t, c in self.node_types))
+        if (self.edge_type is None) != (not self.relations):
+            given = "edge_type" if self.edge_type is not None else "relations"
+            raise GraphError(f"{self.name}: edge_type (a relation id per edge) and relations "
+                             f"(their names) go together: {given} given without the other")
+        if self.edge_type is not None:
+            set_("edge_type", freeze(_relation_ids(self.name, self.edge_type,
+                                                   len(self.relations))))
         set_("num_classes", int(self.num_classes))
         self.validate()
 
@@ -120,6 +139,16 @@ class Graph:
     @property
     def num_splits(self) -> int:
         return int(self.train_mask.shape[0])
+
+    @property
+    def num_relations(self) -> int:
+        """R, the number of relations (edge types); 1 for a graph without edge types."""
+        return max(len(self.relations), 1)
+
+    @property
+    def heterogeneous(self) -> bool:
+        """True if the edges carry relation ids (`edge_type`)."""
+        return self.edge_type is not None
 
     @property
     def multilabel(self) -> bool:
@@ -154,8 +183,7 @@ class Graph:
     def nbytes(self) -> int:
         arrays = [self.indptr, self.indices, self.features, self.labels,
                   self.train_mask, self.val_mask, self.test_mask]
-        if self.edge_weight is not None:
-            arrays.append(self.edge_weight)
+        arrays += [a for a in (self.edge_weight, self.edge_type) if a is not None]
         return int(sum(a.nbytes for a in arrays))
 
     def fingerprint(self) -> dict:
@@ -184,7 +212,7 @@ class Graph:
         return {"nodes": self.num_nodes, "edges": self.num_edges,
                 "features": self.num_features, "classes": self.num_classes,
                 "multilabel": self.multilabel,
-                "edges_crc": crc(self.indptr, self.indices, self.edge_weight),
+                "edges_crc": crc(self.indptr, self.indices, self.edge_weight, self.edge_type),
                 "features_crc": crc(self.features), "labels_crc": crc(self.labels),
                 "masks_crc": crc(self.train_mask, self.val_mask, self.test_mask)}
 
@@ -203,7 +231,9 @@ class Graph:
         return (f"Graph(name={self.name!r}, nodes={self.num_nodes:,}, edges={self.num_edges:,}, "
                 f"features={self.num_features}, "
                 f"{'tasks' if self.multilabel else 'classes'}={self.num_classes}, "
-                f"splits={self.num_splits}, weighted={self.edge_weight is not None})")
+                f"splits={self.num_splits}, weighted={self.edge_weight is not None}"
+                + (f", relations={len(self.relations)}" if self.relations else "")
+                + (f", node_types={len(self.node_types)}" if self.node_types else "") + ")")
 
     # -- validation -------------------------------------------------------------------------
     def _check_class_ids(self) -> None:
@@ -281,6 +311,25 @@ class Graph:
                                  f"expected [{ix.size}] (one weight per edge)")
             if not np.isfinite(self.edge_weight).all():
                 raise GraphError(f"{name}: edge weights contain NaN or inf")
+        self._check_types()
+
+    def _check_types(self) -> None:
+        name, n = self.name, self.num_nodes
+        if self.edge_type is not None:
+            if self.edge_type.shape != self.indices.shape:
+                raise GraphError(f"{name}: edge_type has shape {self.edge_type.shape}, "
+                                 f"expected [{self.indices.size}] (one relation id per edge)")
+            if len(set(self.relations)) != len(self.relations):
+                raise GraphError(f"{name}: relation names repeat: {list(self.relations)}")
+        if self.node_types:
+            counts = [c for _, c in self.node_types]
+            names = [t for t, _ in self.node_types]
+            if len(set(names)) != len(names):
+                raise GraphError(f"{name}: node type names repeat: {names}")
+            if min(counts) < 0 or sum(counts) != n:
+                raise GraphError(f"{name}: node type counts {dict(self.node_types)} sum to "
+                                 f"{sum(counts)}, but the graph has {n} nodes; each type "
+                                 "is a contiguous id range and together they cover every node")
 
 
 # The features array `Graph.replace` carries over unchanged, from a graph that has checked it:
@@ -395,6 +444,22 @@ def _binary_targets(name: str, targets: np.ndarray) -> np.ndarray:
     return targets.astype(np.int8)
 
 
+def _relation_ids(name: str, edge_type, num_relations: int) -> np.ndarray:
+    """``edge_type`` as int8 (int16 past 127 relations) ids in ``[0, num_relations)``, or
+    GraphError."""
+    ids = np.asarray(edge_type)
+    if ids.ndim != 1 or ids.dtype == bool or not np.issubdtype(ids.dtype, np.integer):
+        raise GraphError(f"{name}: edge_type must be a [E] integer array of relation ids, got "
+                         f"{ids.dtype} of shape {ids.shape}")
+    if ids.size and (ids.min() < 0 or ids.max() >= num_relations):
+        bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        raise GraphError(f"{name}: edge_type holds relation id {bad}, outside [0, "
+                         f"{num_relations}) for the {num_relations} named relations")
+    want = np.int8 if num_relations <= 127 else np.int16 if num_relations <= 32767 \
+        else np.int32
+    return ids.astype(want, copy=False)
+
+
 def _non_finite_rows(features: np.ndarray) -> np.ndarray:
     """Sorted indices of the rows of ``features`` ``[N, F]`` holding NaN or inf, found a
     slice of rows at a time."""
@@ -426,13 +491,15 @@ def _node_ids(name: str, ids, what: str) -> np.ndarray:
 
 def from_edges(src, dst, features, labels, *, edge_weight=None, num_classes=None,
                train_mask=None, val_mask=None, test_mask=None, name="graph",
-               num_nodes=None) -> Graph:
+               num_nodes=None, edge_type=None, relations=(), node_types=()) -> Graph:
     """Build a `Graph` from edge lists ``src -> dst`` (kept as given: no symmetrising, no dedup).
 
     A PyG ``edge_index`` (``[2, E]``, sources first) is ``from_edges(*edge_index, x, y)``.
     ``labels``: ``[N]`` (or ``[N, 1]``) class ids, or ``[N, T]`` binary targets of a
     multi-label task (``num_classes`` defaults to T; for class ids, the largest + 1).
-    ``edge_weight``: an optional ``[E]`` weight per edge, in the order of ``src`` / ``dst``.
+    ``edge_weight``: an optional ``[E]`` weight per edge, in the order of ``src`` / ``dst``;
+    ``edge_type`` likewise a relation id per edge, with ``relations`` and ``node_types`` as in
+    `Graph`.
     Masks (``[N]`` or ``[splits, N]``) default to empty single splits. Raises `GraphError` for
     out-of-range ids before anything large is allocated.
     """
@@ -449,6 +516,11 @@ def from_edges(src, dst, features, labels, *, edge_weight=None, num_classes=None
             bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
             raise GraphError(f"{name}: edge {what} {bad} is out of range for {n} nodes "
                              f"(ids must lie in [0, {n}))")
+    if edge_type is not None:
+        edge_type = np.asarray(edge_type).reshape(-1)
+        if edge_type.shape != src.shape:
+            raise GraphError(f"{name}: edge_type has shape {edge_type.shape}, expected "
+                             f"[{src.size}] (one relation id per edge)")
     if edge_weight is not None:
         edge_weight = np.asarray(edge_weight)
         if edge_weight.ndim == 2 and edge_weight.shape[1] == 1:
@@ -475,4 +547,6 @@ def from_edges(src, dst, features, labels, *, edge_weight=None, num_classes=None
                  val_mask=empty if val_mask is None else val_mask,
                  test_mask=empty if test_mask is None else test_mask,
                  edge_weight=None if edge_weight is None else edge_weight[order],
+                 edge_type=None if edge_type is None else edge_type[order],
+                 relations=tuple(relations), node_types=tuple(node_types),
                  num_classes=num_classes, name=name)

@@ -34,9 +34,10 @@ from jgrind.metrics import check_metric, cross_entropy, default_metric, evaluate
 from jgrind.models.model import GNN, Params
 from jgrind.plan.budgets import check_budget
 from jgrind.plan.check import check_epoch
-from jgrind.plan.execution import choose_execution
+from jgrind.plan.execution import Execution, choose_execution
 from jgrind.plan.execution import in_memory_bytes  # noqa: F401 - jgrind.train's public name
 from jgrind.plan.protocols import check_policy
+from jgrind.plan.replan import Replanner
 
 
 class Executor(Protocol):
@@ -242,7 +243,11 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
 
     Each history record: ``epoch, loss, seconds``; ``lr`` when the optimizer exposes its
     learning rate (`learning_rate`); and, on evaluated epochs, ``train``, ``val``, ``test``
-    (the metric), ``val_loss`` and any ``metrics``.
+    (the metric), ``val_loss`` and any ``metrics``. A planned run's epochs are held against
+    the plan (`jgrind.plan.check.EpochCheck.as_record`), and one that re-plans
+    (`jgrind.plan.replan`: `auto`, between epochs) records its review (``plan_review``) and
+    the re-plan (``replan``) on the epoch that led to it; ``plan`` counts the re-plans before
+    an epoch, from the first.
     """
     metrics = dict(metrics or {})
     _check_train_arguments(key, graph, model, optimizer, epochs=epochs, eval_every=eval_every,
@@ -259,6 +264,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     masks = (graph.train_mask[split], graph.val_mask[split], graph.test_mask[split])
     labels = graph.labels
     owned_executor = executor is None
+    node_loss = loss  # (the epochs' loop names the epoch's loss value `loss`)
 
     init_key, dropout_key = jax.random.split(key)
     params = model.init(init_key)
@@ -268,7 +274,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     history: list[dict] = []
     start_epoch = 0
 
-    log_file = manager = None
+    log_file = manager = replanner = None
     stale = 0
     train_seconds = 0.0
     warned_nan = False
@@ -277,10 +283,10 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
         # Made before anything is written: a budget or store directory it rejects is an error
         # that leaves no checkpoint folder or log behind.
         if owned_executor:
-            executor = make_executor(graph, model, optimizer, split=split, policy=policy,
-                                     num_parts=num_parts, store=store,
-                                     device_budget=device_budget, host_budget=host_budget,
-                                     partitioner=partitioner, loss=loss, devices=devices)
+            executor, replanner = _make_executor(
+                graph, model, optimizer, split=split, policy=policy, num_parts=num_parts,
+                store=store, device_budget=device_budget, host_budget=host_budget,
+                partitioner=partitioner, loss=loss, devices=devices)
 
         # -- resume --------------------------------------------------------------------------
         manager = ckpt.manager(checkpoint_dir, checkpoint_every) if checkpoint_dir else None
@@ -324,6 +330,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             for record in history:
                 log_file.write(json.dumps(record) + "\n")
         resumed_at = start_epoch
+        compiled_at = resumed_at  # the epoch that compiles: the first, and after a re-plan
         if patience is not None and stale >= patience:
             start_epoch = epochs  # the resumed run had stopped early: as it did, so it stays
         bar = _progress(range(start_epoch, epochs), progress, total=epochs,
@@ -339,16 +346,19 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             if rate is not None:
                 record["lr"] = rate
             prediction = getattr(executor, "prediction", None)
-            check = None
-            if prediction is not None and epoch > resumed_at:  # (the first one compiles)
+            check = replanned = None
+            if prediction is not None and epoch > compiled_at:
+                parts = getattr(getattr(executor, "runner", None), "sweep_parts", ())
                 try:
                     check = check_epoch(prediction, executor.sweep_seconds, record["seconds"],
-                                        epoch)
+                                        epoch, parts)
                 except ValueError as err:  # a diagnostic: training goes on, unchecked
                     _say(f"jgrind: the run is not held against its plan: {err}", bar)
                     executor.prediction = None
             if check is not None:
                 record.update(check.as_record())
+                if replanner is not None and replanner.replans:
+                    record["plan"] = replanner.replans
                 # the first epoch that misses is said at once; the run's share of them at its
                 # end (`jgrind.plan.check.run_check`), not one line per epoch
                 if check.off() and not any(r.get("plan_off") for r in history):
@@ -356,6 +366,15 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                     _say(f"jgrind: {check.line()}", bar)
                 elif check.off():
                     record["plan_off"] = True
+                # (`jgrind.plan.replan`'s rule; after the last epoch no plan would be used)
+                if replanner is not None and replanner.due and epoch < epochs - 1:
+                    replanner.ssd_free = _ssd_free(replanner.plan.directory, executor)
+                    review = replanner.review(check, parts)
+                    record["plan_review"] = review.record
+                    if review.plan is not None:
+                        record["replan"] = review.record
+                        replanned = review.plan
+                        _say(f"jgrind: {review.line}", bar)
             train_seconds += record["seconds"]
             if not math.isfinite(loss):
                 raise FloatingPointError(f"loss became {loss} at epoch {epoch}; lower the "
@@ -403,6 +422,15 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                 ckpt.save(manager, epoch, state, meta, force=last or stop)
             if stop:
                 break
+            if replanned is not None:  # between epochs: the same numbers, stored elsewhere
+                executor.close()  # its store's files go first: the budgets hold one store
+                executor = None
+                executor = _engine(graph, model, optimizer, Execution(
+                    in_memory=False, policy=replanned.policy(), num_parts=replanned.num_parts,
+                    partitioned=replanned.partitioned, prediction=replanned.prediction,
+                    plan=replanned), split=split, store=store, device_budget=device_budget,
+                    host_budget=host_budget, partitioner=partitioner, loss=node_loss)
+                compiled_at = epoch + 1
     finally:
         # whole, even if a second Ctrl-C or SIGTERM follows the one that stopped the run
         with interrupts.deferred():
@@ -506,6 +534,19 @@ def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy
     A policy that plans the whole run (`jgrind.plan.auto`) chooses the fast path, or the
     partitions and fates the engine then runs. ``in_memory_bytes(graph, model)`` is the fast
     path's peak, the figure a device budget is held against."""
+    return _make_executor(graph, model, optimizer, split=split, policy=policy,
+                          num_parts=num_parts, store=store, device_budget=device_budget,
+                          host_budget=host_budget, partitioner=partitioner, loss=loss,
+                          devices=devices)[0]
+
+
+def _make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy=None,
+                   num_parts: Optional[int] = None, store=None,
+                   device_budget: Optional[int] = None, host_budget: Optional[int] = None,
+                   partitioner=None, loss: Optional[Callable] = None,
+                   devices=None) -> tuple[Executor, Optional[Replanner]]:
+    """`make_executor`, and the `Replanner` of a run whose policy plans and re-plans (None
+    for any other)."""
     device_budget = check_budget(device_budget, "device_budget")
     host_budget = check_budget(host_budget, "host_budget")
     if policy is not None:
@@ -524,18 +565,47 @@ def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy
                              "per-device budgets, are the next step")
         kwargs = {} if partitioner is None else {"partitioner": partitioner}
         return Sharded(graph, model, optimizer, devices=devices, num_parts=num_parts,
-                       split=split, loss=loss, **kwargs)
+                       split=split, loss=loss, **kwargs), None
     chosen = choose_execution(graph, model, policy=policy, num_parts=num_parts, store=store,
                               device_budget=device_budget, host_budget=host_budget,
                               partitioner=partitioner)
     if chosen.in_memory:
-        return InMemory(graph, model, optimizer, split, loss=loss)
+        return InMemory(graph, model, optimizer, split, loss=loss), None
+    replanner = None
+    if chosen.plan is not None and getattr(policy, "replan", False) and optimizer is not None:
+        from jgrind.plan.planner import _num_params  # the planner's count, for its update
+        from jgrind.plan.inventory import layer_widths
+        replanner = Replanner(
+            chosen.plan, policy.load_profile(None if store is None else str(store)),
+            _num_params(layer_widths(model, graph.num_features)),
+            recompute=policy.recompute, keep=policy.keep_aggregations)
+    return _engine(graph, model, optimizer, chosen, split=split, store=store,
+                   device_budget=device_budget, host_budget=host_budget,
+                   partitioner=partitioner, loss=loss), replanner
+
+
+def _engine(graph: Graph, model: GNN, optimizer, chosen: Execution, *, split: int, store,
+            device_budget, host_budget, partitioner, loss) -> OutOfCore:
+    """The out-of-core engine for what `choose_execution` chose."""
     kwargs = {} if partitioner is None or chosen.partitioned is not None else \
         {"partitioner": partitioner}
     return OutOfCore(graph, model, optimizer, policy=chosen.policy, num_parts=chosen.num_parts,
                      partitioned=chosen.partitioned, split=split, store=store,
                      device_budget=device_budget, host_budget=host_budget, loss=loss,
                      prediction=chosen.prediction, **kwargs)
+
+
+def _ssd_free(directory, executor) -> Optional[int]:
+    """Bytes free in the store's ``directory`` once ``executor``'s own files are gone (a
+    re-plan removes them before the new store is made); None without a store."""
+    if directory is None:
+        return None
+    from jgrind.hostio import disk_space
+    try:
+        free = disk_space.free_bytes(directory)
+    except OSError:
+        return None
+    return free + int(executor.store.accounts.ssd)
 
 
 def _say(line: str, bar) -> None:

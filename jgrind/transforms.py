@@ -1,7 +1,8 @@
 """Pure graph transforms: each takes a `Graph` and returns a new one (or derived arrays).
 
 All of them work on the CSR in NumPy, in O(N + E) memory beyond the output, so that they run on
-graphs far larger than the accelerator.
+graphs far larger than the accelerator. A heterogeneous graph's relation ids (`Graph.edge_type`)
+travel with their edges through every transform, as the edge weights do.
 """
 
 from __future__ import annotations
@@ -10,11 +11,14 @@ from typing import Optional
 
 import numpy as np
 
-from jgrind.graph import Graph, index_dtype
+from jgrind.graph import Graph, GraphError, index_dtype
+
+#: The relation `add_self_loops` gives the loops it adds to a heterogeneous graph.
+SELF_RELATION = "self"
 
 
 def _rebuild(graph: Graph, src: np.ndarray, dst: np.ndarray, weight=None,
-             presorted: bool = False) -> Graph:
+             presorted: bool = False, edge_type=None) -> Graph:
     """A graph with the same nodes and the given edges (sorted by destination, then source;
     ``presorted`` says they already are, saving a sort of E)."""
     n = graph.num_nodes
@@ -23,7 +27,8 @@ def _rebuild(graph: Graph, src: np.ndarray, dst: np.ndarray, weight=None,
     indptr = np.zeros(n + 1, dtype=idx_t)
     np.cumsum(np.bincount(dst, minlength=n), out=indptr[1:])
     return graph.replace(indptr=indptr, indices=src[order].astype(idx_t),
-                         edge_weight=None if weight is None else weight[order])
+                         edge_weight=None if weight is None else weight[order],
+                         edge_type=None if edge_type is None else edge_type[order])
 
 
 def _sorted_unique(keys: np.ndarray, return_inverse: bool = False):
@@ -72,9 +77,11 @@ def _block_rows(indptr: np.ndarray, first: int, stop: int, dtype) -> np.ndarray:
     return np.repeat(np.arange(first, stop, dtype=dtype), np.diff(indptr[first:stop + 1]))
 
 
-def _sort_rows(indptr: np.ndarray, indices: np.ndarray, weight, n: int) -> None:
+def _sort_rows(indptr: np.ndarray, indices: np.ndarray, weight, n: int,
+               edge_type=None) -> None:
     """Sort every row by source in place (stably: duplicates keep their order), block by block;
-    rows already sorted cost one comparison per edge."""
+    rows already sorted cost one comparison per edge. ``weight`` and ``edge_type`` (or None)
+    move with their edges."""
     for first, stop in row_blocks(indptr):
         lo, hi = int(indptr[first]), int(indptr[stop])
         cols = indices[lo:hi]
@@ -85,6 +92,8 @@ def _sort_rows(indptr: np.ndarray, indices: np.ndarray, weight, n: int) -> None:
         indices[lo:hi] = cols[order]
         if weight is not None:
             weight[lo:hi] = weight[lo:hi][order]
+        if edge_type is not None:
+            edge_type[lo:hi] = edge_type[lo:hi][order]
 
 
 def self_loop_mask(indptr: np.ndarray, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -109,15 +118,18 @@ def remove_self_loops(graph: Graph) -> Graph:
     keep, new_indptr = self_loop_mask(graph.indptr, indices)
     new_indices = indices[keep]
     weight = None if graph.edge_weight is None else graph.edge_weight[keep]
-    _sort_rows(new_indptr, new_indices, weight, n)
+    edge_type = None if graph.edge_type is None else graph.edge_type[keep]
+    _sort_rows(new_indptr, new_indices, weight, n, edge_type)
     idx_t = index_dtype(max(n, new_indices.size))
     return graph.replace(indptr=new_indptr.astype(idx_t, copy=False),
-                         indices=new_indices.astype(idx_t, copy=False), edge_weight=weight)
+                         indices=new_indices.astype(idx_t, copy=False), edge_weight=weight,
+                         edge_type=edge_type)
 
 
 def add_self_loops(graph: Graph, fill_value: float = 1.0) -> Graph:
     """Add one self loop to every node (after removing any existing ones, as PyG does); each
-    row comes out sorted by source, the loop in its place."""
+    row comes out sorted by source, the loop in its place. In a heterogeneous graph the loops
+    are the relation `SELF_RELATION`, added to the relations if missing."""
     g = remove_self_loops(graph)
     n, indptr, indices = g.num_nodes, g.indptr, g.indices
     below = np.zeros(n, np.int64)  # per row: sources smaller than the row, before its loop
@@ -132,13 +144,24 @@ def add_self_loops(graph: Graph, fill_value: float = 1.0) -> Graph:
     weight = None
     if g.edge_weight is not None:
         weight = np.insert(g.edge_weight, at, np.float32(fill_value))
+    types = {}
+    if g.edge_type is not None:
+        relations = g.relations if SELF_RELATION in g.relations \
+            else (*g.relations, SELF_RELATION)
+        wide = np.int8 if len(relations) <= 127 else np.int16
+        types = dict(relations=relations,
+                     edge_type=np.insert(g.edge_type.astype(wide), at,
+                                         relations.index(SELF_RELATION)))
     return g.replace(indptr=indptr.astype(np.int64) + np.arange(n + 1), indices=new_indices,
-                     edge_weight=weight)
+                     edge_weight=weight, **types)
 
 
 def remove_duplicate_edges(graph: Graph) -> Graph:
-    """Keep one copy of every ``(src, dst)`` pair; weights of duplicates are summed."""
+    """Keep one copy of every ``(src, dst)`` pair (of a heterogeneous graph: every
+    ``(src, dst, relation)``); weights of duplicates are summed."""
     src, dst = coo(graph)
+    if graph.edge_type is not None:
+        return _remove_duplicate_typed_edges(graph, src, dst)
     key = dst.astype(np.int64) * graph.num_nodes + src.astype(np.int64)
     w = None
     if graph.edge_weight is not None:
@@ -152,9 +175,26 @@ def remove_duplicate_edges(graph: Graph) -> Graph:
     return _rebuild(graph, new_src, new_dst, w, presorted=True)
 
 
+def _remove_duplicate_typed_edges(graph: Graph, src: np.ndarray, dst: np.ndarray) -> Graph:
+    order = np.lexsort((graph.edge_type, src, dst))
+    s, d, t = src[order], dst[order], graph.edge_type[order]
+    first = np.ones(s.size, bool)
+    first[1:] = (s[1:] != s[:-1]) | (d[1:] != d[:-1]) | (t[1:] != t[:-1])
+    w = None
+    if graph.edge_weight is not None:
+        w = np.bincount(np.cumsum(first) - 1, weights=graph.edge_weight[order],
+                        minlength=int(first.sum())).astype(np.float32)
+    return _rebuild(graph, s[first], d[first], w, presorted=True, edge_type=t[first])
+
+
 def make_undirected(graph: Graph) -> Graph:
     """Add the reverse of every edge, then drop duplicates (weights of a pair are summed once
-    per direction present, so an edge stored in both directions keeps its weight)."""
+    per direction present, so an edge stored in both directions keeps its weight).
+    A heterogeneous graph is refused: the reverse of a relation is another relation."""
+    if graph.edge_type is not None:
+        raise GraphError(f"{graph.name}: make_undirected cannot reverse typed edges (the "
+                         "reverse of 'a__r__b' is a relation 'b__...__a' of its own); add "
+                         "inverse relations when building the heterogeneous graph instead")
     src, dst = coo(graph)
     if graph.edge_weight is None:
         n = np.int64(graph.num_nodes)
@@ -223,6 +263,27 @@ def mean_norm(graph: Graph) -> Graph:
     return g.replace(edge_weight=out)
 
 
+def relation_mean_norm(graph: Graph) -> Graph:
+    """Per-relation mean (Schlichtkrull et al. 2018): edge ``j -> i`` of relation ``r`` gets
+    weight ``w / c_{i,r}``, with ``c_{i,r}`` the in-edges of ``i`` in ``r`` (weighted: their
+    summed weight; ``w`` is 1 when unweighted). Computed on the whole graph, so partitions use
+    the global coefficients. A graph without relation ids is one relation: `mean_norm`."""
+    if graph.edge_type is None:
+        return mean_norm(graph)
+    num_relations = len(graph.relations)
+    w = graph.edge_weight
+    out = np.empty(graph.num_edges, np.float32)
+    for first, stop in row_blocks(graph.indptr):
+        lo, hi = int(graph.indptr[first]), int(graph.indptr[stop])
+        rows = _block_rows(graph.indptr, first, stop, np.int64) - first
+        key = rows * num_relations + graph.edge_type[lo:hi]
+        ones = np.ones(hi - lo, np.float32) if w is None else w[lo:hi]
+        count = np.bincount(key, weights=ones, minlength=(stop - first) * num_relations)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out[lo:hi] = np.where(count[key] != 0, ones / count[key], 0.0)
+    return graph.replace(edge_weight=out)
+
+
 def _row_sums(graph: Graph, weight) -> np.ndarray:
     """``[N]`` float64: every row's weights summed (its in-degree when unweighted), in edge
     order, as ``np.bincount(destinations, weights)`` sums them."""
@@ -236,15 +297,33 @@ def _row_sums(graph: Graph, weight) -> np.ndarray:
 
 
 def permute_nodes(graph: Graph, perm: np.ndarray) -> Graph:
-    """Relabel nodes so that new node ``k`` is old node ``perm[k]``."""
+    """Relabel nodes so that new node ``k`` is old node ``perm[k]``. Node types are kept when
+    ``perm`` keeps every node within its type's id range, else dropped (a type's nodes would no
+    longer be contiguous)."""
     perm = np.asarray(perm)
     inv = np.empty_like(perm)
     inv[perm] = np.arange(perm.size, dtype=perm.dtype)
     src, dst = coo(graph)
     g = graph.replace(features=graph.features[perm], labels=graph.labels[perm],
                       train_mask=graph.train_mask[:, perm], val_mask=graph.val_mask[:, perm],
-                      test_mask=graph.test_mask[:, perm])
-    return _rebuild(g, inv[src], inv[dst], graph.edge_weight)
+                      test_mask=graph.test_mask[:, perm],
+                      node_types=graph.node_types if _within_types(graph, perm) else ())
+    return _rebuild(g, inv[src], inv[dst], graph.edge_weight, edge_type=graph.edge_type)
+
+
+def node_type_ids(graph: Graph) -> np.ndarray:
+    """``[N]`` int32 index into `Graph.node_types` of every node (all 0 without node types)."""
+    if not graph.node_types:
+        return np.zeros(graph.num_nodes, np.int32)
+    counts = [c for _, c in graph.node_types]
+    return np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+
+
+def _within_types(graph: Graph, perm: np.ndarray) -> bool:
+    if not graph.node_types:
+        return True
+    types = node_type_ids(graph)
+    return bool(np.array_equal(types[perm], types))
 
 
 def largest_connected_component(graph: Graph) -> Graph:
@@ -271,6 +350,10 @@ def largest_connected_component(graph: Graph) -> Graph:
     inside = keep[dst]  # an edge into a kept node comes from one: they share the component
     # renumbering is monotone, so the edges stay grouped by destination and sorted in rows
     new_src, new_dst = new_id[src[inside]], new_id[dst[inside]]
+    node_types = ()
+    if graph.node_types:
+        kept = np.bincount(node_type_ids(graph)[ids], minlength=len(graph.node_types))
+        node_types = tuple((t, int(c)) for (t, _), c in zip(graph.node_types, kept))
     idx_t = index_dtype(max(ids.size, new_src.size))
     indptr = np.zeros(ids.size + 1, dtype=idx_t)
     np.cumsum(np.bincount(new_dst, minlength=ids.size), out=indptr[1:])
@@ -278,4 +361,75 @@ def largest_connected_component(graph: Graph) -> Graph:
         indptr=indptr, indices=new_src.astype(idx_t), features=graph.features[ids],
         labels=graph.labels[ids], train_mask=graph.train_mask[:, ids],
         val_mask=graph.val_mask[:, ids], test_mask=graph.test_mask[:, ids],
-        edge_weight=None if graph.edge_weight is None else graph.edge_weight[inside])
+        edge_weight=None if graph.edge_weight is None else graph.edge_weight[inside],
+        edge_type=None if graph.edge_type is None else graph.edge_type[inside],
+        node_types=node_types)
+
+
+# -- the normalisations on some rows only -----------------------------------------------------
+# A process that holds some of the nodes (`jgrind.devices.Sharded` over several processes)
+# normalises its own rows' in-edges: the same edges, in the same order, with the same weights
+# as the whole graph's normalisation gives those rows. ``rows`` are the rows' global ids;
+# ``indptr`` / ``indices`` / ``weight`` the CSR over them (global source ids).
+def rows_without_self_loops(rows: np.ndarray, indptr: np.ndarray, indices: np.ndarray,
+                            weight=None, num_nodes: Optional[int] = None):
+    """`remove_self_loops` of those rows: ``(indptr, indices, weight)``, each row sorted by
+    source (stably)."""
+    rows = np.asarray(rows, np.int64)
+    local = np.repeat(np.arange(rows.size, dtype=np.int64), np.diff(indptr))
+    keep = indices != rows[local]
+    indices, local = np.asarray(indices, np.int64)[keep], local[keep]
+    weight = None if weight is None else np.asarray(weight)[keep]
+    new_indptr = np.zeros(rows.size + 1, np.int64)
+    np.cumsum(np.bincount(local, minlength=rows.size), out=new_indptr[1:])
+    n = int(num_nodes if num_nodes is not None else (indices.max(initial=-1) + 1))
+    n = max(n, int(rows.max(initial=-1)) + 1, 1)
+    if np.any((indices[1:] < indices[:-1]) & (local[1:] == local[:-1])):
+        order = np.argsort(local * n + indices, kind="stable")
+        indices = indices[order]
+        weight = None if weight is None else weight[order]
+    return new_indptr, indices, weight
+
+
+def rows_with_self_loops(rows: np.ndarray, indptr: np.ndarray, indices: np.ndarray,
+                         weight=None, fill_value: float = 1.0, num_nodes: Optional[int] = None):
+    """`add_self_loops` of those rows: ``(indptr, indices, weight)``."""
+    rows = np.asarray(rows, np.int64)
+    indptr, indices, weight = rows_without_self_loops(rows, indptr, indices, weight, num_nodes)
+    local = np.repeat(np.arange(rows.size, dtype=np.int64), np.diff(indptr))
+    below = np.bincount(local[indices < rows[local]], minlength=rows.size)
+    at = indptr[:-1] + below
+    indices = np.insert(indices, at, rows)
+    if weight is not None:
+        weight = np.insert(weight, at, np.float32(fill_value))
+    return indptr + np.arange(rows.size + 1), indices, weight
+
+
+def row_degrees(indptr: np.ndarray, weight=None) -> np.ndarray:
+    """``[n]`` float64 weighted in-degree of every row, summed as `gcn_norm` sums them."""
+    n = indptr.size - 1
+    local = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+    w = np.ones(local.size, np.float32) if weight is None else weight
+    return np.bincount(local, weights=w, minlength=n)
+
+
+def gcn_norm_rows(rows: np.ndarray, indptr: np.ndarray, indices: np.ndarray, weight,
+                  degree: np.ndarray) -> np.ndarray:
+    """`gcn_norm`'s ``[e]`` float32 weights of rows that already have their self loops
+    (`rows_with_self_loops`); ``degree``: ``[N]`` every node's `row_degrees` (of its looped
+    row), or at least those of the rows and of their edges' sources."""
+    with np.errstate(divide="ignore"):
+        dinv = lambda d: np.where(d > 0, 1.0 / np.sqrt(d), 0.0)  # noqa: E731
+        local = np.repeat(np.asarray(rows, np.int64), np.diff(indptr))
+        ones = np.ones(local.size, np.float32) if weight is None else weight
+        return (dinv(degree[indices]) * ones * dinv(degree[local])).astype(np.float32)
+
+
+def mean_norm_rows(indptr: np.ndarray, weight) -> np.ndarray:
+    """`mean_norm`'s ``[e]`` float32 weights of rows (without self loops, as SAGE's are)."""
+    deg = row_degrees(indptr, weight)
+    with np.errstate(divide="ignore"):
+        inv = np.where(deg > 0, 1.0 / deg, 0.0)
+    local = np.repeat(np.arange(indptr.size - 1, dtype=np.int64), np.diff(indptr))
+    ones = np.ones(local.size, np.float32) if weight is None else weight
+    return (ones * inv[local]).astype(np.float32)

@@ -324,6 +324,7 @@ def test_plan_places_partitions_on_devices(capsys, tmp_path):
                     for p in line.split("partitions ")[1].split(";")[0].split(", "))
     assert placed == [0, 1, 2, 3, 4]
     assert "device 2: partitions" in out and "halo exchange per epoch: " in out
+    assert "3 devices, shared memory between CPU devices" in out and "ms per epoch" in out
 
 
 def test_devices_with_out_of_core_settings_is_one_line(tmp_path):

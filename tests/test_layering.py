@@ -17,8 +17,8 @@ STAGES = [
                      "jgrind.checkpoint", "jgrind.plots")),
     # host memory, disk and transfer plumbing: the engine's, and the planner's to measure it
     ("host I/O", ("jgrind.hostio",)),
-    ("graph", ("jgrind.graph", "jgrind.transforms", "jgrind.generators", "jgrind.interop",
-               "jgrind.datasets")),
+    ("graph", ("jgrind.graph", "jgrind.hetero", "jgrind.transforms", "jgrind.generators",
+               "jgrind.interop", "jgrind.datasets")),
     ("models", ("jgrind.models",)),
     # the model rewritten into the layers the engine runs, which the planner prices too
     ("executed", ("jgrind.executed",)),

@@ -74,7 +74,8 @@ def test_a_planned_run_records_every_sweep_beside_its_prediction(tmp_path):
     """An `auto` run out of core (SSD forced by the budgets): from its second epoch on, each
     epoch's record lists the schedule's sweeps, in order, with predicted and measured
     seconds; the measured ones fit in the epoch; a plan that misses is said once, not every
-    epoch (the profile here predicts a machine 1000x faster than this one)."""
+    epoch (the profile here predicts a machine 1000x faster than this one; re-planning, which
+    such a miss starts, is off: tests/test_replan.py)."""
     graph = community_graph(num_nodes=300, num_features=16)
     model = models.gcn(graph.num_features, 32, graph.num_classes, num_layers=3, dropout=0.5)
     stored = 4 * graph.num_nodes * (16 + 32 + 32) * 2
@@ -85,7 +86,7 @@ def test_a_planned_run_records_every_sweep_beside_its_prediction(tmp_path):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         result = train(jax.random.key(0), graph, model, optax.adam(1e-2), epochs=4,
-                       policy=policies.auto(profile=fast, directory=tmp_path),
+                       policy=policies.auto(profile=fast, directory=tmp_path, replan=False),
                        device_budget=stored // 3, host_budget=stored // 4, progress=False)
     first, *checked = result.history
     assert "predicted_seconds" not in first  # it compiles
@@ -108,9 +109,11 @@ def test_a_planned_run_records_every_sweep_beside_its_prediction(tmp_path):
     with contextlib.redirect_stdout(shown):
         assert main(["plan", "--run", str(run), "--out", str(tmp_path / "chart")]) == 0
     lines = shown.getvalue().splitlines()
-    table = [line.split()[:2] for line in lines if line.startswith("  forward ")
-             or line.startswith("  backward ")]
-    assert [" ".join(t) for t in table] == labels
+    parts_at = next(i for i, line in enumerate(lines) if line.startswith("each sweep's parts"))
+    for shown_lines in (lines[:parts_at], lines[parts_at:]):  # the sweeps, then their parts
+        table = [line.split()[:2] for line in shown_lines if line.startswith("  forward ")
+                 or line.startswith("  backward ")]
+        assert [" ".join(t) for t in table] == labels
     assert (tmp_path / "chart" / "run-against-plan.png").stat().st_size > 0
 
 

@@ -11,6 +11,16 @@ label propagation, trained by `jgrind.devices.Sharded` on 1, 2 and 4 CPU devices
 (the fastest of ``--epochs`` after the compiling one), the bytes the exchange moves between
 devices per epoch (forward all_to_alls and their transposes, padding included), the minimum
 (distinct halo rows per reading device, times the width, both ways) and their ratio.
+
+    python tools/bench_devices.py --processes 2 --rmat 200000 2000000
+
+With ``--processes P`` it measures memory instead (issue 38, target 3): the graph saved as a
+folder (`jgrind.datasets.save_graph`) with its ``--parts`` label-propagation partitions (the
+assignment saved too, as ``jgrind partition --out`` saves it), trained by P local processes
+of one device each (`jgrind.devices.processes.launch`), each reading only its own rows of the
+folder (`Sharded.from_saved`), beside one process that loads the saved graph and trains it
+alone in memory (`jgrind.train.InMemory`). Each prints its
+peak resident memory (``ru_maxrss``, `harness.peak_rss`) and epoch time.
 """
 
 from __future__ import annotations
@@ -51,6 +61,101 @@ def run_child(path: str, devices: int, parts: int, epochs: int, hidden: int) -> 
     return out
 
 
+def run_alone(folder: str, epochs: int, hidden: int) -> dict:
+    """One process: the saved graph loaded whole, trained in memory on one device."""
+    import jax
+    import optax
+
+    from jgrind.datasets.stored import load_saved
+    from jgrind.train import InMemory
+    graph = load_saved(folder)
+    model = harness.gcn(graph.num_features, graph.num_classes, hidden)
+    optimizer = optax.adam(0.01)
+    training = harness.Training(InMemory(graph, model, optimizer), model, optimizer)
+    built = harness.peak_rss()
+    times = [training.epoch(jax.random.key(e))[0] for e in range(epochs + 1)]
+    return {"epoch_seconds": min(times[1:]), "compile_epoch": times[0],
+            "peak_rss_gib": harness.peak_rss() / 2**30, "built_rss_gib": built / 2**30}
+
+
+def run_local(folder: str, assignment: str, epochs: int, hidden: int, coordinator: str,
+              processes: int, process_id: int) -> dict:
+    """One of ``processes``: its own rows of the saved graph, one device."""
+    from jgrind.devices import processes as joined
+    joined.start(coordinator, processes, process_id)
+    import jax
+    import optax
+
+    from jgrind.datasets.saved_arrays import saved_assignment
+    from jgrind.devices import Sharded
+    optimizer = optax.adam(0.01)
+    meta = json.loads(open(os.path.join(folder, "graph.json")).read())
+    model = harness.gcn(meta["num_features"], meta["num_classes"], hidden)
+    executor = Sharded.from_saved(folder, model, optimizer, devices=processes,
+                                  partitioner=saved_assignment(assignment))
+    training = harness.Training(executor, model, optimizer)
+    built = harness.peak_rss()
+    times = [training.epoch(jax.random.key(e))[0] for e in range(epochs + 1)]
+    mine = [d for d, dev in enumerate(executor.devices)
+            if dev.process_index == jax.process_index()]
+    return {"process": jax.process_index(), "epoch_seconds": min(times[1:]),
+            "compile_epoch": times[0], "peak_rss_gib": harness.peak_rss() / 2**30,
+            "built_rss_gib": built / 2**30, "slot_rows": executor.exchange.slot_rows,
+            "rows": int(sum(executor.exchange.rows[d].size for d in mine)),
+            "read": executor.graph.saved.read, "loss": float(training.epoch(
+                jax.random.key(epochs + 1))[1])}
+
+
+def measure_processes(args) -> None:
+    """``--processes P``: peak RSS of P processes reading their own rows, beside one alone."""
+    import subprocess
+
+    import numpy as np
+
+    from jgrind.datasets import save_graph
+    graph = harness.rmat_graph(*args.rmat)
+    results = {"nodes": graph.num_nodes, "edges": graph.num_edges, "processes": args.processes,
+               "hidden": args.hidden, "parts": args.parts}
+    assignment = harness.partition(graph, harness.gcn(graph.num_features, graph.num_classes,
+                                                      args.hidden), args.parts).assignment
+    common = ["--epochs", str(args.epochs), "--hidden", str(args.hidden)]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = str(save_graph(graph, os.path.join(tmp, "graph")))
+        parts = os.path.join(tmp, "parts.npy")
+        np.save(parts, np.asarray(assignment, np.int32))
+        del graph, assignment
+        env = dict(os.environ)
+        env.pop("XLA_FLAGS", None)
+        alone = harness.run_child([sys.executable, __file__, "--alone", folder, *common],
+                                  "one process alone", env)
+        results["alone"] = alone
+        print(f"{'one process, in memory':>26}: peak RSS {alone['peak_rss_gib']:.2f} GiB "
+              f"({alone['built_rss_gib']:.2f} GiB before the first epoch), epoch "
+              f"{alone['epoch_seconds']:.2f} s", flush=True)
+        # `jgrind launch`'s library function, in a child whose output (each line prefixed
+        # "[I] " by the launcher) is read here
+        launched = subprocess.run(
+            [sys.executable, __file__, "--launch", folder, parts, str(args.processes), *common],
+            capture_output=True, text=True, env=env)
+        if launched.returncode != 0:
+            raise SystemExit(f"{args.processes} processes failed:\n{launched.stderr[-3000:]}"
+                             f"\n{launched.stdout[-3000:]}")
+        runs = sorted((json.loads(line.split("] ", 1)[1])
+                       for line in launched.stdout.splitlines()
+                       if line.startswith("[") and "] {" in line),
+                      key=lambda r: r["process"])
+        results["local"] = runs
+        for r in runs:
+            ratio = r["peak_rss_gib"] / alone["peak_rss_gib"]
+            print(f"{'process %d of %d, own rows' % (r['process'], args.processes):>26}: peak "
+                  f"RSS {r['peak_rss_gib']:.2f} GiB ({ratio:.2f}x one alone; "
+                  f"{r['built_rss_gib']:.2f} GiB before the first epoch), epoch "
+                  f"{r['epoch_seconds']:.2f} s; {r['rows']:,} rows, read "
+                  f"{r['read'].get('indices', 0):,} edges and {r['read']['features']:,} "
+                  "feature rows", flush=True)
+    harness.write_json(args.json, results)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     harness.add_source(p, rmat=(1_000_000, 10_000_000))
@@ -59,8 +164,34 @@ def main() -> None:
     harness.add_epochs(p, default=3, help="timed epochs per run, after the compiling one")
     p.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4])
     harness.add_json(p)
+    p.add_argument("--processes", type=int, metavar="P",
+                   help="measure the peak RSS of P processes each reading its own rows of the "
+                   "saved graph, beside one process training it alone")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # PATH DEVICES
+    p.add_argument("--alone", help=argparse.SUPPRESS)  # FOLDER
+    p.add_argument("--launch", nargs=3, help=argparse.SUPPRESS)  # FOLDER PARTS PROCESSES
+    p.add_argument("--local", nargs=2, help=argparse.SUPPRESS)  # FOLDER PARTS
+    p.add_argument("--coordinator", help=argparse.SUPPRESS)
+    p.add_argument("--num-processes", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.alone:
+        print(json.dumps(run_alone(args.alone, args.epochs, args.hidden)))
+        return
+    if args.local:
+        print(json.dumps(run_local(*args.local, args.epochs, args.hidden, args.coordinator,
+                                   args.num_processes, args.process_id)), flush=True)
+        return
+    if args.launch:
+        from jgrind.devices import processes
+        folder, parts, count = args.launch
+        raise SystemExit(processes.launch(
+            ["--local", folder, parts, "--epochs", str(args.epochs), "--hidden", str(args.hidden)],
+            int(count), program=(sys.executable, __file__)))
+    if args.processes:
+        print(f"# {harness.command()}\n# {harness.machine()}")
+        measure_processes(args)
+        return
     if args.child:
         print(json.dumps(run_child(args.child[0], int(args.child[1]), args.parts, args.epochs,
                                    args.hidden)))

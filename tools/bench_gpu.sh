@@ -22,9 +22,10 @@
 #                                # in-memory, PyG, host and SSD on the 1M-node graph
 #   bash tools/bench_gpu.sh 8    # transfers and row moves alone (tools/bench_transfers.py),
 #                                # then host_offload's epoch under engine variants, each traced
-#   bash tools/bench_gpu.sh 9    # host_offload as it runs (inputs sent in 8 row ranges), with
+#   bash tools/bench_gpu.sh 9    # the GPU's hardware profile saved to $OUT/profile.json;
+#                                # host_offload as it runs (inputs sent in 8 row ranges), with
 #                                # inputs filled into page-locked buffers, and in one piece;
-#                                # each traced (about 150 s)
+#                                # each traced (about 180 s in all)
 #
 # The limits come from the H100 and H200 runs (docs/results-history.md, section 8): an out-of-core
 # run's first epoch compiled for 80-113 s; host_offload's epochs took 6.4-8.5 s before the
@@ -113,7 +114,10 @@ case "${1:-1}" in
         --parts 8 --epochs 2 --variants default,no-early-copies,one-row-thread \
         --trace "$OUT/trace-dir"
     collect_traces ;;
-9)  # short: fits the last minutes of a session's device time; "default" sends inputs in 8 pieces
+9)  # short: fits the last minutes of a session's device time; "default" sends inputs in 8 pieces.
+    # The GPU's hardware profile first (10-30 s): issue 38's multi-GPU prediction
+    # (tools/predict_devices.py --gpu-profile) and the planner's GPU figures read it on a CPU
+    run 60 profile python3 -m jgrind.cli profile --out "$OUT/profile.json"
     run 190 pinned python3 tools/trace_epoch.py --rmat 1000000 10000000 --policy host \
         --parts 8 --epochs 1 --variants default,pinned-inputs,pieces-1 --trace "$OUT/trace-dir"
     collect_traces ;;

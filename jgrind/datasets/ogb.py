@@ -12,7 +12,8 @@ folder that the OGB download unpacks, read without the ``ogb`` package:
 or in OGB's binary layout (ogbn-papers100M: ``raw/data.npz`` and ``raw/node-label.npz``),
 read a slice at a time (`load_ogb_binary`).
 
-Heterogeneous datasets (ogbn-mag) do not fit a `Graph` and are refused with a `DatasetError`.
+A heterogeneous folder (ogbn-mag: ``raw/num-node-dict.csv.gz``) is read by
+`jgrind.datasets.ogb_hetero` into one `Graph` with edge types.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from jgrind.datasets import npz
 from jgrind.datasets.csr import csr_from_edge_chunks
 from jgrind.datasets.edgelist import as_labels, read_text_table
 from jgrind.datasets.errors import DatasetError, require_file
+from jgrind.datasets.ogb_hetero import is_hetero_folder, load_ogb_hetero
 from jgrind.graph import Graph, class_count, from_edges
 from jgrind.transforms import make_undirected
 
@@ -114,7 +116,7 @@ def _targets(values: np.ndarray, path: Path) -> np.ndarray:
 
 
 def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=None, name=None,
-                 scratch=None, num_classes=None):
+                 scratch=None, num_classes=None, inverses=None):
     """Load an OGB node-property dataset from its unpacked folder (the one holding ``raw/``),
     in OGB's text layout (``raw/*.csv.gz``) or its binary one (``raw/data.npz``,
     ogbn-papers100M; see `load_ogb_binary`, the only one that uses ``scratch``).
@@ -136,8 +138,22 @@ def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=Non
 
     The split comes from the only folder under ``split/``, or the one named `split`; masks
     ``[1, N]``. The graph is named `name` or the folder's name (e.g. ``ogbn_arxiv``).
+
+    A heterogeneous folder (ogbn-mag) is read by `load_ogb_hetero`, which takes `split`,
+    `name`, `num_classes` and ``inverses`` (default True: add every relation's reverse).
     """
     directory = _check_folder(directory)
+    if is_hetero_folder(directory):
+        given = [k for k, v in (("to_undirected", to_undirected), ("scratch", scratch),
+                                ("node_features", node_features)) if v is not None]
+        if given:
+            raise DatasetError(f"{given[0]}= does not apply to the heterogeneous OGB folder "
+                               f"{directory}; it takes split, name, num_classes and inverses")
+        return load_ogb_hetero(directory, split=split, name=name, num_classes=num_classes,
+                               inverses=True if inverses is None else inverses)
+    if inverses is not None:
+        raise DatasetError(f"inverses= applies to heterogeneous OGB folders (ogbn-mag); "
+                           f"{directory} is a homogeneous one")
     to_undirected = _check_undirected(to_undirected)
     raw = directory / "raw"
     if (raw / "data.npz").exists():  # the binary layout (ogbn-papers100M)
@@ -150,7 +166,7 @@ def load_ogb_raw(directory, *, split=None, to_undirected=None, node_features=Non
                            "raw/node-feat.csv.gz)")
     if not (raw / "edge.csv.gz").exists() and (raw / "node-feat").is_dir():
         raise DatasetError(f"{directory} looks like a heterogeneous OGB dataset (raw/node-feat/ "
-                           "is a folder); jgrind reads homogeneous node-property datasets only")
+                           "is a folder) but has no raw/num-node-dict.csv.gz; " + _HINT)
     feature_file = raw / ("edge-feat.csv.gz" if node_features else "node-feat.csv.gz")
     if node_features and not feature_file.exists() and (raw / "edge.csv.gz").exists():
         raise DatasetError(f"node_features={node_features} averages or sums edge features, but "

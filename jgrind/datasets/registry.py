@@ -4,8 +4,12 @@ Built-in names map to a loader and a path under the data root. Besides names, `l
 ``"ogb:/dir"`` (`load_ogb_raw`), ``"npz:/file.npz"`` (`load_gnn_benchmark` or
 `load_heterophilous`, by the file's keys: `npz_formats`) and
 ``"edgelist:/dir/edges.txt"`` (`load_edge_list`: features.npy and labels.npy beside it, or
-features_path= and labels_path=) and
-``"npy:/folder"`` (`load_saved`: a graph saved by `save_graph`, memory-mapped).
+features_path= and labels_path=),
+``"npy:/folder"`` (`load_saved`: a graph saved by `save_graph`, memory-mapped),
+``"hgsl:/folder"`` (`load_hgsl`: an HGSL/GTN heterogeneous dataset's pickles) and
+``"mag-like:SCALE"`` (`mag_like`: the generated ogbn-mag-sized graph at that scale).
+Heterogeneous datasets (``dblp``, ``hgsl:``, a heterogeneous ``ogb:`` folder, ``mag-like``)
+arrive as the `Graph` of `jgrind.hetero.HeteroGraph.to_graph`, with edge types.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from typing import Callable, Optional
 
 from jgrind.datasets.edgelist import draws_random_splits, load_edge_list
 from jgrind.datasets.errors import DatasetError
+from jgrind.datasets.generated_hetero import mag_like
 from jgrind.datasets.gnn_benchmark import gnn_benchmark_path, load_gnn_benchmark
+from jgrind.datasets.hgsl import FILES as HGSL_FILES
+from jgrind.datasets.hgsl import load_hgsl
 from jgrind.datasets.heterophilous import load_heterophilous
 from jgrind.datasets.npz_formats import GNN_BENCHMARK, HETEROPHILOUS, npz_format
 from jgrind.datasets.ogb import load_ogb_raw
@@ -80,6 +87,38 @@ def _npz(fmt: str, rel: str, description: str, loader, **fixed) -> _Builtin:
     return _Builtin(fmt, description, (rel,), load)
 
 
+def _hgsl(name: str, description: str) -> _Builtin:
+    folder = f"hgsl/{name}"
+
+    def load(root, **options):
+        _check_options(load_hgsl, options, f"dataset {name!r}", fixed=("name",))
+        return load_hgsl(Path(root) / folder, name=name, **options)
+    return _Builtin("hgsl", description, tuple(f"{folder}/{f}" for f in HGSL_FILES), load)
+
+
+def _mag_like_graph(scale=1.0, seed=0, homophily=0.6, feature_signal=1.0, inverses=True):
+    """``mag-like``: `mag_like` with every relation's inverse (as R-GCN set-ups on ogbn-mag
+    add them), as a `Graph`."""
+    if not isinstance(inverses, bool):
+        raise DatasetError(f"inverses={inverses!r}: use true or false")
+    try:
+        graph = mag_like(scale=scale, seed=seed, homophily=homophily,
+                         feature_signal=feature_signal)
+    except ValueError as err:
+        raise DatasetError(f"generated dataset 'mag-like': {err}") from None
+    return (graph.with_inverses() if inverses else graph).to_graph()
+
+
+def _mag_like_at(scale: str, **options) -> Graph:
+    """``mag-like:SCALE``."""
+    try:
+        value = float(scale)
+    except ValueError:
+        raise DatasetError(f"mag-like:{scale}: the scale must be a number in (0, 1], e.g. "
+                           "mag-like:0.01") from None
+    return _mag_like_graph(scale=value, **options)
+
+
 _BUILTIN = {
     "cora": _planetoid("cora", "Cora citations, Planetoid public split (140/500/1000)"),
     "citeseer": _planetoid("citeseer", "CiteSeer citations, Planetoid public split "
@@ -92,6 +131,8 @@ _BUILTIN = {
     "cora-npz": _npz("gnn-benchmark", "gnn-benchmark/cora.npz",
                      "Cora from gnn-benchmark, a random 20/30-per-class split per seed",
                      load_gnn_benchmark, name="cora-npz"),
+    "dblp": _hgsl("dblp", "DBLP from HGSL/GTN, heterogeneous (authors, papers, conferences; 4 "
+                          "relations), Macro-F1; fixed split 600/300/2057 authors"),
 }
 
 _GENERATED: dict[str, tuple[Callable[..., Graph], str]] = {}
@@ -109,7 +150,7 @@ def _load_npz(path, **options) -> Graph:
 
 _NPZ_LOADERS = {GNN_BENCHMARK: load_gnn_benchmark, HETEROPHILOUS: load_heterophilous}
 _PREFIXES = {"ogb": load_ogb_raw, "npz": _load_npz, "edgelist": load_edge_list,
-             "npy": load_saved}
+             "npy": load_saved, "hgsl": load_hgsl, "mag-like": _mag_like_at}
 # formats with no fixed split, whose loader draws random ones (`seed`, `splits`) and, taking
 # `largest_component` itself, draws them on that component
 _RANDOM_SPLITS = (GNN_BENCHMARK,)
@@ -212,3 +253,9 @@ def available(root=None) -> list[DatasetInfo]:
     for name, (_, description) in _GENERATED.items():
         rows.append(DatasetInfo(name, "generated", description, None, True))
     return rows
+
+
+register("mag-like", _mag_like_graph,
+         "ogbn-mag-sized heterogeneous graph (papers, authors, institutions, fields of study; "
+         "4 relations plus inverses; 128 features on papers, 349 classes); "
+         "dataset_options=scale:0.01 or mag-like:0.01 for a smaller one")

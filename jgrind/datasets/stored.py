@@ -16,7 +16,9 @@ graph's name and counts, and every array's dtype and shape, checked on loading s
 file replaced or cut short since is an error, not a different graph::
 
   graph.json  indptr.npy  indices.npy  features.npy  labels.npy
-  train_mask.npy  val_mask.npy  test_mask.npy  [edge_weight.npy]
+  train_mask.npy  val_mask.npy  test_mask.npy  [edge_weight.npy]  [edge_type.npy]
+
+A heterogeneous graph's relation names and node types are kept in ``graph.json``.
 
 A save writes into a hidden ``.NAME.partial-*`` folder beside the target and renames it into
 place when complete; a replaced graph is first renamed to ``.NAME.old-*`` and removed last.
@@ -49,7 +51,7 @@ FORMAT = "jgrind-graph"
 VERSION = 1
 META = "graph.json"
 ARRAYS = ("indptr", "indices", "features", "labels", "train_mask", "val_mask", "test_mask")
-OPTIONAL = ("edge_weight",)
+OPTIONAL = ("edge_weight", "edge_type")
 # beyond the arrays' bytes: .npy headers and graph.json, with room to spare
 _SLACK_BYTES = 1 << 20
 
@@ -77,8 +79,7 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
     state = check_target(target, overwrite)
     parent = target.parent
     arrays = {k: getattr(graph, k) for k in ARRAYS}
-    if graph.edge_weight is not None:
-        arrays["edge_weight"] = graph.edge_weight
+    arrays.update({k: getattr(graph, k) for k in OPTIONAL if getattr(graph, k) is not None})
     moved = {k: f for k, a in arrays.items()
              if (f := _adoptable(a, adopt, parent)) is not None}
     need = sum(int(a.nbytes) for k, a in arrays.items() if k not in moved) + _SLACK_BYTES
@@ -110,6 +111,10 @@ def save_graph(graph: Graph, directory, *, overwrite: bool = False, adopt=()) ->
                 "num_splits": graph.num_splits,
                 "arrays": {k: {"dtype": a.dtype.str, "shape": list(a.shape)}
                            for k, a in arrays.items()}}
+        if graph.relations:
+            meta["relations"] = list(graph.relations)
+        if graph.node_types:
+            meta["node_types"] = [[t, c] for t, c in graph.node_types]
         # written whole or not at all: `recover` takes a folder with it for a finished save
         (partial / f"{META}.tmp").write_text(json.dumps(meta, indent=2) + "\n")
         (partial / f"{META}.tmp").rename(partial / META)
@@ -331,6 +336,8 @@ def load_saved(directory, *, mmap: bool = True, name=None) -> Graph:
     arrays = {k: _read_array(folder / f"{k}.npy", specs[k], mmap)
               for k in (*ARRAYS, *OPTIONAL) if k in specs}
     return Graph(**arrays, num_classes=meta["num_classes"],
+                 relations=tuple(meta.get("relations", ())),
+                 node_types=tuple(tuple(t) for t in meta.get("node_types", ())),
                  name=name if name is not None else meta["name"])
 
 

@@ -29,6 +29,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from jgrind.datasets.saved_arrays import SavedGraph
 from jgrind.devices.layout import DeviceData, device_data, device_shapes
 from jgrind.graph import Graph
 from jgrind.loss import node_weights, weighted_loss
@@ -77,7 +78,9 @@ class Sharded:
 
     Attributes (besides the `jgrind.train.Executor` methods):
       devices, mesh: the devices, in mesh order, and the 1-D mesh over them.
-      partitioned: the `jgrind.partition.PartitionedGraph` of the normalised graph.
+      partitioned: the `jgrind.partition.PartitionedGraph` of the normalised graph (None
+        when built from a `SavedGraph`: each process then reads only its own rows).
+      process_local: whether it was (`from_saved`, `jgrind.devices.local`).
       placement: the `Placement` of the partitions on the devices.
       exchange: the `ExchangePlan` (rows per device, rows sent per pair).
       exchange_bytes_per_epoch: bytes one training step moves between devices, padding
@@ -94,6 +97,16 @@ class Sharded:
         self.devices = resolve_devices(len(jax.devices()) if devices is None else devices)
         k = len(self.devices)
         self.model, self.optimizer, self.graph = model, optimizer, graph
+        self.mesh = Mesh(np.array(self.devices), (AXIS,))
+        self._stacked = NamedSharding(self.mesh, P(AXIS))
+        self._replicated = NamedSharding(self.mesh, P())
+        if isinstance(graph, SavedGraph):
+            self._init_local(graph, partitioner, num_parts, split, rates)
+            self._build_functions(loss)
+            return
+        self.process_local = False
+        if getattr(partitioner, "num_parts", None) is not None and num_parts is None:
+            num_parts = partitioner.num_parts  # a saved assignment's own count
         normalized = model.normalize(graph)
         if partitioned is None:
             parts = k if num_parts is None else int(num_parts)
@@ -108,15 +121,42 @@ class Sharded:
         self.exchange_bytes_per_epoch, self.exchange_minimum_per_epoch = \
             epoch_exchange_bytes(self.exchange, model, graph.num_features)
 
-        self.mesh = Mesh(np.array(self.devices), (AXIS,))
-        self._stacked = NamedSharding(self.mesh, P(AXIS))
-        self._replicated = NamedSharding(self.mesh, P())
         loss_weights = node_weights(graph.train_mask[split])
         local = functools.cache(lambda d: device_data(
             d, self.exchange, self.shapes, normalized, loss_weights,
             needs_edges=model.needs_edges, needs_adjacency=model.needs_adjacency))
         self.arrays = self._stack(local)
         self._build_functions(loss)
+
+    @classmethod
+    def from_saved(cls, folder, model: GNN, optimizer=None, **kwargs) -> "Sharded":
+        """The executor over the graph saved in ``folder`` (`jgrind.datasets.save_graph`),
+        every process reading only its own devices' rows (`jgrind.devices.local`); the
+        ``partitioner`` must be `contiguous` (the default here) or a saved assignment
+        (`jgrind.datasets.saved_arrays.saved_assignment`). ``executor.graph`` is the
+        `SavedGraph` to pass to `jgrind.train.train` beside it."""
+        from jgrind.partition.partitioners import contiguous
+        kwargs.setdefault("partitioner", contiguous)
+        return cls(SavedGraph.open(folder), model, optimizer, **kwargs)
+
+    def _init_local(self, graph: SavedGraph, partitioner, num_parts, split, rates) -> None:
+        """`__init__` of a process that reads only its own rows of a saved graph."""
+        from jgrind.devices import local as local_rows
+        from jgrind.devices import processes
+        k, model = len(self.devices), self.model
+        self.process_local = True
+        assignment = local_rows.local_assignment(graph.saved, partitioner, num_parts, k)
+        processes.agree(local_rows.fingerprint(graph.saved, assignment),
+                        "saved graph or partition assignment")
+        self.partitioned = None  # no process holds the whole partitioned graph
+        self.placement, self.exchange, self.shapes, rows = local_rows.local_layout(
+            graph.saved, model, self.devices, assignment, graph.labels, rates)
+        self.exchange_bytes_per_epoch, self.exchange_minimum_per_epoch = \
+            epoch_exchange_bytes(self.exchange, model, graph.num_features)
+        loss_weights = node_weights(graph.train_mask[split])
+        self.arrays = self._stack(functools.cache(lambda d: device_data(
+            d, self.exchange, self.shapes, rows, loss_weights,
+            needs_edges=model.needs_edges, needs_adjacency=model.needs_adjacency)))
 
     # -- arrays ----------------------------------------------------------------------------
     def _stack(self, local: Callable[[int], DeviceData]) -> DeviceData:
@@ -155,10 +195,13 @@ class Sharded:
         model, k, slots = self.model, len(self.devices), self.shapes.slot_rows
 
         def exchange(h, send):
-            # [K readers, S, w] rows out; [K owners, S, w] rows in: the halo slots, in order
+            # [K readers, S, w] rows out; [K owners, S, w] rows in, of which the halo slots
+            # keep the other devices' chunks, in `halo_chunk`'s order: a device's chunk to
+            # itself is padding, and its rows would only widen every aggregating layer
             out = h[send]
             received = jax.lax.all_to_all(out, AXIS, 0, 0, tiled=False)
-            return received.reshape(k * slots, h.shape[1])
+            others = (jax.lax.axis_index(AXIS) + 1 + jnp.arange(k - 1)) % k
+            return received[others].reshape((k - 1) * slots, h.shape[1])
 
         def forward(params, data: DeviceData, key, stop: int):
             block = data.block

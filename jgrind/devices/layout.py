@@ -2,9 +2,10 @@
 
 Device ``d`` holds the nodes of its partitions (`ExchangePlan.rows`), ``R`` rows in all
 devices' common count (padding rows have no real edges and zero loss weight), followed in its
-layer inputs by the halo slots: ``K`` chunks of ``S`` rows, chunk ``o`` holding what owner
-``o`` sends it (`ExchangePlan.sends`), in the owner's order. Its `Block` is over
-``[R; K * S]`` input rows with ``R`` outputs, so the layers run on it unchanged. Host NumPy,
+layer inputs by the halo slots: ``K - 1`` chunks of ``S`` rows, one per other device, those of
+devices ``d + 1, d + 2, ...`` (modulo ``K``) in that order (`halo_chunk`), each holding what
+that owner sends it (`ExchangePlan.sends`), in the owner's order. Its `Block` is over
+``[R; (K - 1) S]`` input rows with ``R`` outputs, so the layers run on it unchanged. Host NumPy,
 built per device, so that a process builds only the devices it drives.
 """
 
@@ -18,7 +19,7 @@ import numpy as np
 from jgrind.models.block import Block, make_block
 from jgrind.plan.exchange import ExchangePlan
 
-__all__ = ["DeviceShapes", "DeviceData", "device_data", "device_shapes"]
+__all__ = ["DeviceShapes", "DeviceData", "device_data", "device_shapes", "halo_chunk"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,13 @@ class DeviceShapes:
     @property
     def inputs(self) -> int:
         """Input rows of an aggregating layer's block: the rows, then the halo slots."""
-        return self.rows + self.num_devices * self.slot_rows
+        return self.rows + (self.num_devices - 1) * self.slot_rows
+
+
+def halo_chunk(owner: int, reader: int, num_devices: int) -> int:
+    """Which of reader's ``K - 1`` halo chunks holds what ``owner`` sends it: the devices after
+    the reader, in order, wrapping round (the all_to_all's own chunk is left out)."""
+    return (owner - reader - 1) % num_devices
 
 
 @jax.tree_util.register_dataclass
@@ -91,7 +98,7 @@ def device_data(d: int, plan: ExchangePlan, shapes: DeviceShapes, graph, weights
         if o == d or not theirs.any():
             continue
         slot = np.searchsorted(plan.sends[o][d], plan.local_index[src[theirs]])
-        cols[theirs] = r_pad + o * s + slot
+        cols[theirs] = r_pad + halo_chunk(o, d, k) * s + slot
     extra = shapes.edges - nnz
     indptr = np.empty(r_pad + 1, np.int64)
     indptr[0] = 0
@@ -105,10 +112,18 @@ def device_data(d: int, plan: ExchangePlan, shapes: DeviceShapes, graph, weights
     ids = np.zeros(shapes.inputs, np.int32)
     ids[:n] = rows
     for o in range(k):
+        if o == d:
+            continue
         sent = plan.sends[o][d]
-        ids[r_pad + o * s: r_pad + o * s + sent.size] = plan.rows[o][sent]
+        at = r_pad + halo_chunk(o, d, k) * s
+        ids[at: at + sent.size] = plan.rows[o][sent]
+    edge_type = None
+    if graph.edge_type is not None:  # padded edges are relation 0 (their weight is 0)
+        edge_type = np.concatenate([np.asarray(graph.edge_type)[edge],
+                                    np.zeros(extra, graph.edge_type.dtype)])
     block = make_block(indptr.astype(np.int32), indices, w, ids, num_out=r_pad,
-                       needs_edges=needs_edges, needs_adjacency=needs_adjacency)
+                       needs_edges=needs_edges, needs_adjacency=needs_adjacency,
+                       edge_type=edge_type, num_relations=graph.num_relations)
     x = np.zeros((r_pad, graph.num_features), np.float32)
     x[:n] = graph.features[rows]
     labels = np.full((r_pad, *graph.labels.shape[1:]), -1, graph.labels.dtype)

@@ -36,7 +36,7 @@ from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.plan.budgets import UNLIMITED, check_budget
 from jgrind.plan.cost import (Assignment, Memory, Workload, fit_masks, format_bytes,
                               format_minimum, least_device_budget, memory)
-from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate, check_fate
+from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate, check_fate, storage_of
 from jgrind.plan.inventory import aggregation_widths, build_inventory, layer_widths
 from jgrind.plan.policies import grinnder
 from jgrind.plan.protocols import (BindContext, IOStrategy, bind, check_policy, io_strategy,
@@ -279,6 +279,8 @@ def bind_plan(model: GNN, pg: PartitionedGraph, num_features: int, policy,
     context = BindContext(workload, device_budget, host_budget,
                           None if store is None else str(store))
     policy = bind(policy, inventory, context)
+    # the host and SSD blocks' storage dtypes, which the memory plan prices
+    workload = dataclasses.replace(workload, storage=storage_of(policy))
     fates = {(i.name, i.layer, i.partition): check_fate(i, policy(i)) for i in inventory}
     layer_fates = functools.partial(_all_or_none, fates, pg.num_parts)
     for name in (ACTIVATION, GRADIENT):
@@ -433,7 +435,7 @@ def _open_store(plan: BoundPlan, pg: PartitionedGraph, parts: list, budgets: tup
                  # freed tables' arrays are kept within the plan's peak
                  host_tables_bytes=m.stored_peaks[1],
                  input_buffer_bytes=_input_buffer_bytes(plan, parts, budgets, largest_output),
-                 input_staging=_input_staging())
+                 input_staging=_input_staging(), storage=plan.workload.storage)
 
 
 def _input_staging() -> Optional[transfers.PinnedStaging]:

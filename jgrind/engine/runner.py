@@ -19,6 +19,7 @@ from jgrind.hostio import transfers
 from jgrind.engine.build import Built
 from jgrind.engine.store import Table
 from jgrind.engine.sweeps import Sweeps
+from jgrind.engine.timing import SweepTiming
 from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate
 from jgrind.plan.schedule import (ACTIVATIONS, BACKWARD, FORWARD, GRADIENTS, SNAPSHOTS,
                                   Schedule, Sweep, Variant)
@@ -44,12 +45,18 @@ class Runner:
     schedule's order, labelled as the cost model's prediction labels its sweeps. A sweep's
     time runs until its stores are queued and written; device work it dispatched but nothing
     waited for is counted in a later sweep, so the sum is the epoch's time to its last sweep
-    and single sweeps can shift a little."""
+    and single sweeps can shift a little.
 
-    def __init__(self, built: Built):
+    ``sweep_parts``: the last epoch's parts of every sweep's time, in the same order, as
+    `jgrind.engine.timing.SweepTiming.parts` gives them (compute, reads and writes per tier,
+    the main thread's waits on them); [] with ``time_parts`` off."""
+
+    def __init__(self, built: Built, time_parts: bool = True):
         self.built = built
         self.sweeps = Sweeps(built)
+        self.time_parts = time_parts
         self.sweep_seconds: list[tuple[str, float]] = []
+        self.sweep_parts: list[dict] = []
 
     def loss_and_grad(self, params, key):
         """``(grads, loss)`` of the full-graph loss for the executed model's ``params``:
@@ -59,9 +66,10 @@ class Runner:
         grads = list(grads)
         gradients: dict[int, Table] = {}  # G_l while it lives
         masks: Optional[dict] = None  # output masks of layer l, made by layer l+1's backward
-        timed = []
+        timed, parts = [], []
         for sweep in self.built.plan.schedule.sweeps:
             start = time.perf_counter()
+            self.sweeps.timing = SweepTiming() if self.time_parts else None
             for table in sweep.makes:
                 if table.name == GRADIENTS:
                     gradients[table.layer] = self.gradient_table(table.layer)
@@ -80,7 +88,10 @@ class Runner:
                 else:
                     self.free(table)
             timed.append((sweep_label(sweep), time.perf_counter() - start))
-        self.sweep_seconds = timed
+            if self.sweeps.timing is not None:
+                parts.append(self.sweeps.timing.parts(timed[-1][1]))
+        self.sweeps.timing = None
+        self.sweep_seconds, self.sweep_parts = timed, parts
         return tuple(grads), loss
 
     def make(self, table) -> None:

@@ -314,18 +314,24 @@ class SSDFile:
         return raw[:nbytes].view(self.dtype).reshape(rows, self.width)
 
     def add_rows(self, rows: np.ndarray, values: np.ndarray,
-                 src: Optional[np.ndarray] = None) -> int:
+                 src: Optional[np.ndarray] = None,
+                 combine: Optional[Callable[[np.ndarray, np.ndarray, int, int], None]] = None
+                 ) -> int:
         """``file[rows] += values`` (or ``values[src]``; rows ascending, unique): read, add,
         write per span (as `read_rows`). Returns how many of ``rows`` were read from disk: a
         span with no current row (`zero_lazily`) is added into zeros instead. The current rows
         added to are verified first, and get the checksums of their new values (rows between
-        them go back as read, or as zeros, see `jgrind/_kernels/spans.cc`)."""
+        them go back as read, or as zeros, see `jgrind/_kernels/spans.cc`).
+
+        ``combine(piece, at, i, j)``, when given, updates the rows ``piece[at]`` (file rows
+        ``rows[i:j]``, as read) in place instead of the addition: rows kept in a storage dtype
+        (`jgrind.engine.tiers.coded`) are decoded, added to and encoded again there."""
         self._check_size()
         scratch = self._span_buffer(max(1, SCRATCH_BYTES // self.row_bytes))
         start, row_bytes, reads, writes, read_rows = self.data_start, self.row_bytes, 0, 0, 0
         read_bytes = written_bytes = 0
         current = self._current if self._stale else None
-        if self._native_spans(values):
+        if combine is None and self._native_spans(values):
             stats = self._spans_native("add", rows, values, src, scratch, current)
             reads, writes, read_rows = int(stats[0]), int(stats[1]), int(stats[2])
             read_bytes, written_bytes = int(stats[3]), int(stats[4])
@@ -352,8 +358,11 @@ class SSDFile:
                     read_bytes += buf.nbytes
                 else:
                     buf[...] = 0
-                add_rows(buf, rows[i:j] - c_lo, values if src is not None else values[i:j],
-                         src=None if src is None else src[i:j])
+                if combine is not None:
+                    combine(buf, added, i, j)
+                else:
+                    add_rows(buf, added, values if src is not None else values[i:j],
+                             src=None if src is None else src[i:j])
                 self._pwrite(buf, offset, count=False)
                 if here is not None:  # (a current gap row went back as read: its checksum holds)
                     self._row_crc[c_lo:c_hi][~here] = self._zeros_crc

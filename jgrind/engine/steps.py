@@ -314,8 +314,12 @@ def pad_partition(part, shape: tuple, *, labels: np.ndarray, weights: np.ndarray
     weight = np.concatenate([weight, np.zeros(extra, np.float32)])
     ids = np.zeros(n_in_pad, np.int32)
     ids[:n_in] = part.input_ids
+    edge_type = getattr(part, "edge_type", None)
+    if edge_type is not None:  # padded edges are relation 0 (their weight is 0)
+        edge_type = np.concatenate([edge_type, np.zeros(extra, edge_type.dtype)])
     block = make_block(indptr.astype(np.int32), indices, weight, ids, num_out=n_out_pad,
-                       needs_edges=needs_edges, needs_adjacency=needs_adjacency)
+                       needs_edges=needs_edges, needs_adjacency=needs_adjacency,
+                       edge_type=edge_type, num_relations=getattr(part, "num_relations", 1))
     # aligned, the CPU backend adopts the structure's arrays without a copy, so the engine
     # puts each block once instead of copying it in every step (`Sweeps.device_block`)
     block = jax.tree.map(_aligned, block)

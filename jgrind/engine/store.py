@@ -39,12 +39,14 @@ from jgrind.engine.ssd import SSDFile, StoreError
 from jgrind.engine.tiers import (WHOLE_FILE, DeviceRows, DeviceTier, HostTier, RowReadsSSDTier,
                                  Shared, Snapshot, SSDTier, Tier, TierBlocks, TransientTier,
                                  padded_buffer)
+from jgrind.engine.tiers.coded import CodedHostTier, CodedSSDTier
 from jgrind.engine.tiers.device import bucket_len, padded_rows as pad_index
-from jgrind.plan.fates import CODES, FATES, Fate
+from jgrind.hostio.codecs import FLOAT32, Codec
+from jgrind.plan.fates import CODES, EXACT, FATES, Fate, Storage
 from jgrind.hostio.rows import copy_rows
 
-__all__ = ["Accounts", "BudgetError", "DeviceRows", "Snapshot", "Store", "TIERS", "Table",
-           "WHOLE_FILE", "leftover_runs", "make_run_dir"]
+__all__ = ["Accounts", "BudgetError", "CODED_TIERS", "DeviceRows", "Snapshot", "Store", "TIERS",
+           "Table", "WHOLE_FILE", "leftover_runs", "make_run_dir"]
 
 # The class that holds each fate's blocks, made once per table that uses the fate as
 # ``TIERS[fate](TierBlocks, Shared)``. A run may serve a fate by another class (`Store`'s
@@ -54,6 +56,15 @@ TIERS: dict[Fate, Callable[..., Tier]] = {
     Fate.HOST: HostTier,
     Fate.SSD: SSDTier,
     Fate.RECOMPUTE: TransientTier,
+}
+
+# The classes that serve a table's HOST and SSD blocks when its storage dtype is lossy
+# (`jgrind.hostio.codecs`): blocks are encoded on their way there and decoded on their way
+# back. Device blocks are never converted, and a recomputed layer's transient rows stay
+# float32 (they live one sweep, and the planner prices them so).
+CODED_TIERS: dict[Fate, Callable[..., Tier]] = {
+    Fate.HOST: CodedHostTier,
+    Fate.SSD: CodedSSDTier,
 }
 
 
@@ -88,6 +99,9 @@ class Accounts:
     # Counted on the CPU backend too, where nothing is copied.
     to_device: int = 0
     to_host: int = 0
+    # the storage dtypes of host and SSD blocks (`jgrind.plan.fates.Storage.describe`): the
+    # bytes above are theirs
+    storage: str = "float32"
     timeline: list = dataclasses.field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -114,12 +128,19 @@ class Table:
       shared: the run's resources, passed to every tier (`jgrind.engine.tiers.Shared`).
       routes: the run's route cache.
       reserve: the most host bytes of tables made while this one lives (`HostArrays`).
+      codec: the storage dtype of its HOST and SSD blocks (`jgrind.hostio.codecs`); lossy
+        ones are served by `CODED_TIERS`.
+      generation: how many tables of this key the store made before (`TierBlocks`).
     """
 
     def __init__(self, name: str, layer: int, width: int, fates: list[Fate],
                  block_rows: np.ndarray, tiers: Mapping[Fate, Callable[..., Tier]],
-                 shared: Shared, routes: RouteCache, reserve: Optional[int] = None):
+                 shared: Shared, routes: RouteCache, reserve: Optional[int] = None,
+                 codec: Codec = FLOAT32, generation: int = 0):
         self.name, self.layer, self.width = name, layer, int(width)
+        self.codec = codec
+        if codec.lossy:
+            tiers = {**tiers, **CODED_TIERS}
         self.key = (name, layer)
         self.block_rows = block_rows
         self._buffers, self._routes = shared.buffers, routes
@@ -132,8 +153,10 @@ class Table:
         for code, fate in enumerate(FATES):
             members = self.tier == code
             if block_rows[members].sum():
+                coded = codec if fate in CODED_TIERS else FLOAT32
                 self._tiers[code] = tiers[fate](
-                    TierBlocks(self.key, self.width, block_rows, members, self.slot, reserve),
+                    TierBlocks(self.key, self.width, block_rows, members, self.slot, reserve,
+                               coded, generation),
                     shared)
         # whether each block's rows are device memory (its tier's `on_device`)
         self._on_device = np.array([tiers[fate].on_device for fate in FATES])[self.tier]
@@ -331,21 +354,25 @@ class Store:
         `RowReadsSSDTier`).
       input_staging: page-locked buffers that reads and gathers fill instead
         (`jgrind.hostio.transfers.PinnedStaging`), falling back to ``buffers``; None: ``buffers``.
+      storage: the storage dtype of each kind of table's host and SSD blocks
+        (`jgrind.plan.fates.Storage`); float32 by default.
     """
 
     def __init__(self, block_rows: np.ndarray, directory: Optional[str | os.PathLike],
                  host_cache_bytes: int, ssd_bytes_needed: int = 0, row_reads: bool = False,
                  host_tables_bytes: int = 0, input_buffer_bytes: int = 0,
                  tiers: Optional[Mapping[Fate, Callable[..., Tier]]] = None,
-                 input_staging=None):
+                 input_staging=None, storage: Storage = EXACT):
         self.block_rows = np.asarray(block_rows, np.int64)
+        self.storage = storage
         self.row_reads = bool(row_reads)
-        self.accounts = Accounts()
+        self.accounts = Accounts(storage=storage.describe())
         self._t0 = time.perf_counter()
         self._lock = threading.Lock()
         self.run_id = uuid.uuid4().bytes
         self.run_dir: Optional[pathlib.Path] = None
         self.tables: dict[tuple, Table] = {}
+        self._made: dict[tuple, int] = {}  # tables made per key (stochastic rounding's seeds)
         self.kept: dict[tuple, Table] = {}  # dropped with keep=True, for the next epoch
         self.routes = RouteCache()  # where each partition's rows live, per table layout
         self.host_arrays = HostArrays(host_tables_bytes,
@@ -366,23 +393,31 @@ class Store:
                              cache=self.cache, run_dir=self.run_dir, run_id=self.run_id)
 
     def table(self, name: str, layer: int, width: int, fates: list[Fate],
-              reserve: Optional[int] = None) -> Table:
+              reserve: Optional[int] = None, codec: Optional[Codec] = None) -> Table:
         """A zeroed table: the one kept by ``drop(..., keep=True)`` under the same name and
-        layer if its width and fates match (zeroed lazily, `SSDFile.zero_lazily`), else new.
-        ``reserve``: the most host bytes of tables made while this one lives (`HostArrays`)."""
+        layer if its width, fates and codec match (zeroed lazily, `SSDFile.zero_lazily`), else
+        new. ``reserve``: the most host bytes of tables made while this one lives
+        (`HostArrays`). ``codec``: the storage dtype of its host and SSD blocks (default: the
+        store's `Storage` for tables called ``name``)."""
+        codec = self.storage.codec(name) if codec is None else codec
+        if codec.lossy and self.row_reads:
+            raise ValueError(f"{name} {layer}: the naive scheme's row-by-row reads keep "
+                             f"float32 only, not {codec.name}")
         stale = self.tables.get((name, layer))  # left behind by an epoch that raised
         if stale is not None:
             self.drop(stale)
+        generation = self._made.get((name, layer), 0)
+        self._made[(name, layer)] = generation + 1
         t = self.kept.pop((name, layer), None)
-        if t is not None and (t.width != int(width)
+        if t is not None and (t.width != int(width) or t.codec != codec
                               or [t.fate(b) for b in range(t.tier.size)] != list(fates)):
             t.free()
             t = None
-        if t is not None:
+        if t is not None:  # (its blocks' write counts go on: its seeds stay fresh)
             t.zero_lazily()
         else:
             t = Table(name, layer, width, fates, self.block_rows, self.tiers, self.shared,
-                      self.routes, reserve)
+                      self.routes, reserve, codec, generation)
         self.tables[(name, layer)] = t
         return t
 

@@ -19,6 +19,7 @@ from jgrind.hostio import transfers
 from jgrind.engine.build import Built, input_shape
 from jgrind.engine.steps import PaddedPartition
 from jgrind.engine.store import Snapshot, Table
+from jgrind.engine.timing import SSD_RANK, SweepTiming, TierOf
 from jgrind.models.model import layer_key
 from jgrind.executed.moved_dropout import step_key
 from jgrind.plan.schedule import Variant
@@ -45,7 +46,8 @@ _PARAMS_ONLY = frozenset({Variant.BACKWARD_PARAMS, Variant.MASKED_BACKWARD_PARAM
 
 class Sweeps:
     """The sweeps of a `Built` engine. ``snapshots``: the naive scheme's saved step inputs
-    per layer while they live (made and dropped by the runner)."""
+    per layer while they live (made and dropped by the runner). ``timing``: where the sweep
+    that runs next records its parts (a `SweepTiming`, set by the runner), or None."""
 
     def __init__(self, built: Built):
         self.built = built
@@ -54,6 +56,8 @@ class Sweeps:
         # place (the CPU backend): no device memory of its own, so it is kept
         self._adopted_blocks: dict = {}
         self._layer_keys: tuple = (None, ())  # (a step's key, its layers' keys): `layer_key`
+        self.timing: Optional[SweepTiming] = None
+        self._tier_of = TierOf(built.parts)
 
     def layer_key(self, key, l: int):
         """Executed layer l's dropout key: its model layer's; for a layer that runs its
@@ -86,23 +90,26 @@ class Sweeps:
                       per_step=1 if kept is None else 2)
         # the naive scheme's snapshot is written from the loaded host rows: left unstaged,
         # they are not copied to the device and back (on a GPU)
-        with b.pipeline.sweep(b.parts, self.input_loader(l, src, stage=snap is None),
-                              stage=snap is None) as io:
-            for part, h_in in io:
+        load = self._timed(self.input_loader(l, src, stage=snap is None, timing=self.timing))
+        with b.pipeline.sweep(b.parts, load, stage=snap is None) as io:
+            for part, h_in in self._inputs(io):
                 if snap is not None:
-                    io.write(snap.write, part.index, h_in)
+                    self._queue(io, SSD_RANK, None, snap.write, part.index, h_in)
                 spare = b.spares.take((part.num_out, dst.width))
                 if kept is not None:
                     out, z = steps.forward_saving(p_l, self.device_block(part), h_in, k_l,
                                                   (spare, b.spares.take((part.num_out,
                                                                          kept.width))))
-                    io.write(self.stored, z, kept.write, part.index,
-                             self.for_the_store(z, kept, part.index))
+                    self._queue(io, self._tier(kept, part), self._ready(z, kept, part),
+                                self.stored, z, kept.write, part.index,
+                                self.for_the_store(z, kept, part.index))
                 else:
                     out = steps.forward(p_l, self.step_block(part, l), h_in, k_l, spare)
                 io.dispatched(out)
-                io.write(self.stored, out, dst.write, part.index,
-                         self.for_the_store(out, dst, part.index))
+                self._queue(io, self._tier(dst, part), self._ready(out, dst, part),
+                            self.stored, out, dst.write, part.index,
+                            self.for_the_store(out, dst, part.index))
+            self._finish(io)
         if snap is not None:
             snap.filled = True
 
@@ -126,13 +133,15 @@ class Sweeps:
         spared = variant not in _PARAMS_ONLY
         b.spares.plan([self.input_shape(p, l) for p in b.parts] if spared else [])
         load_input = self.input_loader(l, b.activations[l],
-                                       snap if snap is not None and snap.filled else None)
+                                       snap if snap is not None and snap.filled else None,
+                                       timing=self.timing)
+        read_upper = self._reader(upper, halo=False) if not top else None
         # the output gradient is read with the input, off the main thread (`Pipeline`); the
         # top layer's labels and loss weights load with its input, as device arrays
         load = (lambda part: (load_input(part), (part.labels, part.weights))) if top else \
-            (lambda part: (load_input(part), upper.read(part.index, part.num_out)))
-        with b.pipeline.sweep(b.parts, load) as io:
-            for part, (h_in, g_out) in io:
+            (lambda part: (load_input(part), read_upper(part, part.num_out)))
+        with b.pipeline.sweep(b.parts, self._timed(load)) as io:
+            for part, (h_in, g_out) in self._inputs(io):
                 spare = b.spares.take(self.input_shape(part, l)) if spared else None
                 mask = masks.pop(part.index) if masked else None
                 out = run(steps, p_l, self.step_block(part, l), h_in, k_l, mask, g_out, acc,
@@ -148,11 +157,15 @@ class Sweeps:
                 if made is not None:
                     made[part.index] = out[2]
                 if lower is not None:
-                    io.write(self.stored, d_h, store_input_gradient, part,
-                             self.for_the_store(d_h, lower, part.index,
-                                                None if b.plan.local[l] else part.halo_owner))
+                    local = b.plan.local[l]
+                    self._queue(io, self._tier(lower, part, halo=not local),
+                                self._ready(d_h, lower, part, halo=not local),
+                                self.stored, d_h, store_input_gradient, part,
+                                self.for_the_store(d_h, lower, part.index,
+                                                   None if local else part.halo_owner))
                 else:  # a one-layer model's input gradient: nothing stores it
                     b.spares.give(d_h)
+            self._finish(io)
         return loss, acc, made
 
     def _backward_from_kept(self, params, l, key, variant, upper, lower, acc, masks):
@@ -167,9 +180,11 @@ class Sweeps:
         accumulate = functools.partial(lower.accumulate,
                                        keep_device_rows=b.transfers.keep_device_rows) \
             if lower is not None else None
-        with b.pipeline.sweep(b.parts, lambda part: (kept.read(part.index, part.num_out),
-                                                     upper.read(part.index, part.num_out))) as io:
-            for part, (z, g_out) in io:
+        read_kept, read_upper = self._reader(kept, halo=False), self._reader(upper, halo=False)
+        load = self._timed(lambda part: (read_kept(part, part.num_out),
+                                         read_upper(part, part.num_out)))
+        with b.pipeline.sweep(b.parts, load) as io:
+            for part, (z, g_out) in self._inputs(io):
                 block = self.device_block(part)
                 mask = masks.pop(part.index) if masks is not None else None
                 if params_only:
@@ -179,28 +194,40 @@ class Sweeps:
                 acc, d_h = steps.saved_backward(p_l, block, z, k_l, mask, g_out, acc,
                                                 b.spares.take((part.num_in, width)))
                 io.dispatched(acc)
-                io.write(self.stored, d_h, accumulate, part.index, part.halo_owner,
-                         part.halo_row, self.for_the_store(d_h, lower, part.index,
-                                                           part.halo_owner))
+                self._queue(io, self._tier(lower, part, halo=True),
+                            self._ready(d_h, lower, part, halo=True),
+                            self.stored, d_h, accumulate, part.index, part.halo_owner,
+                            part.halo_row, self.for_the_store(d_h, lower, part.index,
+                                                              part.halo_owner))
+            self._finish(io)
         return acc
 
     # -- a step's inputs ----------------------------------------------------------------------
     def input_loader(self, l: int, table: Table, snapshot: Optional[Snapshot] = None,
-                     stage: bool = True) -> Callable:
+                     stage: bool = True, timing: Optional[SweepTiming] = None) -> Callable:
         """``part -> layer l's step input``: the partition's own block of ``table`` for a
         node-wise layer, else its own and halo rows gathered; read back from ``snapshot``
         instead when one is given (the naive scheme's backward). A gather to ``stage`` leaves
         the rows that are on the device there, where the device is not host RAM
-        (`jgrind.engine.store.DeviceRows`, put together by the pipeline)."""
+        (`jgrind.engine.store.DeviceRows`, put together by the pipeline). With ``timing``,
+        each read's seconds are added to its tier's (`SweepTiming.read`)."""
         local = self.built.plan.local[l]
         if snapshot is not None:
             rows = (lambda part: part.num_out) if local else (lambda part: part.num_in)
+            if timing is not None:
+                return lambda part: timing.read(SSD_RANK, snapshot.read, part.index,
+                                                rows(part))
             return lambda part: snapshot.read(part.index, rows(part))
         if local:
-            return lambda part: table.read(part.index, part.num_out)
+            read = self._reader(table, halo=False, timing=timing)
+            return lambda part: read(part, part.num_out)
         keep = stage and self.built.transfers.keep_device_rows
-        return lambda part: table.gather(part.index, part.halo_owner, part.halo_row,
-                                         part.num_in, keep_device_rows=keep)
+        gather = lambda part: table.gather(part.index, part.halo_owner,  # noqa: E731
+                                           part.halo_row, part.num_in, keep_device_rows=keep)
+        if timing is None:
+            return gather
+        tiers = self._tier_of.of(table, halo=True)
+        return lambda part: timing.read(tiers[part.index], gather, part)
 
     def input_shape(self, part: PaddedPartition, l: int) -> tuple:
         return input_shape(part, l, self.built.plan.local, self.built.plan.widths)
@@ -228,6 +255,51 @@ class Sweeps:
         if self.built.plan.local[l]:
             return self.built.local_blocks[part.index]
         return self.device_block(part)
+
+    # -- the parts of a sweep's time (`SweepTiming`) -------------------------------------------
+    def _reader(self, table: Table, halo: bool, timing: Optional[SweepTiming] = None):
+        """``(part, padded_rows) -> table.read(part.index, padded_rows)``, timed in its tier
+        when the sweep is (``timing``, default this sweep's)."""
+        timing = timing if timing is not None else self.timing
+        if timing is None:
+            return lambda part, rows: table.read(part.index, rows)
+        tiers = self._tier_of.of(table, halo)
+        return lambda part, rows: timing.read(tiers[part.index], table.read, part.index, rows)
+
+    def _timed(self, load: Callable) -> Callable:
+        return load if self.timing is None else self.timing.loader(load)
+
+    def _inputs(self, io):
+        return io if self.timing is None else self.timing.inputs(io)
+
+    def _tier(self, table: Table, part, halo: bool = False) -> int:
+        """The tier a store into ``table`` for ``part`` counts in (0 when not timed)."""
+        if self.timing is None:
+            return 0
+        return self._tier_of.of(table, halo)[part.index]
+
+    def _ready(self, output, table: Table, part, halo: bool = False):
+        """What a timed store waits for before its seconds start: ``output``, where the store
+        reads it on the host (the wait is the step's compute); None where it stays on the
+        device (the store only queues device work)."""
+        if self.timing is None:
+            return None
+        return output if table.stored_on_host(part.index, part.halo_owner if halo else None) \
+            else None
+
+    def _queue(self, io, tier: int, ready, fn: Callable, *args) -> None:
+        """``io.write(fn, *args)``; when the sweep is timed, the store's seconds counted in
+        ``tier`` and the main thread's wait on the writer in ``write_wait``."""
+        if self.timing is None:
+            io.write(fn, *args)
+        else:
+            self.timing.write(io, self.timing.store, tier, ready, fn, *args)
+
+    def _finish(self, io) -> None:
+        if self.timing is None:
+            io.finish()
+        else:
+            self.timing.finish(io)
 
     # -- a step's outputs ---------------------------------------------------------------------
     def for_the_store(self, output: jax.Array, table: Table, block: int,

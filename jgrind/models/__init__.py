@@ -6,8 +6,11 @@ from jgrind.models.dropout import dropout
 from jgrind.models.gat import GATConv
 from jgrind.models.gcn import GCNConv
 from jgrind.models.linear import Linear
-from jgrind.models.model import GNN, gat, gcn, layer_key, sage
+from jgrind.models.model import GNN, gat, gcn, layer_key, rgat, rgcn, sage
+from jgrind.models.rgat import RGATConv
+from jgrind.models.rgcn import RGCNConv
 from jgrind.models.sage import SAGEConv
 
-__all__ = ["Block", "GATConv", "GCNConv", "GNN", "LayerOptions", "Linear", "SAGEConv",
-           "dropout", "full_block", "gat", "gcn", "layer_key", "make_block", "sage"]
+__all__ = ["Block", "GATConv", "GCNConv", "GNN", "LayerOptions", "Linear", "RGATConv",
+           "RGCNConv", "SAGEConv", "dropout", "full_block", "gat", "gcn", "layer_key",
+           "make_block", "rgat", "rgcn", "sage"]

@@ -5,6 +5,13 @@ A layer maps the rows of its *input* nodes to the rows of its *output* nodes. Th
 targets read ``h[:num_out]``); the remaining input rows are the halo, the in-neighbours that
 live elsewhere. The whole graph is the block whose halo is empty, so the in-memory path and the
 partitioned engine run the very same jitted layer code.
+
+Relational layers (R-GCN, RGAT) read the relation of every edge. For the sparse product, the
+block holds one adjacency that stacks the relations side by side: ``[A_0 | A_1 | ... | A_R-1]``,
+``[num_out, R * num_in]``, where column ``r * num_in + j`` is input row ``j`` seen through
+relation ``r``. Then ``sum_r A_r (X W_r)`` is one sparse product with the relation-major stack of
+``X W_r``, over the block's own edges: the same number of stored entries (and the same padded
+shapes) as the homogeneous block, where one adjacency per relation would each need padding.
 """
 
 from __future__ import annotations
@@ -33,6 +40,10 @@ class Block:
       node_ids: ``[num_in]`` int32 global node id of every input row. Dropout masks are hashed
         from these, which is what makes them independent of the partitioning.
       num_out: static number of output rows.
+      relation_adj: for a graph with relations, the relations' adjacencies side by side,
+        ``[num_out, R * num_in]`` (see the module docstring), in place of ``adj``; else None.
+      edge_type: ``[E_b]`` int32 relation of every edge (relational attention models only,
+        else None).
     """
 
     adj: Optional[Adjacency]
@@ -40,6 +51,8 @@ class Block:
     edge_dst: Optional[jax.Array]
     node_ids: jax.Array
     num_out: int = dataclasses.field(metadata=dict(static=True))
+    relation_adj: Optional[Adjacency] = None
+    edge_type: Optional[jax.Array] = None
 
     @property
     def num_in(self) -> int:
@@ -48,27 +61,40 @@ class Block:
 
 def make_block(indptr: np.ndarray, indices: np.ndarray, weight: Optional[np.ndarray],
                node_ids: np.ndarray, *, num_out: int, needs_edges: bool,
-               needs_adjacency: bool) -> Block:
+               needs_adjacency: bool, edge_type: Optional[np.ndarray] = None,
+               num_relations: int = 1) -> Block:
     """A block from a local CSR with ``num_out`` rows over ``len(node_ids)`` input columns.
+
+    ``edge_type``: the relation id in ``[0, num_relations)`` of every edge, or None for a
+    graph without relations. Given, the adjacency is the relations' stack (``relation_adj``)
+    instead of ``adj``, and edge lists carry the relation of every edge.
 
     Host-side NumPy construction; the caller moves the result to the device explicitly
     (``jax.device_put``) so that no transfer is implicit.
     """
     num_in = int(node_ids.shape[0])
-    adj = None
+    adj = relation_adj = types = None
     if needs_adjacency:
         w = np.ones(indices.size, np.float32) if weight is None else weight
-        adj = adjacency(indptr, indices, w, num_in)
+        if edge_type is None:
+            adj = adjacency(indptr, indices, w, num_in)
+        else:
+            columns = np.asarray(edge_type, np.int64) * num_in + np.asarray(indices)
+            relation_adj = adjacency(indptr, columns, w, int(num_relations) * num_in)
     src = dst = None
     if needs_edges:
         src = np.asarray(indices, np.int32)
         dst = np.repeat(np.arange(num_out, dtype=np.int32), np.diff(indptr))
+        if edge_type is not None:
+            types = np.asarray(edge_type, np.int32)
     return Block(adj=adj, edge_src=src, edge_dst=dst,
-                 node_ids=np.asarray(node_ids, np.int32), num_out=num_out)
+                 node_ids=np.asarray(node_ids, np.int32), num_out=num_out,
+                 relation_adj=relation_adj, edge_type=types)
 
 
 def full_block(graph: Graph, *, needs_edges: bool, needs_adjacency: bool) -> Block:
     """The whole graph as one block: every node is an output and there is no halo."""
     return make_block(graph.indptr, graph.indices, graph.edge_weight,
                       np.arange(graph.num_nodes, dtype=np.int32), num_out=graph.num_nodes,
-                      needs_edges=needs_edges, needs_adjacency=needs_adjacency)
+                      needs_edges=needs_edges, needs_adjacency=needs_adjacency,
+                      edge_type=graph.edge_type, num_relations=graph.num_relations)

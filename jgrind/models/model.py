@@ -21,6 +21,8 @@ from jgrind.models.conv import LayerOptions
 from jgrind.models.gat import GATConv
 from jgrind.models.gcn import GCNConv
 from jgrind.models.linear import Linear
+from jgrind.models.rgat import RGATConv
+from jgrind.models.rgcn import RGCNConv
 from jgrind.models.sage import SAGEConv
 
 Params = tuple  # one dict per layer
@@ -69,7 +71,7 @@ class GNN:
     @property
     def out_channels(self) -> int:
         last = self.layers[-1]
-        return last.width if isinstance(last, GATConv) else last.out_channels
+        return last.width if isinstance(last, (GATConv, RGATConv)) else last.out_channels
 
     @property
     def in_channels(self) -> int:
@@ -96,6 +98,11 @@ class GNN:
             raise GraphError(f"the {self.name} model has {_outputs(self.out_channels)} but "
                              f"{graph.name} has {graph.num_classes} binary targets per node (a "
                              "logit each); build it with out_channels=graph.num_classes")
+        relations = {getattr(layer, "num_relations", None) for layer in self.layers} - {None}
+        if relations and relations != {graph.num_relations}:
+            raise GraphError(f"the {self.name} model is built for {min(relations)} relation(s) "
+                             f"but {graph.name} has {graph.num_relations}; build it with "
+                             "num_relations=graph.num_relations")
         if self.out_channels < graph.num_classes:  # (more outputs than classes: unused logits)
             raise GraphError(f"the {self.name} model has {_outputs(self.out_channels)} but "
                              f"{graph.name} has {graph.num_classes} classes; build it with "
@@ -169,7 +176,7 @@ def gcn(in_channels: int, hidden_channels: int | Sequence[int], out_channels: in
     layers = _stack(make, in_channels, hidden_channels, out_channels, num_layers=num_layers,
                     dropout=dropout, residual=residual, layer_norm=layer_norm,
                     activation=activation)
-    return GNN(layers, transforms.gcn_norm, needs_adjacency=True, needs_edges=False, name="gcn")
+    return GNN(layers, _gcn_normalize, needs_adjacency=True, needs_edges=False, name="gcn")
 
 
 def sage(in_channels: int, hidden_channels: int | Sequence[int], out_channels: int, *,
@@ -183,12 +190,28 @@ def sage(in_channels: int, hidden_channels: int | Sequence[int], out_channels: i
     return GNN(layers, _sage_normalize, needs_adjacency=True, needs_edges=False, name="sage")
 
 
+def _homogeneous(graph: Graph) -> Graph:
+    """``graph`` without relation ids: the models that do not read relations see one edge
+    set (the union of the relations)."""
+    if graph.edge_type is None:
+        return graph
+    return graph.replace(edge_type=None, relations=())
+
+
+def _gcn_normalize(graph: Graph) -> Graph:
+    return transforms.gcn_norm(_homogeneous(graph))
+
+
 def _sage_normalize(graph: Graph) -> Graph:
-    return transforms.mean_norm(transforms.remove_self_loops(graph))
+    return transforms.mean_norm(transforms.remove_self_loops(_homogeneous(graph)))
 
 
 def _gat_normalize(graph: Graph) -> Graph:
-    return transforms.add_self_loops(graph.replace(edge_weight=None))
+    return transforms.add_self_loops(_homogeneous(graph).replace(edge_weight=None))
+
+
+def _rgat_normalize(graph: Graph) -> Graph:
+    return graph.replace(edge_weight=None)
 
 
 def gat(in_channels: int, hidden_channels: int, out_channels: int, *, num_layers: int = 2,
@@ -219,6 +242,65 @@ def gat(in_channels: int, hidden_channels: int, out_channels: int, *, num_layers
                     dropout=dropout, residual=residual, layer_norm=layer_norm,
                     activation=activation)
     return GNN(layers, _gat_normalize, needs_adjacency=False, needs_edges=True, name="gat")
+
+
+def rgcn(in_channels: int, hidden_channels: int | Sequence[int], out_channels: int,
+         num_relations: int = 1, *, num_layers: int = 2, dropout: float = 0.5,
+         residual: bool = False, layer_norm: bool = False, activation=jax.nn.relu,
+         num_bases: Optional[int] = None, num_blocks: Optional[int] = None,
+         self_loop: bool = True) -> GNN:
+    """R-GCN (Schlichtkrull et al. 2018) over ``num_relations`` relations (the graph's
+    `Graph.num_relations`; 1 for a graph without relations): a weight per relation, or
+    ``num_bases`` shared bases, or ``num_blocks`` diagonal blocks; the per-relation mean
+    (`jgrind.transforms.relation_mean_norm`); a self-connection. The features have one width
+    for every node type (narrower types zero-padded when the graph is built).
+
+    ``num_blocks`` applies to the layers whose two widths it divides; a layer whose widths it
+    does not divide (the logits layer of 3 classes, say) has a dense weight per relation."""
+    whole_number(num_relations, "num_relations")
+    for value, name in ((num_bases, "num_bases"), (num_blocks, "num_blocks")):
+        if value is not None:  # (0: no decomposition)
+            whole_number(value, name, least=0)
+
+    def make(i, o, opts, last):
+        blocks = num_blocks if num_blocks and not (i % num_blocks or o % num_blocks) else None
+        return RGCNConv(i, o, num_relations, num_bases=num_bases, num_blocks=blocks,
+                        self_loop=self_loop, options=opts)
+    layers = _stack(make, in_channels, hidden_channels, out_channels, num_layers=num_layers,
+                    dropout=dropout, residual=residual, layer_norm=layer_norm,
+                    activation=activation)
+    return GNN(layers, transforms.relation_mean_norm, needs_adjacency=True, needs_edges=False,
+               name="rgcn")
+
+
+def rgat(in_channels: int, hidden_channels: int, out_channels: int, num_relations: int = 1, *,
+         num_layers: int = 2, heads: int = 4, output_heads: int = 1, dropout: float = 0.5,
+         attention_dropout: Optional[float] = None, residual: bool = False,
+         layer_norm: bool = False, activation=jax.nn.relu, self_loop: bool = True) -> GNN:
+    """RGAT (Busbridge et al. 2019) with across-relation attention over ``num_relations``
+    relations: ``heads`` heads of ``hidden_channels`` each, concatenated, in hidden layers,
+    ``output_heads`` averaged in the last; a weight per relation and a self-connection."""
+    whole_number(num_relations, "num_relations")
+    whole_number(heads, "heads")
+    whole_number(output_heads, "output_heads")
+    att = dropout if attention_dropout is None else attention_dropout
+    if not (isinstance(att, numbers.Real) and 0 <= att < 1):
+        raise ValueError(f"attention_dropout must be in [0, 1), got {att!r}")
+
+    def make(i, o, opts, last):
+        if last:
+            return RGATConv(i, o, num_relations, heads=output_heads, concat=False,
+                            attention_dropout=att, self_loop=self_loop, options=opts)
+        per_head = o // heads
+        if per_head * heads != o:
+            raise ValueError(f"RGAT width {o} is not a multiple of heads={heads}")
+        return RGATConv(i, per_head, num_relations, heads=heads, concat=True,
+                        attention_dropout=att, self_loop=self_loop, options=opts)
+
+    layers = _stack(make, in_channels, hidden_channels * heads, out_channels,
+                    num_layers=num_layers, dropout=dropout, residual=residual,
+                    layer_norm=layer_norm, activation=activation)
+    return GNN(layers, _rgat_normalize, needs_adjacency=False, needs_edges=True, name="rgat")
 
 
 def _outputs(n: int) -> str:

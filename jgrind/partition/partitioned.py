@@ -15,7 +15,8 @@ Layouts:
 
 Edge weights are *copied* from the partitioned graph (typically already normalised, e.g. by
 `jgrind.transforms.gcn_norm`): normalisation is a property of the whole graph and is never
-recomputed per partition, so the partitioned computation is exactly the full-graph one.
+recomputed per partition, so the partitioned computation is exactly the full-graph one. The
+relation id of every edge of a heterogeneous graph is copied the same way.
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ class Partition:
       indices: ``[nnz]`` int32 local input column: ``c < n_own`` is ``owned[c]``, otherwise
         ``halo[c - n_own]``.
       weight: ``[nnz]`` float32 edge weights copied from the graph's ``edge_weight``, or None.
+      edge_type: ``[nnz]`` relation id of every local edge, copied from the graph's
+        ``edge_type``, or None for a graph without relations.
+      num_relations: the graph's number of relations (1 without relations).
     """
 
     index: int
@@ -104,6 +108,8 @@ class Partition:
     indptr: np.ndarray
     indices: np.ndarray
     weight: Optional[np.ndarray]
+    edge_type: Optional[np.ndarray] = None
+    num_relations: int = 1
 
     @property
     def num_owned(self) -> int:
@@ -290,11 +296,13 @@ def partition_graph(graph: Graph, assignment, num_parts: Optional[int] = None
         halo_owner = a[halo]
         halo_row = (hpos - offsets[halo_owner]).astype(np.int32)
         w = None if weight is None else weight[gidx]
+        types = None if graph.edge_type is None else freeze(graph.edge_type[gidx])
         parts.append(Partition(
             index=p, owned=freeze(owned), halo=freeze(halo),
             halo_owner=freeze(halo_owner),
             halo_row=freeze(halo_row), indptr=freeze(indptr.astype(ptr_t)),
             indices=freeze(cols),
-            weight=None if w is None else freeze(w.astype(np.float32, copy=False))))
+            weight=None if w is None else freeze(w.astype(np.float32, copy=False)),
+            edge_type=types, num_relations=graph.num_relations))
     return PartitionedGraph(graph=graph, assignment=freeze(a), partitions=tuple(parts),
                             offsets=freeze(offsets), position=freeze(position))

@@ -12,9 +12,14 @@ from typing import Callable, Optional, Sequence
 
 from jgrind.plan import profile as hw
 from jgrind.plan.budgets import check_budget, smaller
-from jgrind.plan.fates import Fate, TensorInfo
-from jgrind.plan.planner import Plan, Planned, plan, plan_run
+from jgrind.hostio.codecs import bfloat16, int8
+from jgrind.plan.fates import EXACT, Fate, Storage, TensorInfo
+from jgrind.plan.planner import Plan, Planned, plan_run, plan_storages
 from jgrind.plan.protocols import BindContext
+
+# what ``auto(allow_lossy=True)`` compares beside its own storage: every tensor in bfloat16,
+# every tensor in int8 (nearest rounding)
+LOSSY_CANDIDATES = (Storage(bfloat16(), bfloat16(), bfloat16()), Storage(int8(), int8(), int8()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +45,14 @@ class Auto:
         regathering their inputs in backward (docs/engine.md, "Kept aggregations").
       on_plan: called with the `Plan` of a whole run once `prepare` has made it (``jgrind
         train`` prints it and saves it as plan.txt).
+      replan: re-plan between epochs when the first timed epoch shows the plan was wrong
+        (`jgrind.plan.replan`; docs/planner.md, "Re-planning").
+      storage: the storage dtypes of host and SSD blocks to plan with
+        (`jgrind.plan.fates.Storage`; ``with_storage(auto(), ...)`` sets it); float32 by
+        default.
+      allow_lossy: also plan with every tensor in bfloat16 and in int8
+        (`LOSSY_CANDIDATES`) and keep the fastest predicted; ``storage`` wins ties. False:
+        only ``storage``, so the planner never picks a lossy dtype by itself.
     """
 
     device_budget: Optional[int] = None
@@ -49,6 +62,15 @@ class Auto:
     recompute: bool = True
     keep_aggregations: bool = True
     on_plan: Optional[Callable] = dataclasses.field(default=None, compare=False, hash=False)
+    replan: bool = True
+    storage: Storage = EXACT
+    allow_lossy: bool = False
+
+    def storages(self) -> tuple:
+        """The storages the planner compares (see ``allow_lossy``), ``storage`` first."""
+        if not self.allow_lossy:
+            return (self.storage,)
+        return (self.storage,) + tuple(s for s in LOSSY_CANDIDATES if s != self.storage)
 
     def load_profile(self, directory=None):
         """The profile to plan with; its SSD figures for this policy's store, else the run's
@@ -79,7 +101,7 @@ class Auto:
                            directory=self.directory or directory, partitioner=partitioner,
                            num_parts=num_parts, seed=seed, recompute=self.recompute,
                            progress=progress or (lambda msg: None),
-                           keep=self.keep_aggregations)
+                           keep=self.keep_aggregations, storages=self.storages())
         if self.on_plan is not None:
             self.on_plan(planned)
         return planned
@@ -92,9 +114,9 @@ class Auto:
                              "inventory, context)")
         profile = self.load_profile(context.directory)
         dev, host = self.budgets(context.device_budget, context.host_budget, profile)
-        return plan(context.workload, profile, device_budget=dev, host_budget=host,
-                    directory=self.directory or context.directory,
-                    recompute=self.recompute, keep=self.keep_aggregations).policy()
+        return plan_storages(context.workload, profile, self.storages(), device_budget=dev,
+                             host_budget=host, directory=self.directory or context.directory,
+                             recompute=self.recompute, keep=self.keep_aggregations).policy()
 
     def __call__(self, info: TensorInfo) -> Fate:
         raise RuntimeError("auto() used before planning; the engine binds it (train(policy="
@@ -104,11 +126,14 @@ class Auto:
 def auto(device_budget: Optional[int] = None, host_budget: Optional[int] = None,
          directory: Optional[str | os.PathLike] = None, profile=None,
          recompute: bool = True, keep_aggregations: bool = True,
-         on_plan: Optional[Callable] = None) -> Auto:
-    """Let the planner choose every fate, the partitions and the cache mode (see `Auto`)."""
+         on_plan: Optional[Callable] = None, replan: bool = True,
+         allow_lossy: bool = False) -> Auto:
+    """Let the planner choose every fate, the partitions and the cache mode (see `Auto`);
+    with ``allow_lossy``, also a smaller storage dtype where it predicts a faster epoch."""
     if on_plan is not None and not callable(on_plan):
         raise TypeError(f"on_plan must be a function of the Plan, got {on_plan!r}")
     return Auto(check_budget(device_budget, "auto's device_budget"),
                 check_budget(host_budget, "auto's host_budget"),
                 None if directory is None else os.fspath(directory), profile, recompute,
-                keep_aggregations, on_plan)
+                keep_aggregations, on_plan, replan=bool(replan),
+                allow_lossy=bool(allow_lossy))

@@ -45,7 +45,8 @@ from jgrind.models.model import gcn
 from jgrind.executed.moved_dropout import drops_input, unwrap
 from jgrind.executed.split import as_executed
 from jgrind.partition import shape_groups
-from jgrind.plan.fates import ACTIVATION, AGGREGATION, CODES, FATES, GRADIENT, D, Fate, H, R, S
+from jgrind.plan.fates import (ACTIVATION, AGGREGATION, CODES, EXACT, FATES, GRADIENT, D, Fate,
+                               H, R, S, Storage)
 from jgrind.plan.inventory import aggregation_widths, layer_widths
 from jgrind.plan.schedule import ACTIVATIONS, GRADIENTS, Schedule, epoch_schedule
 
@@ -167,6 +168,9 @@ class Workload:
         multi-label targets: the row's T targets and the loss's two per-target tensors (the
         loss and its cotangent).
       num_params: the model's parameter count (`PARAMETER_COPIES` of them stay on the device).
+      storage: the storage dtype of each kind of tensor in the host and SSD tiers
+        (`jgrind.plan.fates.Storage`): their blocks are priced at its bytes
+        (`stored_bytes`), device blocks and recomputed transients at float32's.
     """
 
     widths: tuple
@@ -188,6 +192,7 @@ class Workload:
     aggregated: dict = dataclasses.field(default_factory=dict)
     loss_row_bytes: int = 0
     num_params: int = 0
+    storage: Storage = EXACT
 
     @property
     def num_parts(self) -> int:
@@ -257,11 +262,24 @@ class Workload:
             array.setflags(write=False)
         return out
 
-    def tier_bytes(self, layer: int, codes: np.ndarray) -> list[int]:
-        """Bytes of layer ``layer``'s blocks in each tier, indexed by tier code (D, H, S, R),
-        for the blocks' codes ``codes``."""
-        return [int(b) for b in np.bincount(codes, weights=self.block_bytes(layer),
-                                            minlength=4)]
+    def stored_bytes(self, name: str, layer: int) -> np.ndarray:
+        """``[P]`` bytes of every partition's block of tensor ``name`` (ACTIVATION, GRADIENT,
+        AGGREGATION) at ``layer`` in the host or SSD tier: in its storage dtype
+        (`jgrind.hostio.codecs`), float32's `block_bytes` by default."""
+        width = self.aggregated.get(layer, 0) if name == AGGREGATION else self.widths[layer]
+        codec = self.storage.codec(name)
+        if not codec.lossy:
+            return self.aggregation_bytes(layer) if name == AGGREGATION \
+                else self.block_bytes(layer)
+        return self.owned * (4 * codec.words(width))
+
+    def tier_bytes(self, layer: int, codes: np.ndarray, name: str = ACTIVATION) -> list[int]:
+        """Bytes of layer ``layer``'s blocks of ``name`` in each tier, indexed by tier code
+        (D, H, S, R), for the blocks' codes ``codes``: host and SSD blocks in their storage
+        dtype (`stored_bytes`), the others float32."""
+        full = self.aggregation_bytes(layer) if name == AGGREGATION else self.block_bytes(layer)
+        weights = np.where((codes == H) | (codes == S), self.stored_bytes(name, layer), full)
+        return [int(b) for b in np.bincount(codes, weights=weights, minlength=4)]
 
     def aggregation_bytes(self, layer: int) -> np.ndarray:
         """``[P]`` bytes of every partition's block of ``Z_layer`` (0 without one)."""
@@ -996,7 +1014,7 @@ def _stored_bytes(w: Workload, a: Assignment, acts=None, grads=None
     ``acts``, ``grads``: the layers' `Workload.tier_bytes`, if already worked out."""
     L = w.num_layers
     acts = acts or [w.tier_bytes(l, a.activations[l]) for l in range(L)]
-    grads = grads or [w.tier_bytes(l, a.gradients[l]) for l in range(L)]
+    grads = grads or [w.tier_bytes(l, a.gradients[l], GRADIENT) for l in range(L)]
     kept = kept_bytes(w, a)
     base = [sum(acts[l][c] for l in range(L)) + kept[c] for c in (D, H, S)]
     live = {ACTIVATIONS: set(), GRADIENTS: set()}  # recomputed layers' transients; G_l
@@ -1019,7 +1037,7 @@ def kept_bytes(w: Workload, a: Assignment) -> list[int]:
     one)."""
     total = np.zeros(4)
     for l, codes in a.aggregations.items():
-        total += np.bincount(codes, weights=w.aggregation_bytes(l), minlength=4)
+        total += w.tier_bytes(l, codes, AGGREGATION)
     return [int(b) for b in total]
 
 
@@ -1029,7 +1047,7 @@ def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
     aggregations, `kept_bytes`, for the whole epoch)."""
     L = w.num_layers
     acts_by_layer = [w.tier_bytes(l, a.activations[l]) for l in range(L)]
-    grads_by_layer = [w.tier_bytes(l, a.gradients[l]) for l in range(L)]
+    grads_by_layer = [w.tier_bytes(l, a.gradients[l], GRADIENT) for l in range(L)]
     acts = {c: sum(t[c] for t in acts_by_layer) for c in (D, H, S, R)}
     # gradient layers entirely on SSD keep their files from epoch to epoch (`Store.drop`):
     # charged for the whole run; the others live two at a time

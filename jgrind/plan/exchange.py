@@ -20,7 +20,7 @@ import numpy as np
 from jgrind.plan.cost import ITEMSIZE
 from jgrind.plan.inventory import layer_widths
 
-__all__ = ["ExchangePlan", "epoch_exchange_bytes", "exchange_plan"]
+__all__ = ["ExchangePlan", "device_rows", "epoch_exchange_bytes", "exchange_plan"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -67,6 +67,19 @@ class ExchangePlan:
         return int(self.counts.sum()) * int(width) * ITEMSIZE
 
 
+def device_rows(device_of: np.ndarray, num_devices: int) -> tuple[tuple, np.ndarray]:
+    """``(rows, local_index)``: every device's nodes, ascending (its local row order), and
+    every node's row in its device's list."""
+    k = int(num_devices)
+    order = np.argsort(device_of, kind="stable")
+    bounds = np.searchsorted(device_of[order], np.arange(k + 1))
+    rows = tuple(order[bounds[d]:bounds[d + 1]] for d in range(k))
+    local_index = np.empty(device_of.size, np.int64)
+    for d in range(k):
+        local_index[rows[d]] = np.arange(rows[d].size)
+    return rows, local_index
+
+
 def exchange_plan(indptr: np.ndarray, indices: np.ndarray, device_of: np.ndarray,
                   num_devices: int) -> ExchangePlan:
     """The `ExchangePlan` of a graph (CSR over in-neighbours: row ``v`` lists the sources of
@@ -81,12 +94,7 @@ def exchange_plan(indptr: np.ndarray, indices: np.ndarray, device_of: np.ndarray
         raise ValueError(f"indptr has {indptr.size} entries; expected {n + 1} for {n} nodes")
     if n and (device_of.min() < 0 or device_of.max() >= k):
         raise ValueError(f"device_of holds devices outside [0, {k})")
-    order = np.argsort(device_of, kind="stable")
-    bounds = np.searchsorted(device_of[order], np.arange(k + 1))
-    rows = tuple(order[bounds[d]:bounds[d + 1]] for d in range(k))
-    local_index = np.empty(n, np.int64)
-    for d in range(k):
-        local_index[rows[d]] = np.arange(rows[d].size)
+    rows, local_index = device_rows(device_of, k)
     indptr = np.asarray(indptr, np.int64)
     sends = [[np.zeros(0, np.int64) for _ in range(k)] for _ in range(k)]
     counts = np.zeros((k, k), np.int64)

@@ -35,6 +35,8 @@ class Execution:
         None: the engine partitions.
       prediction: a planned run's predicted epoch (`jgrind.plan.cost.Prediction`), which
         the trainer holds each epoch against (`jgrind.plan.check`); None otherwise.
+      plan: a planned run's `jgrind.plan.planner.Plan` (the trainer re-plans from it,
+        `jgrind.plan.replan`); None otherwise.
     """
 
     in_memory: bool
@@ -42,6 +44,7 @@ class Execution:
     num_parts: Optional[int] = None
     partitioned: object = None
     prediction: object = None
+    plan: object = None
 
 
 IN_MEMORY = Execution(in_memory=True)
@@ -79,7 +82,8 @@ def choose_execution(graph, model, *, policy: Optional[Policy] = None,
         if plan.in_memory:
             return IN_MEMORY
         return Execution(in_memory=False, policy=plan.policy(), num_parts=plan.num_parts,
-                         partitioned=plan.partitioned, prediction=plan.prediction)
+                         partitioned=plan.partitioned, prediction=plan.prediction,
+                         plan=plan)
     asks_for_engine = policy is not None or num_parts not in (None, 1) \
         or device_budget is not None or host_budget is not None
     if not asks_for_engine:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Optional
+from typing import Optional, Protocol, runtime_checkable
+
+from jgrind.hostio.codecs import FLOAT32, Codec
 
 
 class Fate(enum.Enum):
@@ -97,3 +99,58 @@ def check_fate(info: TensorInfo, fate: Fate) -> Fate:
 def describe(info: TensorInfo, partition: Optional[bool] = True) -> str:
     where = f", partition {info.partition}" if partition else ""
     return f"{info.name} of layer {info.layer}{where}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Storage:
+    """The storage dtype of each kind of stored tensor in the host and SSD tiers
+    (`jgrind.hostio.codecs`): blocks are converted when written there and read back, while
+    device blocks and computation stay float32. All float32 (exact) by default.
+
+    A policy carries one as ``storage`` (`ChoosesStorage`; ``jgrind.policies.with_storage``).
+    """
+
+    activations: Codec = FLOAT32
+    aggregations: Codec = FLOAT32
+    gradients: Codec = FLOAT32
+
+    def __post_init__(self):
+        for kind in ("activations", "aggregations", "gradients"):
+            if not isinstance(getattr(self, kind), Codec):
+                raise PolicyError(f"storage of {kind} must be a codec of jgrind.hostio.codecs "
+                                  f"(float32(), bfloat16(), float16(), int8()), got "
+                                  f"{getattr(self, kind)!r}")
+
+    def codec(self, name: str) -> Codec:
+        """The codec of tensors of kind ``name`` (ACTIVATION, GRADIENT, AGGREGATION)."""
+        return {ACTIVATION: self.activations, GRADIENT: self.gradients,
+                AGGREGATION: self.aggregations}.get(name, FLOAT32)
+
+    @property
+    def lossy(self) -> bool:
+        return any(c.lossy for c in (self.activations, self.aggregations, self.gradients))
+
+    def describe(self) -> str:
+        """``float32``, or e.g. ``activations bfloat16, aggregations float32, gradients int8``."""
+        names = (self.activations.name, self.aggregations.name, self.gradients.name)
+        if len(set(names)) == 1:
+            return names[0]
+        return ", ".join(f"{k} {n}" for k, n in zip(("activations", "aggregations",
+                                                     "gradients"), names))
+
+
+EXACT = Storage()
+
+
+@runtime_checkable
+class ChoosesStorage(Protocol):
+    """A policy that keeps host and SSD blocks in a storage dtype (`Storage`)."""
+
+    storage: Storage
+
+
+def storage_of(policy) -> Storage:
+    """The `Storage` a policy chooses (`ChoosesStorage`), else float32 everywhere."""
+    if isinstance(policy, ChoosesStorage) and isinstance(policy.storage, Storage):
+        return policy.storage
+    return EXACT

@@ -32,6 +32,12 @@ def layer_widths(model, num_features: int) -> list[int]:
     return widths
 
 
+def dense_products(layer) -> int:
+    """Dense ``[in, out]`` products a layer makes per input row: 1, or a relational layer's
+    relations plus its self-connection."""
+    return int(getattr(layer, "dense_products", 1))
+
+
 def backward_step(layer: int, num_layers: int) -> int:
     return num_layers - 1 + (num_layers - 1 - layer)
 
@@ -58,9 +64,11 @@ def build_inventory(model, pg, itemsize: int = 4) -> list[TensorInfo]:
             prev_cost = 0.0
             if l > 0:
                 # one sparse product over the block's in-edges at the narrower width plus the
-                # dense transform of its rows: what rerunning layer l-1 for this block costs
+                # dense transform of its rows (a relational layer: one per relation and one
+                # for the self-connection): what rerunning layer l-1 for this block costs
                 prev_cost = 2.0 * part.num_edges * min(widths[l - 1], width) \
-                    + 2.0 * part.num_inputs * widths[l - 1] * width
+                    + 2.0 * part.num_inputs * widths[l - 1] * width \
+                    * dense_products(model.layers[l - 1])
             infos.append(TensorInfo(
                 name=ACTIVATION, layer=l, partition=part.index, shape=(rows, width),
                 dtype="float32", nbytes=rows * width * itemsize, recompute_flops=prev_cost,

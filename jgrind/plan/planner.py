@@ -34,7 +34,7 @@ import itertools
 import os
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -48,8 +48,8 @@ from jgrind.plan.cost import (Assignment, Prediction, Workload, accumulate_secon
                               read_block_seconds, step_seconds, uniform,
                               with_page_cache, write_seconds)
 from jgrind.plan.execution import fits_in_memory, in_memory_bytes
-from jgrind.plan.fates import (ACTIVATION, AGGREGATION, FATES, GRADIENT, D, Fate, H, R, S,
-                               TensorInfo)
+from jgrind.plan.fates import (ACTIVATION, AGGREGATION, EXACT, FATES, GRADIENT, D, Fate, H, R,
+                               S, Storage, TensorInfo)
 from jgrind.plan.inventory import layer_widths
 from jgrind.plan.protocols import IOStrategy
 from jgrind.plan.schedule import epoch_schedule
@@ -104,7 +104,12 @@ class Plan:
         """The plan as an ordinary policy (`Planned`)."""
         return Planned(assignment=tuple(sorted(self.fates().items(), key=lambda kv: kv[0])),
                        directory=self.directory, io=IOStrategy(cache=self.cache_bytes > 0),
-                       in_memory=self.in_memory)
+                       in_memory=self.in_memory, storage=self.storage)
+
+    @property
+    def storage(self) -> Storage:
+        """The storage dtypes the plan was priced with (`jgrind.plan.fates.Storage`)."""
+        return EXACT if self.workload is None else self.workload.storage
 
     def groups(self) -> list[dict]:
         """One row per tensor group: name, layer, bytes, blocks per fate, why."""
@@ -119,6 +124,8 @@ class Plan:
                 rows.append({"tensor": f"{'H' if name == ACTIVATION else 'G'}_{l}",
                              "name": name, "layer": l,
                              "bytes": int(w.block_bytes(l).sum()), "blocks": counts,
+                             "dtype": w.storage.codec(name).name,
+                             "stored": sum(w.tier_bytes(l, codes, name)),
                              "fate": _fate_summary(counts),
                              "why": self.reasons.get((name, l), "")})
         for l in sorted(w.aggregated):
@@ -126,6 +133,9 @@ class Plan:
             counts = {FATES[c].value: int(np.sum(codes == c)) for c in (D, H, S, R)}
             rows.append({"tensor": f"Z_{l}", "name": AGGREGATION, "layer": l,
                          "bytes": int(w.aggregation_bytes(l).sum()), "blocks": counts,
+                         "dtype": w.storage.codec(AGGREGATION).name,
+                         "stored": sum(w.tier_bytes(l, codes, AGGREGATION))
+                         if l in a.aggregations else 0,
                          "fate": _fate_summary(counts) if l in a.aggregations else
                          "regather",
                          "why": self.reasons.get((AGGREGATION, l), "")})
@@ -144,12 +154,14 @@ def _fate_summary(counts: dict) -> str:
 class Planned:
     """A plan's fates as an ordinary policy: a table lookup (`Plan.policy`).
 
-    ``io`` carries the plan's host cache mode; ``in_memory`` marks the fast-path plan."""
+    ``io`` carries the plan's host cache mode; ``in_memory`` marks the fast-path plan;
+    ``storage`` the storage dtypes it was priced with."""
 
     assignment: tuple            # ((name, layer, partition), fate) pairs
     directory: Optional[str] = None
     io: IOStrategy = IOStrategy()
     in_memory: bool = False
+    storage: Storage = EXACT
 
     def __call__(self, info: TensorInfo) -> Fate:
         fate = self._lookup.get((info.name, info.layer, info.partition))
@@ -396,20 +408,28 @@ class _Program:
         """The peaks: activations and kept aggregations all epoch, gradients two layers at a
         time, within each tier's room."""
         w, L, x, y = self.w, self.w.num_layers, self.x, self.y
-        bmax = [float(w.block_bytes(l).max(initial=0)) for l in range(L)]
-        zmax = {l: float(w.aggregation_bytes(l).max(initial=0)) for l in self.kept_layers}
+
+        def most(name: str, l: int, code: int) -> float:
+            """The largest block's bytes in tier ``code``: host and SSD blocks in their
+            storage dtype (`Workload.stored_bytes`)."""
+            if code == D:
+                full = w.aggregation_bytes(l) if name == AGGREGATION else w.block_bytes(l)
+                return float(full.max(initial=0))
+            return float(w.stored_bytes(name, l).max(initial=0))
         for code, m, room in ((D, self.m_dev, device_room), (H, self.m_host, host_room)):
-            self.add({**{x((ACTIVATION, l), code): bmax[l] for l in range(L)
+            self.add({**{x((ACTIVATION, l), code): most(ACTIVATION, l, code) for l in range(L)
                          if (ACTIVATION, l) in self.gi},
-                      **{y(l, code): zmax[l] for l in self.kept_layers}, m: 1}, -np.inf, room)
+                      **{y(l, code): most(AGGREGATION, l, code) for l in self.kept_layers},
+                      m: 1}, -np.inf, room)
             for l in range(1, L):
-                entries = {m: 1, x((GRADIENT, l), code): -bmax[l]}
+                entries = {m: 1, x((GRADIENT, l), code): -most(GRADIENT, l, code)}
                 if l + 1 < L:
-                    entries[x((GRADIENT, l + 1), code)] = -bmax[l + 1]
+                    entries[x((GRADIENT, l + 1), code)] = -most(GRADIENT, l + 1, code)
                 self.add(entries, 0, np.inf)
         if ssd:
-            self.add({**{x(g, S): bmax[g[1]] for g in self.groups},
-                      **{y(l, S): zmax[l] for l in self.kept_layers}}, -np.inf, ssd_room)
+            self.add({**{x(g, S): most(*g, S) for g in self.groups},
+                      **{y(l, S): most(AGGREGATION, l, S) for l in self.kept_layers}},
+                     -np.inf, ssd_room)
 
     def solve(self, ssd: bool) -> Optional[np.ndarray]:
         """The block counts (``x`` and ``y``) of the fastest solution, or None if infeasible."""
@@ -599,6 +619,26 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
                 alternatives=tuple(sorted(candidates, key=lambda c: c[1])))
 
 
+def plan_storages(w: Workload, profile, storages: Sequence[Storage] = (EXACT,),
+                  **options) -> Plan:
+    """`plan` for each storage in ``storages`` (`jgrind.plan.fates.Storage`: the dtypes of
+    host and SSD blocks), the fastest predicted; the earlier one on a tie, so float32 listed
+    first wins unless a smaller dtype predicts faster (its blocks fit a faster tier, or move
+    fewer bytes). PlanError when none fits (the last one's)."""
+    best, error = None, None
+    for storage in storages:
+        try:
+            candidate = plan(dataclasses.replace(w, storage=storage), profile, **options)
+        except PlanError as err:
+            error = err
+            continue
+        if best is None or candidate.epoch_seconds < best.epoch_seconds * (1 - 1e-9):
+            best = candidate
+    if best is None:
+        raise error or PlanError("no storage dtype to plan with")
+    return best
+
+
 def _uniform_candidates(w: Workload, ssd: bool, recompute: bool):
     """The fixed policies' assignments: everything on one tier, or hidden activations
     recomputed with the rest in host RAM."""
@@ -715,7 +755,7 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
              host_budget: Optional[int] = None, directory: Optional[str] = None,
              partitioner: Optional[Callable] = None, num_parts: Optional[int] = None,
              seed: int = 0, recompute: bool = True, progress: Callable = lambda msg: None,
-             keep: bool = True) -> Plan:
+             keep: bool = True, storages: Sequence[Storage] = (EXACT,)) -> Plan:
     """Plan a whole run of ``model`` on ``graph`` (raw; the model's normalisation is applied):
     the in-memory fast path if everything fits the device budget, otherwise the number of
     partitions (unless ``num_parts`` is given) and the fates with the fastest predicted epoch.
@@ -757,9 +797,10 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
         pg = partition_graph(normalized, partitioner(normalized, k, seed=seed), num_parts=k)
         w = Workload.build(pg, model)
         try:
-            plans.append(plan(w, profile, device_budget=device_budget, host_budget=host_budget,
-                              directory=directory, ssd_free=ssd_free, recompute=recompute,
-                              num_params=num_params, partitioned=pg, keep=keep))
+            plans.append(plan_storages(w, profile, storages, device_budget=device_budget,
+                                       host_budget=host_budget, directory=directory,
+                                       ssd_free=ssd_free, recompute=recompute,
+                                       num_params=num_params, partitioned=pg, keep=keep))
             progress(f"{k} parts: predicted {plans[-1].epoch_seconds:.3g} s per epoch")
         except PlanError as err:
             errors.append(err)

@@ -35,15 +35,20 @@ from typing import Callable, Optional, Sequence
 from jgrind.plan.auto import Auto, auto
 from jgrind.plan.budgets import UNLIMITED, check_budget, smaller
 from jgrind.plan.cost import Assignment, fit_masks, memory
-from jgrind.plan.fates import AGGREGATION, GRADIENT, Fate, PolicyError, TensorInfo
+from jgrind.hostio.codecs import Codec, bfloat16, by_name, float16, float32, int8
+from jgrind.plan.fates import (AGGREGATION, GRADIENT, Fate, PolicyError, Storage, TensorInfo,
+                               storage_of)
 from jgrind.plan.planner import Planned
-from jgrind.plan.protocols import (BindContext, IOStrategy, Policy, bind, check_policy,
-                                   io_strategy, store_directory)
+from jgrind.plan.protocols import (BindContext, IOStrategy, Policy, PlansRun, bind,
+                                   check_policy, device_only, io_strategy, least_budgets,
+                                   store_directory)
 
 __all__ = ["Auto", "BindContext", "Budgeted", "ByKind", "ByLayer", "Constant", "IOStrategy",
-           "Naive", "Planned", "Policy", "auto", "bind", "by_layer", "check_budget",
-           "check_policy", "grinnder", "host_offload", "in_memory", "io_strategy", "naive",
-           "recompute_activations", "ssd_offload", "store_directory"]
+           "Naive", "Planned", "Policy", "Storage", "Stored", "auto", "bfloat16", "bind",
+           "by_layer", "check_budget", "check_policy", "float16", "float32", "grinnder",
+           "host_offload", "in_memory", "int8", "io_strategy", "naive",
+           "recompute_activations", "ssd_offload", "storage_of", "store_directory",
+           "with_storage", "with_storage_named"]
 
 
 def _check_fate(value, what: str) -> None:
@@ -332,3 +337,93 @@ def grinnder(device_budget: int, host_budget: int, directory: Optional[str] = No
     """The default out-of-core policy: device, then host, then SSD, within the budgets."""
     return Budgeted(int(device_budget), int(host_budget),
                     None if directory is None else os.fspath(directory), int(device_reserve))
+
+
+# -- storage dtypes ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """``policy``'s fates, with its host and SSD blocks kept in ``storage``'s dtypes
+    (`jgrind.plan.fates.Storage`). Everything else the policy declares (binding, I/O, store
+    directory, least budgets, the in-memory fast path) is the wrapped policy's."""
+
+    policy: Policy
+    storage: Storage
+
+    def __post_init__(self):
+        check_policy(self.policy, "with_storage's policy")
+
+    def __call__(self, info: TensorInfo) -> Fate:
+        return self.policy(info)
+
+    def bind(self, inventory: Sequence[TensorInfo],
+             context: Optional[BindContext] = None) -> "Stored":
+        return Stored(bind(self.policy, inventory, context), self.storage)
+
+    @property
+    def io(self) -> IOStrategy:
+        return io_strategy(self.policy)
+
+    @property
+    def directory(self) -> Optional[str]:
+        return store_directory(self.policy)
+
+    @property
+    def device_only(self) -> bool:
+        return device_only(self.policy)
+
+    @property
+    def least_device_budget(self) -> Optional[int]:
+        return least_budgets(self.policy)[0]
+
+    @property
+    def least_host_budget(self) -> Optional[int]:
+        return least_budgets(self.policy)[1]
+
+
+def with_storage(policy: Policy, activations: Optional[Codec] = None,
+                 aggregations: Optional[Codec] = None, gradients: Optional[Codec] = None):
+    """``policy`` with its host and SSD blocks kept in smaller dtypes, per kind of tensor
+    (`jgrind.hostio.codecs`: ``float32()``, ``bfloat16()``, ``float16()``, ``int8()``); a kind
+    left out keeps what ``policy`` chose (float32 by default). Computation and device blocks
+    stay float32. E.g. ``with_storage(host_offload(), activations=bfloat16(),
+    gradients=bfloat16())``.
+
+    For `auto` the storage is what the planner prices (`jgrind.plan.auto.Auto`)."""
+    base = storage_of(policy)
+    storage = Storage(activations or base.activations, aggregations or base.aggregations,
+                      gradients or base.gradients)
+    if isinstance(policy, PlansRun):  # auto(): the planner plans with it
+        return dataclasses.replace(policy, storage=storage)
+    if isinstance(policy, Naive) and storage.lossy:
+        raise PolicyError("the naive scheme reads SSD rows one at a time in float32; it "
+                          "cannot keep blocks in a storage dtype")
+    if isinstance(policy, Stored):
+        policy = policy.policy
+    return Stored(policy, storage) if storage.lossy else policy
+
+
+def with_storage_named(policy: Optional[Policy], store_dtype: str = "",
+                       activations: str = "", aggregations: str = "",
+                       gradients: str = "") -> Optional[Policy]:
+    """`with_storage` from the command line's names (`jgrind.hostio.codecs.NAMES`):
+    ``store_dtype`` for every kind, the others for one kind each ('' = ``store_dtype``, and
+    '' there = float32). ``store_dtype="auto"`` lets `auto` choose (``allow_lossy``).
+    PolicyError for an unknown name, or for lossy storage without an out-of-core policy."""
+    if store_dtype.strip().lower() == "auto":
+        if not isinstance(policy, Auto):
+            raise PolicyError("store_dtype=auto lets the auto policy choose the storage dtype; "
+                             "use it with policy=auto, or name a dtype")
+        policy = dataclasses.replace(policy, allow_lossy=True)
+        store_dtype = ""
+    names = {"activations": activations or store_dtype,
+             "aggregations": aggregations or store_dtype, "gradients": gradients or store_dtype}
+    try:
+        chosen = {kind: by_name(name) for kind, name in names.items() if name}
+    except ValueError as err:
+        raise PolicyError(str(err)) from None
+    if not any(codec.lossy for codec in chosen.values()):
+        return policy
+    if policy is None:
+        raise PolicyError("a storage dtype applies to blocks offloaded to host RAM or SSD; "
+                         "choose an out-of-core policy (e.g. policy=host) or leave it out")
+    return with_storage(policy, **chosen)

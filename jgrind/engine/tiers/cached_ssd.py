@@ -35,9 +35,9 @@ class SSDTier:
         self.index[self.order] = np.arange(self.order.size)
         self.file: Optional[SSDFile] = SSDFile(
             shared.run_dir / f"{blocks.name}-{blocks.layer}.bin", blocks.offsets,
-            blocks.width, shared.run_id, on_io=shared.count)
+            blocks.words, shared.run_id, on_io=shared.count)
         self.cache, self._count, self._charge = shared.cache, shared.count, shared.charge
-        self._row_bytes = blocks.width * 4
+        self._row_bytes = blocks.words * 4
         self._charge(ssd=blocks.nbytes)
 
     def write_block(self, block: int, values: np.ndarray) -> None:
@@ -81,7 +81,7 @@ class SSDTier:
                 cached = cache.get((self.key, owner))
                 if cached is None and cache.fits(int(self.blocks.block_rows[owner])
                                                  * self._row_bytes):
-                    cached = self.read_block(owner)
+                    cached = SSDTier.read_block(self, owner)  # the stored rows, cached
                 if cached is not None:
                     take_rows(cached, rows.src[a:b] - self.blocks.start[owner], out=out,
                               dst=rows.dst[a:b])
@@ -119,7 +119,7 @@ class SSDTier:
         # cache and the buffer being filled stay within the budget
         if not cache.fits(nbytes) or not cache.make_room(nbytes):
             return None
-        whole = np.empty((self.file.rows, self.blocks.width), np.float32)
+        whole = np.empty((self.file.rows, self.blocks.words), np.float32)
         offsets = self.file.offsets
         for i, block in enumerate(self.order):
             part = whole[offsets[i]:offsets[i + 1]]

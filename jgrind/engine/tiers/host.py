@@ -23,11 +23,11 @@ class HostTier:
     def __init__(self, blocks: TierBlocks, shared: Shared):
         self.blocks = blocks
         self._arrays, self._count = shared.host_arrays, shared.count
-        self._row_bytes = blocks.width * 4
+        self._row_bytes = blocks.words * 4
         self.array: Optional[np.ndarray] = self._take()
 
     def _take(self) -> Optional[np.ndarray]:
-        return self._arrays.take(self.blocks.rows, self.blocks.width, self.blocks.reserve)
+        return self._arrays.take(self.blocks.rows, self.blocks.words, self.blocks.reserve)
 
     def _held(self) -> np.ndarray:
         return self.array
@@ -85,7 +85,7 @@ class TransientTier(HostTier):
 
     def materialize(self) -> None:
         if self.array is None:
-            self.array = self._arrays.take(self.blocks.rows, self.blocks.width)
+            self.array = self._arrays.take(self.blocks.rows, self.blocks.words)
 
     def release(self) -> None:
         self.free()

@@ -19,6 +19,7 @@ from typing import Callable, ContextManager, Optional, Protocol
 import numpy as np
 
 from jgrind.hostio.buffers import Recycler
+from jgrind.hostio.codecs import FLOAT32, Codec
 from jgrind.engine.cache import HostCache
 from jgrind.engine.host_arrays import HostArrays
 from jgrind.engine.routes import TierRows
@@ -62,6 +63,11 @@ class TierBlocks:
       start: ``[P]`` first row of each member block among the tier's rows (members in table
         order, so member block ``b`` is rows ``start[b] : start[b] + block_rows[b]``).
       reserve: the most host bytes of tables made while this one lives (`HostArrays.take`).
+      codec: how the tier keeps the rows (`jgrind.hostio.codecs`): a tier holds
+        ``codec.words(width)`` float32 words a row, the stored form; float32 keeps the values.
+      generation: how many tables of this key the store made before this one: with the block
+        and its write count, what seeds stochastic rounding (the same in every run that makes
+        the same calls).
     """
 
     key: tuple
@@ -70,6 +76,8 @@ class TierBlocks:
     members: np.ndarray
     start: np.ndarray
     reserve: Optional[int] = None
+    codec: Codec = FLOAT32
+    generation: int = 0
 
     @property
     def name(self) -> str:
@@ -95,8 +103,14 @@ class TierBlocks:
         return int(self.block_rows[self.members].sum())
 
     @property
+    def words(self) -> int:
+        """float32 words of a stored row (``width`` for float32)."""
+        return self.codec.words(self.width)
+
+    @property
     def nbytes(self) -> int:
-        return self.rows * self.width * 4
+        """Bytes the tier holds: the stored form's."""
+        return self.rows * self.words * 4
 
     def span(self, block: int) -> tuple[int, int]:
         """``(first row, rows)`` of member ``block`` among the tier's rows."""

@@ -1,0 +1,95 @@
+"""Test accuracy with lossy storage (issue 41): float32 against bfloat16 and int8, same seeds.
+
+    python experiments/lossy_accuracy.py                          # every run below, 10 seeds
+    python experiments/lossy_accuracy.py gcn_cora gcn_citeseer    # some of them
+    python experiments/lossy_accuracy.py gcn_cora seeds=3 dtypes=float32,int8
+
+Each run trains out of core (``host_offload``, 4 partitions) with every block kept in host RAM
+in the storage dtype (activations, aggregations and gradients alike; computation float32), with
+the hyper-parameters of its in-memory experiment: ``gcn_cora`` and ``gcn_citeseer``
+(experiments/gcn_planetoid.py), ``gat_cora`` (experiments/gat_planetoid.py) and
+``gcn_tolokers`` (experiments/gcn_tolokers.py, split s with seed s, ROC-AUC). Seed s is the
+same for every dtype. The target: bfloat16 and int8 within 0.5 points of float32's mean.
+Results go to experiments/results/lossy_<run>.json.
+"""
+
+import sys
+
+import jax
+import optax
+
+import jgrind
+import gat_planetoid
+import gcn_planetoid
+import gcn_tolokers
+from common import adam_l2, first_layer_only, report, timed
+from jgrind.datasets import row_normalize_features
+from jgrind.hostio import codecs
+from jgrind.plan import policies
+from jgrind.train import run_trials, train
+
+PARTS = 4
+
+
+def _policy(dtype: str):
+    codec = codecs.by_name(dtype)
+    return policies.with_storage(policies.host_offload(), codec, codec, codec)
+
+
+def _planetoid(model_name: str, dataset: str):
+    """``(graph, model, optimizer, train keyword arguments)`` of a Planetoid experiment."""
+    graph = row_normalize_features(jgrind.datasets.load(dataset))
+    if model_name == "gcn":
+        cfg = gcn_planetoid.Config(dataset=dataset)
+        model = jgrind.models.gcn(graph.num_features, cfg.hidden, graph.num_classes,
+                                  dropout=cfg.dropout)
+        return graph, model, adam_l2(cfg.lr, cfg.weight_decay, first_layer_only), \
+            {"epochs": cfg.epochs}
+    cfg = gat_planetoid.Config(dataset=dataset)
+    model = jgrind.models.gat(graph.num_features, cfg.hidden, graph.num_classes,
+                              heads=cfg.heads, dropout=cfg.dropout)
+    return graph, model, adam_l2(cfg.lr, cfg.weight_decay), \
+        {"epochs": cfg.epochs, "patience": cfg.patience}
+
+
+def _tolokers():
+    cfg = gcn_tolokers.Config()
+    graph = jgrind.datasets.load("tolokers")
+    model = jgrind.models.gcn(graph.num_features, cfg.hidden, graph.num_classes,
+                              num_layers=cfg.layers, dropout=cfg.dropout, residual=True,
+                              layer_norm=True, activation=jax.nn.gelu)
+    return graph, model, optax.adam(cfg.lr), {"epochs": cfg.steps,
+                                              "eval_every": cfg.eval_every}
+
+
+RUNS = {"gcn_cora": lambda: _planetoid("gcn", "cora"),
+        "gcn_citeseer": lambda: _planetoid("gcn", "citeseer"),
+        "gat_cora": lambda: _planetoid("gat", "cora"),
+        "gcn_tolokers": _tolokers}
+
+
+def run(name: str, seeds: tuple, dtypes: tuple) -> dict:
+    graph, model, optimizer, kwargs = RUNS[name]()
+    means = {}
+    for dtype in dtypes:
+        split = (lambda s: {"split": s}) if name == "gcn_tolokers" else (lambda s: {})
+        trials, seconds = timed(lambda: run_trials(
+            lambda s: train(jax.random.key(s), graph, model, optimizer, progress=False,
+                            policy=_policy(dtype), num_parts=PARTS, **split(s), **kwargs),
+            seeds))
+        out = report(f"lossy_{name}_{dtype}", trials,
+                     {"run": name, "dtype": dtype, "parts": PARTS, **kwargs}, seconds)
+        means[dtype] = out["test_mean"]
+    base = means[dtypes[0]]
+    print(f"{name}: " + ", ".join(f"{d} {100 * m:.2f} ({100 * (m - base):+.2f} points)"
+                                  for d, m in means.items()))
+    return means
+
+
+if __name__ == "__main__":
+    names = [a for a in sys.argv[1:] if "=" not in a] or list(RUNS)
+    options = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+    seeds = tuple(range(int(options.get("seeds", 10))))
+    dtypes = tuple(options.get("dtypes", "float32,bfloat16,int8").split(","))
+    for name in names:
+        run(name, seeds, dtypes)

@@ -1,0 +1,294 @@
+"""What one process of several builds of `Sharded` from a saved graph: its own rows only.
+
+With the graph in memory, every process normalises, partitions and plans the whole graph and
+then builds its own devices' arrays (`jgrind.devices.layout.device_data`). From a saved folder
+(`jgrind.datasets.saved_arrays.SavedArrays`) a process reads instead:
+
+- ``indptr`` (``N + 1`` ints), the labels and masks (``N`` values each: evaluation scores
+  every node, and the loss weights need the number of training nodes);
+- the partition assignment: a saved one (``jgrind partition --out FILE.npy``), or
+  `contiguous` ranges cut from ``indptr``; no partitioner that reads edges runs;
+- of its devices' rows only: their in-edges (and edge weights) and their features.
+
+Its rows are normalised as the whole graph would be (`jgrind.transforms.gcn_norm_rows` and
+the other row-wise forms); GCN's symmetric weights need the degrees of the edges' sources,
+which their owners count and every process gathers (``N`` float64). The exchange plan is
+built from the readers' side: each process lists, from its own rows' in-edges, the rows it
+needs from every owner, and `jax.experimental.multihost_utils.process_allgather` of those
+lists (padded to the longest) tells every owner what to send. The result is the same
+`ExchangePlan` as `jgrind.plan.exchange.exchange_plan` of the whole normalised graph.
+
+The partitions are placed on devices (`jgrind.plan.placement.place_partitions`) by their
+rows and in-edges, both known from ``indptr``: their halos would take every partition's
+edges to count, so the placement counts none (with one partition per device, the default,
+it only orders them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Optional
+
+import jax
+import numpy as np
+
+from jgrind import transforms
+from jgrind.datasets.saved_arrays import SavedArrays, load_assignment
+from jgrind.devices.layout import DeviceShapes
+from jgrind.plan.exchange import ExchangePlan, device_rows
+from jgrind.plan.placement import Placement, Rates, partition_costs, place_partitions
+
+__all__ = ["LocalRows", "local_assignment", "local_layout", "SUPPORTED_MODELS"]
+
+# the models whose normalisation has a row-wise form here
+SUPPORTED_MODELS = ("gcn", "sage", "gat")
+
+
+def local_assignment(saved: SavedArrays, partitioner, num_parts: Optional[int],
+                     default_parts: int) -> np.ndarray:
+    """``[N]`` int32 partition of every node, without reading an edge: a saved assignment
+    (`jgrind.datasets.saved_arrays.saved_assignment`) or `contiguous` ranges balanced by
+    ``1 + in-degree`` (from ``indptr``: the saved graph's degrees, before normalisation)."""
+    from jgrind.partition.partitioners import contiguous
+    path = getattr(partitioner, "path", None)
+    if path is not None:
+        assignment = load_assignment(path, saved.num_nodes)
+        parts = int(assignment.max(initial=-1)) + 1
+        if num_parts is not None and int(num_parts) != parts:
+            raise ValueError(f"the partition assignment {path} has {parts} partitions, not "
+                             f"{num_parts}: set --parts {parts}, or leave it out")
+        return assignment
+    if getattr(partitioner, "__wrapped__", partitioner) is not contiguous:
+        name = getattr(partitioner, "__name__", repr(partitioner))
+        raise ValueError(f"partitioner {name}: a process that reads only its own rows cannot "
+                         "run a partitioner that reads the whole graph; use contiguous, or a "
+                         "saved assignment (`jgrind partition ... --out FILE.npy`, then "
+                         "--partitioner FILE.npy)")
+    degrees = _InDegrees(saved.num_nodes, np.diff(saved.indptr))
+    return partitioner(degrees, int(default_parts if num_parts is None else num_parts))
+
+
+@dataclasses.dataclass(frozen=True)
+class _InDegrees:
+    """What `contiguous` reads of a graph."""
+
+    num_nodes: int
+    degrees: np.ndarray
+
+    def in_degree(self) -> np.ndarray:
+        return self.degrees
+
+
+@dataclasses.dataclass(frozen=True)
+class _PartitionSize:
+    """What `jgrind.plan.placement.partition_costs` reads of a partition."""
+
+    num_owned: int
+    num_halo: int
+    num_edges: int
+
+
+class _RowsOf:
+    """An ``[N, ...]`` array of which only some rows are held: indexed by global ids."""
+
+    def __init__(self, data: np.ndarray, rows: np.ndarray, num_nodes: int):
+        self.data, self.shape, self.dtype = data, (num_nodes, *data.shape[1:]), data.dtype
+        self._position = np.full(num_nodes, -1, np.int64)
+        self._position[rows] = np.arange(rows.size)
+
+    def __getitem__(self, rows):
+        position = self._position[rows]
+        if np.any(position < 0):
+            raise IndexError("rows this process did not read")
+        return self.data[position]
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalRows:
+    """The normalised graph as `jgrind.devices.layout.device_data` reads it, holding this
+    process's rows only: ``indptr`` is ``[N + 1]`` with the other rows empty, ``indices`` and
+    ``edge_weight`` this process's rows' normalised in-edges, ``features`` its rows."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    edge_weight: Optional[np.ndarray]
+    features: _RowsOf
+    labels: np.ndarray
+    num_features: int
+    edge_type: None = None
+    num_relations: int = 1
+
+
+def local_layout(saved: SavedArrays, model, devices: list, assignment: np.ndarray,
+                 labels: np.ndarray, rates: Optional[Rates] = None):
+    """``(placement, exchange plan, device shapes, LocalRows)`` of this process's devices
+    (those of ``devices`` whose ``process_index`` is this process's); ``labels``: ``[N]``
+    every node's (the `SavedGraph`'s)."""
+    if model.name not in SUPPORTED_MODELS:
+        raise ValueError(f"the {model.name} model: a process that reads only its own rows "
+                         f"normalises them for {', '.join(SUPPORTED_MODELS)} only")
+    n, k = saved.num_nodes, len(devices)
+    me = jax.process_index()
+    process_of = np.array([d.process_index for d in devices])
+    mine = [d for d in range(k) if process_of[d] == me]
+    if not mine:
+        raise ValueError(f"process {me} drives none of the devices {devices}; every process "
+                         "must hold some of the mesh")
+
+    # placement: by rows and in-edges (normalised: +1 for a self loop where the model adds one)
+    in_degree = np.diff(saved.indptr)
+    loops = 1 if model.name in ("gcn", "gat") else 0
+    parts = int(assignment.max(initial=-1)) + 1
+    owned = np.bincount(assignment, minlength=parts)
+    edges = np.bincount(assignment, weights=in_degree, minlength=parts).astype(np.int64) \
+        + loops * owned
+    sizes = [_PartitionSize(int(o), 0, int(e)) for o, e in zip(owned, edges)]
+    seconds, nbytes = partition_costs(_Partitions(sizes), model, saved.num_features, rates)
+    placement = Placement(num_devices=k, device_of=place_partitions(seconds, nbytes, k),
+                          seconds=seconds, nbytes=nbytes)
+    device_of = placement.device_of[assignment].astype(np.int32)
+    rows, local_index = device_rows(device_of, k)
+
+    # this process's rows, their in-edges read and normalised
+    my_rows = np.sort(np.concatenate([rows[d] for d in mine]))
+    indptr, indices, weight, edge_type = saved.edges_of(my_rows)
+    if edge_type is not None:
+        raise ValueError(f"{saved.folder} has typed edges; a process that reads only its "
+                         "own rows supports homogeneous graphs")
+    if model.name == "sage":
+        indptr, indices, weight = transforms.rows_without_self_loops(
+            my_rows, indptr, indices, weight, n)
+        weight = transforms.mean_norm_rows(indptr, weight)
+    elif model.name == "gat":
+        indptr, indices, weight = transforms.rows_with_self_loops(
+            my_rows, indptr, indices, None, num_nodes=n)
+    else:
+        indptr, indices, weight = transforms.rows_with_self_loops(
+            my_rows, indptr, indices, weight, num_nodes=n)
+        degree = _gather_rows(transforms.row_degrees(indptr, weight), my_rows, rows,
+                              process_of, n)
+        weight = transforms.gcn_norm_rows(my_rows, indptr, indices, weight, degree)
+        del degree
+
+    # the exchange plan: readers list what they need, owners learn it by a collective
+    plan = _exchange_plan(device_of, rows, local_index, mine, my_rows, indptr, indices,
+                          process_of)
+    row_edges = np.diff(indptr)
+    device_edges = np.zeros(k, np.int64)  # normalised in-edges per device, each its owner's
+    for d in mine:
+        device_edges[d] = int(row_edges[np.searchsorted(my_rows, rows[d])].sum())
+    device_edges = _allgather(device_edges).sum(axis=0)
+    shapes = DeviceShapes(rows=plan.max_rows + 1, slot_rows=plan.slot_rows,
+                          edges=max(int(device_edges.max(initial=0)), 1), num_devices=k)
+
+    global_indptr = np.zeros(n + 1, np.int64)
+    per_node = np.zeros(n, np.int64)
+    per_node[my_rows] = row_edges
+    np.cumsum(per_node, out=global_indptr[1:])
+    del per_node
+    features = saved.node_rows("features", my_rows).astype(np.float32, copy=False)
+    local = LocalRows(indptr=global_indptr, indices=indices.astype(np.int64, copy=False),
+                      edge_weight=weight, features=_RowsOf(features, my_rows, n),
+                      labels=labels, num_features=saved.num_features)
+    return placement, plan, shapes, local
+
+
+@dataclasses.dataclass(frozen=True)
+class _Partitions:
+    partitions: list
+
+
+def _allgather(a: np.ndarray) -> np.ndarray:
+    """``[P, ...]``: every process's ``a`` (a JAX collective; ``a`` itself in one process)."""
+    if jax.process_count() == 1:
+        return np.asarray(a)[None]
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(np.asarray(a)))
+
+
+def _process_rows(rows: tuple, process_of: np.ndarray) -> list:
+    """Every process's rows (of its devices), ascending."""
+    count = max(int(process_of.max(initial=0)) + 1, jax.process_count())
+    return [np.sort(np.concatenate([rows[d] for d in np.flatnonzero(process_of == p)]
+                                   or [np.zeros(0, np.int64)])) for p in range(count)]
+
+
+def _gather_rows(values: np.ndarray, my_rows: np.ndarray, rows: tuple,
+                 process_of: np.ndarray, n: int) -> np.ndarray:
+    """``[N]``: every process's ``values`` of its own rows (ascending), put in node order."""
+    every = _process_rows(rows, process_of)
+    width = max((r.size for r in every), default=0)
+    padded = np.zeros(width, values.dtype)
+    padded[:my_rows.size] = values
+    gathered = _allgather(padded)
+    out = np.zeros(n, values.dtype)
+    for p, r in enumerate(every):
+        out[r] = gathered[p, :r.size]
+    return out
+
+
+def _exchange_plan(device_of, rows, local_index, mine, my_rows, indptr, indices,
+                   process_of) -> ExchangePlan:
+    k = len(rows)
+    needs = {}  # (owner, reader) -> the owner's local rows the reader needs
+    counts = np.zeros((k, k), np.int64)
+    for r in mine:
+        at = np.searchsorted(my_rows, rows[r])
+        starts, ends = indptr[at], indptr[at + 1]
+        deg = ends - starts
+        edge = np.repeat(starts - np.cumsum(deg) + deg, deg) + np.arange(int(deg.sum()))
+        src = indices[edge]
+        owner = device_of[src]
+        for o in range(k):
+            if o != r:
+                needs[o, r] = np.unique(local_index[src[owner == o]])
+                counts[o, r] = needs[o, r].size
+    counts = _allgather(counts).sum(axis=0)
+    slots = int(counts.max(initial=0))
+    lists = np.zeros((k, k, slots), np.int32 if local_index.size < 2**31 else np.int64)
+    for (o, r), needed in needs.items():
+        lists[o, r, :needed.size] = needed
+    gathered = _allgather(lists)  # [P, owner, reader, slots]: readers' own columns filled
+    sends = tuple(tuple(gathered[process_of[r], o, r, :counts[o, r]].astype(np.int64)
+                        if o != r else np.zeros(0, np.int64) for r in range(k))
+                  for o in range(k))
+    return ExchangePlan(num_devices=k, device_of=device_of, rows=rows, local_index=local_index,
+                        sends=sends, counts=counts)
+
+
+def fingerprint(saved: SavedArrays, assignment: np.ndarray) -> str:
+    """What every process must agree on: the saved graph's description (its ``graph.json``)
+    and the assignment."""
+    digest = hashlib.sha256(np.ascontiguousarray(assignment).tobytes()).hexdigest()
+    return f"{sorted(saved.meta.items())!r}\n{digest}"
+
+
+def local_graph(cfg):
+    """The `SavedGraph` of ``cfg``'s dataset when this run's processes each read only their
+    own rows, else None (the whole graph is loaded, as with one process). That path is taken
+    when this process is one of several (`jgrind.devices.processes.start`) training on
+    devices, the dataset is a saved folder (``npy:FOLDER``) and the partition needs no edges
+    (``contiguous``, or a saved assignment ``FILE.npy``); not with ``check_in_memory`` or
+    ``row_normalize`` (both read the whole graph) or a model other than gcn, sage or gat.
+    Prints which path it took."""
+    from jgrind.datasets.saved_arrays import SavedGraph
+    from jgrind.devices import processes
+    joined = processes.current()
+    if joined is None or joined.num_processes < 2 or not cfg.devices:
+        return None
+    prefix, _, folder = cfg.dataset.partition(":")
+    missing = [why for why, wrong in (
+        ("--dataset npy:FOLDER (a saved graph)", prefix.lower() != "npy" or not folder),
+        ("--partitioner contiguous or a saved assignment FILE.npy",
+         cfg.partitioner != "contiguous" and not cfg.partitioner.endswith(".npy")),
+        (f"a {', '.join(SUPPORTED_MODELS)} model", cfg.model not in SUPPORTED_MODELS),
+        ("no check_in_memory", cfg.check_in_memory),
+        ("no row_normalize", cfg.row_normalize)) if wrong]
+    if missing:
+        print(f"jgrind: every process loads the whole graph (each would read only its own "
+              f"rows with {'; '.join(missing)})", flush=True)
+        return None
+    print(f"jgrind: process {joined.process_id} reads only its own rows of {folder} "
+          f"(partitions: {cfg.partitioner})", flush=True)
+    return SavedGraph.open(folder)

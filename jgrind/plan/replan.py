@@ -1,0 +1,254 @@
+"""Re-planning between epochs: the first timed epoch's measurements as a fresh profile of this
+very workload, and a new plan when the old one missed.
+
+The rule (docs/planner.md, "Re-planning"):
+
+1. After the first checked epoch of a plan (the first epoch of a run, or of a resume, and the
+   first after a re-plan, compile; the epoch after is checked), the profile is *calibrated*
+   to it (`calibrate`): the cost model's compute, its host/device I/O and its SSD I/O are each
+   scaled by measured over predicted, summed over the sweeps' parts (`jgrind.engine.timing`),
+   and the overlap of I/O with compute is fitted to the measured sweeps' total.
+2. With that profile the current plan is priced again, and the planner plans again over the
+   same partitions, budgets and store (`jgrind.plan.planner.plan`).
+3. The run re-plans when the new plan differs from the current one and either the measured
+   epoch was more than `PLAN_MARGIN` slower than predicted, or the new plan is predicted
+   faster than the current one by more than `PLAN_MARGIN` of it.
+4. After a re-plan the next plan is reviewed the same way (its first epoch compiles; the one
+   after is reviewed), but re-plans again only if that epoch missed its prediction by more
+   than the margin (measurements keep missing) *and* the new plan is predicted faster by
+   more than the margin: a rebuild costs a compiled epoch. A run re-plans at most
+   `MAX_REPLANS` times. A plan reviewed without a re-plan is not reviewed again.
+
+A re-plan changes where tensors live, never the numbers: the trainer rebuilds the engine
+with the new plan on the same partitions, and parameters, optimizer state, random keys and the
+epoch counter go on as they were (`jgrind.train.train`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+
+from jgrind.plan.check import PLAN_MARGIN
+from jgrind.plan.cost import Prediction, predict
+from jgrind.plan.planner import plan as plan_for
+
+__all__ = ["MAX_REPLANS", "Calibration", "Replan", "Replanner", "calibrate"]
+
+MAX_REPLANS = 3
+
+# The profile's figures behind each part the calibration scales: rates are divided by the
+# factor, per-call and per-row seconds multiplied by it.
+COMPUTE = (("matmul_flops", "spmm_rate", "contraction_bw"), ("sweep_step",))
+MEMORY = (("gather_bw", "scatter_add_bw", "copy_bw", "to_device_bw", "to_device_small_bw",
+           "to_host_bw", "link_to_device_bw", "link_to_host_bw", "pageable_to_host_bw"),
+          ("gather_row_seconds", "scatter_add_row_seconds", "step_latency"))
+SSD = (("ssd_read_bw", "ssd_write_bw", "cached_read_bw", "cached_write_bw", "checksum_bw"),
+       ("ssd_latency", "cached_latency", "read_call_overhead", "update_call_overhead"))
+_FIELDS = {"compute": COMPUTE, "memory": MEMORY, "ssd": SSD}
+_ITERATIONS = 6  # fixed-point steps: a figure like copy_bw prices compute and I/O both
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """How a profile is scaled to what an epoch measured: ``compute``, ``memory`` (the host
+    and device tiers' I/O) and ``ssd`` multiply the seconds of their part of the cost model;
+    ``overlap`` replaces the profile's overlap of I/O with compute."""
+
+    compute: float = 1.0
+    memory: float = 1.0
+    ssd: float = 1.0
+    overlap: Optional[float] = None
+
+    def profile(self, base):
+        """``base`` (a `jgrind.plan.hardware.Profile`) with these factors applied."""
+        changes = {}
+        for part, (rates, times) in _FIELDS.items():
+            factor = getattr(self, part)
+            changes.update({f: getattr(base, f) / factor for f in rates if hasattr(base, f)})
+            changes.update({f: getattr(base, f) * factor for f in times if hasattr(base, f)})
+        if self.overlap is not None:
+            changes["overlap"] = self.overlap
+        if dataclasses.is_dataclass(base):
+            return dataclasses.replace(base, **changes)
+        return type(base)(**{**vars(base), **changes})
+
+    def as_record(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _parts(prediction: Prediction, w, a, profile, cache: int, num_params: int) -> dict:
+    """The predicted epoch's compute, host/device I/O and SSD I/O seconds. The SSD share is
+    what the I/O loses when the SSD figures are made a million times faster."""
+    io = sum(s.reads + s.writes for s in prediction.sweeps)
+    fast_ssd = predict(w, a, Calibration(ssd=1e-6).profile(profile), cache, num_params)
+    ssd = max(0.0, io - sum(s.reads + s.writes for s in fast_ssd.sweeps))
+    return {"compute": sum(s.compute for s in prediction.sweeps), "memory": io - ssd,
+            "ssd": ssd}
+
+
+def measured_parts(sweep_parts: Sequence[dict]) -> dict:
+    """An epoch's measured compute, host/device I/O and SSD I/O seconds, summed over its
+    sweeps (`jgrind.engine.runner.Runner.sweep_parts`)."""
+    out = {"compute": 0.0, "memory": 0.0, "ssd": 0.0}
+    for parts in sweep_parts:
+        out["compute"] += parts["compute"]
+        for side in ("reads", "writes"):
+            for tier, seconds in parts[side].items():
+                out["ssd" if tier == "ssd" else "memory"] += seconds
+    return out
+
+
+def calibrate(base, w, a, cache: int, num_params: int, sweep_parts: Sequence[dict],
+              sweep_seconds: Sequence[float]) -> tuple[Calibration, object, Prediction]:
+    """The `Calibration` under which assignment ``a`` (host cache ``cache``) on workload
+    ``w`` is predicted as measured: each part's total as the epoch's ``sweep_parts``, the
+    sweeps' total as ``sweep_seconds``. Returns it, the calibrated profile and the
+    prediction. A part the model or the measurement puts at nothing keeps its factor."""
+    measured = measured_parts(sweep_parts)
+    factors = {"compute": 1.0, "memory": 1.0, "ssd": 1.0}
+    for _ in range(_ITERATIONS):
+        profile = Calibration(**factors).profile(base)
+        prediction = predict(w, a, profile, cache, num_params)
+        predicted = _parts(prediction, w, a, profile, cache, num_params)
+        for part in factors:
+            if predicted[part] > 1e-12 and measured[part] > 0:
+                factors[part] *= measured[part] / predicted[part]
+    profile = Calibration(**factors).profile(base)
+    prediction = predict(w, a, profile, cache, num_params)
+    overlap = _fit_overlap(prediction, float(sum(sweep_seconds)))
+    calibration = Calibration(**factors, overlap=overlap)
+    profile = calibration.profile(base)
+    return calibration, profile, dataclasses.replace(prediction, overlap=overlap)
+
+
+def _fit_overlap(prediction: Prediction, measured: float) -> float:
+    """The overlap in [0, 1] at which ``prediction``'s sweeps add up to ``measured`` seconds
+    (their time falls as the overlap grows), or the nearer end."""
+    def total(overlap):
+        return sum(s.seconds(overlap, prediction.parallel) for s in prediction.sweeps)
+    low, high = 0.0, 1.0
+    if total(high) >= measured:
+        return high
+    if total(low) <= measured:
+        return low
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (mid, high) if total(mid) > measured else (low, mid)
+    return (low + high) / 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Replan:
+    """A review's decision. ``plan``: the new `jgrind.plan.planner.Plan`, or None to keep the
+    current one; ``line``: what the log says; ``record``: what the metrics log keeps."""
+
+    plan: object
+    line: str
+    record: dict
+
+
+class Replanner:
+    """Reviews a planned run's plan against its epochs (the module's rule).
+
+    Args:
+      plan: the `jgrind.plan.planner.Plan` the run starts with (not the fast path).
+      profile: the profile it was planned with.
+      num_params: the planner's parameter count (for the optimizer update's time).
+      recompute, keep: what the planner may do (`jgrind.plan.auto.Auto`'s).
+      ssd_free: bytes the store's directory could hold once the run's own files are gone;
+        None: unlimited.
+    """
+
+    def __init__(self, plan, profile, num_params: int, *, recompute: bool = True,
+                 keep: bool = True, ssd_free: Optional[int] = None,
+                 margin: float = PLAN_MARGIN):
+        self.plan, self.profile, self.num_params = plan, profile, num_params
+        self.recompute, self.keep, self.ssd_free, self.margin = recompute, keep, ssd_free, \
+            margin
+        self.replans = 0
+        self.reviewed = False  # the current plan has been reviewed
+
+    @property
+    def due(self) -> bool:
+        """Whether the next checked epoch is reviewed."""
+        return not self.reviewed and self.replans < MAX_REPLANS
+
+    def review(self, check, sweep_parts: Sequence[dict]) -> Replan:
+        """Review the current plan against ``check`` (its epoch's `jgrind.plan.check.
+        EpochCheck`) and the sweeps' parts; returns the decision (and, when it re-plans,
+        takes the new plan as the current one)."""
+        self.reviewed = True
+        old = self.plan
+        w, a = old.workload, old.assignment
+        calibration, profile, repriced = calibrate(
+            self.profile, w, a, old.cache_bytes, self.num_params, sweep_parts,
+            [m for _, _, m in check.sweeps])
+        new = plan_for(w, profile, device_budget=old.device_budget,
+                       host_budget=old.host_budget, directory=old.directory,
+                       ssd_free=self.ssd_free, recompute=self.recompute,
+                       num_params=self.num_params, partitioned=old.partitioned,
+                       keep=self.keep)
+        slow = check.deviation > self.margin
+        missed = abs(check.deviation) > self.margin
+        faster = new.epoch_seconds < (1.0 - self.margin) * repriced.epoch_seconds
+        changed = not _same_plan(new, old)
+        trigger = (slow or faster) if self.replans == 0 else (missed and faster)
+        label, component, predicted, measured = _furthest_part(check)
+        record = {"epoch": check.epoch, "calibration": calibration.as_record(),
+                  "measured_seconds": check.measured, "predicted_seconds": check.predicted,
+                  "repriced_seconds": repriced.epoch_seconds,
+                  "new_predicted_seconds": new.epoch_seconds, "replanned": False,
+                  "furthest": [label, component, predicted, measured]}
+        why = (f"epoch {check.epoch} took {check.measured:.3g} s against {check.predicted:.3g} "
+               f"s predicted ({check.deviation:+.0%}); furthest off: {component} of {label}, "
+               f"{measured:.3g} s against {predicted:.3g} s")
+        if not (changed and trigger):
+            reason = "the plan stays" if not changed else \
+                "another plan is not faster by more than the margin"
+            return Replan(None, f"reviewed the plan: {why}; {reason}", record)
+        self.replans += 1
+        self.plan, self.profile, self.reviewed = new, profile, False
+        record.update(replanned=True, was=_describe(old), now=_describe(new))
+        line = (f"re-planned: {why}; re-priced with this epoch's measurements the plan takes "
+                f"{repriced.epoch_seconds:.3g} s, the new plan ({_describe(new)}, was "
+                f"{_describe(old)}) {new.epoch_seconds:.3g} s")
+        return Replan(new, line, record)
+
+
+def _same_plan(a, b) -> bool:
+    x, y = a.assignment, b.assignment
+    same = all(np.array_equal(p, q) for p, q in zip(x.activations + x.gradients,
+                                                     y.activations + y.gradients))
+    same = same and sorted(x.aggregations) == sorted(y.aggregations) and all(
+        np.array_equal(x.aggregations[l], y.aggregations[l]) for l in x.aggregations)
+    return same and (a.cache_bytes > 0) == (b.cache_bytes > 0)
+
+
+def _describe(plan) -> str:
+    """A plan in a few words: blocks per fate."""
+    counts: dict = {}
+    for group in plan.groups():
+        for fate, n in group["blocks"].items():
+            counts[fate] = counts.get(fate, 0) + n
+    text = ", ".join(f"{n} {fate}" for fate, n in counts.items() if n)
+    return text + (", host cache" if plan.cache_bytes else "")
+
+
+def _furthest_part(check) -> tuple[str, str, float, float]:
+    """The sweep and part (compute, reads, writes) furthest from its prediction, in seconds;
+    the whole sweep when its parts were not timed."""
+    if not check.parts:
+        label, predicted, measured = check.furthest()
+        return label, "time", predicted, measured
+    best = None
+    for (label, _, _), parts in zip(check.sweeps, check.parts):
+        measured = parts["measured"]
+        for name in ("compute", "reads", "writes"):
+            m = measured[name] if name == "compute" else sum(measured[name].values())
+            p = parts["predicted"][name]
+            if best is None or abs(m - p) > abs(best[3] - best[2]):
+                best = (label, name, p, m)
+    return best

@@ -1,0 +1,210 @@
+"""The predicted epoch of one model trained on several devices (`jgrind.devices.Sharded`).
+
+Each device runs its nodes' rows as one whole-graph program over its rows and halo slots
+(the fast path's price, `jgrind.plan.cost.in_memory_seconds`, on the device's shapes), and
+the devices wait for each other at every halo exchange, so the compute of an epoch is the
+slowest device's; CPU devices of one machine share its cores (the profile measured them all
+at work on one program), so there it is the devices' sum. The exchange before every aggregating layer (and its transpose in the
+backward pass, except the first layer's) moves, on every device, ``K - 1`` chunks of
+`ExchangePlan.slot_rows` rows out and as many in, at the rate of a `Link`; the weight
+gradients are summed by a ring all-reduce, ``2 (K - 1) / K`` of their bytes over the same
+link. Compute and communication are added, not overlapped: `Sharded` runs them in turn.
+
+A `Link` is a rate and a route: device to device (a GPU's NVLink or peer-to-peer PCIe, or
+shared memory between CPU devices), or through host memory (each row goes down to the host
+and up again, at the profile's measured link rates). The engine's exchange is the first (one
+`jax.lax.all_to_all`); the second is priced beside it to show what the route through the
+host would cost.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+
+from jgrind.plan.cost import ITEMSIZE, Workload, in_memory_bytes, in_memory_seconds
+from jgrind.plan.exchange import ExchangePlan
+from jgrind.plan.inventory import layer_widths
+
+__all__ = ["Link", "ShardedPrediction", "calibrate", "device_workloads", "links_for",
+           "predict_sharded", "predictions", "scaled_profile"]
+
+# NVLink 4 (H100 and H200 SXM): 900 GB/s per GPU in both directions together, by the
+# specification; half of it each way. Not measured here: the lent machines have one GPU.
+NVLINK4_BYTES_PER_SECOND = 450e9
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """How halo rows travel between devices.
+
+    Attributes:
+      name: for the printout, with where the rate comes from.
+      to_device: bytes per second into a device (one direction, per device).
+      to_host: bytes per second out of a device into host memory; only for
+        ``through_host``.
+      through_host: rows go device -> host -> device: each byte crosses the link twice, at
+        ``to_host`` then ``to_device``.
+    """
+
+    name: str
+    to_device: float
+    to_host: float = 0.0
+    through_host: bool = False
+
+    def seconds(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` out of every device and as many into it."""
+        if self.through_host:
+            return nbytes / self.to_host + nbytes / self.to_device
+        return nbytes / self.to_device
+
+
+def links_for(profile) -> tuple[Link, ...]:
+    """The links to price on the machine ``profile`` describes: on a CPU, its devices share
+    the host's memory (an exchange is a copy); on a GPU, device to device over NVLink (the
+    specification's rate) and through the host at the profile's measured link rates."""
+    if shares_cores(profile):
+        return (Link("shared memory between CPU devices (the profile's copy rate)",
+                     float(profile.copy_bw)),)
+    return (Link("device to device, NVLink 4 (specification: 450 GB/s each way)",
+                 NVLINK4_BYTES_PER_SECOND),
+            Link("through host memory (the profile's measured link rates)",
+                 float(profile.link_to_device_bw), float(profile.link_to_host_bw),
+                 through_host=True))
+
+
+def shares_cores(profile) -> bool:
+    """Whether the profile's devices are CPU devices of one machine, sharing its cores."""
+    return profile.machine.get("backend", "cpu") == "cpu"
+
+
+def device_workloads(exchange: ExchangePlan, indptr: np.ndarray, model,
+                     num_features: int) -> list[Workload]:
+    """Every device's whole-graph program as a one-partition `Workload`: its rows, its halo
+    slots (``K - 1`` chunks of `ExchangePlan.slot_rows`, as `Sharded` lays them out) and the
+    in-edges of its rows. Priced as a graph of ``rows + slots`` nodes, which over-counts the
+    output-side work of the slots a little."""
+    indptr = np.asarray(indptr, np.int64)
+    degree = np.diff(indptr)
+    widths = tuple(layer_widths(model, num_features))
+    slots = (exchange.num_devices - 1) * exchange.slot_rows
+    out = []
+    for rows in exchange.rows:
+        n = int(rows.size) + slots
+        e = int(degree[rows].sum())
+        one = lambda v: np.array([v], np.int64)  # noqa: E731
+        out.append(Workload(widths=widths, layers=tuple(model.layers), owned=one(n),
+                            inputs=one(n), edges=one(e), pad_out=one(n), pad_in=one(n),
+                            pad_edges=one(e), halo=np.zeros((1, 1), np.int64), ssd_calls={},
+                            ssd_rows={}, needs_edges=model.needs_edges,
+                            needs_adjacency=model.needs_adjacency, num_nodes=n, num_edges=e))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedPrediction:
+    """A predicted epoch on K devices over one `Link`.
+
+    Attributes:
+      link: the route the exchange was priced on.
+      device_seconds: ``[K]`` each device's compute per epoch.
+      exchange_bytes: bytes one device sends per epoch (as many arrive), padding included.
+      exchange_seconds: the exchanges' seconds per epoch.
+      allreduce_seconds: the weight gradients' all-reduce.
+      device_peak: ``[K]`` bytes each device's program holds at its peak (the fast path's
+        estimate on the device's shapes).
+      shared_cores: the devices share one machine's cores (CPU devices): their compute adds.
+    """
+
+    link: Link
+    device_seconds: np.ndarray
+    exchange_bytes: float
+    exchange_seconds: float
+    allreduce_seconds: float
+    device_peak: np.ndarray
+    shared_cores: bool = False
+
+    @property
+    def num_devices(self) -> int:
+        return int(self.device_seconds.size)
+
+    @property
+    def compute_seconds(self) -> float:
+        """The slowest device's compute (the others wait for it at every exchange), or all
+        devices' together where they share the cores."""
+        if self.shared_cores:
+            return float(self.device_seconds.sum())
+        return float(self.device_seconds.max())
+
+    @property
+    def epoch_seconds(self) -> float:
+        return self.compute_seconds + self.exchange_seconds + self.allreduce_seconds
+
+    def line(self) -> str:
+        return (f"{self.num_devices} device{'s' if self.num_devices > 1 else ''}, "
+                f"{self.link.name}: predicted {self.epoch_seconds * 1e3:.1f} ms per epoch "
+                f"(compute {self.compute_seconds * 1e3:.1f} ms, "
+                f"{'the devices together' if self.shared_cores else 'the slowest device'}; "
+                f"exchange "
+                f"{self.exchange_seconds * 1e3:.1f} ms, all-reduce "
+                f"{self.allreduce_seconds * 1e3:.2f} ms); peak "
+                f"{self.device_peak.max() / 2**30:.2f} GiB on the fullest device")
+
+
+def _exchange_bytes_per_device(exchange: ExchangePlan, model, num_features: int) -> float:
+    """Bytes one device sends per epoch: its ``K - 1`` chunks before every aggregating layer,
+    and again in the backward pass for every one but the first (features need no gradient)."""
+    if not exchange.slot_rows:
+        return 0.0
+    widths = layer_widths(model, num_features)
+    chunk = (exchange.num_devices - 1) * exchange.slot_rows * ITEMSIZE
+    total = 0.0
+    for l, layer in enumerate(model.layers):
+        if layer.aggregates:
+            total += (2 if l > 0 else 1) * chunk * widths[l]
+    return total
+
+
+def predict_sharded(exchange: ExchangePlan, indptr: np.ndarray, model, num_features: int,
+                    profile, link: Link, num_params: int) -> ShardedPrediction:
+    """The predicted epoch of ``model`` on the devices of ``exchange`` (K of them; K = 1 is
+    the in-memory fast path on one device), exchanging over ``link``."""
+    k = exchange.num_devices
+    loads = device_workloads(exchange, indptr, model, num_features)
+    seconds = np.array([in_memory_seconds(w, profile) for w in loads])
+    peaks = np.array([in_memory_bytes(w.num_nodes, w.num_edges, num_features, w.widths)
+                      for w in loads], np.float64)
+    sent = _exchange_bytes_per_device(exchange, model, num_features)
+    ring = 2.0 * (k - 1) / k * num_params * ITEMSIZE if k > 1 else 0.0
+    return ShardedPrediction(link=link, device_seconds=seconds, exchange_bytes=sent,
+                             exchange_seconds=link.seconds(sent) if sent else 0.0,
+                             allreduce_seconds=link.seconds(ring) if ring else 0.0,
+                             device_peak=peaks, shared_cores=shares_cores(profile))
+
+
+def scaled_profile(profile, speedup: float):
+    """``profile`` with every compute and host-memory rate ``speedup`` times faster (and its
+    reference whole-graph steps that much shorter): a profile calibrated to one measured
+    epoch of another machine when that machine's own profile was not saved. A uniform
+    speed-up is an assumption; a measured profile replaces it."""
+    fast = ("matmul_flops", "contraction_bw", "spmm_rate", "gather_bw", "copy_bw")
+    changes = {name: getattr(profile, name) * speedup for name in fast}
+    changes["fused_steps"] = tuple((n, e, t / speedup) for n, e, t in profile.fused_steps)
+    changes["step_latency"] = profile.step_latency / speedup
+    return dataclasses.replace(profile, **changes)
+
+
+def calibrate(profile, workload: Workload, measured_seconds: float):
+    """`scaled_profile` whose fast-path price of ``workload`` is ``measured_seconds``."""
+    predicted = in_memory_seconds(workload, profile)
+    return scaled_profile(profile, predicted / measured_seconds)
+
+
+def predictions(exchange: ExchangePlan, indptr, model, num_features: int, profile,
+                num_params: int, links: Optional[Sequence[Link]] = None
+                ) -> list[ShardedPrediction]:
+    """`predict_sharded` over every link of ``links`` (default `links_for(profile)`)."""
+    return [predict_sharded(exchange, indptr, model, num_features, profile, link, num_params)
+            for link in (links or links_for(profile))]

@@ -1,0 +1,124 @@
+"""Re-planning between epochs (`jgrind.plan.replan`): a plan whose first timed epoch shows it
+wrong is replaced, and the run's numbers do not change."""
+
+import contextlib
+import io
+
+import jax
+import numpy as np
+import optax
+
+from helpers import community_graph
+from jgrind import models
+from jgrind.plan import policies
+from jgrind.plan.check import check_epoch
+from jgrind.plan.planner import plan_run
+from jgrind.plan.replan import Replanner, calibrate
+from jgrind.train import train
+from test_planner import fixed_profile
+
+
+def _small():
+    graph = community_graph(num_nodes=240, num_features=8)
+    model = models.gcn(graph.num_features, 16, graph.num_classes, num_layers=2, dropout=0.5)
+    return graph, model
+
+
+def _wrong_profile():
+    """A profile of a machine far faster than this one, whose SSD is faster than its RAM: the
+    planner puts every block it can on SSD, and the first timed epoch shows otherwise."""
+    fast_compute = dict(matmul_flops=1e15, spmm_rate=1e13, contraction_bw=1e14,
+                        sweep_step=1e-9, step_latency=1e-9)
+    fast_ssd = dict(ssd_read_bw=1e15, ssd_write_bw=1e15, cached_read_bw=1e15,
+                    cached_write_bw=1e15, checksum_bw=1e15, ssd_latency=1e-12,
+                    cached_latency=1e-12, read_call_overhead=1e-12, update_call_overhead=1e-12)
+    slower_host = dict(gather_bw=1e9, scatter_add_bw=1e9, copy_bw=1e9)
+    return fixed_profile(**fast_compute, **fast_ssd, **slower_host)
+
+
+def _params(result):
+    return jax.tree.leaves(result.params)
+
+
+def test_a_wrong_plan_is_replaced_and_the_parameters_stay_exact(tmp_path):
+    """The first plan (SSD, from a profile that has it faster than RAM) re-plans after
+    epoch 1; after 4 epochs the parameters equal those of the same run without re-planning
+    and of in-memory training."""
+    graph, model = _small()
+    kwargs = dict(epochs=4, num_parts=4, host_budget=1 << 30, progress=False)
+    printed = io.StringIO()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    budget = _device_floor(graph, model)
+    with contextlib.redirect_stdout(printed):
+        replanned = train(jax.random.key(0), graph, model, optax.adam(1e-2),
+                          policy=policies.auto(profile=_wrong_profile(),
+                                               directory=tmp_path / "a"),
+                          device_budget=budget, **kwargs)
+        fixed = train(jax.random.key(0), graph, model, optax.adam(1e-2),
+                      policy=policies.auto(profile=_wrong_profile(), directory=tmp_path / "b",
+                                           replan=False),
+                      device_budget=budget, **kwargs)
+    in_memory = train(jax.random.key(0), graph, model, optax.adam(1e-2), epochs=4,
+                      progress=False)
+    replans = [r for r in replanned.history if "replan" in r]
+    assert replans and replans[0]["epoch"] == 1  # (a second needs epoch 3 to miss again)
+    assert replans[0]["replan"]["replanned"] and replans[0]["replan"]["calibration"]["ssd"] > 1
+    said = [line for line in printed.getvalue().splitlines() if "re-planned" in line]
+    assert len(said) == len(replans) and said[0].startswith("jgrind: re-planned: epoch 1 took ")
+    assert "furthest off:" in said[0] and "the new plan (" in said[0]
+    assert replanned.history[2].get("predicted_seconds") is None  # the new engine compiles
+    assert replanned.history[3]["plan"] == 1 and "predicted_seconds" in replanned.history[3]
+    assert not any("replan" in r for r in fixed.history)
+    # each sweep's parts: the first plan reads from SSD; waits and compute fit in the sweep
+    assert set(replanned.history[1]["sweep_parts"][0]["measured"]["reads"]) == {"ssd"}
+    for record in replanned.history[1:]:
+        for parts, (_, _, seconds) in zip(record.get("sweep_parts", []),
+                                          record.get("sweep_seconds", [])):
+            m = parts["measured"]
+            assert 0 <= m["compute"] and m["compute"] + m["read_wait"] + m["write_wait"] \
+                <= seconds + 1e-9
+            assert set(m["reads"]) | set(m["writes"]) <= {"device", "host", "ssd"}
+    for a, b in zip(_params(replanned), _params(fixed)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(_params(replanned), _params(in_memory)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-5)
+
+
+def _device_floor(graph, model) -> int:
+    """A device budget that holds one partition's working set and little else."""
+    from jgrind.plan.cost import Workload
+    from jgrind.partition import partition_graph
+    from jgrind.partition.partitioners import label_propagation
+    normalized = model.normalize(graph)
+    pg = partition_graph(normalized, label_propagation(normalized, 4, seed=0), num_parts=4)
+    return int(Workload.build(pg, model).working_set() * 1.05)
+
+
+def test_a_right_profile_does_not_replan():
+    """Measurements equal to the prediction calibrate the profile to itself, and the plan
+    stays."""
+    graph, model = _small()
+    profile = fixed_profile()
+    plan = plan_run(graph, model, profile, device_budget=_device_floor(graph, model),
+                    host_budget=1 << 30, num_parts=4)
+    assert not plan.in_memory
+    p = plan.prediction
+    sweeps = [(s.label, p.sweep_seconds(s)) for s in p.sweeps]
+    parts = [{"compute": s.compute, "reads": {"host": s.reads}, "writes": {"host": s.writes},
+              "read_wait": 0.0, "write_wait": 0.0} for s in p.sweeps]
+    check = check_epoch(p, sweeps, p.epoch_seconds, epoch=1, measured_parts=parts)
+    calibration, _, repriced = calibrate(profile, plan.workload, plan.assignment,
+                                         plan.cache_bytes, 0, parts, [s for _, s in sweeps])
+    assert abs(calibration.compute - 1) < 1e-6 and abs(calibration.memory - 1) < 1e-6
+    replanner = Replanner(plan, profile, 0)
+    review = replanner.review(check, parts)
+    assert review.plan is None and not review.record["replanned"]
+    assert not replanner.due and replanner.replans == 0
+
+
+def test_a_fixed_policy_never_replans():
+    graph, model = _small()
+    result = train(jax.random.key(0), graph, model, optax.adam(1e-2), epochs=3,
+                   policy=policies.host_offload(), num_parts=3, progress=False)
+    assert not any("replan" in r or "plan_review" in r for r in result.history)
