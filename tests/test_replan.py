@@ -7,6 +7,7 @@ import io
 import jax
 import numpy as np
 import optax
+import pytest
 
 from helpers import community_graph
 from jgrind import models
@@ -115,6 +116,38 @@ def test_a_right_profile_does_not_replan():
     review = replanner.review(check, parts)
     assert review.plan is None and not review.record["replanned"]
     assert not replanner.due and replanner.replans == 0
+
+
+def test_a_slow_epoch_replans_only_for_a_gain_worth_a_rebuild(monkeypatch):
+    """An epoch 60 % slower than predicted, everywhere: a plan predicted 2 % faster than the
+    current one re-priced is not worth a compiled epoch (the plan stays and the review hands
+    back the re-priced prediction); one 10 % faster is."""
+    import dataclasses
+    from jgrind.plan import replan
+    graph, model = _small()
+    profile = fixed_profile()
+    plan = plan_run(graph, model, profile, device_budget=_device_floor(graph, model),
+                    host_budget=1 << 30, num_parts=4)
+    p = plan.prediction
+    slow = 1.6
+    sweeps = [(s.label, slow * p.sweep_seconds(s)) for s in p.sweeps]
+    parts = [{"compute": slow * s.compute, "reads": {"host": slow * s.reads},
+              "writes": {"host": slow * s.writes}, "read_wait": 0.0, "write_wait": 0.0}
+             for s in p.sweeps]
+    check = check_epoch(p, sweeps, slow * p.epoch_seconds, epoch=1, measured_parts=parts)
+    assert check.off()
+    _, _, repriced = calibrate(profile, plan.workload, plan.assignment, plan.cache_bytes, 0,
+                               parts, [s for _, s in sweeps])
+    other = tuple(np.roll(a, 1) if a.size > 1 and np.unique(a).size > 1 else 3 - a
+                  for a in plan.assignment.activations)
+    differing = dataclasses.replace(plan, assignment=dataclasses.replace(
+        plan.assignment, activations=other))
+    for gain, replans in ((0.02, False), (0.10, True)):
+        new = dataclasses.replace(differing, epoch_seconds=(1 - gain) * repriced.epoch_seconds)
+        monkeypatch.setattr(replan, "plan_for", lambda *a, new=new, **k: new)
+        review = Replanner(plan, profile, 0).review(check, parts)
+        assert (review.plan is not None) == replans, (gain, review.line)
+        assert review.repriced.epoch_seconds == pytest.approx(repriced.epoch_seconds)
 
 
 def test_a_fixed_policy_never_replans():

@@ -10,9 +10,11 @@ The rule (docs/planner.md, "Re-planning"):
    and the overlap of I/O with compute is fitted to the measured sweeps' total.
 2. With that profile the current plan is priced again, and the planner plans again over the
    same partitions, budgets and store (`jgrind.plan.planner.plan`).
-3. The run re-plans when the new plan differs from the current one and either the measured
-   epoch was more than `PLAN_MARGIN` slower than predicted, or the new plan is predicted
-   faster than the current one by more than `PLAN_MARGIN` of it.
+3. The run re-plans when the new plan is predicted faster than the current one (re-priced)
+   by more than `PLAN_MARGIN` of it, or by more than `REPLAN_GAIN` of it when the measured
+   epoch was more than `PLAN_MARGIN` slower than predicted: a rebuild costs a compiled
+   epoch, which a gain of a few percent does not pay back. When the plan stays, the run is
+   held from then on against the current plan re-priced with the calibrated profile.
 4. After a re-plan the next plan is reviewed the same way (its first epoch compiles; the one
    after is reviewed), but re-plans again only if that epoch missed its prediction by more
    than the margin (measurements keep missing) *and* the new plan is predicted faster by
@@ -35,9 +37,11 @@ from jgrind.plan.check import PLAN_MARGIN
 from jgrind.plan.cost import Prediction, predict
 from jgrind.plan.planner import plan as plan_for
 
-__all__ = ["MAX_REPLANS", "Calibration", "Replan", "Replanner", "calibrate"]
+__all__ = ["MAX_REPLANS", "REPLAN_GAIN", "Calibration", "Replan", "Replanner", "calibrate"]
 
 MAX_REPLANS = 3
+# The least predicted gain that re-plans after a slow epoch: a rebuild recompiles the steps.
+REPLAN_GAIN = 0.05
 
 # The profile's figures behind each part the calibration scales: rates are divided by the
 # factor, per-call and per-row seconds multiplied by it.
@@ -143,11 +147,13 @@ def _fit_overlap(prediction: Prediction, measured: float) -> float:
 @dataclasses.dataclass(frozen=True)
 class Replan:
     """A review's decision. ``plan``: the new `jgrind.plan.planner.Plan`, or None to keep the
-    current one; ``line``: what the log says; ``record``: what the metrics log keeps."""
+    current one; ``line``: what the log says; ``record``: what the metrics log keeps;
+    ``repriced``: the current plan's `Prediction` under the calibrated profile."""
 
     plan: object
     line: str
     record: dict
+    repriced: object = None
 
 
 class Replanner:
@@ -194,8 +200,9 @@ class Replanner:
         slow = check.deviation > self.margin
         missed = abs(check.deviation) > self.margin
         faster = new.epoch_seconds < (1.0 - self.margin) * repriced.epoch_seconds
+        gains = new.epoch_seconds < (1.0 - REPLAN_GAIN) * repriced.epoch_seconds
         changed = not _same_plan(new, old)
-        trigger = (slow or faster) if self.replans == 0 else (missed and faster)
+        trigger = (faster or (slow and gains)) if self.replans == 0 else (missed and faster)
         label, component, predicted, measured = _furthest_part(check)
         record = {"epoch": check.epoch, "calibration": calibration.as_record(),
                   "measured_seconds": check.measured, "predicted_seconds": check.predicted,
@@ -207,15 +214,15 @@ class Replanner:
                f"{measured:.3g} s against {predicted:.3g} s")
         if not (changed and trigger):
             reason = "the plan stays" if not changed else \
-                "another plan is not faster by more than the margin"
-            return Replan(None, f"reviewed the plan: {why}; {reason}", record)
+                "no other plan is predicted enough faster to pay for a rebuild"
+            return Replan(None, f"reviewed the plan: {why}; {reason}", record, repriced)
         self.replans += 1
         self.plan, self.profile, self.reviewed = new, profile, False
         record.update(replanned=True, was=_describe(old), now=_describe(new))
         line = (f"re-planned: {why}; re-priced with this epoch's measurements the plan takes "
                 f"{repriced.epoch_seconds:.3g} s, the new plan ({_describe(new)}, was "
                 f"{_describe(old)}) {new.epoch_seconds:.3g} s")
-        return Replan(new, line, record)
+        return Replan(new, line, record, repriced)
 
 
 def _same_plan(a, b) -> bool:
