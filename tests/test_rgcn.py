@@ -233,6 +233,31 @@ def test_relational_layers_have_no_aggregation_split_and_price_their_products():
     assert dense_products(RGATConv(8, 4, 3, self_loop=False)) == 3
 
 
+def test_the_cost_model_prices_a_product_per_relation():
+    """An R-GCN step's dense work grows with its relations (and shrinks with bases or
+    blocks); an RGAT step's with its relations too; both beyond a one-weight layer's."""
+    import numpy as np
+    from jgrind.models.gcn import GCNConv
+    from jgrind.plan.cost import layer_products
+    from test_planner import fixed_profile
+    profile = fixed_profile()
+    shape = (64, 64, np.array([1000.0]), np.array([1500.0]), np.array([8000.0]), profile)
+
+    def forward(layer):
+        return float(layer_products(layer, *shape).forward[0])
+
+    one, four, eight = (forward(RGCNConv(64, 64, r, self_loop=False)) for r in (1, 4, 8))
+    assert four > 2 * one and eight > 1.6 * four
+    assert forward(RGCNConv(64, 64, 8, num_bases=2, self_loop=False)) < 0.5 * eight
+    assert forward(RGCNConv(64, 64, 8, num_blocks=4, self_loop=False)) < 0.5 * eight
+    assert forward(RGCNConv(64, 64, 8)) > eight  # the self-connection
+    assert forward(RGCNConv(64, 64, 4)) > forward(GCNConv(64, 64))
+    product = 2 * 1500 * 64 * 64 / profile.matmul_flops  # one relation's x W on the inputs
+    more = forward(RGATConv(64, 16, 6, heads=4)) - forward(RGATConv(64, 16, 1, heads=4,
+                                                                     self_loop=False))
+    assert more >= 5 * product
+
+
 def test_block_decomposition_must_divide_the_widths():
     with pytest.raises(ValueError, match="num_blocks=3 must divide"):
         RGCNConv(8, 12, 4, num_blocks=3)

@@ -514,6 +514,33 @@ def layer_products(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> P
         forward = sp(w_out)
         return Products(forward=forward, masked=forward, weight_grad=0.0 * forward,
                         input_grad=sp(w_out))
+    if kind == "RGCNConv":
+        # x W_r on every input row for every relation, one sparse product over the stacked
+        # messages, the self-connection on the owned rows (`jgrind.models.rgcn`): act(A (X W))
+        # per relation, so dW needs the transposed sparse product
+        relations = float(layer.num_relations)
+        if layer.num_bases:  # x V_b for every basis, then the relations' combinations
+            dense = mm(n_in, w_in, layer.num_bases * w_out) \
+                + mm(n_in, layer.num_bases, relations * w_out)
+            grad = wg(n_in, w_in, layer.num_bases * w_out)
+        else:  # block-diagonal weights: 1/K of the dense products
+            share = 1.0 / layer.num_blocks if layer.num_blocks else 1.0
+            dense = share * mm(n_in, w_in, relations * w_out)
+            grad = share * wg(n_in, w_in, relations * w_out)
+        if layer.self_loop:
+            dense, grad = dense + mm(n_out, w_in, w_out), grad + wg(n_out, w_in, w_out)
+        forward = dense + sp(w_out)
+        return Products(forward=forward, masked=forward, weight_grad=grad + sp(w_out),
+                        input_grad=dense)
+    if kind == "RGATConv":
+        # GAT's edge work over every relation's projection of the input rows
+        relations = float(layer.num_relations)
+        edge_bytes = nnz * (3.0 * w_out + 8.0 * layer.heads) * ITEMSIZE
+        forward = mm(n_in, w_in, relations * w_out) + edge_bytes / profile.gather_bw
+        if layer.self_loop:
+            forward = forward + mm(n_out, w_in, w_out)
+        return Products(forward=forward, masked=0.0 * forward, weight_grad=forward,
+                        input_grad=forward)
     if kind == "GATConv":
         # z = x W on every input row, then per edge: scores, softmax and a weighted gather-sum;
         # the edge work runs as XLA gathers/segment sums, priced as memory traffic. Its
