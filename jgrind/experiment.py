@@ -49,7 +49,11 @@ CHECKPOINTED = ("dataset", "model", "hidden", "layers", "heads", "dropout", "res
                 "row_normalize", "num_nodes", "avg_degree", "dataset_options", "num_classes",
                 "select",
                 "min_delta", "label_smoothing", "multilabel_loss", "pos_weight", "output_heads",
-                "attention_dropout", "optimizer", "lr_schedule", "warmup_epochs")
+                "attention_dropout", "optimizer", "lr_schedule", "warmup_epochs", "num_bases",
+                "num_blocks",
+                # a lossy storage dtype changes the numbers a run computes
+                "store_dtype", "store_dtype_activations", "store_dtype_aggregations",
+                "store_dtype_gradients")
 # the files `run_config` writes (and a later run in the same folder replaces)
 RUN_FILES = ("config.json", "summary.json", "training.png", "memory.png", "plan.txt",
              "plan-schedule.png", "plan-memory.png")

@@ -104,6 +104,8 @@ def test_checkpoints_of_another_experiment_are_not_resumed(tmp_path, capsys):
           "num_nodes 300 -> 400")
     fails(capsys, [*run, "--set", "hidden=16", "--set", "dataset_options=homophily:0.5"],
           "dataset_options '' -> 'homophily:0.5'")
+    fails(capsys, [*run, "--set", "hidden=16", "--set", "store_dtype=int8"],
+          "store_dtype '' -> 'int8'")
     fails(capsys, [*run, "--set", "hidden=16", "--epochs", "1"], "reach epoch 1, past this "
           "run's 1 epochs")
     # a config.json written before a setting existed holds that setting's default
