@@ -258,6 +258,24 @@ def test_the_cost_model_prices_a_product_per_relation():
     assert more >= 5 * product
 
 
+def test_the_working_set_holds_every_relation_s_messages():
+    """A step of an R-GCN layer holds ``[R, inputs, out]`` messages (and their cotangent):
+    the planner's bound on a step's temporaries grows with the relations."""
+    from jgrind import models
+    from jgrind.partition import partition_graph
+    from jgrind.plan.cost import ITEMSIZE, Workload
+    graph = hetero_graph()
+    temps = {}
+    for r in (1, 4):
+        model = models.rgcn(graph.num_features, 16, graph.num_classes, r, num_layers=2)
+        normalized = model.normalize(graph)
+        pg = partition_graph(normalized, np.arange(graph.num_nodes) % 2, num_parts=2)
+        w = Workload.build(pg, model)
+        temps[r] = w.step_temp_bytes(0)
+        inputs = w.step_inputs(0)
+    assert np.all(temps[4] - temps[1] == 2 * ITEMSIZE * 3 * inputs * 16)
+
+
 def test_block_decomposition_must_divide_the_widths():
     with pytest.raises(ValueError, match="num_blocks=3 must divide"):
         RGCNConv(8, 12, 4, num_blocks=3)

@@ -360,6 +360,13 @@ class Workload:
         if isinstance(inner, GATConv):
             per_edge = inner.heads * inner.out_channels + inner.heads
             temp = temp + EDGE_TEMP_PASSES * ITEMSIZE * self.pad_edges * per_edge
+        relations = getattr(inner, "num_relations", 0)
+        if relations:  # R-GCN, RGAT: every relation's x W_r on every input row, and its
+            # cotangent in the backward step
+            temp = temp + 2 * ITEMSIZE * relations * self.step_inputs(layer) * f_out
+            heads = getattr(inner, "heads", 0)
+            if heads:  # RGAT's attention scores per edge, as GAT's
+                temp = temp + EDGE_TEMP_PASSES * ITEMSIZE * self.pad_edges * (f_out + heads)
         return temp.astype(np.int64)
 
     def _step_bytes(self) -> int:
