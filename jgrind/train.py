@@ -375,9 +375,9 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                         record["replan"] = review.record
                         replanned = review.plan
                         _say(f"jgrind: {review.line}", bar)
-                    elif check.off() and review.repriced is not None:
+                    elif review.repriced is not None:
                         # the plan stays: later epochs are held against it re-priced with
-                        # this epoch's measurements
+                        # this epoch's measurements (the run's own profile from now on)
                         executor.prediction = review.repriced
             train_seconds += record["seconds"]
             if not math.isfinite(loss):
