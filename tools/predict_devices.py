@@ -36,30 +36,20 @@ REFERENCE = (2_400_000, 62_000_000, 100)  # the graph that epoch was measured on
 
 
 def gpu_profile(args, profile):
+    from jgrind.plan.cost import Workload
     from jgrind.plan.profile import load
     from jgrind.plan.sharded import calibrate
     if args.gpu_profile:
         return load(args.gpu_profile), f"the GPU profile {args.gpu_profile}"
     nodes, edges, features = REFERENCE
     model = harness.gcn(features, harness.CLASSES, args.hidden)
-    calibrated = calibrate(profile, _whole(model, nodes, edges, features), args.gpu_epoch)
+    calibrated = calibrate(profile, Workload.whole(model, features, nodes, edges),
+                           args.gpu_epoch)
     calibrated = dataclasses.replace(
         calibrated, link_to_device_bw=H200_LINK[0], link_to_host_bw=H200_LINK[1],
         machine={**profile.machine, "backend": "gpu", "device_kind": "calibrated"})
     return calibrated, (f"this machine's profile scaled to a {args.gpu_epoch} s in-memory "
                         f"epoch at {nodes:,} nodes, {edges:,} edges, {features} features")
-
-
-def _whole(model, nodes: int, edges: int, features: int):
-    import numpy as np
-    from jgrind.plan.cost import Workload
-    from jgrind.plan.inventory import layer_widths
-    one = lambda v: np.array([v], np.int64)  # noqa: E731
-    return Workload(widths=tuple(layer_widths(model, features)), layers=tuple(model.layers),
-                    owned=one(nodes), inputs=one(nodes), edges=one(edges), pad_out=one(nodes),
-                    pad_in=one(nodes), pad_edges=one(edges), halo=np.zeros((1, 1), np.int64),
-                    ssd_calls={}, ssd_rows={}, needs_edges=model.needs_edges,
-                    needs_adjacency=model.needs_adjacency, num_nodes=nodes, num_edges=edges)
 
 
 def main() -> None:

@@ -203,6 +203,18 @@ class Workload:
         return len(self.layers)
 
     @classmethod
+    def whole(cls, model, num_features: int, num_nodes: int, num_edges: int) -> "Workload":
+        """``num_nodes`` rows with ``num_edges`` in-edges as one partition with no halo: the
+        fast path's shapes (a whole graph, or one device's rows and halo slots)."""
+        one = lambda v: np.array([v], np.int64)  # noqa: E731
+        n, e = int(num_nodes), int(num_edges)
+        return cls(widths=tuple(layer_widths(model, num_features)), layers=tuple(model.layers),
+                   owned=one(n), inputs=one(n), edges=one(e), pad_out=one(n), pad_in=one(n),
+                   pad_edges=one(e), halo=np.zeros((1, 1), np.int64), ssd_calls={},
+                   ssd_rows={}, needs_edges=model.needs_edges,
+                   needs_adjacency=model.needs_adjacency, num_nodes=n, num_edges=e)
+
+    @classmethod
     def build(cls, pg, model, max_shapes: int = 3) -> "Workload":
         """From a `PartitionedGraph` (of the normalised graph) and a `GNN`, whose layers are
         taken as the engine runs them (`jgrind.executed.split.as_executed`)."""

@@ -824,11 +824,4 @@ def _num_params(widths) -> int:
 
 def _single_partition_workload(graph, model) -> Workload:
     """The whole graph as one partition with no halo: the fast path's shapes."""
-    one = lambda n: np.array([n], np.int64)  # noqa: E731
-    n, e = graph.num_nodes, graph.num_edges
-    return Workload(widths=tuple(layer_widths(model, graph.num_features)),
-                    layers=tuple(model.layers), owned=one(n), inputs=one(n), edges=one(e),
-                    pad_out=one(n), pad_in=one(n), pad_edges=one(e),
-                    halo=np.zeros((1, 1), np.int64), ssd_calls={}, ssd_rows={},
-                    needs_edges=model.needs_edges, needs_adjacency=model.needs_adjacency,
-                    num_nodes=n, num_edges=e)
+    return Workload.whole(model, graph.num_features, graph.num_nodes, graph.num_edges)

@@ -86,21 +86,10 @@ def device_workloads(exchange: ExchangePlan, indptr: np.ndarray, model,
     slots (``K - 1`` chunks of `ExchangePlan.slot_rows`, as `Sharded` lays them out) and the
     in-edges of its rows. Priced as a graph of ``rows + slots`` nodes, which over-counts the
     output-side work of the slots a little."""
-    indptr = np.asarray(indptr, np.int64)
-    degree = np.diff(indptr)
-    widths = tuple(layer_widths(model, num_features))
+    degree = np.diff(np.asarray(indptr, np.int64))
     slots = (exchange.num_devices - 1) * exchange.slot_rows
-    out = []
-    for rows in exchange.rows:
-        n = int(rows.size) + slots
-        e = int(degree[rows].sum())
-        one = lambda v: np.array([v], np.int64)  # noqa: E731
-        out.append(Workload(widths=widths, layers=tuple(model.layers), owned=one(n),
-                            inputs=one(n), edges=one(e), pad_out=one(n), pad_in=one(n),
-                            pad_edges=one(e), halo=np.zeros((1, 1), np.int64), ssd_calls={},
-                            ssd_rows={}, needs_edges=model.needs_edges,
-                            needs_adjacency=model.needs_adjacency, num_nodes=n, num_edges=e))
-    return out
+    return [Workload.whole(model, num_features, int(rows.size) + slots,
+                           int(degree[rows].sum())) for rows in exchange.rows]
 
 
 @dataclasses.dataclass(frozen=True)
