@@ -143,6 +143,28 @@ def _last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+def _run_processes(argv_of, env: dict, count: int = 2) -> list:
+    """Start ``count`` processes, ``argv_of(coordinator, i)`` each, joined at a free local
+    port; the last JSON line each printed, in process order (each must exit 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen(argv_of(f"127.0.0.1:{port}", i), env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(count)]
+    results = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=240)
+            assert p.returncode == 0, stderr[-4000:]
+            results.append(_last_json(stdout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return results
+
+
 # -- the tests ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def four_devices():
@@ -181,23 +203,9 @@ def test_parameters_equal_after_20_epochs(four_devices):
 
 
 def test_two_processes_of_two_devices():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    coordinator = f"127.0.0.1:{port}"
-    procs = [subprocess.Popen([sys.executable, __file__, "process", coordinator, str(i)],
-                              env=_environment(2), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
-    results = []
-    try:
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=240)
-            assert p.returncode == 0, stderr[-4000:]
-            results.append(_last_json(stdout))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    results = _run_processes(
+        lambda coordinator, i: [sys.executable, __file__, "process", coordinator, str(i)],
+        _environment(2))
     assert [r["process"] for r in results] == [0, 1]
     assert all(r["global_devices"] == 4 and r["local_devices"] == 2 for r in results)
     first = results[0]

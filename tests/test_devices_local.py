@@ -8,16 +8,15 @@ subprocesses joined by `jax.distributed` (gloo), as in `test_devices`: two of tw
 """
 
 import json
-import os
 import pathlib
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from test_devices import FAST_COMPILE, _gradient_error, _last_json
+from test_devices import (FAST_COMPILE, _environment, _gradient_error,
+                          _run_processes)
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -26,14 +25,6 @@ def _saved_graph(folder):
     from helpers import csbm_graph
     from jgrind.datasets import save_graph
     return save_graph(csbm_graph(), folder, overwrite=True)
-
-
-def _environment(devices: int) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {FAST_COMPILE} " \
-                       f"--xla_force_host_platform_device_count={devices}".strip()
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
-    return env
 
 
 # -- the row-wise normalisations -----------------------------------------------------------
@@ -148,23 +139,9 @@ def test_two_processes_of_two_devices_read_their_own_rows_and_compute_the_same(t
     assignment = tmp_path / "parts.npy"
     assert main(["partition", "--dataset", f"npy:{folder}", "--parts", "3",
                  "--out", str(assignment)]) == 0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, __file__, f"127.0.0.1:{port}", str(i),
-                               str(folder), str(assignment)],
-                              env=_environment(2), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
-    results = []
-    try:
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=240)
-            assert p.returncode == 0, stderr[-4000:]
-            results.append(_last_json(stdout))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    results = _run_processes(
+        lambda coordinator, i: [sys.executable, __file__, coordinator, str(i), str(folder),
+                                str(assignment)], _environment(2))
     assert [r["process"] for r in results] == [0, 1]
     assert results[0]["loss"] == results[1]["loss"]
     assert sum(r["idle_devices"] for r in results) >= 1
