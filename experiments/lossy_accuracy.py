@@ -8,8 +8,11 @@ Each run trains out of core (``host_offload``, 4 partitions) with every block ke
 in the storage dtype (activations, aggregations and gradients alike; computation float32), with
 the hyper-parameters of its in-memory experiment: ``gcn_cora`` and ``gcn_citeseer``
 (experiments/gcn_planetoid.py), ``gat_cora`` (experiments/gat_planetoid.py) and
-``gcn_tolokers`` (experiments/gcn_tolokers.py, split s with seed s, ROC-AUC). Seed s is the
-same for every dtype. The target: bfloat16 and int8 within 0.5 points of float32's mean.
+``gcn_tolokers`` (experiments/gcn_tolokers.py, split s with seed s, ROC-AUC), and
+``gat_tolokers``: the same residual design and training with GAT layers (8 heads of 16, so the
+same 128 hidden; attention dropout as the dropout), which has no in-memory experiment of its own.
+Seed s is the same for every dtype. The target: bfloat16 and int8 within 0.5 points of float32's
+mean.
 Results go to experiments/results/lossy_<run>.json.
 """
 
@@ -52,12 +55,19 @@ def _planetoid(model_name: str, dataset: str):
         {"epochs": cfg.epochs, "patience": cfg.patience}
 
 
-def _tolokers():
+GAT_HEADS = 8  # gat_tolokers: heads of hidden / GAT_HEADS each
+
+
+def _tolokers(model_name: str = "gcn"):
     cfg = gcn_tolokers.Config()
     graph = jgrind.datasets.load("tolokers")
-    model = jgrind.models.gcn(graph.num_features, cfg.hidden, graph.num_classes,
-                              num_layers=cfg.layers, dropout=cfg.dropout, residual=True,
-                              layer_norm=True, activation=jax.nn.gelu)
+    design = dict(num_layers=cfg.layers, dropout=cfg.dropout, residual=True, layer_norm=True,
+                  activation=jax.nn.gelu)
+    if model_name == "gcn":
+        model = jgrind.models.gcn(graph.num_features, cfg.hidden, graph.num_classes, **design)
+    else:
+        model = jgrind.models.gat(graph.num_features, cfg.hidden // GAT_HEADS,
+                                  graph.num_classes, heads=GAT_HEADS, **design)
     return graph, model, optax.adam(cfg.lr), {"epochs": cfg.steps,
                                               "eval_every": cfg.eval_every}
 
@@ -65,14 +75,15 @@ def _tolokers():
 RUNS = {"gcn_cora": lambda: _planetoid("gcn", "cora"),
         "gcn_citeseer": lambda: _planetoid("gcn", "citeseer"),
         "gat_cora": lambda: _planetoid("gat", "cora"),
-        "gcn_tolokers": _tolokers}
+        "gcn_tolokers": _tolokers,
+        "gat_tolokers": lambda: _tolokers("gat")}
 
 
 def run(name: str, seeds: tuple, dtypes: tuple) -> dict:
     graph, model, optimizer, kwargs = RUNS[name]()
     means = {}
     for dtype in dtypes:
-        split = (lambda s: {"split": s}) if name == "gcn_tolokers" else (lambda s: {})
+        split = (lambda s: {"split": s}) if name.endswith("_tolokers") else (lambda s: {})
         trials, seconds = timed(lambda: run_trials(
             lambda s: train(jax.random.key(s), graph, model, optimizer, progress=False,
                             policy=_policy(dtype), num_parts=PARTS, **split(s), **kwargs),

@@ -491,10 +491,15 @@ def _plan_devices(graph, model, cfg, partitioner, profile, devices: int) -> int:
     print(f"halo exchange per epoch: {moved / 2**20:.2f} MiB moved between devices, minimum "
           f"{minimum / 2**20:.2f} MiB ({ratio:.2f}x)")
     from jgrind.plan.cost import parameter_count
-    from jgrind.plan.sharded import predictions
+    from jgrind.config import parse_bytes
+    from jgrind.plan.sharded import choose_exchanges, predictions
     for prediction in predictions(exchange, normalized.indptr, model, graph.num_features,
                                   profile, parameter_count(model)):
         print(prediction.line())
+    routes = choose_exchanges(exchange, normalized.indptr, model, graph.num_features, profile,
+                              parse_bytes(cfg.device_budget))
+    print("exchange per layer: " + "; ".join(f"layer {l} {route}"
+                                             for l, route in enumerate(routes) if route))
     return 0
 
 

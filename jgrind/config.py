@@ -90,7 +90,8 @@ class RunConfig:
      "one number for every task")
     metric: str = ""
     ("what evaluations score and val selects by: accuracy | roc_auc | micro_f1 | macro_f1 "
-     "('' = roc_auc for binary and multi-label tasks, else accuracy)")
+     "('' = the dataset's benchmark metric, macro_f1 for dblp; else roc_auc for binary and "
+     "multi-label tasks, else accuracy)")
     select: str = "val"
     "what picks the best epoch and what patience watches: val (metric) | val_loss"
     min_delta: float = 0.0
@@ -507,10 +508,13 @@ def build_policy(cfg: RunConfig, on_plan=None):
         out_of_core = [f"{name}={value}" for name, value in (
             ("policy", cfg.policy if cfg.policy != "in_memory" else ""), ("store", cfg.store),
             ("device_budget", cfg.device_budget), ("host_budget", cfg.host_budget)) if value]
-        if out_of_core:
-            raise ConfigError(f"devices={cfg.devices} keeps every partition in its device's "
-                              f"memory; {', '.join(out_of_core)} (out-of-core training) cannot "
-                              "be combined with it yet: leave them out")
+        if cfg.policy in ("grinnder", "auto"):  # they plan device fates for one device
+            raise ConfigError(f"devices={cfg.devices}: policy={cfg.policy} is not run on "
+                              "several devices yet; use host, ssd or recompute (out of core, "
+                              "`jgrind.devices.ShardedOutOfCore`), or no policy (every "
+                              "partition in its device's memory)")
+        if out_of_core:  # host and SSD tiers, the steps spread over the devices
+            return {**engine, "devices": cfg.devices}
         return {"num_parts": cfg.parts or None, "partitioner": engine["partitioner"],
                 "devices": cfg.devices}
     return engine

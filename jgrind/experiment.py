@@ -471,7 +471,8 @@ def predict_run(out: str | pathlib.Path, seed: Optional[int] = None, layer: Opti
             "epoch": meta["epoch"] if last else meta["best"]["epoch"],
             "which": "last" if last else "best"}
     if layer is None:  # the logits' scores on the run's split: a check that they are its
-        metric = cfg.metric or default_metric(graph.num_classes, graph.multilabel)
+        metric = cfg.metric or default_metric(graph.num_classes, graph.multilabel,
+                                              graph.name)
         split = meta["split"]
         info["metric"] = metric
         info.update({name: evaluate(array, graph.labels, mask[split], metric)

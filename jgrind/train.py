@@ -234,8 +234,11 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
         ``val_NAME`` and ``test_NAME``.
       devices: run data-parallel over several devices (`jgrind.devices.Sharded`): a number K
         (the first K of ``jax.devices()``) or a sequence of ``jax.Device``; None: one device.
-        ``num_parts`` partitions (default: one per device) are placed on them; out-of-core
-        arguments (``policy``, ``store``, budgets) are refused with it for now.
+        ``num_parts`` partitions (default: one per device) are placed on them. With out-of-core
+        arguments (``policy``, ``store``, budgets), the out-of-core engine runs each
+        partition's steps on its device, its tensors in this process's host and SSD tiers
+        (`jgrind.devices.ShardedOutOfCore`; default policy `host_offload`; the device budget
+        is per device).
       ready: called once everything is set up and checked (the executor with its budgets and
         store, a resumed checkpoint), before the log is opened and the first epoch runs; what
         fails before it is a bad argument, and nothing has been written. (`jgrind train`
@@ -257,7 +260,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     val_loss = _host_loss(loss)
     graph.check_split(split)
     model.check_fits(graph)
-    metric = metric or default_metric(graph.num_classes, graph.multilabel)
+    metric = metric or default_metric(graph.num_classes, graph.multilabel, graph.name)
     check_metric(metric, graph.num_classes, graph.multilabel)
     if loss is not None:
         _check_loss(loss, graph, model)
@@ -366,10 +369,14 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                     _say(f"jgrind: {check.line()}", bar)
                 elif check.off():
                     record["plan_off"] = True
-                # (`jgrind.plan.replan`'s rule; after the last epoch no plan would be used)
+                # (`jgrind.plan.replan`'s rule: the median of the plan's first checked epochs,
+                # or of those before the last, which no new plan would be used for)
                 if replanner is not None and replanner.due and epoch < epochs - 1:
+                    replanner.observe(check, parts)
+                if replanner is not None and replanner.due and replanner.seen and (
+                        replanner.ready or epoch >= epochs - 2):
                     replanner.ssd_free = _ssd_free(replanner.plan.directory, executor)
-                    review = replanner.review(check, parts)
+                    review = replanner.review()
                     record["plan_review"] = review.record
                     if review.plan is not None:
                         record["replan"] = review.record
@@ -377,7 +384,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                         _say(f"jgrind: {review.line}", bar)
                     elif review.repriced is not None:
                         # the plan stays: later epochs are held against it re-priced with
-                        # this epoch's measurements (the run's own profile from now on)
+                        # the reviewed epochs' measurements (the run's own profile from now on)
                         executor.prediction = review.repriced
             train_seconds += record["seconds"]
             if not math.isfinite(loss):
@@ -441,7 +448,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             store = getattr(executor, "store", None)
             memory = None if store is None else {**store.accounts.as_dict(),
                                                  "timeline": list(store.accounts.timeline)}
-            devices = None if not isinstance(executor, Sharded) else {
+            devices = None if not hasattr(executor, "exchange_minimum_per_epoch") else {
                 "placement": executor.placement.format(),
                 "moved": executor.exchange_bytes_per_epoch,
                 "minimum": executor.exchange_minimum_per_epoch}
@@ -533,7 +540,8 @@ def make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, policy
     path when it is asked for, or when everything fits the device budget and no policy forces
     offloading; otherwise the out-of-core engine. With ``devices`` (a number or a sequence of
     ``jax.Device``), the model data-parallel over them (`jgrind.devices.Sharded`), its
-    partitions in memory on their devices.
+    partitions in memory on their devices; with out-of-core arguments too, the out-of-core
+    engine with each partition's steps on its device (`jgrind.devices.ShardedOutOfCore`).
 
     A policy that plans the whole run (`jgrind.plan.auto`) chooses the fast path, or the
     partitions and fates the engine then runs. ``in_memory_bytes(graph, model)`` is the fast
@@ -562,12 +570,20 @@ def _make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, polic
                                                 ("device_budget", device_budget),
                                                 ("host_budget", host_budget))
                        if value is not None]
-        if out_of_core:
-            raise ValueError(f"devices= runs every partition in its device's memory; "
-                             f"{', '.join(out_of_core)} (out-of-core training) cannot be "
-                             "combined with it yet: host and SSD fates per device, and "
-                             "per-device budgets, are the next step")
         kwargs = {} if partitioner is None else {"partitioner": partitioner}
+        if out_of_core == ["device_budget"]:  # the planner's route: in memory if it fits
+            from jgrind.devices.choose import choose
+            return choose(graph, model, optimizer, devices=devices, num_parts=num_parts,
+                          device_budget=device_budget, split=split, loss=loss,
+                          **kwargs), None
+        if out_of_core:  # host and SSD tiers: halo rows exchanged through host memory
+            from jgrind.devices import ShardedOutOfCore
+            from jgrind.plan import policies
+            return ShardedOutOfCore(
+                graph, model, optimizer, devices=devices, num_parts=num_parts, split=split,
+                loss=loss, policy=policies.host_offload() if policy is None else policy,
+                store=store, device_budget=device_budget, host_budget=host_budget,
+                **kwargs), None
         return Sharded(graph, model, optimizer, devices=devices, num_parts=num_parts,
                        split=split, loss=loss, **kwargs), None
     chosen = choose_execution(graph, model, policy=policy, num_parts=num_parts, store=store,

@@ -14,6 +14,24 @@ if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 import jgrind.datasets  # noqa: E402 - after XLA_FLAGS
 
+# -- XLA's persistent compilation cache, one per test process ----------------------------------
+# Many tests compile a program another test compiled already: each `InMemory` and `train` call
+# jits new closures around the same computation, and jit's own cache is keyed by the function
+# object. JAX's persistent cache is keyed by the program and loads the executable instead (a
+# fifth of test_train.py's CPU time). The directory is this process's own and is removed at
+# exit: nothing carries over between runs, and no two processes write into one (JAX writes
+# its entries in place). Child processes do not inherit it.
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+import jax  # noqa: E402
+
+_COMPILED = tempfile.mkdtemp(prefix="jgrind-tests-xla-")
+atexit.register(shutil.rmtree, _COMPILED, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _COMPILED)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
 
 # -- real datasets (../shared/datasets or $JGRIND_DATA) ------------------------------------------
 # Tests that need the real files take `data_root` (the folder) or `data_file` (checks that given

@@ -145,7 +145,10 @@ def test_two_devices_are_exact():
     fast_compile = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
     env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {fast_compile} "
                "--xla_force_host_platform_device_count=2".strip(),
-               PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]),
+               # the forced count is the CPU platform's: on a one-GPU machine the subprocess
+               # would otherwise see that GPU alone
+               JAX_PLATFORMS="cpu")
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]

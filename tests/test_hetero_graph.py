@@ -175,3 +175,10 @@ def test_a_graph_without_relations_becomes_one_without_edge_types():
     g = toy(relations={}).to_graph()
     assert g.num_edges == 0 and g.edge_type is None and g.relations == ()
     assert g.node_types[0] == ("paper", 3)
+
+
+def test_dblp_is_scored_by_macro_f1_by_default():
+    """HGSL's Table 2 reports Macro-F1 on DBLP; other datasets keep the task's default."""
+    assert metrics.default_metric(4, False, "dblp") == "macro_f1"
+    assert metrics.default_metric(4, False, "cora") == "accuracy"
+    assert metrics.default_metric(2, False, "tolokers") == "roc_auc"

@@ -259,3 +259,23 @@ def test_profile_of_an_older_format_is_replaced_not_set_aside(measured, tmp_path
     assert got.version == PROFILE_VERSION and profile.load(path).version == PROFILE_VERSION
     assert "is version" in lines[0] and "re-measuring" in lines[0]
     assert not list(tmp_path.glob("*.unreadable*"))
+
+
+def test_an_older_profile_without_a_defaulted_field_reads_but_stays_stale(
+        measured, tmp_path, counted_measure):
+    """A profile saved before a field with a default existed (`codec_bw`), e.g. one measured
+    on a GPU machine and studied on a CPU, loads with that default; its version still makes
+    `load_or_measure` re-measure on this machine."""
+    import json
+
+    path = tmp_path / "profile.json"
+    fresh, _ = measured
+    old = fresh.to_json()
+    old["version"] = PROFILE_VERSION - 1
+    del old["codec_bw"]
+    path.write_text(json.dumps(old))
+    loaded = profile.load(path)
+    assert loaded.codec_bw == {} and loaded.gather_bw == fresh.gather_bw
+    assert "is version" in loaded.stale_reason()
+    profile.load_or_measure(path, tmp_path)
+    assert counted_measure == [tmp_path]

@@ -258,9 +258,9 @@ def test_the_cost_model_prices_a_product_per_relation():
     assert more >= 5 * product
 
 
-def test_the_working_set_holds_every_relation_s_messages():
-    """A step of an R-GCN layer holds ``[R, inputs, out]`` messages (and their cotangent):
-    the planner's bound on a step's temporaries grows with the relations."""
+def test_the_working_set_holds_every_relation_s_aggregates():
+    """A step of an R-GCN layer holds ``[out, R, in]`` aggregates (and their cotangent): the
+    planner's bound on a step's temporaries grows with the relations."""
     from jgrind import models
     from jgrind.partition import partition_graph
     from jgrind.plan.cost import ITEMSIZE, Workload
@@ -272,8 +272,7 @@ def test_the_working_set_holds_every_relation_s_messages():
         pg = partition_graph(normalized, np.arange(graph.num_nodes) % 2, num_parts=2)
         w = Workload.build(pg, model)
         temps[r] = w.step_temp_bytes(0)
-        inputs = w.step_inputs(0)
-    assert np.all(temps[4] - temps[1] == 2 * ITEMSIZE * 3 * inputs * 16)
+    assert np.all(temps[4] - temps[1] == 2 * ITEMSIZE * 3 * w.pad_out * graph.num_features)
 
 
 def test_block_decomposition_must_divide_the_widths():

@@ -25,7 +25,9 @@
 #   bash tools/bench_gpu.sh 9    # the GPU's hardware profile saved to $OUT/profile.json;
 #                                # host_offload as it runs (inputs sent in 8 row ranges), with
 #                                # inputs filled into page-locked buffers, and in one piece;
-#                                # each traced (about 180 s in all)
+#                                # each traced (about 250 s in all)
+#   bash tools/bench_gpu.sh 10   # target 5: the first epoch with XLA's GPU autotuning on and
+#                                # off, compile cache empty (about 300 s)
 #
 # The limits come from the H100 and H200 runs (docs/results-history.md, section 8): an out-of-core
 # run's first epoch compiled for 80-113 s; host_offload's epochs took 6.4-8.5 s before the
@@ -115,13 +117,23 @@ case "${1:-1}" in
         --trace "$OUT/trace-dir"
     collect_traces ;;
 9)  # short: fits the last minutes of a session's device time; "default" sends inputs in 8 pieces.
-    # The GPU's hardware profile first (10-30 s): issue 38's multi-GPU prediction
-    # (tools/predict_devices.py --gpu-profile) and the planner's GPU figures read it on a CPU
-    run 60 profile python3 -m jgrind.cli profile --out "$OUT/profile.json"
+    # The GPU's hardware profile first (44 s on a warm H200; a 60 s limit cut a cold start's
+    # short): issue 38's multi-GPU prediction (tools/predict_devices.py --gpu-profile) and the
+    # planner's GPU figures read it on a CPU
+    run 150 profile python3 -m jgrind.cli profile --out "$OUT/profile.json"
     run 190 pinned python3 tools/trace_epoch.py --rmat 1000000 10000000 --policy host \
         --parts 8 --epochs 1 --variants default,pinned-inputs,pieces-1 --trace "$OUT/trace-dir"
     collect_traces ;;
+10) # target 5 (first epoch <= 2x a later one, compile cache empty): the first epoch compiled
+    # 49 programs in 71 s on an H200, about 1.45 s each, while a later epoch took 1.4 s. Most
+    # of a GPU compile can be XLA's autotuning of each product; this says how much, as a
+    # fresh process each, with no compile cache
+    unset JAX_COMPILATION_CACHE_DIR
+    run 200 autotune-default python3 tools/trace_epoch.py --rmat 1000000 10000000 \
+        --policy host --parts 8 --epochs 2
+    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" run 200 autotune-off \
+        python3 tools/trace_epoch.py --rmat 1000000 10000000 --policy host --parts 8 --epochs 2 ;;
 *)
-    echo "usage: bash tools/bench_gpu.sh 0|1|2|3|4|5|6|7|8|9" >&2
+    echo "usage: bash tools/bench_gpu.sh 0|1|2|3|4|5|6|7|8|9|10" >&2
     exit 2 ;;
 esac

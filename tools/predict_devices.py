@@ -10,7 +10,8 @@ Nothing trains: the benchmarks' R-MAT graph (ogbn-products-sized by default: 2,4
 priced (`jgrind.plan.sharded`) over each link, with:
 - this machine's saved profile (`jgrind profile`), whose devices, on a CPU, share its cores;
 - a GPU profile: ``--gpu-profile FILE`` (one `jgrind profile` wrote on a GPU; the GPU script
-  saves one), or else this machine's profile calibrated to a measured GPU epoch
+  saves one; with ``--gpu-epoch`` too, its compute rates scaled to that measured epoch), or
+  else this machine's profile calibrated to a measured GPU epoch
   (``--gpu-epoch SECONDS`` of the in-memory epoch of the R-MAT graph of 2.4M nodes, 62M
   edges and 100 features with hidden 256; default: the H200's 0.441 s in docs/results.md,
   section 8, target 3), every compute rate scaled alike, with the H200's measured link rates
@@ -39,12 +40,19 @@ def gpu_profile(args, profile):
     from jgrind.plan.cost import Workload
     from jgrind.plan.profile import load
     from jgrind.plan.sharded import calibrate
-    if args.gpu_profile:
-        return load(args.gpu_profile), f"the GPU profile {args.gpu_profile}"
     nodes, edges, features = REFERENCE
-    model = harness.gcn(features, harness.CLASSES, args.hidden)
-    calibrated = calibrate(profile, Workload.whole(model, features, nodes, edges),
-                           args.gpu_epoch)
+    reference = Workload.whole(harness.gcn(features, harness.CLASSES, args.hidden), features,
+                               nodes, edges)
+    if args.gpu_profile:
+        measured = load(args.gpu_profile)
+        if args.gpu_epoch is None:
+            return measured, f"the GPU profile {args.gpu_profile}"
+        # The GPU's own link rates stay; only its compute rates move to the measured epoch
+        return calibrate(measured, reference, args.gpu_epoch), (
+            f"the GPU profile {args.gpu_profile} scaled to a {args.gpu_epoch} s in-memory "
+            f"epoch at {nodes:,} nodes, {edges:,} edges, {features} features")
+    args.gpu_epoch = H200_EPOCH if args.gpu_epoch is None else args.gpu_epoch
+    calibrated = calibrate(profile, reference, args.gpu_epoch)
     calibrated = dataclasses.replace(
         calibrated, link_to_device_bw=H200_LINK[0], link_to_host_bw=H200_LINK[1],
         machine={**profile.machine, "backend": "gpu", "device_kind": "calibrated"})
@@ -61,8 +69,9 @@ def main() -> None:
     p.add_argument("--parts", type=int, default=8, help="partitions (at least one per device)")
     p.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8])
     p.add_argument("--gpu-profile", help="a profile `jgrind profile` saved on a GPU")
-    p.add_argument("--gpu-epoch", type=float, default=H200_EPOCH,
-                   help="seconds of a measured in-memory GPU epoch to calibrate to")
+    p.add_argument("--gpu-epoch", type=float,
+                   help="seconds of a measured in-memory GPU epoch to calibrate to (default: "
+                        f"{H200_EPOCH} without --gpu-profile; with it, none)")
     harness.add_json(p)
     args = p.parse_args()
 

@@ -30,6 +30,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jgrind.datasets.saved_arrays import SavedGraph
+from jgrind.devices.exchange import DeviceToDevice, per_layer
 from jgrind.devices.layout import DeviceData, device_data, device_shapes
 from jgrind.graph import Graph
 from jgrind.loss import node_weights, weighted_loss
@@ -83,6 +84,8 @@ class Sharded:
       process_local: whether it was (`from_saved`, `jgrind.devices.local`).
       placement: the `Placement` of the partitions on the devices.
       exchange: the `ExchangePlan` (rows per device, rows sent per pair).
+      exchanges: the route of every layer's exchange: `DeviceToDevice` (the ``exchange``
+        argument; `jgrind.devices.exchange`).
       exchange_bytes_per_epoch: bytes one training step moves between devices, padding
         included: the all_to_all before every aggregating layer, and its transpose in the
         backward pass (which the first layer skips: features need no gradient).
@@ -93,7 +96,14 @@ class Sharded:
                  optimizer: Optional[optax.GradientTransformation] = None, *,
                  devices=None, num_parts: Optional[int] = None,
                  partitioner: Callable = label_propagation, partitioned=None, split: int = 0,
-                 loss: Optional[Callable] = None, rates: Optional[Rates] = None, seed: int = 0):
+                 loss: Optional[Callable] = None, rates: Optional[Rates] = None, seed: int = 0,
+                 exchange=None):
+        self.exchanges = per_layer(exchange, len(model.layers), DeviceToDevice())
+        if not all(isinstance(e, DeviceToDevice) for e in self.exchanges):
+            raise ValueError(f"Sharded keeps every layer's rows on the devices and exchanges "
+                             f"them device to device; {[str(e) for e in self.exchanges]} "
+                             "names another route: jgrind.devices.ShardedOutOfCore exchanges "
+                             "through host memory")
         self.devices = resolve_devices(len(jax.devices()) if devices is None else devices)
         k = len(self.devices)
         self.model, self.optimizer, self.graph = model, optimizer, graph

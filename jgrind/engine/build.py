@@ -93,10 +93,13 @@ class BoundPlan:
         return [self.fates.get((name, layer, p), Fate.HOST) for p in range(self.num_parts)]
 
     def host_bytes(self, name: str, layer: int, fate: Fate = Fate.HOST) -> int:
-        """Bytes of layer ``layer``'s blocks of ``name`` that ``fate`` puts in host RAM."""
-        rows = sum(int(owned) for p, owned in enumerate(self.workload.owned)
-                   if self.fates.get((name, layer, p), Fate.HOST) is fate)
-        return 4 * rows * self.widths[layer]
+        """Bytes of layer ``layer``'s blocks of ``name`` that ``fate`` puts in host RAM: host
+        blocks in their storage dtype (`Workload.stored_bytes`), a recomputed layer's float32."""
+        parts = [p for p in range(self.workload.num_parts)
+                 if self.fates.get((name, layer, p), Fate.HOST) is fate]
+        if fate is Fate.RECOMPUTE:
+            return 4 * int(self.workload.owned[parts].sum()) * self.widths[layer]
+        return int(self.workload.stored_bytes(name, layer)[parts].sum())
 
     def snapshot_rows(self, l: int) -> np.ndarray:
         """Rows of each partition's snapshot of layer l's step input (the naive scheme): its

@@ -446,6 +446,10 @@ class Store:
         whole run anyway (`jgrind.plan.cost.memory`, ``ssd_needed``)."""
         self.tables.pop(table.key, None)
         if keep and table.all_ssd:
+            # its cached blocks are of no further use (the next table of this key reads as
+            # zeros until written): held, they filled the host cache with every gradient
+            # layer by the end of the backward pass, above the plan's predicted host peak
+            self.cache.drop_table(table.key)
             self.kept[table.key] = table
             return
         table.free()

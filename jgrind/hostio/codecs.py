@@ -294,6 +294,36 @@ def by_name(name: str) -> Codec:
     return NAMES[key]()
 
 
+def conversion_rates(rows: int = 65536, width: int = 128, repeats: int = 3) -> dict:
+    """``{name: (encode, decode)}`` for every lossy codec of `NAMES`: float32 bytes converted
+    per second, the fastest of ``repeats``, on a ``[rows, width]`` block of normal values (32 MiB
+    by default: larger than the CPU's caches, as the store's blocks are). The hardware profile
+    keeps them (`jgrind.plan.hardware.Profile.codec_bw`) and the cost model prices each stored
+    block's conversions by them: they differ by codec and machine (on the 2-core test machine
+    bfloat16 encoded at about half the host copy's rate and float16 at a tenth), so no fixed
+    share of the copy rate stands in for them."""
+    import time
+
+    block = np.random.default_rng(0).standard_normal((rows, width)).astype(np.float32)
+    values = np.empty_like(block)
+    rates = {}
+    for name, make in NAMES.items():
+        codec = make()
+        if not codec.lossy:
+            continue
+        stored = np.empty((rows, codec.words(width)), np.float32)
+        encode = decode = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            codec.encode(block, out=stored, seed=(0,))
+            middle = time.perf_counter()
+            codec.decode(stored, values)
+            end = time.perf_counter()
+            encode, decode = min(encode, middle - start), min(decode, end - middle)
+        rates[name] = (block.nbytes / max(encode, 1e-9), block.nbytes / max(decode, 1e-9))
+    return rates
+
+
 def to_stored(codec: Codec, values: np.ndarray, seed: Sequence[int] = (),
               out: Optional[np.ndarray] = None) -> np.ndarray:
     """A step output's rows in their stored form, in host memory: the one place a block is

@@ -7,11 +7,13 @@ live elsewhere. The whole graph is the block whose halo is empty, so the in-memo
 partitioned engine run the very same jitted layer code.
 
 Relational layers (R-GCN, RGAT) read the relation of every edge. For the sparse product, the
-block holds one adjacency that stacks the relations side by side: ``[A_0 | A_1 | ... | A_R-1]``,
-``[num_out, R * num_in]``, where column ``r * num_in + j`` is input row ``j`` seen through
-relation ``r``. Then ``sum_r A_r (X W_r)`` is one sparse product with the relation-major stack of
-``X W_r``, over the block's own edges: the same number of stored entries (and the same padded
-shapes) as the homogeneous block, where one adjacency per relation would each need padding.
+block holds one adjacency that interleaves the relations by output row: ``[num_out * R, num_in]``,
+where row ``i * R + r`` holds output ``i``'s in-edges of relation ``r``. Then one sparse product
+gives every output's per-relation aggregates ``A_r X`` (``[num_out, R, F]`` once reshaped), which
+the layer multiplies by its relation weights: the dense work is on the output rows, not on every
+input row once per relation, and the sparse product runs at the input width. It holds the block's
+own edges: the same number of stored entries (and the same padded shapes) as the homogeneous
+block, where one adjacency per relation would each need padding.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ class Block:
       node_ids: ``[num_in]`` int32 global node id of every input row. Dropout masks are hashed
         from these, which is what makes them independent of the partitioning.
       num_out: static number of output rows.
-      relation_adj: for a graph with relations, the relations' adjacencies side by side,
-        ``[num_out, R * num_in]`` (see the module docstring), in place of ``adj``; else None.
+      relation_adj: for a graph with relations, the relations' adjacencies interleaved by
+        output row, ``[num_out * R, num_in]`` (see the module docstring), in place of ``adj``;
+        else None.
       edge_type: ``[E_b]`` int32 relation of every edge (relational attention models only,
         else None).
     """
@@ -66,8 +69,8 @@ def make_block(indptr: np.ndarray, indices: np.ndarray, weight: Optional[np.ndar
     """A block from a local CSR with ``num_out`` rows over ``len(node_ids)`` input columns.
 
     ``edge_type``: the relation id in ``[0, num_relations)`` of every edge, or None for a
-    graph without relations. Given, the adjacency is the relations' stack (``relation_adj``)
-    instead of ``adj``, and edge lists carry the relation of every edge.
+    graph without relations. Given, the adjacency is the relations' interleaved rows
+    (``relation_adj``) instead of ``adj``, and edge lists carry the relation of every edge.
 
     Host-side NumPy construction; the caller moves the result to the device explicitly
     (``jax.device_put``) so that no transfer is implicit.
@@ -79,8 +82,8 @@ def make_block(indptr: np.ndarray, indices: np.ndarray, weight: Optional[np.ndar
         if edge_type is None:
             adj = adjacency(indptr, indices, w, num_in)
         else:
-            columns = np.asarray(edge_type, np.int64) * num_in + np.asarray(indices)
-            relation_adj = adjacency(indptr, columns, w, int(num_relations) * num_in)
+            relation_adj = _relation_rows(indptr, indices, w, edge_type, num_relations,
+                                          num_in)
     src = dst = None
     if needs_edges:
         src = np.asarray(indices, np.int32)
@@ -90,6 +93,23 @@ def make_block(indptr: np.ndarray, indices: np.ndarray, weight: Optional[np.ndar
     return Block(adj=adj, edge_src=src, edge_dst=dst,
                  node_ids=np.asarray(node_ids, np.int32), num_out=num_out,
                  relation_adj=relation_adj, edge_type=types)
+
+
+def _relation_rows(indptr, indices, weight, edge_type, num_relations: int,
+                   num_in: int) -> Adjacency:
+    """``[num_out * R, num_in]``: output ``i``'s edges of relation ``r`` in row ``i * R + r``,
+    each row's edges in their order in the block's CSR."""
+    num_relations = int(num_relations)
+    num_out = int(np.asarray(indptr).size) - 1
+    degree = np.diff(np.asarray(indptr, np.int64))
+    rows = np.repeat(np.arange(num_out, dtype=np.int64), degree) * num_relations \
+        + np.asarray(edge_type, np.int64)
+    order = np.argsort(rows, kind="stable")
+    rows = rows[order]
+    interleaved = np.zeros(num_out * num_relations + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=num_out * num_relations), out=interleaved[1:])
+    return adjacency(interleaved, np.asarray(indices)[order], np.asarray(weight)[order],
+                     num_in)
 
 
 def full_block(graph: Graph, *, needs_edges: bool, needs_adjacency: bool) -> Block:

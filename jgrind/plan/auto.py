@@ -45,7 +45,7 @@ class Auto:
         regathering their inputs in backward (docs/engine.md, "Kept aggregations").
       on_plan: called with the `Plan` of a whole run once `prepare` has made it (``jgrind
         train`` prints it and saves it as plan.txt).
-      replan: re-plan between epochs when the first timed epoch shows the plan was wrong
+      replan: re-plan between epochs when the first timed epochs show the plan was wrong
         (`jgrind.plan.replan`; docs/planner.md, "Re-planning").
       storage: the storage dtypes of host and SSD blocks to plan with
         (`jgrind.plan.fates.Storage`; ``with_storage(auto(), ...)`` sets it); float32 by

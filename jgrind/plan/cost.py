@@ -373,10 +373,13 @@ class Workload:
             per_edge = inner.heads * inner.out_channels + inner.heads
             temp = temp + EDGE_TEMP_PASSES * ITEMSIZE * self.pad_edges * per_edge
         relations = getattr(inner, "num_relations", 0)
-        if relations:  # R-GCN, RGAT: every relation's x W_r on every input row, and its
+        heads = getattr(inner, "heads", 0)
+        if relations and not heads:  # R-GCN: every output row's aggregate per relation,
+            # [out, R, in], and its cotangent in the backward step
+            temp = temp + 2 * ITEMSIZE * relations * self.pad_out * f_in
+        elif relations:  # RGAT: every relation's x W_r on every input row, and its
             # cotangent in the backward step
             temp = temp + 2 * ITEMSIZE * relations * self.step_inputs(layer) * f_out
-            heads = getattr(inner, "heads", 0)
             if heads:  # RGAT's attention scores per edge, as GAT's
                 temp = temp + EDGE_TEMP_PASSES * ITEMSIZE * self.pad_edges * (f_out + heads)
         return temp.astype(np.int64)
@@ -534,23 +537,23 @@ def layer_products(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> P
         return Products(forward=forward, masked=forward, weight_grad=0.0 * forward,
                         input_grad=sp(w_out))
     if kind == "RGCNConv":
-        # x W_r on every input row for every relation, one sparse product over the stacked
-        # messages, the self-connection on the owned rows (`jgrind.models.rgcn`): act(A (X W))
-        # per relation, so dW needs the transposed sparse product
+        # one sparse product over the relation rows at the input width gives [out, R, in],
+        # then each output row's aggregates times the relation weights, and the
+        # self-connection on the owned rows (`jgrind.models.rgcn`): dW needs the aggregates,
+        # not a second sparse product
         relations = float(layer.num_relations)
-        if layer.num_bases:  # x V_b for every basis, then the relations' combinations
-            dense = mm(n_in, w_in, layer.num_bases * w_out) \
-                + mm(n_in, layer.num_bases, relations * w_out)
-            grad = wg(n_in, w_in, layer.num_bases * w_out)
+        if layer.num_bases:  # the relations' aggregates combined per basis, then x V_b
+            dense = mm(n_out * float(w_in), relations, layer.num_bases) \
+                + mm(n_out, layer.num_bases * w_in, w_out)
+            grad = wg(n_out, layer.num_bases * w_in, w_out)
         else:  # block-diagonal weights: 1/K of the dense products
             share = 1.0 / layer.num_blocks if layer.num_blocks else 1.0
-            dense = share * mm(n_in, w_in, relations * w_out)
-            grad = share * wg(n_in, w_in, relations * w_out)
+            dense = share * mm(n_out, relations * w_in, w_out)
+            grad = share * wg(n_out, relations * w_in, w_out)
         if layer.self_loop:
             dense, grad = dense + mm(n_out, w_in, w_out), grad + wg(n_out, w_in, w_out)
-        forward = dense + sp(w_out)
-        return Products(forward=forward, masked=forward, weight_grad=grad + sp(w_out),
-                        input_grad=dense)
+        return Products(forward=sp(w_in) + dense, masked=dense, weight_grad=grad,
+                        input_grad=dense + sp(w_in))
     if kind == "RGATConv":
         # GAT's edge work over every relation's projection of the input rows
         relations = float(layer.num_relations)
@@ -734,6 +737,20 @@ def to_device_seconds(nbytes, profile):
     return nbytes / rate
 
 
+def _coded(w: Workload, profile, name: str, width: int) -> tuple[int, float, float]:
+    """``(stored row bytes, encode, decode)`` of a ``width``-wide row of tensor ``name`` in the
+    host and SSD tiers: its storage dtype's bytes (`jgrind.hostio.codecs`), moved in place of
+    float32's, and the seconds per float32 byte of converting it on the way there and back (0
+    for float32, moved as it is). The rates are the profile's (`codec_bw`, measured); a
+    profile without them prices a conversion as a host copy."""
+    codec = w.storage.codec(name)
+    if not codec.lossy:
+        return width * ITEMSIZE, 0.0, 0.0
+    encode, decode = (getattr(profile, "codec_bw", None) or {}).get(
+        codec.name, (profile.copy_bw, profile.copy_bw))
+    return 4 * codec.words(width), 1.0 / encode, 1.0 / decode
+
+
 def _ssd_read(nbytes, calls, profile):
     return nbytes / profile.ssd_read_bw + calls * (profile.ssd_latency
                                                    + profile.read_call_overhead)
@@ -767,17 +784,19 @@ def _gather(w: Workload, profile, layer: int, codes: np.ndarray,
     """`gather_seconds`, per partition."""
     if w.local(layer):  # recomputed blocks are read as host ones; SSD blocks are checked
         return _read_block(w, profile, layer, np.where(codes == R, H, codes), cache,
-                           verified=True)
+                           verified=True, name=ACTIVATION)
     row = w.widths[layer] * ITEMSIZE
     active = w.owned > 0
     if fast and np.all(codes == D):  # one device-side take per partition
         return _Priced((np.where(active, w.pad_in * row / profile.gather_bw, 0.0),))
     own = w.owned * row
+    # host and SSD rows move in their storage dtype (``srow`` bytes) and are decoded
+    srow, _, decode = _coded(w, profile, ACTIVATION, w.widths[layer])
     seconds = np.where(active, to_device_seconds(w.pad_in * row, profile)  # the buffer
                        + (w.pad_in - w.inputs) * row / profile.copy_bw, 0.0)  # padding zeroed
     ssd_hits = cache.holds_everything and reread
     ssd_blocks = cache.capacity > 0 and not cache.holds_everything
-    in_file = np.where(codes == S, w.owned, 0) * row  # the layer's SSD file, block by block
+    in_file = np.where(codes == S, w.owned, 0) * srow  # the layer's SSD file, block by block
     file_bytes = float(in_file.sum())
     whole_file = not ssd_hits and 0 < file_bytes <= cache.capacity
     whole_read = (_ssd_read(file_bytes, int(np.count_nonzero(in_file)), profile)
@@ -785,7 +804,11 @@ def _gather(w: Workload, profile, layer: int, codes: np.ndarray,
     for code in (D, H, S, R):
         mine = active & (codes == code)
         halo_rows = w.halo @ (codes == code).astype(np.int64)         # [P] rows from tier
-        halo_bytes = halo_rows * row
+        coded = code in (H, S)  # moved as stored, then decoded into the step input
+        own = w.owned * (srow if coded else row)
+        halo_bytes = halo_rows * (srow if coded else row)
+        if coded:
+            seconds += (np.where(mine, w.owned, 0) + halo_rows) * row * decode
         if code == D:  # jitted takes on the device (index lists padded to a power of two,
             # 1.5x on average), copied to the host buffer
             seconds += np.where(mine, own * (1.0 / profile.gather_bw + 1.0 / profile.to_host_bw)
@@ -808,14 +831,14 @@ def _gather(w: Workload, profile, layer: int, codes: np.ndarray,
                 # of the `ssd` configuration checked 1.1 GB, writes included, in 0.44 s)
                 in_ssd = (codes == S)
                 miss = 1.0 - cache.hit_rate
-                whole = (w.halo > 0) @ (in_ssd * w.owned * row)
+                whole = (w.halo > 0) @ (in_ssd * w.owned * srow)
                 calls = (w.halo > 0) @ in_ssd.astype(np.int64)
                 seconds += miss * _ssd_read(whole, calls, profile) \
                     + halo_bytes / profile.gather_bw
             else:
                 in_ssd = (codes == S).astype(np.int64)
                 calls = w.ssd_calls[w.widths[layer]] @ in_ssd
-                span = w.ssd_rows[w.widths[layer]] @ in_ssd * row
+                span = w.ssd_rows[w.widths[layer]] @ in_ssd * srow
                 seconds += _ssd_read(span, calls, profile) + halo_bytes / profile.gather_bw
     if not whole_file:
         return _Priced((seconds,))
@@ -825,61 +848,75 @@ def _gather(w: Workload, profile, layer: int, codes: np.ndarray,
 
 
 def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
-                  width: Optional[int] = None) -> float:
+                  width: Optional[int] = None, name: Optional[str] = None) -> float:
     """Seconds to store every partition's output rows as its block of ``H_layer`` (or of a
-    tensor ``width`` wide, e.g. ``Z_layer``)."""
-    return _write(w, profile, layer, codes, width).total()
+    tensor ``width`` wide, e.g. ``Z_layer``; ``name``: the tensor's kind, which decides its
+    storage dtype, by default ACTIVATION, or AGGREGATION when ``width`` is given)."""
+    return _write(w, profile, layer, codes, width, name).total()
 
 
 def write_parts(w: Workload, profile, layer: int, codes: np.ndarray,
-                width: Optional[int] = None) -> np.ndarray:
+                width: Optional[int] = None, name: Optional[str] = None) -> np.ndarray:
     """``[P]`` seconds of every partition's write of its block, indexed by partition
     (`write_seconds` is their sum)."""
-    return _write(w, profile, layer, codes, width).parts()
+    return _write(w, profile, layer, codes, width, name).parts()
 
 
 def _write(w: Workload, profile, layer: int, codes: np.ndarray,
-           width: Optional[int] = None) -> _Priced:
+           width: Optional[int] = None, name: Optional[str] = None) -> _Priced:
+    name = name or (ACTIVATION if width is None else AGGREGATION)
     width = w.widths[layer] if width is None else width
     nbytes = np.where(w.owned > 0, w.owned * width * ITEMSIZE, 0)
+    # a lossy dtype's encode writes the host array in place of the copy; SSD moves its bytes
+    srow, encode, _ = _coded(w, profile, name, width)
+    stored = np.where(w.owned > 0, w.owned * srow, 0)
+    into_host = nbytes * encode if encode else nbytes / profile.copy_bw
     per_tier = {D: nbytes / profile.gather_bw + profile.step_latency,
-                H: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
+                H: nbytes / profile.to_host_bw + into_host,
                 R: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
-                S: nbytes / profile.to_host_bw + nbytes / profile.ssd_write_bw
-                + nbytes / profile.checksum_bw + profile.ssd_latency}  # + its checksum
+                S: nbytes / profile.to_host_bw + nbytes * encode + stored / profile.ssd_write_bw
+                + stored / profile.checksum_bw + profile.ssd_latency}  # + its checksum
     return _Priced(tuple(np.where(codes == c, t, 0.0) for c, t in per_tier.items()))
 
 
 def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
                        cache: CacheModel = CacheModel(), width: Optional[int] = None,
-                       verified: bool = False) -> float:
+                       verified: bool = False, name: Optional[str] = None) -> float:
     """Seconds to read every partition's own block of ``G_layer`` (or of a tensor ``width``
     wide, e.g. ``Z_layer``), padded, onto the device. ``verified``: SSD blocks are checked
     against their checksums (blocks written whole are; gradient blocks, updated row by row, are
-    not)."""
-    return _read_block(w, profile, layer, codes, cache, width, verified).total()
+    not). ``name``: the tensor's kind, which decides its storage dtype, by default GRADIENT, or
+    AGGREGATION when ``width`` is given."""
+    return _read_block(w, profile, layer, codes, cache, width, verified, name).total()
 
 
 def read_block_parts(w: Workload, profile, layer: int, codes: np.ndarray,
                      cache: CacheModel = CacheModel(), width: Optional[int] = None,
-                     verified: bool = False) -> np.ndarray:
+                     verified: bool = False, name: Optional[str] = None) -> np.ndarray:
     """``[P]`` seconds of every partition's block read, indexed by partition
     (`read_block_seconds` is their sum)."""
-    return _read_block(w, profile, layer, codes, cache, width, verified).parts()
+    return _read_block(w, profile, layer, codes, cache, width, verified, name).parts()
 
 
 def _read_block(w: Workload, profile, layer: int, codes: np.ndarray,
                 cache: CacheModel = CacheModel(), width: Optional[int] = None,
-                verified: bool = False) -> _Priced:
-    row = (w.widths[layer] if width is None else width) * ITEMSIZE
+                verified: bool = False, name: Optional[str] = None) -> _Priced:
+    name = name or (GRADIENT if width is None else AGGREGATION)
+    width = w.widths[layer] if width is None else width
+    row = width * ITEMSIZE
     own = np.where(w.owned > 0, w.owned * row, 0)
     pad = np.where(w.owned > 0, w.pad_out * row, 0)
     onto_device = to_device_seconds(pad, profile) + (pad - own) / profile.copy_bw
-    ssd = (own / profile.copy_bw if cache.holds_everything
-           else _ssd_read(own, 1, profile) + _uncached_copy(own, cache, profile)
-           + (own / profile.checksum_bw if verified else 0.0))
+    # a lossy dtype's block moves at its bytes; the decode writes the step input in place of
+    # the host copy
+    srow, _, decode = _coded(w, profile, name, width)
+    stored = np.where(w.owned > 0, w.owned * srow, 0)
+    into_input = own * decode if decode else own / profile.copy_bw
+    ssd = (stored / profile.copy_bw if cache.holds_everything
+           else _ssd_read(stored, 1, profile) + _uncached_copy(stored, cache, profile)
+           + (stored / profile.checksum_bw if verified else 0.0)) + own * decode
     per_tier = {D: pad / profile.gather_bw + profile.step_latency,
-                H: own / profile.copy_bw + onto_device,
+                H: into_input + onto_device,
                 S: ssd + onto_device}
     return _Priced(tuple(np.where(codes == c, t, 0.0) for c, t in per_tier.items()))
 
@@ -902,8 +939,10 @@ def accumulate_parts(w: Workload, profile, layer: int, codes: np.ndarray,
 def _accumulate(w: Workload, profile, layer: int, codes: np.ndarray,
                 fast: bool = True) -> _Priced:
     if w.local(layer):
-        return _write(w, profile, layer, codes)
+        return _write(w, profile, layer, codes, name=GRADIENT)
     row = w.widths[layer] * ITEMSIZE
+    # a lossy dtype's rows: read and written back at its bytes, decoded, added and encoded
+    srow, encode, decode = _coded(w, profile, GRADIENT, w.widths[layer])
     active = w.owned > 0
     if fast and np.all(codes == D):
         return _Priced((np.where(active, 2 * w.pad_in * row / profile.gather_bw, 0.0),))
@@ -915,6 +954,9 @@ def _accumulate(w: Workload, profile, layer: int, codes: np.ndarray,
         if code == D:
             seconds += to_device_seconds(nbytes, profile) + 3 * nbytes / profile.gather_bw \
                 + np.where(rows > 0, profile.step_latency, 0.0)
+        elif code == H and decode:  # every row: gathered, converted, added, put back
+            seconds += rows * srow * (1.0 / profile.gather_bw + 1.0 / profile.scatter_add_bw) \
+                + nbytes * (decode + encode + 1.5 / profile.copy_bw)
         elif code == H:  # own rows: one slice add (3 streams); halo rows: x[idx] += v
             own_rows = np.where(active, w.owned * mine, 0)
             own = own_rows * row
@@ -923,10 +965,10 @@ def _accumulate(w: Workload, profile, layer: int, codes: np.ndarray,
         else:
             calls = w.ssd_calls[w.widths[layer]] @ mine + mine
             span = (w.ssd_rows[w.widths[layer]] @ mine + np.where(active, w.owned * mine, 0)) \
-                * row
+                * srow
             seconds += (span / profile.ssd_read_bw + span / profile.ssd_write_bw
                         + calls * (2 * profile.ssd_latency + profile.update_call_overhead)
-                        + 2 * nbytes / profile.gather_bw)
+                        + 2 * nbytes / profile.gather_bw + nbytes * (decode + encode))
     # A kept gradient file writes no zeros of its own (`SSDFile.zero_lazily`), and the spans
     # that the sweep adds to first, with no current row yet, are not read. Every span is
     # priced as read and written, which overestimates the reads: on the 1M-node graph the
@@ -1063,12 +1105,16 @@ def _stored_bytes(w: Workload, a: Assignment, acts=None, grads=None
     grads = grads or [w.tier_bytes(l, a.gradients[l], GRADIENT) for l in range(L)]
     kept = kept_bytes(w, a)
     base = [sum(acts[l][c] for l in range(L)) + kept[c] for c in (D, H, S)]
+    # a gradient table entirely on SSD keeps its file from epoch to epoch (`Store.drop`, as
+    # `memory` charges it): from the second epoch on it is there all epoch
+    whole = {l for l in range(1, L) if np.all(a.gradients[l] == S)}
+    base[2] += sum(grads[l][S] for l in whole)
     live = {ACTIVATIONS: set(), GRADIENTS: set()}  # recomputed layers' transients; G_l
     out = [tuple(base)]
     for sweep in schedule_of(w, a).sweeps:
         for table in sweep.makes:
             live.get(table.name, set()).add(table.layer)
-        now = [base[i] + sum(grads[g][c] for g in live[GRADIENTS])
+        now = [base[i] + sum(grads[g][c] for g in live[GRADIENTS] - whole)
                for i, c in enumerate((D, H, S))]
         now[1] += sum(acts[j][R] for j in live[ACTIVATIONS])
         out.append(tuple(now))
@@ -1201,7 +1247,9 @@ def cache_model(w: Workload, a: Assignment, capacity: int,
     (``m``: ``memory(w, a)`` if already worked out)."""
     m = memory(w, a) if m is None else m
     need = min(capacity, m.cacheable) if capacity >= m.ssd else m.cacheable
-    block = max((int(w.block_bytes(l).max(initial=0)) for l in range(w.num_layers)), default=0)
+    # the cache holds SSD blocks as stored: in their storage dtype's bytes
+    block = max((int(w.stored_bytes(name, l).max(initial=0)) for l in range(w.num_layers)
+                 for name in (ACTIVATION, GRADIENT)), default=0)
     if capacity < block:
         return CacheModel(0, False)
     return CacheModel(capacity, need <= capacity, min(1.0, capacity / max(need, 1)))

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from jgrind.hostio import allocator, host_memory
 from jgrind.hostio.rows import threads as row_threads
 
-PROFILE_VERSION = 18  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 19  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.hostio.rows` (take, add, store), not `x[i] += v`
@@ -48,6 +48,7 @@ PROFILE_VERSION = 18  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                         tier's loops do (`jgrind.engine.ssd`: a CRC32C per file row)
 #                     18: the sweep step (`sweep_step`): what the engine's pipeline costs a
 #                         partition step beyond its compute and I/O
+#                     19: the storage dtypes' encode and decode rates (`codec_bw`)
 
 _MIB = 2**20
 
@@ -136,6 +137,9 @@ class Profile:
     host_free: int         # available host RAM, bytes (within a cgroup's limit: `host_memory`)
     ssd_free: int          # free bytes on the disk of `directory`
     directory: str         # where the SSD figures were measured (absolute)
+    # {codec name: (encode, decode)}: float32 bytes a lossy storage dtype converts per second
+    # (`jgrind.hostio.codecs.conversion_rates`); empty in profiles made by hand
+    codec_bw: dict = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -148,6 +152,11 @@ class Profile:
             raise ProfileError(f"expected a JSON object, found {type(d).__name__}")
         values = {}
         for field in dataclasses.fields(cls):
+            if field.name not in d and field.default_factory is not dataclasses.MISSING:
+                # a field added since with a default (e.g. `codec_bw`): an older profile, such
+                # as one saved on a GPU machine for study elsewhere, still reads; its version
+                # keeps it stale for `load_or_measure`
+                continue
             if field.name not in d:
                 raise ProfileError(f"field {field.name!r} is missing")
             values[field.name] = _check_field(field.name, d[field.name])
@@ -185,6 +194,9 @@ class Profile:
                                  f"{self.scatter_add_row_seconds * 1e9:.1f} ns per row"),
             ("host copy", f"{self.copy_bw / 1e9:.2f} GB/s"),
             ("checksum", f"{self.checksum_bw / 1e9:.2f} GB/s"),
+            ("storage dtypes", ", ".join(f"{k} {e / 1e9:.2f}/{d / 1e9:.2f}"
+                                         for k, (e, d) in self.codec_bw.items())
+             + " GB/s (encode/decode, float32 bytes)" if self.codec_bw else "not measured"),
             ("host -> device", f"{self.to_device_bw / 1e9:.2f} GB/s at "
                                f"{self.to_device_bytes / _MIB:.0f} MiB, "
                                f"{self.to_device_small_bw / 1e9:.2f} GB/s at "
@@ -253,6 +265,14 @@ def _check_field(name: str, value: Any) -> Any:
     elif name in _INT_FIELDS:
         if not is_int or value < 0:
             raise bad("a non-negative integer (bytes)")
+    elif name == "codec_bw":
+        ok = isinstance(value, dict) and all(
+            isinstance(rates, (list, tuple)) and len(rates) == 2 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and v > 0 for v in rates) for rates in value.values())
+        if not ok:
+            raise bad("an object of codec name: [encode, decode] bytes/s, all positive")
+        value = {str(k): (float(e), float(d)) for k, (e, d) in value.items()}
     return value
 
 

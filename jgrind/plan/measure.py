@@ -35,7 +35,7 @@ import numpy as np
 import optax
 
 from jgrind import _kernels
-from jgrind.hostio import host_memory, transfers
+from jgrind.hostio import codecs, host_memory, transfers
 from jgrind.hostio.buffers import aligned_empty
 from jgrind.hostio.checksum import checksum, row_checksums
 from jgrind.generators import csbm
@@ -136,6 +136,9 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     report(f"host copy {copy_bw / 1e9:.2f} GB/s")
     checksum_bw = _checksum_bw(sizes)
     report(f"checksum {checksum_bw / 1e9:.2f} GB/s")
+    codec_bw = codecs.conversion_rates(rows=min(sizes.copy_bytes, 32 * _MIB) // (4 * 128))
+    report("storage dtypes (encode/decode) " + ", ".join(
+        f"{k} {e / 1e9:.2f}/{d / 1e9:.2f} GB/s" for k, (e, d) in codec_bw.items()))
     overlap = _overlap(matmul_step, matmul_x, matmul_work / matmul_flops, sizes, rng)
     report(f"overlap {overlap:.2f} (a row gather on a thread beside the matmul)")
     io_parallel = _io_parallel(matmul_step, matmul_x, matmul_work / matmul_flops, overlap,
@@ -188,7 +191,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         cached_read_bw=cached_read_bw, cached_write_bw=cached_write_bw,
         cached_latency=cached_latency, read_call_overhead=read_call,
         update_call_overhead=update_call, overlap=overlap, io_parallel=io_parallel,
-        checksum_bw=checksum_bw,
+        checksum_bw=checksum_bw, codec_bw=codec_bw,
         fused_steps=fused_steps,
         device_free=_device_free(jax.devices()[0]),
         host_free=host_memory.available(),

@@ -246,8 +246,9 @@ class Budgeted:
             device = smaller(device, context.device_budget)
             host = smaller(host, context.host_budget)
         ssd = context is None or bool(self.directory or context.directory)
-        order = sorted((t for t in inventory if t.name != AGGREGATION),
-                       key=lambda t: (t.first_backward_use, t.name, t.partition))
+        blocks = sorted((t for t in inventory if t.name != AGGREGATION),
+                        key=lambda t: (t.first_backward_use, t.name, t.partition))
+        order = [(t, _host_nbytes(t, workload)) for t in blocks]
         if workload is None:  # no shapes to size the working set by: the reserve as given
             table, _ = _pack(order, device - self.device_reserve, host, ssd)
             return dataclasses.replace(self, assignment=table)
@@ -275,21 +276,31 @@ class Budgeted:
         return dict(self.assignment)
 
 
-def _pack(order: Sequence[TensorInfo], device_room: int, host_room: int,
+def _host_nbytes(info: TensorInfo, workload) -> int:
+    """Bytes of block ``info`` in host RAM: in the storage dtype the workload prices its kind
+    in (`jgrind.plan.cost.Workload.storage`; float32 without one), as the host tier keeps it."""
+    storage = getattr(workload, "storage", None)
+    codec = None if storage is None else storage.codec(info.name)
+    return info.nbytes if codec is None or not codec.lossy \
+        else codec.encoded_nbytes(*info.shape)
+
+
+def _pack(order: Sequence[tuple], device_room: int, host_room: int,
           ssd: bool) -> tuple[tuple, int]:
-    """``(table, unplaced)``: each block in order to the device, else host RAM, else SSD, within
-    the rooms; ``unplaced``: bytes of the blocks that went to SSD when there is no SSD tier
-    (``ssd`` False), which the engine will refuse."""
+    """``(table, unplaced)``: each block of ``order`` (``(info, host bytes)`` pairs: its
+    bytes in host RAM, in its storage dtype) in order to the device (float32), else host RAM,
+    else SSD, within the rooms; ``unplaced``: bytes of the blocks that went to SSD when there is
+    no SSD tier (``ssd`` False), which the engine will refuse."""
     left = {Fate.DEVICE: device_room, Fate.HOST: host_room}
     table, unplaced = [], 0
-    for info in order:
-        for fate in (Fate.DEVICE, Fate.HOST):
-            if info.nbytes <= left[fate]:
-                left[fate] -= info.nbytes
+    for info, host_nbytes in order:
+        for fate, nbytes in ((Fate.DEVICE, info.nbytes), (Fate.HOST, host_nbytes)):
+            if nbytes <= left[fate]:
+                left[fate] -= nbytes
                 break
         else:
             fate = Fate.SSD
-            unplaced += 0 if ssd else info.nbytes
+            unplaced += 0 if ssd else host_nbytes
         table.append(((info.name, info.layer, info.partition), fate))
     return tuple(table), unplaced
 
@@ -357,6 +368,11 @@ class Stored:
 
     def bind(self, inventory: Sequence[TensorInfo],
              context: Optional[BindContext] = None) -> "Stored":
+        """The wrapped policy bound with the workload priced in this storage, so that a
+        budgeted packing fills host RAM by the blocks' stored bytes."""
+        if context is not None and hasattr(context.workload, "storage"):
+            context = dataclasses.replace(context, workload=dataclasses.replace(
+                context.workload, storage=self.storage))
         return Stored(bind(self.policy, inventory, context), self.storage)
 
     @property

@@ -1,13 +1,16 @@
-"""Re-planning between epochs: the first timed epoch's measurements as a fresh profile of this
-very workload, and a new plan when the old one missed.
+"""Re-planning between epochs: the first timed epochs' measurements (their median) as a fresh
+profile of this very workload, and a new plan when the old one missed.
 
 The rule (docs/planner.md, "Re-planning"):
 
-1. After the first checked epoch of a plan (the first epoch of a run, or of a resume, and the
-   first after a re-plan, compile; the epoch after is checked), the profile is *calibrated*
-   to it (`calibrate`): the cost model's compute, its host/device I/O and its SSD I/O are each
-   scaled by measured over predicted, summed over the sweeps' parts (`jgrind.engine.timing`),
-   and the overlap of I/O with compute is fitted to the measured sweeps' total.
+1. After the first `REVIEW_EPOCHS` checked epochs of a plan (the first epoch of a run, or of
+   a resume, and the first after a re-plan, compile; the epochs after are checked), or fewer
+   when the run ends sooner, the profile is *calibrated* to their median (`median_epoch`:
+   every sweep's parts, sweep by sweep and part by part): the cost model's compute, its
+   host/device I/O and its SSD I/O are each scaled by measured over predicted, summed over
+   the sweeps' parts (`jgrind.engine.timing`), and the overlap of I/O with compute is fitted
+   to the measured sweeps' total. One epoch is too noisy to plan from: the main job's first
+   timed epoch took 0.237, 0.235 and 0.354 s in three runs of the same plan.
 2. With that profile the current plan is priced again, and the planner plans again over the
    same partitions, budgets and store (`jgrind.plan.planner.plan`).
 3. The run re-plans when the new plan is predicted faster than the current one (re-priced)
@@ -15,8 +18,8 @@ The rule (docs/planner.md, "Re-planning"):
    epoch was more than `PLAN_MARGIN` slower than predicted: a rebuild costs a compiled
    epoch, which a gain of a few percent does not pay back. When the plan stays, the run is
    held from then on against the current plan re-priced with the calibrated profile.
-4. After a re-plan the next plan is reviewed the same way (its first epoch compiles; the one
-   after is reviewed), but re-plans again only if that epoch missed its prediction by more
+4. After a re-plan the next plan is reviewed the same way (its first epoch compiles; the ones
+   after are reviewed), but re-plans again only if their median missed its prediction by more
    than the margin (measurements keep missing) *and* the new plan is predicted faster by
    more than the margin: a rebuild costs a compiled epoch. A run re-plans at most
    `MAX_REPLANS` times. A plan reviewed without a re-plan is not reviewed again.
@@ -37,11 +40,14 @@ from jgrind.plan.check import PLAN_MARGIN
 from jgrind.plan.cost import Prediction, predict
 from jgrind.plan.planner import plan as plan_for
 
-__all__ = ["MAX_REPLANS", "REPLAN_GAIN", "Calibration", "Replan", "Replanner", "calibrate"]
+__all__ = ["MAX_REPLANS", "REPLAN_GAIN", "REVIEW_EPOCHS", "Calibration", "Replan", "Replanner",
+           "calibrate", "median_epoch"]
 
 MAX_REPLANS = 3
 # The least predicted gain that re-plans after a slow epoch: a rebuild recompiles the steps.
 REPLAN_GAIN = 0.05
+# Checked epochs whose median a review calibrates to: the median of three ignores one outlier.
+REVIEW_EPOCHS = 3
 
 # The profile's figures behind each part the calibration scales: rates are divided by the
 # factor, per-call and per-row seconds multiplied by it.
@@ -176,16 +182,35 @@ class Replanner:
             margin
         self.replans = 0
         self.reviewed = False  # the current plan has been reviewed
+        self.seen: list = []  # the current plan's checked epochs not yet reviewed
 
     @property
     def due(self) -> bool:
-        """Whether the next checked epoch is reviewed."""
+        """Whether the current plan's checked epochs are still collected for a review."""
         return not self.reviewed and self.replans < MAX_REPLANS
 
-    def review(self, check, sweep_parts: Sequence[dict]) -> Replan:
-        """Review the current plan against ``check`` (its epoch's `jgrind.plan.check.
-        EpochCheck`) and the sweeps' parts; returns the decision (and, when it re-plans,
-        takes the new plan as the current one)."""
+    @property
+    def ready(self) -> bool:
+        """Whether enough checked epochs were collected (`REVIEW_EPOCHS`) for a review."""
+        return len(self.seen) >= REVIEW_EPOCHS
+
+    def observe(self, check, sweep_parts: Sequence[dict]) -> None:
+        """Collect a checked epoch (its `jgrind.plan.check.EpochCheck` and the sweeps'
+        parts) for the next review."""
+        self.seen.append((check, tuple(sweep_parts)))
+
+    def review(self, check=None, sweep_parts: Sequence[dict] = ()) -> Replan:
+        """Review the current plan against the median of the collected epochs, ``check``
+        (an `jgrind.plan.check.EpochCheck`) and its sweeps' parts among them when given;
+        returns the decision (and, when it re-plans, takes the new plan as the current
+        one)."""
+        if check is not None:
+            self.observe(check, sweep_parts)
+        if not self.seen:
+            raise ValueError("no checked epoch to review the plan against")
+        epochs = [c.epoch for c, _ in self.seen]
+        check, sweep_parts = median_epoch(self.seen)
+        self.seen = []
         self.reviewed = True
         old = self.plan
         w, a = old.workload, old.assignment
@@ -204,13 +229,16 @@ class Replanner:
         changed = not _same_plan(new, old)
         trigger = (faster or (slow and gains)) if self.replans == 0 else (missed and faster)
         label, component, predicted, measured = _furthest_part(check)
-        record = {"epoch": check.epoch, "calibration": calibration.as_record(),
+        record = {"epoch": check.epoch, "epochs": epochs,
+                  "calibration": calibration.as_record(),
                   "measured_seconds": check.measured, "predicted_seconds": check.predicted,
                   "repriced_seconds": repriced.epoch_seconds,
                   "new_predicted_seconds": new.epoch_seconds, "replanned": False,
                   "furthest": [label, component, predicted, measured]}
-        why = (f"epoch {check.epoch} took {check.measured:.3g} s against {check.predicted:.3g} "
-               f"s predicted ({check.deviation:+.0%}); furthest off: {component} of {label}, "
+        took = f"epoch {check.epoch} took" if len(epochs) == 1 else \
+            f"epochs {epochs[0]}-{epochs[-1]} took a median of"
+        why = (f"{took} {check.measured:.3g} s against {check.predicted:.3g} s predicted "
+               f"({check.deviation:+.0%}); furthest off: {component} of {label}, "
                f"{measured:.3g} s against {predicted:.3g} s")
         if not (changed and trigger):
             reason = "the plan stays" if not changed else \
@@ -218,11 +246,47 @@ class Replanner:
             return Replan(None, f"reviewed the plan: {why}; {reason}", record, repriced)
         self.replans += 1
         self.plan, self.profile, self.reviewed = new, profile, False
-        record.update(replanned=True, was=_describe(old), now=_describe(new))
-        line = (f"re-planned: {why}; re-priced with this epoch's measurements the plan takes "
+        m = new.prediction.memory
+        record.update(replanned=True, was=_describe(old), now=_describe(new),
+                      new_peaks={"device": m.peak_device, "host": m.peak_host,
+                                 "ssd": m.peak_ssd})
+        line = (f"re-planned: {why}; re-priced with what was measured the plan takes "
                 f"{repriced.epoch_seconds:.3g} s, the new plan ({_describe(new)}, was "
                 f"{_describe(old)}) {new.epoch_seconds:.3g} s")
         return Replan(new, line, record, repriced)
+
+
+def median_epoch(seen: Sequence[tuple]) -> tuple:
+    """``(check, sweep_parts)`` of the median of a plan's checked epochs, given as ``[(check,
+    sweep_parts)]``: the epoch's time, every sweep's time and every sweep's parts (per tier
+    for reads and writes) each the median over the epochs. The check keeps the last epoch's
+    number and the plan's prediction."""
+    checks = [c for c, _ in seen]
+    last = checks[-1]
+    if len(seen) == 1:
+        return last, tuple(seen[0][1])
+
+    def median(values) -> float:
+        return float(np.median(np.asarray(list(values), dtype=float)))
+
+    sweeps = tuple((label, p, median(c.sweeps[i][2] for c in checks))
+                   for i, (label, p, _) in enumerate(last.sweeps))
+    parts = []
+    for i in range(min(len(p) for _, p in seen)):
+        timed = [p[i] for _, p in seen]
+        one = {name: median(t[name] for t in timed) for name in timed[-1]
+               if name not in ("reads", "writes")}
+        for side in ("reads", "writes"):
+            tiers = sorted({tier for t in timed for tier in t[side]})
+            one[side] = {tier: median(t[side].get(tier, 0.0) for t in timed) for tier in tiers}
+        parts.append(one)
+    checked_parts = ()
+    if last.parts and len(parts) == len(last.parts):
+        checked_parts = tuple({"predicted": dict(q["predicted"]), "measured": m}
+                              for q, m in zip(last.parts, parts))
+    check = dataclasses.replace(last, measured=median(c.measured for c in checks),
+                                sweeps=sweeps, parts=checked_parts)
+    return check, tuple(parts)
 
 
 def _same_plan(a, b) -> bool:

@@ -12,9 +12,10 @@ link. Compute and communication are added, not overlapped: `Sharded` runs them i
 
 A `Link` is a rate and a route: device to device (a GPU's NVLink or peer-to-peer PCIe, or
 shared memory between CPU devices), or through host memory (each row goes down to the host
-and up again, at the profile's measured link rates). The engine's exchange is the first (one
-`jax.lax.all_to_all`); the second is priced beside it to show what the route through the
-host would cost.
+and up again, at the profile's measured link rates). `Sharded` runs the first (one
+`jax.lax.all_to_all`), `jgrind.devices.ShardedOutOfCore` the second (its layers' rows are
+stored on the host or the SSD, and each step gathers its halo rows from there).
+`choose_exchanges` picks one route per layer (`jgrind.devices.exchange`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from jgrind.plan.cost import ITEMSIZE, Workload, in_memory_bytes, in_memory_seco
 from jgrind.plan.exchange import ExchangePlan
 from jgrind.plan.inventory import layer_widths
 
-__all__ = ["Link", "ShardedPrediction", "calibrate", "device_workloads", "links_for",
+__all__ = ["DeviceToDevice", "Link", "ShardedPrediction", "ThroughHost", "calibrate",
+           "choose_exchanges", "device_peaks", "device_workloads", "links_for",
            "predict_sharded", "predictions", "scaled_profile"]
 
 # NVLink 4 (H100 and H200 SXM): 900 GB/s per GPU in both directions together, by the
@@ -59,6 +61,26 @@ class Link:
         if self.through_host:
             return nbytes / self.to_host + nbytes / self.to_device
         return nbytes / self.to_device
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceToDevice:
+    """Halo rows move between devices by a collective; the layer's rows stay on the devices."""
+
+    through_host = False
+
+    def __str__(self) -> str:
+        return "device to device"
+
+
+@dataclasses.dataclass(frozen=True)
+class ThroughHost:
+    """Halo rows go from the owner's device to host memory and from there to the reader's."""
+
+    through_host = True
+
+    def __str__(self) -> str:
+        return "through host memory"
 
 
 def links_for(profile) -> tuple[Link, ...]:
@@ -163,14 +185,25 @@ def predict_sharded(exchange: ExchangePlan, indptr: np.ndarray, model, num_featu
     k = exchange.num_devices
     loads = device_workloads(exchange, indptr, model, num_features)
     seconds = np.array([in_memory_seconds(w, profile) for w in loads])
-    peaks = np.array([in_memory_bytes(w.num_nodes, w.num_edges, num_features, w.widths)
-                      for w in loads], np.float64)
+    peaks = _peaks(loads, num_features)
     sent = _exchange_bytes_per_device(exchange, model, num_features)
     ring = 2.0 * (k - 1) / k * num_params * ITEMSIZE if k > 1 else 0.0
     return ShardedPrediction(link=link, device_seconds=seconds, exchange_bytes=sent,
                              exchange_seconds=link.seconds(sent) if sent else 0.0,
                              allreduce_seconds=link.seconds(ring) if ring else 0.0,
                              device_peak=peaks, shared_cores=shares_cores(profile))
+
+
+def _peaks(loads: Sequence[Workload], num_features: int) -> np.ndarray:
+    return np.array([in_memory_bytes(w.num_nodes, w.num_edges, num_features, w.widths)
+                     for w in loads], np.float64)
+
+
+def device_peaks(exchange: ExchangePlan, indptr: np.ndarray, model,
+                 num_features: int) -> np.ndarray:
+    """``[K]`` bytes each device's whole program holds at its peak when every layer's rows
+    stay on the devices (`Sharded`; the fast path's estimate on the device's shapes)."""
+    return _peaks(device_workloads(exchange, indptr, model, num_features), num_features)
 
 
 def scaled_profile(profile, speedup: float):
@@ -197,3 +230,48 @@ def predictions(exchange: ExchangePlan, indptr, model, num_features: int, profil
     """`predict_sharded` over every link of ``links`` (default `links_for(profile)`)."""
     return [predict_sharded(exchange, indptr, model, num_features, profile, link, num_params)
             for link in (links or links_for(profile))]
+
+
+def _layer_exchange_bytes(exchange: ExchangePlan, model, num_features: int) -> list[float]:
+    """Bytes one device sends per epoch for each layer's exchange (0 for a node-wise layer):
+    `_exchange_bytes_per_device` layer by layer."""
+    widths = layer_widths(model, num_features)
+    chunk = (exchange.num_devices - 1) * exchange.slot_rows * ITEMSIZE
+    return [(2 if l > 0 else 1) * chunk * widths[l] if layer.aggregates else 0.0
+            for l, layer in enumerate(model.layers)]
+
+
+def choose_exchanges(exchange: ExchangePlan, indptr: np.ndarray, model, num_features: int,
+                     profile, device_budget: Optional[int] = None,
+                     links: Optional[Sequence[Link]] = None) -> tuple:
+    """The route of every layer's halo exchange (`jgrind.devices.exchange`; None for a
+    node-wise layer, which exchanges nothing), FlexGNN's G2G / G2H choice.
+
+    Device to device keeps every layer's rows on its device: it needs the devices' whole
+    programs to fit ``device_budget`` (their predicted peaks, `predict_sharded`). Where they
+    do not, every layer goes through host memory (its rows stored on the host or the SSD, as
+    `jgrind.devices.ShardedOutOfCore` runs them). Where they fit, each layer takes the route
+    that moves its bytes soonest over ``links`` (default `links_for(profile)`; without a
+    through-host link, as on CPU devices that share memory, device to device). Without
+    ``profile`` or ``links``, the budget alone decides."""
+    links = tuple(links or (links_for(profile) if profile is not None else ()))
+    direct = [link for link in links if not link.through_host]
+    host = [link for link in links if link.through_host]
+    aggregating = [layer.aggregates for layer in model.layers]
+    if device_budget is not None:
+        peak = device_peaks(exchange, indptr, model, num_features)
+        if float(peak.max()) > device_budget:
+            return tuple(ThroughHost() if a else None for a in aggregating)
+    if not host:
+        return tuple(DeviceToDevice() if a else None for a in aggregating)
+    if not direct:
+        return tuple(ThroughHost() if a else None for a in aggregating)
+    chosen = []
+    for sent, a in zip(_layer_exchange_bytes(exchange, model, num_features), aggregating):
+        if not a:
+            chosen.append(None)
+        elif min(l.seconds(sent) for l in host) < min(l.seconds(sent) for l in direct):
+            chosen.append(ThroughHost())
+        else:
+            chosen.append(DeviceToDevice())
+    return tuple(chosen)

@@ -1,0 +1,47 @@
+"""How halo rows travel between devices: a value passed to the executors, one per layer.
+
+* `DeviceToDevice`: the rows a device reads from another device's partitions go straight
+  between the devices, by a collective (`jgrind.devices.Sharded`: one ``all_to_all`` before
+  the layer, its transpose in the backward pass). The layer's rows stay on the devices.
+* `ThroughHost`: every device writes its partitions' rows of the layer's input to host
+  memory (or on through it to the SSD), and a device reads the halo rows it needs from
+  there (`jgrind.devices.ShardedOutOfCore`): FlexGNN's G2H. The halo input gradients go back
+  the same way and are added at the host, where their owner's rows are.
+
+`jgrind.plan.sharded.choose_exchanges` picks one per layer under the budgets.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+# defined beside the planner that chooses them (`jgrind.plan` is below `jgrind.devices`)
+from jgrind.plan.sharded import DeviceToDevice, ThroughHost
+
+__all__ = ["DeviceToDevice", "Exchange", "ThroughHost", "per_layer"]
+
+
+Exchange = Union[DeviceToDevice, ThroughHost]
+
+
+def per_layer(exchange: Optional[Union[Exchange, Sequence[Optional[Exchange]]]],
+              num_layers: int, default: Exchange) -> tuple:
+    """``exchange`` as one value per layer: one value for every layer, a sequence of
+    ``num_layers`` (None: ``default``), or None: ``default`` everywhere."""
+    if exchange is None:
+        return (default,) * num_layers
+    if isinstance(exchange, (DeviceToDevice, ThroughHost)):
+        return (exchange,) * num_layers
+    try:
+        chosen = tuple(exchange)
+    except TypeError:
+        raise TypeError(f"exchange must be DeviceToDevice(), ThroughHost() or one of them per "
+                        f"layer, got {exchange!r}") from None
+    if len(chosen) != num_layers:
+        raise ValueError(f"exchange names {len(chosen)} layers; the model has {num_layers}")
+    bad = [e for e in chosen if e is not None and not isinstance(e, (DeviceToDevice,
+                                                                      ThroughHost))]
+    if bad:
+        raise TypeError(f"exchange must hold DeviceToDevice() or ThroughHost() values, got "
+                        f"{bad[0]!r}")
+    return tuple(default if e is None else e for e in chosen)

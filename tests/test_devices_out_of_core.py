@@ -1,0 +1,237 @@
+"""The out-of-core engine over several devices (`jgrind.devices.ShardedOutOfCore`) against the
+in-memory computation, with host and SSD fates.
+
+As in test_devices.py, one subprocess with ``--xla_force_host_platform_device_count=4`` checks
+every case and prints JSON; the tolerances are that file's. The exchange through host memory
+(`ThroughHost`, this executor's) is also compared with the device-to-device one (`Sharded`)
+on the same partitions and devices.
+"""
+
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from test_devices import _environment, _gradient_error, _last_json, _models  # noqa: E402
+
+# (model, devices, partitions, fate): host and SSD fates on 2 and 4 devices; 3 partitions on
+# 4 devices leaves one device without any; partition counts the device count does not divide.
+CASES = [("gcn", 2, 3, "host"), ("gcn", 4, 3, "ssd"), ("sage-res-ln", 2, 4, "ssd"),
+         ("gat-res-ln", 2, 3, "host")]
+EPOCHS = 3
+
+
+def _policy(fate: str, folder):
+    from jgrind.plan import policies
+    return policies.host_offload() if fate == "host" else policies.ssd_offload(folder)
+
+
+def _run_cases(folder: str) -> dict:
+    import jax
+    import optax
+
+    from helpers import csbm_graph, reference
+    from jgrind.devices import Sharded, ShardedOutOfCore, ThroughHost
+
+    graph = csbm_graph()
+    built = _models(graph.num_features, graph.num_classes)
+    key = jax.random.key(42)  # dropout on
+    out = {"devices": len(jax.devices()), "cases": []}
+    for name, k, parts, fate in CASES:
+        model = built[name]
+        params = model.init(jax.random.key(0))
+        ref_loss, ref_grads = reference(graph, model).loss_and_grad(params, key)
+        with ShardedOutOfCore(graph, model, optax.sgd(0.1), devices=k, num_parts=parts,
+                              policy=_policy(fate, folder), store=folder,
+                              exchange=ThroughHost(), max_shapes=1) as ex:
+            grads, loss = ex.loss_and_grad(params, key)
+            case = {"model": name, "devices": k, "parts": parts, "fate": fate,
+                    "loss": float(loss), "reference": float(ref_loss),
+                    "gradient_error": _gradient_error(grads, ref_grads),
+                    "idle_devices": int(sum(not ex.placement.partitions_of(d)
+                                            for d in range(k))),
+                    "tiers": sorted({f.value for f in ex.fates.values()}),
+                    "bytes": ex.exchange_bytes_per_epoch,
+                    "minimum": ex.exchange_minimum_per_epoch}
+            if name == "gcn" and k == 2:  # the same partitions exchanged device to device
+                sharded = Sharded(graph, model, devices=k, partitioned=ex.engine.pg)
+                g2g_loss, g2g_grads = sharded.loss_and_grad(params, key)
+                case["g2g_loss"] = float(g2g_loss)
+                case["g2h_vs_g2g"] = _gradient_error(grads, g2g_grads)
+                case["logits_error"] = float(np.abs(ex.predict(params) - reference(
+                    graph, model).predict(params)).max())
+        out["cases"].append(case)
+        if name == "sage-res-ln":  # a few optimizer steps, against in-memory training
+            out["train"] = _steps_against_in_memory(graph, model, params, folder, k, parts)
+    from jgrind.plan import policies
+    try:  # a plan keeping blocks on the device: the store's device tier is one device's
+        ShardedOutOfCore(graph, built["gcn"], devices=2, policy=policies.in_memory(),
+                         store=folder)
+        out["device_fates"] = ""
+    except ValueError as e:
+        out["device_fates"] = str(e)
+    out["command_line"] = _command_line(folder)
+    out["store_left"] = sorted(p.name for p in pathlib.Path(folder).iterdir())
+    return out
+
+
+def _steps_against_in_memory(graph, model, params, folder, k, parts) -> dict:
+    """`EPOCHS` adam steps on ``k`` devices (host fates) and in memory, from ``params``."""
+    import jax
+    import optax
+
+    from jgrind.devices import ShardedOutOfCore
+    from jgrind.train import InMemory
+    opt = optax.adam(0.01)
+    with ShardedOutOfCore(graph, model, opt, devices=k, num_parts=parts,
+                          policy=_policy("host", folder), max_shapes=1) as ex:
+        ours, ours_state = jax.tree.map(jax.numpy.array, params), opt.init(params)
+        ref, ref_state = jax.tree.map(jax.numpy.array, params), opt.init(params)
+        memory = InMemory(graph, model, opt)
+        for epoch in range(EPOCHS):
+            key = jax.random.fold_in(jax.random.key(3), epoch)
+            ours, ours_state, _ = ex.step(ours, ours_state, key)
+            ref, ref_state, _ = memory.step(ref, ref_state, key)
+    return {"params_close": all(
+        np.allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-5)
+        for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref)))}
+
+
+def _command_line(folder: str) -> str:
+    """What `jgrind train --devices 2 --policy host` prints."""
+    import contextlib
+    import io
+
+    from jgrind.cli import main
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["train", "--dataset", "csbm", "--set", "num_nodes=300", "--devices", "2",
+                     "--policy", "host", "--epochs", "1", "--out",
+                     str(pathlib.Path(folder) / "run"), "--no-progress"])
+    assert code == 0
+    return printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def four_devices(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("store")
+    done = subprocess.run([sys.executable, __file__, "cases", str(folder)],
+                          env=_environment(4), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return _last_json(done.stdout)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{m}-{k}dev-{p}parts-{f}"
+                                                         for m, k, p, f in CASES])
+def test_loss_and_gradients_equal_in_memory(four_devices, case):
+    assert four_devices["devices"] == 4
+    got = four_devices["cases"][case]
+    assert got["loss"] == pytest.approx(got["reference"], rel=1e-5)
+    assert got["gradient_error"] <= 1.0
+    assert got["fate"] in got["tiers"] and "device" not in got["tiers"]
+
+
+def test_through_host_equals_device_to_device(four_devices):
+    both = [c for c in four_devices["cases"] if "g2g_loss" in c]
+    assert both
+    for c in both:
+        assert c["loss"] == pytest.approx(c["g2g_loss"], rel=1e-5)
+        assert c["g2h_vs_g2g"] <= 1.0
+        assert c["logits_error"] < 1e-4
+
+
+def test_a_device_with_no_partition(four_devices):
+    idle = [c for c in four_devices["cases"] if c["idle_devices"]]
+    assert idle and all(c["gradient_error"] <= 1.0 for c in idle)
+
+
+def test_exchange_bytes_counted_beside_the_minimum(four_devices):
+    for c in four_devices["cases"]:
+        assert c["bytes"] >= c["minimum"] > 0
+
+
+def test_training_equals_in_memory(four_devices):
+    assert four_devices["train"]["params_close"]
+    assert four_devices["store_left"] == ["run"]  # the SSD tiers' files are all gone
+
+
+def test_device_fates_are_refused_with_several_devices(four_devices):
+    assert "stored block(s) on the device" in four_devices["device_fates"]
+
+
+def test_train_from_the_command_line(four_devices):
+    """`jgrind train --devices 2 --policy host`: the placement, the bytes exchanged through
+    host memory beside the minimum, the host tier's traffic."""
+    out = four_devices["command_line"]
+    assert "device 1: partitions" in out and "halo exchange per epoch: " in out, out
+    assert "peak stored blocks: device 0 bytes" in out, out
+
+
+def test_each_executor_refuses_the_other_route():
+    import optax
+
+    from helpers import community_graph
+    from jgrind import models
+    from jgrind.devices import DeviceToDevice, Sharded, ShardedOutOfCore, ThroughHost
+    graph = community_graph(num_nodes=60)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    with pytest.raises(ValueError, match="through host memory; .*device to device"):
+        ShardedOutOfCore(graph, model, optax.sgd(0.1), devices=1, exchange=DeviceToDevice())
+    with pytest.raises(ValueError, match="device to device; .*through host memory"):
+        Sharded(graph, model, devices=1, exchange=[ThroughHost(), None])
+    with pytest.raises(ValueError, match="exchange names 1 layers; the model has 2"):
+        Sharded(graph, model, devices=1, exchange=[DeviceToDevice()])
+
+
+def test_the_planner_chooses_the_route_of_every_layer():
+    """`choose_exchanges`: the faster of the links given, for every aggregating layer."""
+    from helpers import community_graph
+    from jgrind import models
+    from jgrind.devices import DeviceToDevice, ThroughHost
+    from jgrind.plan.exchange import exchange_plan
+    from jgrind.plan.sharded import Link, choose_exchanges
+    graph = community_graph(num_nodes=60)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    normalized = model.normalize(graph)
+    plan = exchange_plan(normalized.indptr, normalized.indices,
+                         (np.arange(graph.num_nodes) % 2).astype(np.int32), 2)
+    direct = Link("direct", 100e9)
+    host = Link("host", 10e9, 10e9, through_host=True)
+    fast_host = Link("host", 1e15, 1e15, through_host=True)
+
+    def chosen(links):
+        return choose_exchanges(plan, normalized.indptr, model, graph.num_features, None,
+                                links=links)
+    assert chosen((direct, host)) == (DeviceToDevice(), DeviceToDevice())
+    assert chosen((direct, fast_host)) == (ThroughHost(), ThroughHost())
+    assert chosen((host,)) == (ThroughHost(), ThroughHost())
+
+
+def test_a_device_budget_alone_chooses_the_route():
+    """``devices`` with only a device budget: every row on its device while the devices'
+    programs fit it (`Sharded`), else through host memory (`ShardedOutOfCore`)."""
+    import optax
+
+    from helpers import community_graph
+    from jgrind import models
+    from jgrind.train import make_executor
+    graph = community_graph(num_nodes=600)  # the whole program's peak: 314 KiB
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    roomy = make_executor(graph, model, optax.sgd(0.1), devices=1, num_parts=4,
+                          device_budget=2**30)
+    assert type(roomy).__name__ == "Sharded"
+    with make_executor(graph, model, optax.sgd(0.1), devices=1, num_parts=4,
+                       device_budget=2**18) as tight:
+        assert type(tight).__name__ == "ShardedOutOfCore"
+        assert {f.value for f in tight.fates.values()} == {"host"}
+
+
+if __name__ == "__main__":
+    import json
+    if sys.argv[1] == "cases":
+        print(json.dumps(_run_cases(sys.argv[2])))
