@@ -492,7 +492,9 @@ def test_settings_choose_the_storage_and_the_store_line_says_it():
 def test_cli_plan_and_train_say_the_storage_dtype(tmp_path, capsys):
     from jgrind.cli import main
     from jgrind.plan import profile
-    path = profile.save(fixed_profile(), tmp_path / "profile.json")
+    # measured "in" the store folder: a profile of another disk would be measured afresh
+    path = profile.save(fixed_profile(directory=str(tmp_path.resolve())),
+                        tmp_path / "profile.json")
     assert main(["plan", "--set", "num_nodes=500", "--set", "store_dtype=int8", "--parts", "4",
                  "--device-budget", "1MiB", "--host-budget", "0", "--profile", str(path),
                  "--store", str(tmp_path), "--out", str(tmp_path / "plan")]) == 0
