@@ -44,7 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jgrind.devices.exchange import ThroughHost, per_layer
 from jgrind.devices.executor import AXIS, resolve_devices
 from jgrind.engine.engine import OutOfCore
-from jgrind.engine.sweeps import FROM_KEPT, Sweeps, _adopted
+from jgrind.engine.sweeps import FROM_KEPT, Sweeps, adopted
 from jgrind.plan.cost import ITEMSIZE
 from jgrind.plan.exchange import exchange_plan
 from jgrind.plan.fates import Fate
@@ -207,7 +207,7 @@ class _PlacedSweeps(Sweeps):
         # kept where it holds no device memory of its own (the CPU backend adopts aligned
         # host arrays), where the engine would keep every block on the device, and for the
         # node-wise layers' blocks (the engine keeps them all on the device)
-        if name[0] == "local" or self._keep_blocks or _adopted(block, placed):
+        if name[0] == "local" or self._keep_blocks or adopted(block, placed):
             self._blocks[name] = placed
         return placed
 

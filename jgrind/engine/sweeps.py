@@ -246,7 +246,7 @@ class Sweeps:
             return cached
         self.built.store.count(to_device=part.nbytes())
         block = jax.device_put(part.block)
-        if _adopted(part.block, block):
+        if adopted(part.block, block):
             self._adopted_blocks[part.index] = block
         return block
 
@@ -343,7 +343,7 @@ def _fold_layer_keys(key: jax.Array, count: int) -> tuple:
     return tuple(layer_key(key, i) for i in range(count))
 
 
-def _adopted(host, device) -> bool:
+def adopted(host, device) -> bool:
     """Whether every array of ``device`` (``jax.device_put(host)``) uses the memory of its
     NumPy counterpart in ``host`` in place, rather than a copy."""
     pairs = list(zip(jax.tree.leaves(host), jax.tree.leaves(device)))
