@@ -18,7 +18,7 @@ from typing import Optional, Sequence, Union
 # defined beside the planner that chooses them (`jgrind.plan` is below `jgrind.devices`)
 from jgrind.plan.sharded import DeviceToDevice, ThroughHost
 
-__all__ = ["DeviceToDevice", "Exchange", "ThroughHost", "per_layer"]
+__all__ = ["DeviceToDevice", "Exchange", "ThroughHost", "one_route", "per_layer"]
 
 
 Exchange = Union[DeviceToDevice, ThroughHost]
@@ -45,3 +45,16 @@ def per_layer(exchange: Optional[Union[Exchange, Sequence[Optional[Exchange]]]],
         raise TypeError(f"exchange must hold DeviceToDevice() or ThroughHost() values, got "
                         f"{bad[0]!r}")
     return tuple(default if e is None else e for e in chosen)
+
+
+def one_route(exchange, num_layers: int, route: Exchange, executor: str,
+              other: str) -> tuple:
+    """`per_layer` for an executor that runs ``route`` only (``executor``, named in the
+    refusal); any layer naming the other route is refused, pointing to ``other``, which runs
+    that one."""
+    chosen = per_layer(exchange, num_layers, route)
+    if any(type(e) is not type(route) for e in chosen):
+        other_route = ThroughHost() if isinstance(route, DeviceToDevice) else DeviceToDevice()
+        raise ValueError(f"{executor} exchanges halo rows {route}; {[str(e) for e in chosen]} "
+                         f"names another route: {other} exchanges them {other_route}")
+    return chosen

@@ -30,7 +30,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jgrind.datasets.saved_arrays import SavedGraph
-from jgrind.devices.exchange import DeviceToDevice, per_layer
+from jgrind.devices.exchange import DeviceToDevice, one_route
 from jgrind.devices.layout import DeviceData, device_data, device_shapes
 from jgrind.graph import Graph
 from jgrind.loss import node_weights, weighted_loss
@@ -98,12 +98,9 @@ class Sharded:
                  partitioner: Callable = label_propagation, partitioned=None, split: int = 0,
                  loss: Optional[Callable] = None, rates: Optional[Rates] = None, seed: int = 0,
                  exchange=None):
-        self.exchanges = per_layer(exchange, len(model.layers), DeviceToDevice())
-        if not all(isinstance(e, DeviceToDevice) for e in self.exchanges):
-            raise ValueError(f"Sharded keeps every layer's rows on the devices and exchanges "
-                             f"them device to device; {[str(e) for e in self.exchanges]} "
-                             "names another route: jgrind.devices.ShardedOutOfCore exchanges "
-                             "through host memory")
+        self.exchanges = one_route(exchange, len(model.layers), DeviceToDevice(),
+                                   "Sharded (every layer's rows kept on the devices)",
+                                   "jgrind.devices.ShardedOutOfCore")
         self.devices = resolve_devices(len(jax.devices()) if devices is None else devices)
         k = len(self.devices)
         self.model, self.optimizer, self.graph = model, optimizer, graph

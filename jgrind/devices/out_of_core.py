@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jgrind.devices.exchange import ThroughHost, per_layer
+from jgrind.devices.exchange import ThroughHost, one_route
 from jgrind.devices.executor import AXIS, resolve_devices
 from jgrind.engine.engine import OutOfCore
 from jgrind.engine.sweeps import FROM_KEPT, Sweeps, adopted
@@ -245,12 +245,9 @@ class ShardedOutOfCore:
                              "own partitions' rows; run one process, or drop the out-of-core "
                              "arguments (policy, store, budgets) to keep every row on its "
                              "device")
-        self.exchanges = per_layer(exchange, len(model.layers), ThroughHost())
-        if not all(isinstance(e, ThroughHost) for e in self.exchanges):
-            raise ValueError(f"out-of-core training over several devices exchanges halo rows "
-                             f"through host memory; {[str(e) for e in self.exchanges]} names "
-                             "another route: jgrind.devices.Sharded runs device-to-device "
-                             "exchanges")
+        self.exchanges = one_route(exchange, len(model.layers), ThroughHost(),
+                                   "out-of-core training over several devices",
+                                   "jgrind.devices.Sharded")
         if getattr(policy, "io", None) is not None:
             raise ValueError("the naive policy (snapshots of step inputs) is not run over "
                              "devices; train it without devices=")
