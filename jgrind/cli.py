@@ -449,8 +449,9 @@ def _plan_of_run(run: pathlib.Path, out: str) -> int:
     rows = sweep_table(history)
     if not rows:
         raise ConfigError(f"--run {run}: the run was not held against a plan (it ran in "
-                          "memory, on several devices, or with a fixed policy, or for one "
-                          "epoch only); train with --policy auto for two epochs or more")
+                          "memory, on several devices, with a fixed policy and no current "
+                          "hardware profile (`jgrind profile`), or for one epoch only); train "
+                          "out of core for two epochs or more")
     if (run / "plan.txt").exists():
         print((run / "plan.txt").read_text().rstrip())
     print(f"sweeps of {log.name}, measured (median of the checked epochs) against predicted:")

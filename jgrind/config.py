@@ -508,9 +508,9 @@ def build_policy(cfg: RunConfig, on_plan=None):
         out_of_core = [f"{name}={value}" for name, value in (
             ("policy", cfg.policy if cfg.policy != "in_memory" else ""), ("store", cfg.store),
             ("device_budget", cfg.device_budget), ("host_budget", cfg.host_budget)) if value]
-        if cfg.policy in ("grinnder", "auto"):  # they plan device fates for one device
-            raise ConfigError(f"devices={cfg.devices}: policy={cfg.policy} is not run on "
-                              "several devices yet; use host, ssd or recompute (out of core, "
+        if cfg.policy == "auto":  # its planner prices one device
+            raise ConfigError(f"devices={cfg.devices}: policy=auto is not run on several "
+                              "devices yet; use host, ssd, recompute or grinnder (out of core, "
                               "`jgrind.devices.ShardedOutOfCore`), or no policy (every "
                               "partition in its device's memory)")
         if out_of_core:  # host and SSD tiers, the steps spread over the devices

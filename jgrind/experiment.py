@@ -285,8 +285,8 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
         again = train(jax.random.key(cfg.seed), graph, model, optimizer, **task(0))
         check = loss_check(trials.results[0].history[-1]["loss"],
                            again.history[-1]["loss"], cfg.seed,
-                           how="out of core" if memory is not None else
-                           f"on {cfg.devices} devices")
+                           how=f"on {cfg.devices} devices" if devices is not None else
+                           "out of core")
     with _whole(out / "training.png") as path:
         plot_training([r.history for r in trials.results], path,
                       metric=trials.metric + (f" ({graph.num_classes} tasks)"
@@ -381,8 +381,11 @@ def devices_line(devices: dict) -> str:
     """The placement of partitions on devices and the halo exchange's bytes per epoch beside
     the least any exchange could move (`TrainResult.devices`)."""
     ratio = devices["moved"] / devices["minimum"] if devices["minimum"] else 1.0
+    routes = devices.get("by_route") or {}
+    split = "" if sum(1 for n in routes.values() if n) < 2 else " (" + ", ".join(
+        f"{route} {n / 2**20:.2f} MiB" for route, n in routes.items()) + ")"
     return (f"{devices['placement']}\nhalo exchange per epoch: "
-            f"{devices['moved'] / 2**20:.2f} MiB moved between devices, minimum "
+            f"{devices['moved'] / 2**20:.2f} MiB moved between devices{split}, minimum "
             f"{devices['minimum'] / 2**20:.2f} MiB ({ratio:.2f}x)")
 
 

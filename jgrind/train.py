@@ -236,9 +236,10 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
         (the first K of ``jax.devices()``) or a sequence of ``jax.Device``; None: one device.
         ``num_parts`` partitions (default: one per device) are placed on them. With out-of-core
         arguments (``policy``, ``store``, budgets), the out-of-core engine runs each
-        partition's steps on its device, its tensors in this process's host and SSD tiers
-        (`jgrind.devices.ShardedOutOfCore`; default policy `host_offload`; the device budget
-        is per device).
+        partition's steps on its device, its tensors in this process's tiers, device blocks
+        on their partition's device (`jgrind.devices.ShardedOutOfCore`; default policy
+        `host_offload` with the aggregations kept on the host,
+        `jgrind.devices.out_of_core.through_host_policy`; the device budget is per device).
       ready: called once everything is set up and checked (the executor with its budgets and
         store, a resumed checkpoint), before the log is opened and the first epoch runs; what
         fails before it is a bad argument, and nothing has been written. (`jgrind train`
@@ -451,7 +452,8 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
             devices = None if not hasattr(executor, "exchange_minimum_per_epoch") else {
                 "placement": executor.placement.format(),
                 "moved": executor.exchange_bytes_per_epoch,
-                "minimum": executor.exchange_minimum_per_epoch}
+                "minimum": executor.exchange_minimum_per_epoch,
+                "by_route": getattr(executor, "exchange_bytes_by_route", None)}
             try:
                 if owned_executor and executor is not None and hasattr(executor, "close"):
                     executor.close()  # removes the run's SSD files, also on error
@@ -578,10 +580,10 @@ def _make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, polic
                           **kwargs), None
         if out_of_core:  # host and SSD tiers: halo rows exchanged through host memory
             from jgrind.devices import ShardedOutOfCore
-            from jgrind.plan import policies
+            from jgrind.devices.out_of_core import through_host_policy
             return ShardedOutOfCore(
                 graph, model, optimizer, devices=devices, num_parts=num_parts, split=split,
-                loss=loss, policy=policies.host_offload() if policy is None else policy,
+                loss=loss, policy=through_host_policy() if policy is None else policy,
                 store=store, device_budget=device_budget, host_budget=host_budget,
                 **kwargs), None
         return Sharded(graph, model, optimizer, devices=devices, num_parts=num_parts,
@@ -609,10 +611,20 @@ def _engine(graph: Graph, model: GNN, optimizer, chosen: Execution, *, split: in
     """The out-of-core engine for what `choose_execution` chose."""
     kwargs = {} if partitioner is None or chosen.partitioned is not None else \
         {"partitioner": partitioner}
-    return OutOfCore(graph, model, optimizer, policy=chosen.policy, num_parts=chosen.num_parts,
-                     partitioned=chosen.partitioned, split=split, store=store,
-                     device_budget=device_budget, host_budget=host_budget, loss=loss,
-                     prediction=chosen.prediction, **kwargs)
+    engine = OutOfCore(graph, model, optimizer, policy=chosen.policy,
+                       num_parts=chosen.num_parts, partitioned=chosen.partitioned, split=split,
+                       store=store, device_budget=device_budget, host_budget=host_budget,
+                       loss=loss, prediction=chosen.prediction, **kwargs)
+    if engine.prediction is None and optimizer is not None:
+        # a fixed policy: its epochs are held against the cost model's price of its fates,
+        # from the saved profile where one is current (`jgrind.plan.check.engine_prediction`)
+        from jgrind.plan.check import engine_prediction
+        from jgrind.plan.inventory import layer_widths
+        from jgrind.plan.planner import _num_params
+        engine.prediction = engine_prediction(
+            engine, _num_params(layer_widths(model, graph.num_features)),
+            directory=None if store is None else str(store))
+    return engine
 
 
 def _ssd_free(directory, executor) -> Optional[int]:

@@ -62,3 +62,40 @@ def data_file(data_root):
                 _no_data(f"{data_root / rel} is missing")
         return data_root / relpaths[0]
     return get
+
+
+# -- no hardware profile is measured unless a test says it measures one --------------------------
+# A profile measured at full size costs 10-30 s alone and about 50 s beside the suite's other
+# process, and a test reaches it by accident (a store folder its profile was not measured in, a
+# missing --profile) without failing: only the suite gets slower. So every call of
+# `jgrind.plan.measure`'s entry points fails its test, unless the test is marked
+# `measures_profile` or is in a module whose subject is measuring. Other tests plan with a
+# fixed profile (tests/test_planner.py's `fixed_profile`). Child processes are not covered.
+_MEASURING = ("measure", "link_rates", "ssd_rates")
+_MEASURING_MODULES = {"test_measure.py", "test_profile.py"}
+
+
+def _refusing(item, name):
+    def refuse(*args, **kwargs):
+        pytest.fail(f"{item.nodeid} measured a hardware profile (jgrind.plan.measure.{name}): "
+                    "give it a fixed profile (tests/test_planner.py's fixed_profile), or mark it "
+                    "@pytest.mark.measures_profile if measuring is what it tests", pytrace=False)
+    return refuse
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Around setup, call and teardown, so that fixtures of a wider scope are covered when
+    they are made."""
+    from jgrind.plan import measure as measuring
+    allowed = (item.get_closest_marker("measures_profile") is not None
+               or item.path.name in _MEASURING_MODULES)
+    real = {name: getattr(measuring, name) for name in _MEASURING}
+    if not allowed:
+        for name in _MEASURING:
+            setattr(measuring, name, _refusing(item, name))
+    try:
+        yield
+    finally:
+        for name, entry in real.items():
+            setattr(measuring, name, entry)

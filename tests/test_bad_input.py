@@ -147,7 +147,8 @@ def test_profile_paths_that_are_not_profiles_are_left_alone(tmp_path, capsys):
 
 def test_plan_takes_budgets_and_parts_from_set_too(tmp_path, capsys):
     from jgrind.plan import profile
-    path = profile.save(profile.measure(tmp_path, quick=True), tmp_path / "profile.json")
+    from test_planner import fixed_profile
+    path = profile.save(fixed_profile(), tmp_path / "profile.json")
     fails(capsys, ["plan", "--set", "num_nodes=300", "--set", "device_budget=1KiB",
                    "--set", "host_budget=1KiB", "--profile", str(path), "--out",
                    str(tmp_path / "plan")], "budget")

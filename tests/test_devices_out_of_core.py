@@ -1,10 +1,11 @@
 """The out-of-core engine over several devices (`jgrind.devices.ShardedOutOfCore`) against the
-in-memory computation, with host and SSD fates.
+in-memory computation, with host, SSD and device fates.
 
 As in test_devices.py, one subprocess with ``--xla_force_host_platform_device_count=4`` checks
 every case and prints JSON; the tolerances are that file's. The exchange through host memory
-(`ThroughHost`, this executor's) is also compared with the device-to-device one (`Sharded`)
-on the same partitions and devices.
+is also compared with the device-to-device one (`Sharded`) on the same partitions and
+devices. Blocks with the device fate live on their partition's device, and each layer's halo
+rows move by its route: device to device, or through host memory, in one run.
 """
 
 import pathlib
@@ -21,14 +22,40 @@ from test_devices import _environment, _gradient_error, _last_json, _models  # n
 
 # (model, devices, partitions, fate): host and SSD fates on 2 and 4 devices; 3 partitions on
 # 4 devices leaves one device without any; partition counts the device count does not divide.
+# "device": every block on its partition's device, halo rows device to device; "device via
+# host": the same blocks, halo rows through host memory (exchange=ThroughHost()); "grinnder":
+# `policies.grinnder` under `GRINNDER_BUDGET`, which keeps layer 1's input on the devices and
+# the features on the host: one run with both routes, and a table with blocks on both tiers;
+# "alternate": every table's blocks on the device and the host by turns (rows of the device
+# tier read into host memory and added from there).
 CASES = [("gcn", 2, 3, "host"), ("gcn", 4, 3, "ssd"), ("sage-res-ln", 2, 4, "ssd"),
-         ("gat-res-ln", 2, 3, "host")]
+         ("gat-res-ln", 2, 3, "device via host"), ("gcn", 2, 3, "device"),
+         ("gcn", 2, 4, "grinnder"), ("gcn", 2, 3, "alternate")]
+GRINNDER_BUDGET = 110_000
 EPOCHS = 3
 
 
-def _policy(fate: str, folder):
+def _policy(fate: str, folder) -> dict:
+    """`ShardedOutOfCore`'s arguments for ``fate``."""
+    from jgrind.devices import ThroughHost
     from jgrind.plan import policies
-    return policies.host_offload() if fate == "host" else policies.ssd_offload(folder)
+    from jgrind.plan.budgets import UNLIMITED
+    return {"host": lambda: {"policy": policies.host_offload()},
+            "ssd": lambda: {"policy": policies.ssd_offload(folder), "store": folder},
+            "device": lambda: {"policy": policies.in_memory()},
+            "device via host": lambda: {"policy": policies.in_memory(),
+                                        "exchange": ThroughHost()},
+            "grinnder": lambda: {"policy": policies.grinnder(GRINNDER_BUDGET, UNLIMITED),
+                                 "device_budget": GRINNDER_BUDGET},
+            "alternate": lambda: {"policy": _alternate}}[fate]()
+
+
+def _alternate(info):
+    """Even partitions' blocks on the device, odd ones' on the host; no kept aggregation."""
+    from jgrind.plan.fates import AGGREGATION, Fate
+    if info.name == AGGREGATION:
+        return Fate.RECOMPUTE
+    return Fate.DEVICE if info.partition % 2 == 0 else Fate.HOST
 
 
 def _run_cases(folder: str) -> dict:
@@ -36,7 +63,7 @@ def _run_cases(folder: str) -> dict:
     import optax
 
     from helpers import csbm_graph, reference
-    from jgrind.devices import Sharded, ShardedOutOfCore, ThroughHost
+    from jgrind.devices import Sharded, ShardedOutOfCore
 
     graph = csbm_graph()
     built = _models(graph.num_features, graph.num_classes)
@@ -47,8 +74,7 @@ def _run_cases(folder: str) -> dict:
         params = model.init(jax.random.key(0))
         ref_loss, ref_grads = reference(graph, model).loss_and_grad(params, key)
         with ShardedOutOfCore(graph, model, optax.sgd(0.1), devices=k, num_parts=parts,
-                              policy=_policy(fate, folder), store=folder,
-                              exchange=ThroughHost(), max_shapes=1) as ex:
+                              max_shapes=1, **_policy(fate, folder)) as ex:
             grads, loss = ex.loss_and_grad(params, key)
             case = {"model": name, "devices": k, "parts": parts, "fate": fate,
                     "loss": float(loss), "reference": float(ref_loss),
@@ -57,8 +83,12 @@ def _run_cases(folder: str) -> dict:
                                             for d in range(k))),
                     "tiers": sorted({f.value for f in ex.fates.values()}),
                     "bytes": ex.exchange_bytes_per_epoch,
-                    "minimum": ex.exchange_minimum_per_epoch}
-            if name == "gcn" and k == 2:  # the same partitions exchanged device to device
+                    "minimum": ex.exchange_minimum_per_epoch,
+                    "routes": [str(r) for r in ex.exchanges if r is not None],
+                    "predicted": ex.exchange_bytes_by_route,
+                    "measured": dict(ex.device_tiers.moved),  # the one epoch's
+                    "device_peaks": [int(b) for b in ex.device_tiers.peak]}
+            if fate == "host" and k == 2:  # the same partitions exchanged device to device
                 sharded = Sharded(graph, model, devices=k, partitioned=ex.engine.pg)
                 g2g_loss, g2g_grads = sharded.loss_and_grad(params, key)
                 case["g2g_loss"] = float(g2g_loss)
@@ -68,13 +98,6 @@ def _run_cases(folder: str) -> dict:
         out["cases"].append(case)
         if name == "sage-res-ln":  # a few optimizer steps, against in-memory training
             out["train"] = _steps_against_in_memory(graph, model, params, folder, k, parts)
-    from jgrind.plan import policies
-    try:  # a plan keeping blocks on the device: the store's device tier is one device's
-        ShardedOutOfCore(graph, built["gcn"], devices=2, policy=policies.in_memory(),
-                         store=folder)
-        out["device_fates"] = ""
-    except ValueError as e:
-        out["device_fates"] = str(e)
     out["command_line"] = _command_line(folder)
     out["store_left"] = sorted(p.name for p in pathlib.Path(folder).iterdir())
     return out
@@ -88,8 +111,8 @@ def _steps_against_in_memory(graph, model, params, folder, k, parts) -> dict:
     from jgrind.devices import ShardedOutOfCore
     from jgrind.train import InMemory
     opt = optax.adam(0.01)
-    with ShardedOutOfCore(graph, model, opt, devices=k, num_parts=parts,
-                          policy=_policy("host", folder), max_shapes=1) as ex:
+    with ShardedOutOfCore(graph, model, opt, devices=k, num_parts=parts, max_shapes=1,
+                          **_policy("host", folder)) as ex:
         ours, ours_state = jax.tree.map(jax.numpy.array, params), opt.init(params)
         ref, ref_state = jax.tree.map(jax.numpy.array, params), opt.init(params)
         memory = InMemory(graph, model, opt)
@@ -133,7 +156,10 @@ def test_loss_and_gradients_equal_in_memory(four_devices, case):
     got = four_devices["cases"][case]
     assert got["loss"] == pytest.approx(got["reference"], rel=1e-5)
     assert got["gradient_error"] <= 1.0
-    assert got["fate"] in got["tiers"] and "device" not in got["tiers"]
+    if got["fate"] in ("host", "ssd"):
+        assert got["fate"] in got["tiers"] and "device" not in got["tiers"]
+    else:
+        assert "device" in got["tiers"]
 
 
 def test_through_host_equals_device_to_device(four_devices):
@@ -160,8 +186,41 @@ def test_training_equals_in_memory(four_devices):
     assert four_devices["store_left"] == ["run"]  # the SSD tiers' files are all gone
 
 
-def test_device_fates_are_refused_with_several_devices(four_devices):
-    assert "stored block(s) on the device" in four_devices["device_fates"]
+def _case(four_devices, fate: str) -> dict:
+    (got,) = [c for c in four_devices["cases"] if c["fate"] == fate]
+    return got
+
+
+def test_device_blocks_live_on_their_partitions_devices(four_devices):
+    """Every device holds its partitions' device blocks only, not the whole table."""
+    for fate in ("device", "device via host", "grinnder", "alternate"):
+        peaks = _case(four_devices, fate)["device_peaks"]
+        assert all(peaks) and max(peaks) < sum(peaks), (fate, peaks)
+
+
+def test_each_layer_moves_by_its_route(four_devices):
+    """The bytes the device tiers moved between devices in the epoch, per route, are those
+    counted for it: all device to device where the layers' blocks are on the devices, all
+    through host memory when that route is asked for the same blocks, and both routes in one
+    run where the plan keeps only some layers on the devices. Without the route switch one of
+    these runs moves its rows by the other route."""
+    to_device, via_host = "device to device", "through host memory"
+    direct = _case(four_devices, "device")
+    assert direct["routes"] == [to_device, to_device]
+    assert direct["measured"][to_device] == direct["predicted"][to_device] > 0
+    assert direct["measured"][via_host] == direct["predicted"][via_host] == 0
+    host = _case(four_devices, "device via host")
+    assert set(host["routes"]) == {via_host}
+    assert host["measured"][via_host] == host["predicted"][via_host] > 0
+    assert host["measured"][to_device] == host["predicted"][to_device] == 0
+    mixed = _case(four_devices, "grinnder")
+    assert mixed["routes"] == [via_host, to_device]
+    assert {"device", "host"} <= set(mixed["tiers"])
+    assert mixed["measured"][to_device] == mixed["predicted"][to_device] > 0
+    assert mixed["predicted"][via_host] > 0
+    alternate = _case(four_devices, "alternate")  # every table on both tiers: through host
+    assert alternate["routes"] == [via_host, via_host]
+    assert 0 < alternate["measured"][via_host] <= alternate["predicted"][via_host]
 
 
 def test_train_from_the_command_line(four_devices):
@@ -172,16 +231,18 @@ def test_train_from_the_command_line(four_devices):
     assert "peak stored blocks: device 0 bytes" in out, out
 
 
-def test_each_executor_refuses_the_other_route():
+def test_a_route_the_blocks_do_not_allow_is_refused():
     import optax
 
     from helpers import community_graph
     from jgrind import models
     from jgrind.devices import DeviceToDevice, Sharded, ShardedOutOfCore, ThroughHost
+    from jgrind.plan import policies
     graph = community_graph(num_nodes=60)
     model = models.gcn(graph.num_features, 8, graph.num_classes)
-    with pytest.raises(ValueError, match="through host memory; .*device to device"):
-        ShardedOutOfCore(graph, model, optax.sgd(0.1), devices=1, exchange=DeviceToDevice())
+    with pytest.raises(ValueError, match="layer 0's halo rows cannot go device to device"):
+        ShardedOutOfCore(graph, model, optax.sgd(0.1), devices=1, exchange=DeviceToDevice(),
+                         policy=policies.host_offload())
     with pytest.raises(ValueError, match="device to device; .*through host memory"):
         Sharded(graph, model, devices=1, exchange=[ThroughHost(), None])
     with pytest.raises(ValueError, match="exchange names 1 layers; the model has 2"):

@@ -61,12 +61,12 @@ def _policies(tmp_path):
             "grinnder": policies.grinnder(2**20, 2**20, tmp_path)}
 
 
-def _check(graph, model, policy, parts, tmp_path, partitioner=contiguous):
+def _check(graph, model, policy, parts, tmp_path, partitioner=contiguous, max_shapes=3):
     params = model.init(jax.random.key(0))
     key = jax.random.key(42)  # dropout on: masks must not depend on the partitioning
     ref_loss, ref_grads = reference(graph, model).loss_and_grad(params, key)
     with OutOfCore(graph, model, optax.sgd(0.1), policy=policy, num_parts=parts,
-                   store=tmp_path, partitioner=partitioner) as ex:
+                   store=tmp_path, partitioner=partitioner, max_shapes=max_shapes) as ex:
         grads, loss = ex.loss_and_grad(params, key)
         assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
         assert_same_gradients(grads, ref_grads)
@@ -82,6 +82,15 @@ def _rotated_parts(model, policy):
     return PARTS[(MODELS.index(model) + POLICIES.index(policy)) % len(PARTS)]
 
 
+# The generated-graph cases pad their partitions to one shape (a third of the compilations
+# of the default three), but under `in_memory`. Partitions of several padded shapes, whose
+# steps run grouped by shape and hand their outputs on (`Spares`), stay checked under
+# `in_memory` here, under `host` and `ssd` by test_cora and
+# test_row_moves_split_across_threads_are_exact, under `recompute` by test_tolokers.
+def _max_shapes(policy):
+    return 3 if policy == "in_memory" else 1
+
+
 # Every model under every policy (partition counts rotate), and every model at every partition
 # count (under the SSD policy, the one with the most moving parts): all pairs, not the product.
 @pytest.mark.parametrize("policy", POLICIES)
@@ -90,7 +99,7 @@ def test_generated_graph_every_policy(model, policy, tmp_path):
     graph = csbm_graph()
     parts = _rotated_parts(model, policy)
     _check(graph, _models(8, graph.num_classes)[model], _policies(tmp_path)[policy], parts,
-           tmp_path, partitioner=random_partition)
+           tmp_path, partitioner=random_partition, max_shapes=_max_shapes(policy))
 
 
 @pytest.mark.parametrize("policy", ["host", "ssd"])
@@ -118,7 +127,7 @@ def test_row_moves_split_across_threads_are_exact(policy, tmp_path, monkeypatch)
 def test_generated_graph_every_partition_count(model, parts, tmp_path):
     graph = csbm_graph()
     _check(graph, _models(8, graph.num_classes)[model], _policies(tmp_path)["ssd"], parts,
-           tmp_path, partitioner=random_partition)
+           tmp_path, partitioner=random_partition, max_shapes=_max_shapes("ssd"))
 
 
 _dataset = functools.cache(datasets.load)  # the real graphs, loaded once

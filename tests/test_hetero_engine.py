@@ -3,10 +3,6 @@ on a generated heterogeneous graph and on DBLP: loss and every gradient, under e
 and 1, 2, 7 and 16 partitions; parameters after 20 epochs. Tolerances as in test_engine."""
 
 import functools
-import os
-import pathlib
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -118,47 +114,5 @@ def test_dblp(model, policy, parts, tmp_path, data_file):
     _check(graph, built, policy, parts, tmp_path, budgets=(16 << 20, 2 << 20))
 
 
-# -- several devices (`jgrind.devices`): each its partitions, halos exchanged ------------------
-
-def _on_two_devices() -> str:
-    """Relative gradient error and losses of both models on two CPU devices (run in a
-    process of its own: the test process has one device)."""
-    results = []
-    for name, model in _models(GRAPH.num_features, GRAPH.num_classes,
-                               GRAPH.num_relations).items():
-        if name == "rgcn-bases-res-ln":
-            continue
-        params = model.init(jax.random.key(0))
-        key = jax.random.key(42)
-        ref_loss, ref_grads = reference(GRAPH, model).loss_and_grad(params, key)
-        loss, grads = make_executor(GRAPH, model, optax.sgd(0.1), devices=2).loss_and_grad(
-            params, key)
-        error = max(float(np.abs(np.asarray(g) - np.asarray(r)).max()
-                          / (np.abs(np.asarray(r)).max() + 1e-12))
-                    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)))
-        results.append(f"{name} {float(loss)!r} {float(ref_loss)!r} {error!r}")
-    return "\n".join(results)
-
-
-def test_two_devices_are_exact():
-    here = pathlib.Path(__file__).parent
-    fast_compile = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {fast_compile} "
-               "--xla_force_host_platform_device_count=2".strip(),
-               PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]),
-               # the forced count is the CPU platform's: on a one-GPU machine the subprocess
-               # would otherwise see that GPU alone
-               JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    lines = done.stdout.strip().splitlines()[-2:]
-    assert [line.split()[0] for line in lines] == ["rgcn", "rgat"]
-    for line in lines:
-        _, loss, ref_loss, error = line.split()
-        assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
-        assert float(error) <= 1e-4, line
-
-
-if __name__ == "__main__":
-    print(_on_two_devices())
+# Both models on two devices against the in-memory computation: tests/test_devices.py
+# (`test_relational_models_on_two_devices_are_exact`), in its one subprocess of several devices.

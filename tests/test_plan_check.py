@@ -103,14 +103,7 @@ def test_a_planned_run_records_every_sweep_beside_its_prediction(tmp_path):
     assert run_check(result.history)["off"] == 3
 
     # `jgrind plan --run` reads the run's metrics log and shows each sweep both ways
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "metrics-seed0.jsonl").write_text(
-        "".join(json.dumps(record) + "\n" for record in result.history))
-    shown = io.StringIO()
-    with contextlib.redirect_stdout(shown):
-        assert main(["plan", "--run", str(run), "--out", str(tmp_path / "chart")]) == 0
-    lines = shown.getvalue().splitlines()
+    lines = plan_of_run(result.history, tmp_path).splitlines()
     parts_at = next(i for i, line in enumerate(lines) if line.startswith("each sweep's parts"))
     for shown_lines in (lines[:parts_at], lines[parts_at:]):  # the sweeps, then their parts
         table = [line.split()[:2] for line in shown_lines if line.startswith("  forward ")
@@ -125,7 +118,22 @@ def test_plan_of_a_run_never_checked_is_one_line(tmp_path, capsys):
     assert "was not held against a plan" in capsys.readouterr().err
 
 
-def test_a_run_without_a_plan_records_no_check(tmp_path):
+def plan_of_run(history: list, tmp_path) -> str:
+    """What `jgrind plan --run` prints for a run whose metrics log holds ``history``."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics-seed0.jsonl").write_text(
+        "".join(json.dumps(record) + "\n" for record in history))
+    shown = io.StringIO()
+    with contextlib.redirect_stdout(shown):
+        assert main(["plan", "--run", str(run), "--out", str(tmp_path / "chart")]) == 0
+    return shown.getvalue()
+
+
+def test_a_run_without_a_plan_records_no_check(tmp_path, monkeypatch):
+    """A fixed policy's run is checked against the saved profile's prediction when one is
+    current (`tests/test_fixed_prediction.py`); with none at hand it trains unchecked."""
+    monkeypatch.setenv("JGRIND_PROFILE", str(tmp_path / "no-profile-here.json"))
     graph = community_graph(num_nodes=200, num_features=8)
     model = models.gcn(graph.num_features, 16, graph.num_classes)
     result = train(jax.random.key(0), graph, model, optax.adam(1e-2), epochs=2,

@@ -128,6 +128,11 @@ def brute_force_case():
     return w, Enumeration(w)
 
 
+# "unlimited" plans without a store: with the SSD tier every one of the 12100 assignments
+# fits and is priced (`predict`, a few ms each); without it 400 do. The SSD tier under budgets
+# that do not force it stays checked here ("device-tight": unlimited host RAM, a store, 3169
+# assignments), and test_plan_uses_the_tiers_the_budgets_force checks that unlimited budgets
+# with a store put no activation on it.
 CASES = ["unlimited", "device-tight", "ssd", "no-ssd-recompute"]
 
 
@@ -140,7 +145,7 @@ def test_plan_is_optimal_against_brute_force(case, keep, parallel):
     profile = fixed_profile(io_parallel=parallel)
     stored = int(w.block_bytes(1).sum())
     ws = w.working_set()
-    budgets = {"unlimited": (1 << 40, 1 << 40, True),
+    budgets = {"unlimited": (1 << 40, 1 << 40, False),
                "device-tight": (ws + stored // 2, 1 << 40, True),
                "ssd": (ws + stored // 3, stored, True),
                "no-ssd-recompute": (ws + stored // 3, 3 * stored, False)}[case]

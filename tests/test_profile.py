@@ -272,10 +272,29 @@ def test_an_older_profile_without_a_defaulted_field_reads_but_stays_stale(
     fresh, _ = measured
     old = fresh.to_json()
     old["version"] = PROFILE_VERSION - 1
-    del old["codec_bw"]
+    del old["codec_bw"], old["device_call"]
     path.write_text(json.dumps(old))
     loaded = profile.load(path)
     assert loaded.codec_bw == {} and loaded.gather_bw == fresh.gather_bw
+    assert loaded.device_call == 0.0
     assert "is version" in loaded.stale_reason()
     profile.load_or_measure(path, tmp_path)
     assert counted_measure == [tmp_path]
+
+
+def test_a_device_tier_call_is_measured_and_priced_per_call(measured):
+    """The profile times a device-tier call (profile version 20); the cost model charges it for
+    every device-tier block write and read in place of the step latency, which a profile
+    without it (0, made by hand or older) still gets."""
+    import numpy as np
+    from jgrind.plan.cost import D, device_call_seconds, read_block_seconds, write_seconds
+    from test_planner import equal_parts_workload, fixed_profile
+    fresh, _ = measured
+    assert fresh.device_call > 0 and "device call" in fresh.format()
+    _, _, _, w = equal_parts_workload(num_parts=4)
+    on_device = np.full(w.num_parts, D)
+    without, slow = fixed_profile(), fixed_profile(device_call=1e-3)
+    assert device_call_seconds(without) == without.step_latency
+    for price in (write_seconds, read_block_seconds):
+        extra = price(w, slow, 1, on_device) - price(w, without, 1, on_device)
+        assert extra == pytest.approx(w.num_parts * (1e-3 - without.step_latency))

@@ -15,7 +15,7 @@ from jgrind.engine.store import Store
 from jgrind.hostio import codecs
 from jgrind.partition import contiguous
 from jgrind.plan import Fate, policies
-from jgrind.plan.cost import Assignment, memory
+from jgrind.plan.cost import D as ON_DEVICE, Assignment, memory
 from jgrind.plan.fates import ACTIVATION, EXACT, GRADIENT, Storage, storage_of
 from jgrind.plan.planner import plan, plan_storages
 
@@ -364,9 +364,15 @@ def test_auto_picks_a_lossy_dtype_only_when_allowed(tmp_path):
     assert not exact.storage.lossy
     lossy = plan_storages(w, profile, policies.auto(allow_lossy=True).storages(), **options)
     assert lossy.storage.lossy and lossy.epoch_seconds < exact.epoch_seconds
-    # with room for everything, float32 stays: smaller dtypes do not predict faster
-    roomy = plan_storages(w, profile, policies.auto(allow_lossy=True).storages(),
+    # with room for everything on the device, and a link slow enough that the device is where
+    # it goes, nothing is stored in a smaller dtype: it would save no bytes. (With a fast link
+    # the plan keeps blocks in host RAM, and a smaller dtype then moves fewer bytes over it.)
+    slow_link = fixed_profile(**{rate: 1e8 for rate in (
+        "to_device_bw", "to_device_small_bw", "link_to_device_bw", "link_to_host_bw",
+        "to_host_bw", "pageable_to_host_bw")})
+    roomy = plan_storages(w, slow_link, policies.auto(allow_lossy=True).storages(),
                           device_budget=1 << 40, host_budget=1 << 40, directory=str(tmp_path))
+    assert all(np.all(a == ON_DEVICE) for a in roomy.assignment.activations)
     assert not roomy.storage.lossy
 
 
@@ -375,7 +381,7 @@ def _all_in(tier: int, w) -> np.ndarray:
     return np.full(w.num_parts, tier, np.int8)
 
 
-def test_io_seconds_move_the_stored_bytes_and_pay_the_measured_conversion():
+def test_io_seconds_move_the_stored_bytes_and_convert_where_the_engine_does():
     from jgrind.plan import cost
     _, _, _, w = equal_parts_workload(num_parts=4, num_layers=3)
     int8 = codecs.int8()
@@ -392,16 +398,11 @@ def test_io_seconds_move_the_stored_bytes_and_pay_the_measured_conversion():
         assert seconds(w, slow) == exact  # float32 blocks: no conversion, whatever the rates
         # a quarter of the bytes through the SSD: less time when converting is free
         assert seconds(coded, free) < exact, op
-    # the conversions at the measured rates, on the float32 bytes of the blocks
-    values = float(w.block_bytes(1).sum())
-    assert cost.write_seconds(coded, slow, 1, ssd) - cost.write_seconds(coded, free, 1, ssd) \
-        == pytest.approx(values / 1e6)
-    assert cost.read_block_seconds(coded, slow, 1, ssd) \
-        - cost.read_block_seconds(coded, free, 1, ssd) == pytest.approx(values / 2e6)
-    # in host RAM too: the encode replaces the host copy
-    host = _all_in(cost.H, w)
-    assert cost.write_seconds(coded, slow, 1, host) == pytest.approx(
-        cost.write_seconds(w, slow, 1, host) - values / slow.copy_bw + values / 1e6)
+    # step outputs are encoded, and step inputs decoded, on the device: the host's measured
+    # conversion rates do not price them (a scatter-add's do: tests/test_dtype_pricing.py)
+    for op in ("write", "read"):
+        assert ops[op](coded, slow) == ops[op](coded, free), op
+    assert ops["accumulate"](coded, slow) > ops["accumulate"](coded, free)
 
 
 def test_the_profile_keeps_measured_conversion_rates():

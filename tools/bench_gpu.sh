@@ -26,8 +26,8 @@
 #                                # host_offload as it runs (inputs sent in 8 row ranges), with
 #                                # inputs filled into page-locked buffers, and in one piece;
 #                                # each traced (about 250 s in all)
-#   bash tools/bench_gpu.sh 10   # target 5: the first epoch with XLA's GPU autotuning on and
-#                                # off, compile cache empty (about 300 s)
+#   bash tools/bench_gpu.sh 10   # target 5: the first and later epochs with the engine's
+#                                # compile efforts quick (default) and full, cache empty (~300 s)
 #
 # The limits come from the H100 and H200 runs (docs/results-history.md, section 8): an out-of-core
 # run's first epoch compiled for 80-113 s; host_offload's epochs took 6.4-8.5 s before the
@@ -124,15 +124,16 @@ case "${1:-1}" in
     run 190 pinned python3 tools/trace_epoch.py --rmat 1000000 10000000 --policy host \
         --parts 8 --epochs 1 --variants default,pinned-inputs,pieces-1 --trace "$OUT/trace-dir"
     collect_traces ;;
-10) # target 5 (first epoch <= 2x a later one, compile cache empty): the first epoch compiled
-    # 49 programs in 71 s on an H200, about 1.45 s each, while a later epoch took 1.4 s. Most
-    # of a GPU compile can be XLA's autotuning of each product; this says how much, as a
-    # fresh process each, with no compile cache
+10) # target 5 (first epoch <= 2x a later one, compile cache empty). On an H200 the first
+    # epoch compiled 49 programs in 101 s with XLA's GPU autotuning and in 12 s without it
+    # (then an XLA_FLAGS setting); the engine now compiles its steps without it by default
+    # (jgrind.engine.compile_effort.QUICK). This checks that the default really skips it, and
+    # what the later epochs lose: each effort in a fresh process, no compile cache, 4 epochs
     unset JAX_COMPILATION_CACHE_DIR
-    run 200 autotune-default python3 tools/trace_epoch.py --rmat 1000000 10000000 \
-        --policy host --parts 8 --epochs 2
-    XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" run 200 autotune-off \
-        python3 tools/trace_epoch.py --rmat 1000000 10000000 --policy host --parts 8 --epochs 2 ;;
+    run 150 effort-quick python3 tools/trace_epoch.py --rmat 1000000 10000000 \
+        --policy host --parts 8 --epochs 4 --compile-effort quick
+    run 200 effort-full python3 tools/trace_epoch.py --rmat 1000000 10000000 \
+        --policy host --parts 8 --epochs 4 --compile-effort full ;;
 *)
     echo "usage: bash tools/bench_gpu.sh 0|1|2|3|4|5|6|7|8|9|10" >&2
     exit 2 ;;

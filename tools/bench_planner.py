@@ -98,11 +98,14 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
     import optax
     from jgrind.engine import BudgetError, OutOfCore
     from jgrind.plan import policies
-    from jgrind.plan.cost import Assignment, in_memory_seconds, predict
-    from jgrind.plan.planner import plan_run
+    from jgrind.plan.check import engine_prediction
+    from jgrind.plan.cost import in_memory_seconds
+    from jgrind.plan.inventory import layer_widths
+    from jgrind.plan.planner import _num_params, plan_run
     from jgrind.train import InMemory, in_memory_bytes
 
     graph, model = build_config(cfg)
+    num_params = _num_params(layer_widths(model, graph.num_features))
     store = store_root if cfg.store else None
     t = time.perf_counter()
     the_plan = plan_run(graph, model, profile, device_budget=cfg.device_budget,
@@ -159,10 +162,8 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
         ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=pg, store=store,
                        device_budget=cfg.device_budget, host_budget=cfg.host_budget)
         try:
-            if "predicted" not in record:
-                w = ex.workload
-                a = Assignment.from_fates(ex.fates, w.num_layers, w.num_parts)
-                pred = predict(w, a, profile, ex.store.cache.capacity)
+            if "predicted" not in record:  # as `jgrind.train` holds a fixed policy's run
+                pred = engine_prediction(ex, num_params, profile)
                 record["predicted"] = pred.epoch_seconds
                 record["predicted_memory"] = {"device": pred.memory.peak_device,
                                               "host": pred.memory.peak_host,

@@ -59,6 +59,9 @@ def main() -> None:
                    help="comma-separated engine settings to time one after the other on the "
                         "same engine (its programs compiled once): "
                         f"{', '.join(VARIANTS)}")
+    p.add_argument("--compile-effort", default="quick", choices=("quick", "full"),
+                   help="how hard XLA works on each partition step (jgrind.engine."
+                        "compile_effort): quick skips a GPU's autotuning; full is XLA's default")
     p.add_argument("--summarize", metavar="DIR", help="only summarize a trace written earlier")
     p.add_argument("--top", type=int, default=4, help="event names shown per line")
     args = p.parse_args()
@@ -75,6 +78,7 @@ def run(args) -> None:
 
     from jgrind.hostio import rows
     from jgrind.engine import OutOfCore
+    from jgrind.engine.compile_effort import by_name
 
     compiles = collections.Counter()
 
@@ -92,7 +96,8 @@ def run(args) -> None:
           f"devices {jax.devices()}")
     ex = OutOfCore(graph, model, optax.adam(1e-3), policy=harness.policy(args.policy, args.store),
                    partitioned=pg, store=args.store, device_budget=args.device_budget,
-                   host_budget=args.host_budget)
+                   host_budget=args.host_budget,
+                   compile_effort=by_name(args.compile_effort))
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown:

@@ -4,7 +4,7 @@ out-of-core engine's host tier.
 `choose` places the partitions as `Sharded` would and asks the planner for every layer's
 route (`jgrind.plan.sharded.choose_exchanges`): device to device while the devices' whole
 programs fit the per-device budget (`Sharded`, on the same partitions), else through host
-memory (`ShardedOutOfCore` with the `host_offload` policy, under the same budget).
+memory (`ShardedOutOfCore` with its `through_host_policy`, under the same budget).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from jgrind.devices.exchange import DeviceToDevice
 from jgrind.devices.executor import Sharded, resolve_devices
-from jgrind.devices.out_of_core import ShardedOutOfCore
+from jgrind.devices.out_of_core import ShardedOutOfCore, through_host_policy
 from jgrind.partition import partition_graph
 from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.exchange import exchange_plan
@@ -28,7 +28,6 @@ def choose(graph, model, optimizer, *, devices, device_budget: int,
            split: int = 0, loss: Optional[Callable] = None, seed: int = 0):
     """`Sharded` or `ShardedOutOfCore` (see the module docstring); ``device_budget`` is per
     device."""
-    from jgrind.plan import policies
     k = len(resolve_devices(devices))
     partitioner = label_propagation if partitioner is None else partitioner
     if getattr(partitioner, "num_parts", None) is not None and num_parts is None:
@@ -46,4 +45,4 @@ def choose(graph, model, optimizer, *, devices, device_budget: int,
                        loss=loss, exchange=routes)
     return ShardedOutOfCore(graph, model, optimizer, devices=devices, num_parts=parts,
                             partitioner=partitioner, split=split, loss=loss, seed=seed,
-                            policy=policies.host_offload(), device_budget=device_budget)
+                            policy=through_host_policy(), device_budget=device_budget)

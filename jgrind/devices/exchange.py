@@ -1,14 +1,17 @@
 """How halo rows travel between devices: a value passed to the executors, one per layer.
 
 * `DeviceToDevice`: the rows a device reads from another device's partitions go straight
-  between the devices, by a collective (`jgrind.devices.Sharded`: one ``all_to_all`` before
-  the layer, its transpose in the backward pass). The layer's rows stay on the devices.
-* `ThroughHost`: every device writes its partitions' rows of the layer's input to host
-  memory (or on through it to the SSD), and a device reads the halo rows it needs from
-  there (`jgrind.devices.ShardedOutOfCore`): FlexGNN's G2H. The halo input gradients go back
-  the same way and are added at the host, where their owner's rows are.
+  between the devices: by a collective in `jgrind.devices.Sharded` (one ``all_to_all``
+  before the layer, its transpose in the backward pass), by `jax.device_put` to the reading
+  step's device in `jgrind.devices.ShardedOutOfCore` (for a layer whose input blocks have
+  the device fate, `jgrind.devices.placed_tier`). The layer's rows stay on the devices.
+* `ThroughHost`: the rows of the layer's input go to host memory (stored there, or on
+  through it to the SSD, or read there from the device tier), and a device reads the halo
+  rows it needs from there (`jgrind.devices.ShardedOutOfCore`): FlexGNN's G2H. The halo
+  input gradients go back the same way and are added where their owner's rows are.
 
-`jgrind.plan.sharded.choose_exchanges` picks one per layer under the budgets.
+`jgrind.plan.sharded.choose_exchanges` picks one per layer under the budgets; `Sharded` runs
+the first for every layer, `ShardedOutOfCore` either, layer by layer.
 """
 
 from __future__ import annotations

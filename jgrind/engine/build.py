@@ -24,6 +24,7 @@ from jgrind.hostio import host_memory, transfers
 from jgrind.arguments import whole_number
 from jgrind.engine.pipeline import Pipeline, TransferSettings
 from jgrind.engine.spares import Spares
+from jgrind.engine.compile_effort import QUICK, CompileEffort
 from jgrind.engine.steps import LayerSteps, PaddedPartition, layer_steps, pad_partition
 from jgrind.engine.store import BudgetError, Store
 from jgrind.graph import Graph
@@ -164,7 +165,8 @@ def build(graph: Graph, model: GNN, optimizer=None, *, policy=None, num_parts: i
           partitioner: Callable, partitioned: Optional[PartitionedGraph] = None,
           split: int = 0, store: Optional[str] = None, device_budget: Optional[int] = None,
           host_budget: Optional[int] = None, remat_policy=None, prefetch: bool = True,
-          max_shapes: int = 3, seed: int = 0, loss: Optional[Callable] = None) -> Built:
+          max_shapes: int = 3, seed: int = 0, loss: Optional[Callable] = None,
+          tiers: Optional[dict] = None, compile_effort: CompileEffort = QUICK) -> Built:
     """Everything an out-of-core run needs before its first epoch (the arguments are
     `jgrind.engine.OutOfCore`'s). Raises before any file is written where an argument, the
     plan or a budget is wrong; removes what it wrote when stopped later."""
@@ -189,9 +191,10 @@ def build(graph: Graph, model: GNN, optimizer=None, *, policy=None, num_parts: i
                   optimizer=optimizer, update=_jitted_update(optimizer),
                   device_budget=budgets[0], host_budget=budgets[1], pg=pg,
                   num_nodes=graph.num_nodes, parts=parts,
-                  steps=_layer_steps(model, plan.workload, remat_policy, loss),
+                  steps=_layer_steps(model, plan.workload, remat_policy, loss,
+                                     compile_effort),
                   largest_output=_largest_output(parts, plan.widths, plan.num_layers))
-    opened = _open_store(plan, pg, parts, budgets, store, common["largest_output"])
+    opened = _open_store(plan, pg, parts, budgets, store, common["largest_output"], tiers)
     return _with_resources(opened, graph, prefetch, common)
 
 
@@ -389,25 +392,26 @@ def _padded_parts(graph: Graph, model: GNN, pg: PartitionedGraph, split: int,
     return parts
 
 
-def _layer_steps(model: GNN, workload: Workload, remat_policy, loss) -> list[LayerSteps]:
+def _layer_steps(model: GNN, workload: Workload, remat_policy, loss,
+                 effort: CompileEffort) -> list[LayerSteps]:
     """Each executed layer's jitted steps. Layer l+1's backward steps hand layer l's backward
     the mask of l's output; the loss is fused with the top layer's steps only."""
     rules = [derivative_from_output(layer) if workload.masked(l) else None
              for l, layer in enumerate(model.layers)]
     top = len(model.layers) - 1
     return [_steps(layer, remat_policy, rules[l - 1] if l >= 1 else None,
-                   loss if l == top else None)
+                   loss if l == top else None, effort)
             for l, layer in enumerate(model.layers)]
 
 
-def _steps(layer, remat_policy, input_mask, node_loss) -> LayerSteps:
+def _steps(layer, remat_policy, input_mask, node_loss, effort) -> LayerSteps:
     """`layer_steps`, shared through its cache when its arguments hash; a loss that does not
     (a plain, unfrozen dataclass) gets steps of its own."""
     try:
         hash((layer, remat_policy, input_mask, node_loss))
     except TypeError:
-        return layer_steps.__wrapped__(layer, remat_policy, input_mask, node_loss)
-    return layer_steps(layer, remat_policy, input_mask, node_loss)
+        return layer_steps.__wrapped__(layer, remat_policy, input_mask, node_loss, effort)
+    return layer_steps(layer, remat_policy, input_mask, node_loss, effort)
 
 
 def _jitted_update(optimizer) -> Callable:
@@ -422,7 +426,8 @@ def _apply_update(optimizer, params, opt_state, grads, loss):
 
 
 def _open_store(plan: BoundPlan, pg: PartitionedGraph, parts: list, budgets: tuple,
-                directory: Optional[str], largest_output: int) -> Store:
+                directory: Optional[str], largest_output: int,
+                tiers: Optional[dict] = None) -> Store:
     """The store, with a host cache within the host budget (without one: at most half the
     host RAM free now, `jgrind.hostio.host_memory`) unless the policy's I/O reads no whole blocks."""
     device_budget, host_budget = budgets
@@ -438,7 +443,8 @@ def _open_store(plan: BoundPlan, pg: PartitionedGraph, parts: list, budgets: tup
                  # freed tables' arrays are kept within the plan's peak
                  host_tables_bytes=m.stored_peaks[1],
                  input_buffer_bytes=_input_buffer_bytes(plan, parts, budgets, largest_output),
-                 input_staging=_input_staging(), storage=plan.workload.storage)
+                 input_staging=_input_staging(), storage=plan.workload.storage,
+                 tiers=tiers)
 
 
 def _input_staging() -> Optional[transfers.PinnedStaging]:

@@ -60,6 +60,7 @@ import numpy as np
 import optax
 
 from jgrind.engine.build import Built, build
+from jgrind.engine.compile_effort import QUICK, CompileEffort
 from jgrind.engine.runner import Runner
 from jgrind.graph import Graph
 from jgrind.models.model import GNN
@@ -130,6 +131,12 @@ class OutOfCore:
       prediction: the planner's predicted epoch for this run (`jgrind.plan.cost.Prediction`),
         which `train` holds each epoch's measured sweeps against (`sweep_seconds`); None: no
         plan predicted it.
+      compile_effort: how hard XLA works on each partition step
+        (`jgrind.engine.compile_effort`): `QUICK` (the default) skips a GPU's autotuning,
+        which took most of a first epoch's compile time there; `FULL` is XLA's default.
+      tiers: classes that serve some fates instead of the store's (`jgrind.engine.store.Store`'s
+        ``tiers``): e.g. device blocks spread over several devices
+        (`jgrind.devices.placed_tier`).
 
     Attributes: ``built`` (the `jgrind.engine.build.Built` record; some of its fields and its
     plan's are readable here too: ``store``, ``parts``, ``fates``, ``memory``...; the schedule
@@ -147,12 +154,15 @@ class OutOfCore:
                  store: Optional[str] = None, device_budget: Optional[int] = None,
                  host_budget: Optional[int] = None, remat_policy=None, prefetch: bool = True,
                  max_shapes: int = 3, seed: int = 0, loss: Optional[Callable] = None,
-                 prediction=None):
+                 prediction=None, tiers: Optional[dict] = None,
+                 compile_effort: CompileEffort = QUICK):
         self.built: Built = build(
             graph, model, optimizer, policy=policy, num_parts=num_parts,
             partitioner=partitioner, partitioned=partitioned, split=split, store=store,
             device_budget=device_budget, host_budget=host_budget, remat_policy=remat_policy,
-            prefetch=prefetch, max_shapes=max_shapes, seed=seed, loss=loss)
+            prefetch=prefetch, max_shapes=max_shapes, seed=seed, loss=loss, tiers=tiers,
+            compile_effort=compile_effort)
+        self.compile_effort = compile_effort
         self.runner = Runner(self.built)
         self.prediction = prediction
 

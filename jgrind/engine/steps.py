@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jgrind.engine.compile_effort import FULL, CompileEffort
 from jgrind.hostio.buffers import ALIGNMENT, aligned_empty
 from jgrind.loss import weighted_loss
 from jgrind.models.block import Block, make_block
@@ -95,7 +96,12 @@ def masked_cotangent(mask: jax.Array, g_out: jax.Array, scale: float = 1.0) -> j
     return jnp.where(keep, kept, jnp.zeros((), g_out.dtype))
 
 
-def _spared(fn, donated: tuple = ()):
+def _jit(fn, effort: CompileEffort, **kwargs):
+    """``jax.jit(fn, **kwargs)`` compiled with ``effort``'s XLA options."""
+    return jax.jit(fn, compiler_options=effort.compiler_options(), **kwargs)
+
+
+def _spared(fn, effort: CompileEffort, donated: tuple = ()):
     """``jit(fn)`` taking one more trailing argument, ``spare``, donated with ``donated``.
     ``keep_unused``: jit drops unused arguments, and a dropped argument is not donated."""
     count = fn.__code__.co_argcount
@@ -106,30 +112,35 @@ def _spared(fn, donated: tuple = ()):
     # the name only (profilers label steps by it): functools.wraps would also make jit read
     # fn's signature, which has no ``spare``
     with_spare.__name__ = with_spare.__qualname__ = fn.__name__
-    return jax.jit(with_spare, donate_argnums=(*donated, count), keep_unused=True)
+    # what the arguments are, by name, for callers that take one out by name
+    # (`jgrind.devices.out_of_core` keeps each device's accumulator ``acc``)
+    with_spare.argument_names = (*fn.__code__.co_varnames[:count], "spare")
+    return _jit(with_spare, effort, donate_argnums=(*donated, count), keep_unused=True)
 
 
 @functools.lru_cache(maxsize=256)
 def layer_steps(layer, remat_policy: Optional[Callable] = None,
                 input_mask: Optional[Callable] = None,
-                node_loss: Optional[Callable] = None) -> LayerSteps:
+                node_loss: Optional[Callable] = None,
+                effort: CompileEffort = FULL) -> LayerSteps:
     """The jitted steps of ``layer``. Layers are frozen dataclasses, so equal layers share one
     set of jitted functions and their compiled shapes across engines (cached).
 
     ``input_mask``: the layer below's `derivative_from_output` rule; when given, ``top`` and
     ``backward`` also return it applied to the owned rows of their input, bit-packed.
     ``node_loss``: the per-node loss ``top`` sums (`jgrind.loss.weighted_loss`; None: cross
-    entropy)."""
+    entropy). ``effort``: how hard XLA works on each step (`jgrind.engine.compile_effort`)."""
     emit = functools.partial(_emit, input_mask)
     dropout = _OutputDropout(output_rate(layer), output_scale(layer))
     masked = masked_params = None
     if derivative_from_output(layer) is not None:
-        masked, masked_params = _masked_steps(layer, remat_policy, emit, dropout)
+        masked, masked_params = _masked_steps(layer, remat_policy, emit, dropout, effort)
     saving = saved = saved_params = None
     split = aggregation_split(unwrap(layer))
     if split is not None:
-        saving, saved, saved_params = _saved_steps(unwrap(layer), split, dropout)
-    return LayerSteps(**_plain_steps(_checkpointed(layer, remat_policy), emit, node_loss),
+        saving, saved, saved_params = _saved_steps(unwrap(layer), split, dropout, effort)
+    return LayerSteps(**_plain_steps(_checkpointed(layer, remat_policy), emit, node_loss,
+                                     effort),
                       masked_backward=masked, masked_backward_params=masked_params,
                       emits_mask=input_mask is not None, forward_saving=saving,
                       saved_backward=saved, saved_backward_params=saved_params)
@@ -173,7 +184,8 @@ class _OutputDropout:
         return self.scale if self.rate and split_key(key)[1] is not None else 1.0
 
 
-def _plain_steps(apply: Callable, emit: Callable, node_loss: Optional[Callable]) -> dict:
+def _plain_steps(apply: Callable, emit: Callable, node_loss: Optional[Callable],
+                 effort: CompileEffort) -> dict:
     """``forward``, ``backward`` (regather and recompute), ``backward_params`` and ``top``.
     The gradient accumulator is donated: it is replaced by the returned sum."""
     def forward(params, block, h, key):
@@ -195,13 +207,13 @@ def _plain_steps(apply: Callable, emit: Callable, node_loss: Optional[Callable])
         value, (d_params, d_h) = jax.value_and_grad(loss, argnums=(0, 1))(params, h)
         return emit(block, h, value, _tree_add(acc, d_params), d_h)
 
-    return dict(forward=_spared(forward), backward=_spared(backward, (5,)),
-                backward_params=jax.jit(backward_params, donate_argnums=5),
-                top=_spared(top, (6,)))
+    return dict(forward=_spared(forward, effort), backward=_spared(backward, effort, (5,)),
+                backward_params=_jit(backward_params, effort, donate_argnums=5),
+                top=_spared(top, effort, (6,)))
 
 
 def _masked_steps(layer, remat_policy: Optional[Callable], emit: Callable,
-                  dropout: _OutputDropout) -> tuple:
+                  dropout: _OutputDropout, effort: CompileEffort) -> tuple:
     """``masked_backward`` and ``masked_backward_params``: the vjp of the pre-activation with
     the output mask's cotangent."""
     pre_layer = _checkpointed(without_activation(unwrap(layer)), remat_policy)
@@ -219,11 +231,11 @@ def _masked_steps(layer, remat_policy: Optional[Callable], emit: Callable,
         (d_params,) = vjp(masked_cotangent(mask, g_out, dropout.cot_scale(key)))
         return _tree_add(acc, d_params)
 
-    return (_spared(masked_backward, (6,)),
-            jax.jit(masked_backward_params, donate_argnums=6))
+    return (_spared(masked_backward, effort, (6,)),
+            _jit(masked_backward_params, effort, donate_argnums=6))
 
 
-def _saved_steps(inner, split, dropout: _OutputDropout) -> tuple:
+def _saved_steps(inner, split, dropout: _OutputDropout, effort: CompileEffort) -> tuple:
     """``forward_saving``, ``saved_backward`` and ``saved_backward_params`` of a layer whose
     aggregation ``split`` (`aggregation_split`) keeps ``z``; ``inner``: the layer without a
     moved dropout."""
@@ -255,8 +267,8 @@ def _saved_steps(inner, split, dropout: _OutputDropout) -> tuple:
     def saved_backward_params(params, block, z, key, mask, g_out, acc):
         return _tree_add(acc, params_vjp(params, block, key, z, mask, g_out, False)[0])
 
-    return (_spared(forward_saving), _spared(saved_backward, (6,)),
-            jax.jit(saved_backward_params, donate_argnums=6))
+    return (_spared(forward_saving, effort), _spared(saved_backward, effort, (6,)),
+            _jit(saved_backward_params, effort, donate_argnums=6))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -160,6 +160,12 @@ class Table:
                     shared)
         # whether each block's rows are device memory (its tier's `on_device`)
         self._on_device = np.array([tiers[fate].on_device for fate in FATES])[self.tier]
+        # the tier codes whose tier converts on the device (`CODED_TIERS`): a block there is
+        # written from the step output where it is, and read for a step as stored words
+        self._converting = frozenset(
+            code for code, fate in enumerate(FATES) if self._tiers[code] is not None
+            and getattr(self._tiers[code], "converts_on_device", False))
+        self._encodes = np.isin(self.tier, list(self._converting))
         self.layout = Layout(self.tier, self.slot)
 
     # -- what the tiers hold (for inspection and tests) ----------------------------------------
@@ -188,16 +194,17 @@ class Table:
     def stored_on_host(self, block: int, halo_owner: Optional[np.ndarray] = None) -> bool:
         """Whether storing a step output of ``block`` reads the output in host memory: its
         `write`, or with ``halo_owner`` its `accumulate` into those halo rows too. Only rows
-        that all land in device blocks stay on the device."""
+        that all land in device blocks stay on the device, and a block that a tier encodes on
+        the device is written from the output where it is (`jgrind.engine.tiers.coded`)."""
         if halo_owner is None:
-            return not self._on_device[block]
+            return not (self._on_device[block] or self._encodes[block])
         return bool(not self._on_device[block] or not self._on_device[halo_owner].all())
 
     def held_on_host(self, block: int, halo_owner: Optional[np.ndarray] = None) -> bool:
         """Whether storing a step output of ``block`` (with ``halo_owner``: accumulating it)
         reads it in host memory only: no row of it lands in a device block, so the store
         needs no device copy of it and takes a host one (`write`, `accumulate`)."""
-        if self._on_device[block]:
+        if self._on_device[block] or (halo_owner is None and self._encodes[block]):
             return False
         return halo_owner is None or not self._on_device[halo_owner].any()
 
@@ -236,7 +243,7 @@ class Table:
     def write(self, block: int, values) -> None:
         """Store the first ``rows(block)`` rows of ``values`` (a padded step output)."""
         tier = self._tier_of(block)
-        if tier.on_device:
+        if tier.on_device or self._encodes[block]:
             tier.write_block(int(block), values)
         else:
             tier.write_block(int(block), transfers.host_view(values)[:self._rows(block)])
@@ -247,6 +254,10 @@ class Table:
         tier, rows = self._tier_of(block), self._rows(block)
         if tier.on_device:
             return tier.read_on_device(int(block), padded_rows)
+        if self._encodes[block]:  # its stored words, decoded on the device (`StoredRows`)
+            words = tier.stored_buffer(rows, padded_rows)
+            tier.read_stored(int(block), words[:rows])
+            return tier.stored_rows(words)
         out = padded_buffer(self._buffers, rows, padded_rows, self.width)
         own = out[:rows]  # one view: `_fill` tells an in-place read by identity
         self._fill(own, tier.read_block(int(block), own))
@@ -274,6 +285,9 @@ class Table:
             src = np.concatenate([np.arange(own_range.start, own_range.stop)]
                                  + [t.src for t in route.halo])
             return own_tier.take_on_device(src, padded_rows)
+        if route.own_code in self._converting and all(
+                rows.code in self._converting for rows in route.halo):
+            return self._gather_stored(block, route, own_tier, padded_rows)
         out = padded_buffer(self._buffers, own_rows + halo_row.size, padded_rows, self.width)
         kept_tier, on_device = None, []  # (positions, rows) left on the one device tier
         with contextlib.ExitStack() as held:
@@ -301,6 +315,19 @@ class Table:
         n = bucket_len(dst.size)
         values = kept_tier.take_on_device(src, n)
         return DeviceRows(out, pad_index(dst, n, padded_rows), values)
+
+    def _gather_stored(self, block: int, route, own_tier, padded_rows: int):
+        """`gather` from tiers that all convert on the device: the rows' stored words, one
+        width in every coded tier of the table, as a `StoredRows`."""
+        words = own_tier.stored_buffer(route.own_rows + sum(r.size for r in route.halo),
+                                       padded_rows)
+        with contextlib.ExitStack() as held:
+            for code in self._converting:
+                held.enter_context(self._tiers[code].hold(route.blocks_in(code)))
+            own_tier.read_stored(int(block), words[:route.own_rows])
+            for rows in route.halo:
+                self._tiers[rows.code].take_stored(rows, words)
+        return own_tier.stored_rows(words)
 
     def accumulate(self, block: int, halo_owner: np.ndarray, halo_row: np.ndarray,
                    values, keep_device_rows: bool = False) -> None:

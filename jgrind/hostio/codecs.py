@@ -25,8 +25,10 @@ int8       w + 4          ``m / 254`` at most (nearest), below ``m / 127`` (stoc
 (``w`` rounded up to whole words.) int8 is symmetric with one float32 scale per row,
 ``m / 127``; an all-zero row has scale 0 and decodes to zeros. Stochastic rounding rounds
 up with probability equal to the fraction dropped, so a decoded value is ``x`` on average
-(unbiased); its random numbers come from ``seed``, so a run that makes the same calls rounds
-the same.
+(unbiased); its random numbers are a hash of ``seed`` and each element's row and column
+(`uniforms`), so a run that makes the same calls rounds the same, and the device's encoder
+(`jgrind.hostio.device_codecs`), which computes the same hash in the same uint32 arithmetic,
+rounds every element as the host does.
 
 Every codec keeps the sign of a nonzero value: one that would round to zero (under half an int8
 step, or below float16's or bfloat16's smallest subnormal) is stored as the smallest magnitude
@@ -180,7 +182,10 @@ class Float16(_Half):
 class Int8:
     """Symmetric int8 with one float32 scale per row (``max |x| / 127``), the scale in the
     row's last word. ``stochastic``: round up with probability equal to the fraction dropped
-    (unbiased), from random numbers seeded by ``encode``'s ``seed``; else to nearest."""
+    (unbiased), from random numbers of ``encode``'s ``seed`` (`uniforms`); else to nearest.
+
+    A row whose largest magnitude is under ``127 / float32's max`` (about 4e-37) is multiplied
+    by `TINY_LIFT` (exact: a power of two) before ``127 / largest``, which would overflow."""
 
     stochastic: bool = False
     lossy = True
@@ -203,7 +208,7 @@ class Int8:
         codes = out[:, :words - 1].view(np.int8)  # [rows, 4 * (words - 1)]
         if codes.shape[1] > width:
             codes[:, width:] = 0
-        rng = np.random.default_rng(list(seed)) if self.stochastic else None
+        key = seed_key(seed) if self.stochastic else None
         for a, b in _chunks(rows, width):
             x = block[a:b]
             largest = np.max(np.abs(x), axis=1) if width else np.zeros(b - a, np.float32)
@@ -218,15 +223,17 @@ class Int8:
             if not finite.all():
                 t[~finite] = 0
             tiny = np.isinf(inverse)  # largest below 127 / float32's max (about 4e-37)
-            if tiny.any():
-                t[tiny] = x[tiny] * (127.0 / largest[tiny].astype(np.float64))[:, None]
-            if rng is None:
+            if tiny.any():  # lifted by a power of two first, as `device_codecs` does
+                lifted = np.float32(127) / (largest[tiny] * TINY_LIFT)
+                t[tiny] = (x[tiny] * TINY_LIFT) * lifted[:, None]
+            if key is None:
                 np.rint(t, out=t)
             else:
-                t += rng.random(t.shape, dtype=np.float32)
+                t += uniforms(key, np.arange(a, b, dtype=np.uint32)[:, None],
+                              np.arange(width, dtype=np.uint32)[None, :])
                 np.floor(t, out=t)
             _keep_signs(t, x, 1)
-            if rng is not None:  # floor(127 + u) may reach 128; nearest rounding stays within
+            if key is not None:  # floor(127 + u) may reach 128; nearest rounding stays within
                 np.clip(t, -127, 127, out=t)
             codes[a:b, :width] = t
             out[a:b, -1] = np.where(finite, scale, np.float32(np.nan))
@@ -239,6 +246,55 @@ class Int8:
         for a, b in _chunks(into.shape[0], width):
             np.multiply(codes[a:b, :width], stored[a:b, -1:], out=into[a:b])
         return into
+
+
+# A row of int8 whose largest magnitude is so small that ``127 / largest`` overflows is scaled
+# by this first (exact); float32 arithmetic throughout, as on the device (no float64 there).
+TINY_LIFT = np.float32(2.0 ** 64)
+
+# murmur3's 32-bit finaliser constants, and the golden ratio's: the hash of `uniforms`
+_MIX1, _MIX2 = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35)
+_GOLDEN = np.uint32(0x9E3779B9)
+
+
+def _mix32(h):
+    """murmur3's finaliser: every bit of ``h`` (uint32, NumPy or JAX) moves every output bit.
+    uint32 products wrap in both, so they compute the same bits."""
+    h = h ^ (h >> 16)
+    h = h * _MIX1
+    h = h ^ (h >> 13)
+    h = h * _MIX2
+    return h ^ (h >> 16)
+
+
+def _mix32_int(h: int) -> int:
+    h &= 0xFFFFFFFF
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def seed_key(seed: Sequence[int]) -> np.ndarray:
+    """The two uint32 words stochastic rounding hashes with (`uniforms`), from ``seed``'s
+    integers (each taken modulo 2**32)."""
+    k0, k1 = 0x243F6A88, 0x85A308D3  # pi's digits: any nonzero start
+    for s in seed:
+        k0 = _mix32_int(k0 ^ (int(s) & 0xFFFFFFFF))
+        k1 = _mix32_int(k1 + k0 + 0x9E3779B9)
+    return np.array([k0, k1], np.uint32)
+
+
+def uniforms(key, rows, cols):
+    """Uniform float32 numbers in ``[0, 1)`` (multiples of 2**-24), one per element of the
+    broadcast of ``rows`` (``[r, 1]``) and ``cols`` (``[1, w]``), both uint32: a hash of the
+    key (`seed_key`) and the element's row and column in its block. NumPy and JAX arrays
+    alike: the host's codec and the device's draw the very same numbers, element by element,
+    whatever rows they convert at a time."""
+    row = _mix32(rows * _GOLDEN ^ key[0])
+    bits = _mix32(row ^ (cols * _MIX1 + key[1]))
+    return (bits >> 8).astype(np.float32) * np.float32(2.0 ** -24)
 
 
 def _keep_signs(coded: np.ndarray, values: np.ndarray, smallest,
@@ -326,11 +382,9 @@ def conversion_rates(rows: int = 65536, width: int = 128, repeats: int = 3) -> d
 
 def to_stored(codec: Codec, values: np.ndarray, seed: Sequence[int] = (),
               out: Optional[np.ndarray] = None) -> np.ndarray:
-    """A step output's rows in their stored form, in host memory: the one place a block is
-    encoded on its way to a host or SSD tier.
-
-    On the CPU backend the step output is host memory already and NumPy encodes it. On a GPU
-    this is the seam for encoding on the device before the transfer, so that the link carries
-    the small form: a jitted encode of the device array, then its host copy. Not done yet; the
-    output is copied as float32 and encoded here."""
+    """A step output's rows (host memory) in their stored form, encoded by NumPy: how a block
+    is encoded on its way to a host or SSD tier where the device does not encode it (a codec
+    `jgrind.hostio.device_codecs` does not know, or conversion on the device switched off,
+    `jgrind.engine.tiers.coded`). The coded tiers otherwise encode the step output on the
+    device, to the same words, and copy only those to the host."""
     return codec.encode(np.ascontiguousarray(values, np.float32), out=out, seed=seed)

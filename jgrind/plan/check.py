@@ -9,6 +9,10 @@ it: compute, reads and writes (`jgrind.engine.timing`).
 
 A run that re-plans (`jgrind.plan.replan`) holds its epochs against the prediction of the plan
 they ran; its summaries (`run_check`, `sweep_table`) are of the last plan's epochs.
+
+A run with a fixed policy has no plan; `engine_prediction` prices the fates its engine chose
+with the same `jgrind.plan.cost.predict` that prices a plan, from the saved hardware profile
+(`jgrind.plan.profile.load_current`), so its epochs are held against a prediction too.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-__all__ = ["PLAN_MARGIN", "EpochCheck", "check_epoch", "format_parts_table",
+__all__ = ["PLAN_MARGIN", "EpochCheck", "check_epoch", "engine_prediction", "format_parts_table",
            "format_sweep_table", "parts_table", "run_check", "sweep_table"]
 
 # The parts of a sweep the cost model prices (`jgrind.plan.cost.Sweep`)
@@ -89,6 +93,23 @@ def check_epoch(prediction, measured_sweeps: Sequence[tuple[str, float]],
                       for s, measured in zip(prediction.sweeps, measured_parts))
     return EpochCheck(epoch, float(prediction.epoch_seconds), float(epoch_seconds), sweeps,
                       parts)
+
+
+def engine_prediction(engine, num_params: int, profile=None, directory=None):
+    """The cost model's prediction (`jgrind.plan.cost.predict`, as the planner prices a plan)
+    of an out-of-core ``engine``'s epoch: its workload, the fates its policy gave every block
+    and its store's host cache, with ``num_params`` parameters to update. ``profile``: a
+    `jgrind.plan.profile.Profile`, else the saved one for the store ``directory`` if it is
+    current (nothing is measured); None when there is none."""
+    from jgrind.plan import profile as hw
+    from jgrind.plan.cost import Assignment, predict
+    if profile is None:
+        profile = hw.load_current(directory)
+        if profile is None:
+            return None
+    w = engine.workload
+    a = Assignment.from_fates(engine.fates, w.num_layers, w.num_parts)
+    return predict(w, a, profile, engine.store.cache.capacity, num_params)
 
 
 def _of_last_plan(history: Sequence[dict]) -> list[dict]:

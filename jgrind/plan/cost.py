@@ -44,10 +44,11 @@ from jgrind.models.gat import GATConv
 from jgrind.models.model import gcn
 from jgrind.executed.moved_dropout import drops_input, unwrap
 from jgrind.executed.split import as_executed
+from jgrind.hostio import codecs
 from jgrind.partition import shape_groups
 from jgrind.plan.fates import (ACTIVATION, AGGREGATION, CODES, EXACT, FATES, GRADIENT, D, Fate,
                                H, R, S, Storage)
-from jgrind.plan.inventory import aggregation_widths, layer_widths
+from jgrind.plan.inventory import aggregation_widths, forward_work, layer_widths
 from jgrind.plan.schedule import ACTIVATIONS, GRADIENTS, Schedule, epoch_schedule
 
 ITEMSIZE = 4                      # float32 activations and gradients
@@ -157,8 +158,11 @@ class Workload:
       owned, inputs, edges: ``[P]`` rows owned, rows gathered (owned + halo), in-edges.
       pad_out, pad_in, pad_edges: ``[P]`` the padded shapes the jitted steps run on.
       halo: ``[P, P]`` halo rows of partition p owned by partition q.
-      ssd_calls, ssd_rows: ``{width: [P, P]}`` read calls and rows read (gaps included) when
-        partition p's halo rows in q's block come from SSD at that width (see `COALESCE_BYTES`).
+      ssd_calls, ssd_rows: ``{words: [P, P]}`` read calls and rows read (gaps included) when
+        partition p's halo rows in q's block come from SSD in rows of ``words`` 4-byte words
+        (see `COALESCE_BYTES`): a float32 row's words are its width, a stored row's its
+        codec's `words` (the SSD tier coalesces at the stored width). Every layer's width in
+        every storage dtype of `jgrind.hostio.codecs.NAMES` has its tables.
       needs_edges, needs_adjacency: which block pieces the layers read.
       masks: backward steps of ReLU layers read a bit mask of their output instead of
         recomputing it (`jgrind.engine.steps`); the masks count towards the working set.
@@ -171,6 +175,11 @@ class Workload:
       storage: the storage dtype of each kind of tensor in the host and SSD tiers
         (`jgrind.plan.fates.Storage`): their blocks are priced at its bytes
         (`stored_bytes`), device blocks and recomputed transients at float32's.
+      relations: R of a graph whose edges carry relations (the normalised graph's edge
+        types), 0 without: a block's adjacency then has a row per output and relation, and
+        its edge lists a relation per edge (`jgrind.models.block`).
+      label_row_bytes: bytes per padded output row of the top step's labels and loss
+        weights, sent to the device with its input (`jgrind.engine.steps.PaddedPartition`).
     """
 
     widths: tuple
@@ -193,6 +202,8 @@ class Workload:
     loss_row_bytes: int = 0
     num_params: int = 0
     storage: Storage = EXACT
+    relations: int = 0
+    label_row_bytes: int = LABEL_ROW_BYTES
 
     @property
     def num_parts(self) -> int:
@@ -223,7 +234,10 @@ class Workload:
         P = len(parts)
         shapes = shape_groups(parts, max_shapes)
         widths = layer_widths(model, pg.graph.num_features)
-        gaps = sorted({COALESCE_BYTES // (w * ITEMSIZE) for w in widths[:-1]})
+        # rows of every width in every storage dtype, in 4-byte words (float32's: the width)
+        row_words = sorted({make().words(w) for w in widths[:-1] for make in
+                            codecs.NAMES.values()})
+        gaps = sorted({COALESCE_BYTES // (words * ITEMSIZE) for words in row_words})
         halo = np.zeros((P, P), np.int64)
         calls = {g: np.zeros((P, P), np.int32) for g in gaps}
         span_rows = {g: np.zeros((P, P), np.int64) for g in gaps}
@@ -244,8 +258,8 @@ class Workload:
                 span_rows[g][part.index] = np.bincount(o[first], r[last] - r[first] + 1,
                                                        minlength=P).astype(np.int64)
         shape = lambda p, i: shapes.get(p.index, (0, 0, 0))[i]  # noqa: E731
-        by_width = lambda table: {w: table[COALESCE_BYTES // (w * ITEMSIZE)]  # noqa: E731
-                                  for w in widths[:-1]}
+        by_words = lambda table: {n: table[COALESCE_BYTES // (n * ITEMSIZE)]  # noqa: E731
+                                  for n in row_words}
         return cls(
             widths=tuple(widths),
             layers=tuple(model.layers),
@@ -255,11 +269,13 @@ class Workload:
             pad_out=np.array([shape(p, 0) for p in parts], np.int64),
             pad_in=np.array([shape(p, 1) for p in parts], np.int64),
             pad_edges=np.array([shape(p, 2) for p in parts], np.int64),
-            halo=halo, ssd_calls=by_width(calls), ssd_rows=by_width(span_rows),
+            halo=halo, ssd_calls=by_words(calls), ssd_rows=by_words(span_rows),
             needs_edges=model.needs_edges,
             needs_adjacency=model.needs_adjacency, num_nodes=pg.graph.num_nodes,
             num_edges=pg.graph.num_edges, aggregated=aggregation_widths(model),
-            loss_row_bytes=loss_row_bytes(pg.graph.labels), num_params=parameter_count(model))
+            loss_row_bytes=loss_row_bytes(pg.graph.labels), num_params=parameter_count(model),
+            relations=pg.graph.num_relations if pg.graph.edge_type is not None else 0,
+            label_row_bytes=label_row_bytes(pg.graph.labels))
 
     # -- sizes ------------------------------------------------------------------------------
     def block_bytes(self, layer: int) -> np.ndarray:
@@ -298,13 +314,17 @@ class Workload:
         return self.owned * self.aggregated.get(layer, 0) * ITEMSIZE
 
     def structure_bytes(self) -> np.ndarray:
-        """``[P]`` device bytes of every padded block structure (CSR and its transpose, the
-        edge lists GAT reads, the input ids)."""
+        """``[P]`` device bytes of every padded block structure, as `jgrind.models.block`
+        makes it: the input ids; the CSR (a row pointer per output row, or per output row and
+        relation for a graph with relations) and its transpose (a row pointer per input row),
+        each with a column and a weight per edge; the edge lists attention reads (source and
+        target, and the relation with relations). All 4-byte entries."""
         nbytes = ITEMSIZE * self.pad_in
         if self.needs_adjacency:
-            nbytes = nbytes + 2 * ITEMSIZE * (self.pad_out + self.pad_in + 2 + 2 * self.pad_edges)
+            rows = self.pad_out * max(self.relations, 1)
+            nbytes = nbytes + ITEMSIZE * (rows + 1 + self.pad_in + 1 + 4 * self.pad_edges)
         if self.needs_edges:
-            nbytes = nbytes + 2 * ITEMSIZE * self.pad_edges
+            nbytes = nbytes + ITEMSIZE * (3 if self.relations else 2) * self.pad_edges
         return nbytes
 
     def local(self, layer: int) -> bool:
@@ -433,6 +453,12 @@ def parameter_count(model) -> int:
     return int(sum(np.prod(leaf.shape, dtype=np.int64) for leaf in jax.tree.leaves(shapes)))
 
 
+def label_row_bytes(labels: np.ndarray) -> int:
+    """Bytes per padded output row of the top step's labels (``[N]`` class ids or ``[N, T]``
+    targets, in their own dtype) and its float32 loss weight."""
+    return int(labels.dtype.itemsize * np.prod(labels.shape[1:], dtype=np.int64)) + ITEMSIZE
+
+
 def loss_row_bytes(labels: np.ndarray) -> int:
     """Device bytes per node of the loss beyond the logits: for multi-label targets ``[N, T]``
     the targets and two per-target float tensors (the loss and its cotangent); 0 for class
@@ -450,11 +476,14 @@ class _Priced:
     ``terms``: ``[P]`` arrays, indexed by partition, whose sum is each partition's share;
     ``once``: seconds spent once in the sweep (a layer's SSD file read whole into the host
     cache), paid by the first partition in the engine's order among ``needs`` (``[P]``
-    bool)."""
+    bool). ``to_device``, ``to_host``: the bytes it hands to the device and reads back on the
+    host over the sweep, as the store counts them (`jgrind.engine.store.Accounts`)."""
 
     terms: tuple
     once: float = 0.0
     needs: Optional[np.ndarray] = None
+    to_device: int = 0
+    to_host: int = 0
 
     def total(self) -> float:
         """The sweep's seconds, summed term by term (the figures the planner compares)."""
@@ -511,31 +540,30 @@ def _weight_grad(profile):
 
 def layer_products(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> Products:
     """The `Products` of one step of ``layer`` on partitions of the given padded shapes."""
-    mm, wg = _matmul(profile), _weight_grad(profile)
+    wg = _weight_grad(profile)
     sp = lambda width: nnz * float(width) / profile.spmm_rate           # noqa: E731
     layer = unwrap(layer)  # a layer running its consumer's dropout: the same products
     kind = type(layer).__name__
+    # the forward's sparse width and dense flops, shared with the inventory's recompute price
+    sparse_width, dense_flops = forward_work(layer, w_in, w_out, n_out, n_in)
+    dense = dense_flops / profile.matmul_flops
     first = w_in <= w_out  # the sparse product runs before the matmul, on the narrower side
     if kind in ("GCNConv", "SAGEConv"):
         # SAGE adds a root transform of the owned rows: one more matmul in every role
-        sage = kind == "SAGEConv"
-        root, root_grad = ((mm(n_out, w_in, w_out), wg(n_out, w_in, w_out)) if sage
-                           else (0.0, 0.0))
+        root_grad = wg(n_out, w_in, w_out) if kind == "SAGEConv" else 0.0
         if first:   # act((A X) W [+ X_own R]): dW needs A X, not a second sparse product
-            dense = mm(n_out, w_in, w_out) + root
-            return Products(forward=sp(w_in) + dense, masked=dense,
+            return Products(forward=sp(sparse_width) + dense, masked=dense,
                             weight_grad=wg(n_out, w_in, w_out) + root_grad,
-                            input_grad=dense + sp(w_in))
+                            input_grad=dense + sp(sparse_width))
         # act(A (X W) [+ X_own R]): dW = X^T (A^T g) needs the transposed sparse product
-        dense = mm(n_in, w_in, w_out) + root
-        forward = dense + sp(w_out)
+        forward = dense + sp(sparse_width)
         return Products(forward=forward, masked=forward,
                         weight_grad=wg(n_in, w_in, w_out) + root_grad + sp(w_out),
                         input_grad=dense)
     if kind == "Propagate":  # the aggregation half of a split GCN layer: A U + b, no weight
-        forward = sp(w_out)
+        forward = sp(sparse_width)
         return Products(forward=forward, masked=forward, weight_grad=0.0 * forward,
-                        input_grad=sp(w_out))
+                        input_grad=forward)
     if kind == "RGCNConv":
         # one sparse product over the relation rows at the input width gives [out, R, in],
         # then each output row's aggregates times the relation weights, and the
@@ -543,39 +571,27 @@ def layer_products(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> P
         # not a second sparse product
         relations = float(layer.num_relations)
         if layer.num_bases:  # the relations' aggregates combined per basis, then x V_b
-            dense = mm(n_out * float(w_in), relations, layer.num_bases) \
-                + mm(n_out, layer.num_bases * w_in, w_out)
             grad = wg(n_out, layer.num_bases * w_in, w_out)
         else:  # block-diagonal weights: 1/K of the dense products
             share = 1.0 / layer.num_blocks if layer.num_blocks else 1.0
-            dense = share * mm(n_out, relations * w_in, w_out)
             grad = share * wg(n_out, relations * w_in, w_out)
         if layer.self_loop:
-            dense, grad = dense + mm(n_out, w_in, w_out), grad + wg(n_out, w_in, w_out)
-        return Products(forward=sp(w_in) + dense, masked=dense, weight_grad=grad,
-                        input_grad=dense + sp(w_in))
-    if kind == "RGATConv":
-        # GAT's edge work over every relation's projection of the input rows
-        relations = float(layer.num_relations)
-        edge_bytes = nnz * (3.0 * w_out + 8.0 * layer.heads) * ITEMSIZE
-        forward = mm(n_in, w_in, relations * w_out) + edge_bytes / profile.gather_bw
-        if layer.self_loop:
-            forward = forward + mm(n_out, w_in, w_out)
-        return Products(forward=forward, masked=0.0 * forward, weight_grad=forward,
-                        input_grad=forward)
-    if kind == "GATConv":
-        # z = x W on every input row, then per edge: scores, softmax and a weighted gather-sum;
-        # the edge work runs as XLA gathers/segment sums, priced as memory traffic. Its
-        # backward needs the projected features again (no mask saving) and reruns all of it.
+            grad = grad + wg(n_out, w_in, w_out)
+        return Products(forward=sp(sparse_width) + dense, masked=dense, weight_grad=grad,
+                        input_grad=dense + sp(sparse_width))
+    if kind in ("RGATConv", "GATConv"):
+        # x W on every input row (RGAT: every relation's), then per edge: scores, softmax
+        # and a weighted gather-sum; the edge work runs as XLA gathers/segment sums, priced
+        # as memory traffic. Its backward needs the projected features again (no mask
+        # saving) and reruns all of it.
         edge_bytes = nnz * (3.0 * w_out + 8.0 * getattr(layer, "heads", 1)) * ITEMSIZE
-        forward = mm(n_in, w_in, w_out) + edge_bytes / profile.gather_bw
+        forward = dense + edge_bytes / profile.gather_bw
         return Products(forward=forward, masked=0.0 * forward, weight_grad=forward,
                         input_grad=forward)
-    dense = mm(n_out, w_in, w_out)
     if getattr(layer, "aggregates", True):
-        narrow = min(w_in, w_out)
-        return Products(forward=sp(narrow) + dense, masked=dense,
-                        weight_grad=wg(n_out, w_in, w_out), input_grad=dense + sp(narrow))
+        return Products(forward=sp(sparse_width) + dense, masked=dense,
+                        weight_grad=wg(n_out, w_in, w_out),
+                        input_grad=dense + sp(sparse_width))
     return Products(forward=dense, masked=dense, weight_grad=wg(n_out, w_in, w_out),
                     input_grad=dense)
 
@@ -705,10 +721,10 @@ class CacheModel:
 
     The engine caches whole blocks while they fit. When every SSD block read between two writes
     fits, a block costs one SSD read per write and later reads are host copies. When it does
-    not, halo rows load their owner's whole block, and a share ``hit_rate`` of those loads is
-    served by the cache (capacity over the SSD bytes it would need to hold everything: what a
-    cache of that size keeps of a sweep over them). With no room for one block, rows are read
-    directly.
+    not, a gather loads its halo owners' whole blocks while they fit beside the blocks it
+    holds and reads the other owners' rows as spans (`halo_cache_reads`). With no room for one
+    block, rows are read directly. ``hit_rate``: capacity over the SSD bytes the cache would
+    need to hold everything (no longer used by the gathers' price).
     """
 
     capacity: int = 0
@@ -721,6 +737,13 @@ def _uncached_copy(own, cache: CacheModel, profile):
     the cache keeps is read on its own and copied; one it cannot keep is read straight into
     the step input (`jgrind.engine.store.Table._ssd_block`), with no copy."""
     return np.where(own <= cache.capacity, own / profile.copy_bw, 0.0)
+
+
+def device_call_seconds(profile) -> float:
+    """Seconds of one device-tier call beyond its bytes (a block write, a row take, a row add:
+    `jgrind.engine.tiers.device`): the profile's `device_call`, or its step latency where
+    that was not measured (profiles before version 20, profiles made by hand)."""
+    return float(getattr(profile, "device_call", 0.0) or profile.step_latency)
 
 
 def to_device_seconds(nbytes, profile):
@@ -740,15 +763,52 @@ def to_device_seconds(nbytes, profile):
 def _coded(w: Workload, profile, name: str, width: int) -> tuple[int, float, float]:
     """``(stored row bytes, encode, decode)`` of a ``width``-wide row of tensor ``name`` in the
     host and SSD tiers: its storage dtype's bytes (`jgrind.hostio.codecs`), moved in place of
-    float32's, and the seconds per float32 byte of converting it on the way there and back (0
-    for float32, moved as it is). The rates are the profile's (`codec_bw`, measured); a
-    profile without them prices a conversion as a host copy."""
+    float32's, and the seconds per float32 byte of converting it on the host (0 for float32,
+    moved as it is). The rates are the profile's (`codec_bw`, measured); a profile without
+    them prices a conversion as a host copy. The host converts only a scatter-add's rows and
+    a gather's coded rows that join rows of another tier (`jgrind.engine.tiers.coded`);
+    writes and reads for a step convert on the device (`device_conversion_seconds`)."""
     codec = w.storage.codec(name)
     if not codec.lossy:
         return width * ITEMSIZE, 0.0, 0.0
     encode, decode = (getattr(profile, "codec_bw", None) or {}).get(
         codec.name, (profile.copy_bw, profile.copy_bw))
     return 4 * codec.words(width), 1.0 / encode, 1.0 / decode
+
+
+def _converted(w: Workload, name: str, codes: np.ndarray) -> np.ndarray:
+    """``[P]`` whether each block (tier codes ``codes``) of tensor ``name`` is kept in a lossy
+    storage dtype: host and SSD blocks then hold stored words, which the store encodes from
+    the step output on the device and sends to a step as they are, to be decoded there
+    (`jgrind.engine.tiers.coded`)."""
+    lossy = w.storage.codec(name).lossy
+    return ((codes == H) | (codes == S)) & lossy
+
+
+def device_conversion_seconds(rows, row: int, stored_row: int, profile):
+    """Seconds of converting ``rows`` rows between float32 (``row`` bytes) and their stored
+    form (``stored_row`` bytes) on the device (`jgrind.hostio.device_codecs`): one
+    elementwise pass over both, at the rate the model charges the device's elementwise
+    passes (`memory_seconds`: the profile's ``copy_bw``). It is charged in the read or
+    write that needs it, not in the step's compute: the thread that sends a step input or
+    stores an output waits for the conversion before it hands the rows on (on a GPU, a pass
+    at the device's memory bandwidth, small beside the link's time for the same rows)."""
+    return rows * float(row + stored_row) / profile.copy_bw
+
+
+def _routes_within(w: Workload, members: np.ndarray) -> np.ndarray:
+    """``[P]`` whether every row a partition gathers (its own block's and its halo's) lies in
+    blocks ``members`` (``[P]`` bool): the store's route then uses only those tiers."""
+    outside = (w.halo > 0) @ (~members).astype(np.int64)
+    return members & (outside == 0)
+
+
+def ssd_span_reads(w: Workload, words: int, in_ssd: np.ndarray) -> tuple:
+    """``([P] read calls, [P] rows read)`` of every partition's halo rows in the SSD blocks
+    ``in_ssd`` (``[P]`` bool), read as coalesced spans (`COALESCE_BYTES`) of rows ``words``
+    4-byte words wide (the stored width: `Workload.ssd_calls`)."""
+    mine = in_ssd.astype(np.int64)
+    return w.ssd_calls[words] @ mine, w.ssd_rows[words] @ mine
 
 
 def _ssd_read(nbytes, calls, profile):
@@ -783,17 +843,27 @@ def _gather(w: Workload, profile, layer: int, codes: np.ndarray,
             fast: bool = True) -> _Priced:
     """`gather_seconds`, per partition."""
     if w.local(layer):  # recomputed blocks are read as host ones; SSD blocks are checked
-        return _read_block(w, profile, layer, np.where(codes == R, H, codes), cache,
-                           verified=True, name=ACTIVATION)
+        return _read_block(w, profile, layer, codes, cache, verified=True, name=ACTIVATION)
     row = w.widths[layer] * ITEMSIZE
     active = w.owned > 0
     if fast and np.all(codes == D):  # one device-side take per partition
         return _Priced((np.where(active, w.pad_in * row / profile.gather_bw, 0.0),))
-    own = w.owned * row
-    # host and SSD rows move in their storage dtype (``srow`` bytes) and are decoded
+    # host and SSD rows are kept in their storage dtype (``srow`` bytes). A partition whose
+    # rows all come from such blocks gets their stored words, sent as they are and decoded
+    # on the device (`coded_route`); one whose rows also come from the device or a
+    # recomputed layer gets float32 rows, its coded rows decoded on the host. A partition
+    # whose rows are all on the device takes them there and sends nothing (`to_device`);
+    # its seconds are priced as a mixed gather's, so that a float32 layer's price stays
+    # linear in its blocks' tiers, as the planner's program needs it
     srow, _, decode = _coded(w, profile, ACTIVATION, w.widths[layer])
-    seconds = np.where(active, to_device_seconds(w.pad_in * row, profile)  # the buffer
-                       + (w.pad_in - w.inputs) * row / profile.copy_bw, 0.0)  # padding zeroed
+    coded_route = active & _routes_within(w, _converted(w, ACTIVATION, codes))
+    on_device = active & _routes_within(w, codes == D)
+    sent_row = np.where(coded_route, srow, row)
+    buffer = np.where(active, w.pad_in * sent_row, 0)
+    seconds = np.where(active, to_device_seconds(buffer, profile)  # the buffer
+                       + (w.pad_in - w.inputs) * sent_row / profile.copy_bw, 0.0)  # padding
+    seconds += np.where(coded_route, device_conversion_seconds(w.pad_in, row, srow, profile),
+                        0.0)
     ssd_hits = cache.holds_everything and reread
     ssd_blocks = cache.capacity > 0 and not cache.holds_everything
     in_file = np.where(codes == S, w.owned, 0) * srow  # the layer's SSD file, block by block
@@ -804,17 +874,18 @@ def _gather(w: Workload, profile, layer: int, codes: np.ndarray,
     for code in (D, H, S, R):
         mine = active & (codes == code)
         halo_rows = w.halo @ (codes == code).astype(np.int64)         # [P] rows from tier
-        coded = code in (H, S)  # moved as stored, then decoded into the step input
+        coded = code in (H, S)  # moved as stored words
         own = w.owned * (srow if coded else row)
         halo_bytes = halo_rows * (srow if coded else row)
-        if coded:
-            seconds += (np.where(mine, w.owned, 0) + halo_rows) * row * decode
+        if coded and decode:  # decoded on the host into a float32 step input
+            seconds += np.where(coded_route, 0.0,
+                                (np.where(mine, w.owned, 0) + halo_rows) * row * decode)
         if code == D:  # jitted takes on the device (index lists padded to a power of two,
             # 1.5x on average), copied to the host buffer
             seconds += np.where(mine, own * (1.0 / profile.gather_bw + 1.0 / profile.to_host_bw)
-                                + profile.step_latency, 0.0)
+                                + device_call_seconds(profile), 0.0)
             seconds += halo_bytes * (1.5 / profile.gather_bw + 1.0 / profile.to_host_bw) \
-                + np.where(halo_rows > 0, profile.step_latency, 0.0)
+                + np.where(halo_rows > 0, device_call_seconds(profile), 0.0)
         elif code in (H, R) or ssd_hits or whole_file:  # from host arrays, cached SSD
             # blocks, or the layer's SSD file read once into the host cache (`whole_read`,
             # `jgrind.engine.store.Table._whole_file`)
@@ -824,27 +895,83 @@ def _gather(w: Workload, profile, layer: int, codes: np.ndarray,
             seconds += np.where(mine, _ssd_read(own, 1, profile)
                                 + _uncached_copy(own, cache, profile)
                                 + own / profile.checksum_bw, 0.0)  # the block's checksum
-            if ssd_blocks:  # halo owners' whole blocks are loaded; some are still cached
-                # (without their checksums: this counts more whole-block loads than the engine
-                # makes, since once pinned blocks fill the cache the rest are read as rows, and
-                # charging checks on it overpriced SSD plans 1.5-2.7x; an instrumented epoch
-                # of the `ssd` configuration checked 1.1 GB, writes included, in 0.44 s)
-                in_ssd = (codes == S)
-                miss = 1.0 - cache.hit_rate
-                whole = (w.halo > 0) @ (in_ssd * w.owned * srow)
-                calls = (w.halo > 0) @ in_ssd.astype(np.int64)
-                seconds += miss * _ssd_read(whole, calls, profile) \
-                    + halo_bytes / profile.gather_bw
+            in_ssd = codes == S
+            if ssd_blocks:  # owners' blocks loaded into the cache while they fit beside
+                # the ones the gather holds, the other owners' rows read as spans
+                loads, loaded, calls, span = halo_cache_reads(w, srow // ITEMSIZE, in_ssd,
+                                                              srow, cache.capacity)
+                seconds += _ssd_read(loads, loaded, profile) + loads / profile.checksum_bw \
+                    + _ssd_read(span, calls, profile) + halo_bytes / profile.gather_bw
             else:
-                in_ssd = (codes == S).astype(np.int64)
-                calls = w.ssd_calls[w.widths[layer]] @ in_ssd
-                span = w.ssd_rows[w.widths[layer]] @ in_ssd * srow
-                seconds += _ssd_read(span, calls, profile) + halo_bytes / profile.gather_bw
+                calls, span_rows = ssd_span_reads(w, srow // ITEMSIZE, in_ssd)
+                seconds += _ssd_read(span_rows * srow, calls, profile) \
+                    + halo_bytes / profile.gather_bw
+    to_device = int(np.sum(np.where(on_device, 0, buffer)))
     if not whole_file:
-        return _Priced((seconds,))
+        return _Priced((seconds,), to_device=to_device)
     # every partition that reads rows of the file could be the one that loads it
     readers = active & ((codes == S) | (w.halo @ (codes == S).astype(np.int64) > 0))
-    return _Priced((seconds,), whole_read, readers)
+    return _Priced((seconds,), whole_read, readers, to_device=to_device)
+
+
+def halo_cache_reads(w: Workload, words: int, in_ssd: np.ndarray, row_bytes: int,
+                     capacity: int) -> tuple:
+    """``[P]`` arrays ``(loaded bytes, blocks loaded, span calls, span bytes)`` of the halo
+    rows a gather sweep reads from SSD (blocks ``in_ssd``, rows of ``words`` 4-byte words:
+    ``row_bytes`` stored bytes) through a host cache of ``capacity`` bytes that cannot hold
+    the layer: the engine's own rule (`jgrind.engine.tiers.cached_ssd`), followed partition by
+    partition in index order. A gather pins every block of its route that the cache holds;
+    it takes its owners in index order, each from the cache, else loaded whole into it while
+    the pinned blocks leave room (evicting the least recently used others), else read as
+    coalesced spans (`Workload.ssd_calls`). So the cache keeps the lowest owners' blocks
+    from one partition to the next, and the rest are spans.
+
+    (It was priced as every halo owner's whole block loaded, times the cache's miss rate: on
+    the planner benchmark's `ssd` configuration, a quarter of its size, 3.1 GB for a sweep
+    that read 1.0 GB in spans and a few loads; the SSD plans were over-predicted.)"""
+    return _halo_cache_reads(w, int(words), in_ssd.tobytes(), int(row_bytes), int(capacity))
+
+
+@functools.lru_cache(maxsize=256)
+def _halo_cache_reads(w: Workload, words: int, in_ssd: bytes, row_bytes: int,
+                      capacity: int) -> tuple:
+    in_ssd = np.frombuffer(in_ssd, bool)
+    block = w.owned * row_bytes
+    calls_of, rows_of = w.ssd_calls[words], w.ssd_rows[words]
+    P = w.num_parts
+    loads, loaded = np.zeros(P), np.zeros(P)
+    calls, span = np.zeros(P), np.zeros(P)
+    size = [int(b) for b in block]
+    cached: dict = {}  # block -> None, least recently used first
+    held = 0  # bytes of the cached blocks
+    for p in range(P):
+        if w.owned[p] == 0:
+            continue
+        owners = [int(q) for q in np.flatnonzero((w.halo[p] > 0) & in_ssd) if q != p]
+        route = set(owners)
+        pinned = sum(size[q] for q in owners if q in cached)
+        spanned = []
+        for q in owners:
+            if q in cached:
+                cached[q] = cached.pop(q)  # used: most recent
+            elif pinned + size[q] <= capacity:
+                while held + size[q] > capacity:  # evict the least recently used unpinned
+                    old = next(b for b in cached if b not in route)
+                    held -= size[old]
+                    del cached[old]
+                cached[q] = None
+                held += size[q]
+                pinned += size[q]
+                loads[p] += size[q]
+                loaded[p] += 1
+            else:
+                spanned.append(q)
+        calls[p] = calls_of[p, spanned].sum()
+        span[p] = rows_of[p, spanned].sum() * row_bytes
+    out = tuple(np.asarray(a) for a in (loads, loaded, calls, span))
+    for a in out:
+        a.setflags(write=False)
+    return out
 
 
 def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
@@ -866,17 +993,26 @@ def _write(w: Workload, profile, layer: int, codes: np.ndarray,
            width: Optional[int] = None, name: Optional[str] = None) -> _Priced:
     name = name or (ACTIVATION if width is None else AGGREGATION)
     width = w.widths[layer] if width is None else width
-    nbytes = np.where(w.owned > 0, w.owned * width * ITEMSIZE, 0)
-    # a lossy dtype's encode writes the host array in place of the copy; SSD moves its bytes
-    srow, encode, _ = _coded(w, profile, name, width)
-    stored = np.where(w.owned > 0, w.owned * srow, 0)
-    into_host = nbytes * encode if encode else nbytes / profile.copy_bw
-    per_tier = {D: nbytes / profile.gather_bw + profile.step_latency,
-                H: nbytes / profile.to_host_bw + into_host,
-                R: nbytes / profile.to_host_bw + nbytes / profile.copy_bw,
-                S: nbytes / profile.to_host_bw + nbytes * encode + stored / profile.ssd_write_bw
+    active = w.owned > 0
+    row = width * ITEMSIZE
+    nbytes = np.where(active, w.owned * row, 0)
+    # a block in a lossy dtype is encoded from the (padded) step output on the device and
+    # only its stored words cross to the host; other blocks off the device cross as the
+    # padded float32 output (`jgrind.engine.sweeps.Sweeps.for_the_store`)
+    srow, _, _ = _coded(w, profile, name, width)
+    converted = _converted(w, name, codes) & active
+    out = np.where(active & (codes != D), w.pad_out * np.where(converted, srow, row), 0)
+    stored = np.where(active, w.owned * srow, 0)  # the block's bytes in its tier
+    encoding = np.where(converted, device_conversion_seconds(w.pad_out, row, srow, profile),
+                        0.0)
+    to_host = out / profile.to_host_bw + encoding
+    per_tier = {D: nbytes / profile.gather_bw + device_call_seconds(profile),
+                H: to_host + stored / profile.copy_bw,
+                R: to_host + nbytes / profile.copy_bw,
+                S: to_host + stored / profile.ssd_write_bw
                 + stored / profile.checksum_bw + profile.ssd_latency}  # + its checksum
-    return _Priced(tuple(np.where(codes == c, t, 0.0) for c, t in per_tier.items()))
+    return _Priced(tuple(np.where(codes == c, t, 0.0) for c, t in per_tier.items()),
+                   to_host=int(out.sum()))
 
 
 def read_block_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
@@ -904,21 +1040,29 @@ def _read_block(w: Workload, profile, layer: int, codes: np.ndarray,
     name = name or (GRADIENT if width is None else AGGREGATION)
     width = w.widths[layer] if width is None else width
     row = width * ITEMSIZE
-    own = np.where(w.owned > 0, w.owned * row, 0)
-    pad = np.where(w.owned > 0, w.pad_out * row, 0)
-    onto_device = to_device_seconds(pad, profile) + (pad - own) / profile.copy_bw
-    # a lossy dtype's block moves at its bytes; the decode writes the step input in place of
-    # the host copy
-    srow, _, decode = _coded(w, profile, name, width)
-    stored = np.where(w.owned > 0, w.owned * srow, 0)
-    into_input = own * decode if decode else own / profile.copy_bw
+    active = w.owned > 0
+    # a block in a lossy dtype is sent as its stored words and decoded on the device
+    # (`jgrind.engine.tiers.coded.StoredRows`); a recomputed layer's block (a node-wise
+    # layer's input) is read from its float32 host transient
+    srow, _, _ = _coded(w, profile, name, width)
+    converted = _converted(w, name, codes) & active
+    sent_row = np.where(converted, srow, row)
+    own = np.where(active, w.owned * sent_row, 0)
+    pad = np.where(active, w.pad_out * sent_row, 0)
+    onto_device = to_device_seconds(pad, profile) + (pad - own) / profile.copy_bw \
+        + np.where(converted, device_conversion_seconds(w.pad_out, row, srow, profile), 0.0)
+    stored = np.where(active, w.owned * srow, 0)
     ssd = (stored / profile.copy_bw if cache.holds_everything
            else _ssd_read(stored, 1, profile) + _uncached_copy(stored, cache, profile)
-           + (stored / profile.checksum_bw if verified else 0.0)) + own * decode
-    per_tier = {D: pad / profile.gather_bw + profile.step_latency,
-                H: into_input + onto_device,
+           + (stored / profile.checksum_bw if verified else 0.0))
+    per_tier = {D: np.where(active, w.pad_out * row, 0) / profile.gather_bw
+                + device_call_seconds(profile),
+                H: own / profile.copy_bw + onto_device,
+                R: own / profile.copy_bw + onto_device,
                 S: ssd + onto_device}
-    return _Priced(tuple(np.where(codes == c, t, 0.0) for c, t in per_tier.items()))
+    sent = np.where(codes == D, 0, pad)
+    return _Priced(tuple(np.where(codes == c, t, 0.0) for c, t in per_tier.items()),
+                   to_device=int(sent.sum()))
 
 
 def accumulate_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
@@ -942,18 +1086,24 @@ def _accumulate(w: Workload, profile, layer: int, codes: np.ndarray,
         return _write(w, profile, layer, codes, name=GRADIENT)
     row = w.widths[layer] * ITEMSIZE
     # a lossy dtype's rows: read and written back at its bytes, decoded, added and encoded
+    # on the host, from the step's float32 input gradient (`jgrind.engine.tiers.coded`)
     srow, encode, decode = _coded(w, profile, GRADIENT, w.widths[layer])
     active = w.owned > 0
     if fast and np.all(codes == D):
         return _Priced((np.where(active, 2 * w.pad_in * row / profile.gather_bw, 0.0),))
-    seconds = np.where(active, w.inputs * row / profile.to_host_bw, 0.0)
+    # the padded input gradient crosses to the host in float32 unless all its rows land in
+    # device blocks (`jgrind.engine.store.Table.stored_on_host`); priced for every partition,
+    # so that the price stays linear in the blocks' tiers (`_gather`)
+    out = np.where(active, w.pad_in * row, 0)
+    seconds = out / profile.to_host_bw
+    out = np.where(_routes_within(w, codes == D), 0, out)
     for code in (D, H, S):
         mine = (codes == code).astype(np.int64)
         rows = w.halo @ mine + np.where(active, w.owned * mine, 0)
         nbytes = rows * row
         if code == D:
             seconds += to_device_seconds(nbytes, profile) + 3 * nbytes / profile.gather_bw \
-                + np.where(rows > 0, profile.step_latency, 0.0)
+                + np.where(rows > 0, device_call_seconds(profile), 0.0)
         elif code == H and decode:  # every row: gathered, converted, added, put back
             seconds += rows * srow * (1.0 / profile.gather_bw + 1.0 / profile.scatter_add_bw) \
                 + nbytes * (decode + encode + 1.5 / profile.copy_bw)
@@ -963,9 +1113,9 @@ def _accumulate(w: Workload, profile, layer: int, codes: np.ndarray,
             seconds += 1.5 * own / profile.copy_bw + (nbytes - own) / profile.scatter_add_bw \
                 + (rows - own_rows) * profile.scatter_add_row_seconds
         else:
-            calls = w.ssd_calls[w.widths[layer]] @ mine + mine
-            span = (w.ssd_rows[w.widths[layer]] @ mine + np.where(active, w.owned * mine, 0)) \
-                * srow
+            calls, span_rows = ssd_span_reads(w, srow // ITEMSIZE, codes == S)
+            calls = calls + mine
+            span = (span_rows + np.where(active, w.owned * mine, 0)) * srow
             seconds += (span / profile.ssd_read_bw + span / profile.ssd_write_bw
                         + calls * (2 * profile.ssd_latency + profile.update_call_overhead)
                         + 2 * nbytes / profile.gather_bw + nbytes * (decode + encode))
@@ -974,7 +1124,7 @@ def _accumulate(w: Workload, profile, layer: int, codes: np.ndarray,
     # priced as read and written, which overestimates the reads: on the 1M-node graph the
     # scatter-adds read back 1.65 GiB per epoch, not 1.88 (docs/results-history.md, section 4,
     # "Rows, not blocks, go current"). Which spans go unread depends on the partitions' order.
-    return _Priced((seconds,))
+    return _Priced((seconds,), to_host=int(out.sum()))
 
 
 # -- an epoch, sweep by sweep ----------------------------------------------------------------------
@@ -995,6 +1145,8 @@ class Sweep:
     part_compute: np.ndarray = dataclasses.field(default=None, compare=False)  # [P]
     part_reads: np.ndarray = dataclasses.field(default=None, compare=False)    # [P]
     part_writes: np.ndarray = dataclasses.field(default=None, compare=False)   # [P]
+    to_device: int = 0      # bytes handed to the device, and read back on the host: what
+    to_host: int = 0        # crosses the link on a GPU (`jgrind.engine.store.Accounts`)
 
     def io_seconds(self, parallel: float) -> float:
         """The sweep's I/O time: reads and writes run on two threads, so ``parallel`` (the
@@ -1179,6 +1331,18 @@ class Prediction:
         return sweep.seconds(self.overlap, self.parallel)
 
     @property
+    def to_device(self) -> int:
+        """Bytes of stored blocks, step inputs and labels the epoch hands to the device, as
+        the store counts them (`jgrind.engine.store.Accounts.to_device`), block structures
+        aside (kept on the device, or adopted from host memory, after the first epoch)."""
+        return sum(s.to_device for s in self.sweeps)
+
+    @property
+    def to_host(self) -> int:
+        """Bytes of step outputs the epoch reads back on the host (`Accounts.to_host`)."""
+        return sum(s.to_host for s in self.sweeps)
+
+    @property
     def epoch_seconds(self) -> float:
         return sum(self.sweep_seconds(s) for s in self.sweeps) + self.update_seconds
 
@@ -1300,11 +1464,14 @@ def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
     totals = {"reads": 0.0, "writes": 0.0}
     parts = {"reads": np.zeros(w.num_parts), "writes": np.zeros(w.num_parts)}
     moves = []
+    link = {"to_device": 0, "to_host": 0}
 
     def charge(priced: _Priced, side: str, move: str) -> None:
         totals[side] += priced.total()
         parts[side] += priced.parts(order)
         moves.append(move)
+        link["to_device"] += priced.to_device
+        link["to_host"] += priced.to_host
 
     if kind == "backward" and l in a.kept:  # reads Z_l instead of regathering H_l
         z = a.aggregations[l]
@@ -1332,6 +1499,9 @@ def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
             # G_{l+1} blocks written whole (by a node-wise layer) carry a checksum
             charge(_read_block(w, profile, l + 1, g_up, cache, verified=w.local(l + 1)),
                    "reads", f"reload G_{l + 1} from {_tiers_named(g_up)}")
+        else:  # the top step's labels and loss weights load with its input
+            link["to_device"] += int(np.sum(np.where(w.owned > 0, w.pad_out, 0))
+                                     * w.label_row_bytes)
         if l >= 1:
             g = a.gradients[l]
             charge(_accumulate(w, profile, l, g), "writes",
@@ -1341,7 +1511,7 @@ def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
     return Sweep(label=f"{kind} {l}", layer=l, kind=kind, compute=step.total(),
                  moves=tuple(moves), partitions=tuple(int(p) for p in order),
                  part_compute=step.parts()[order], part_reads=parts["reads"][order],
-                 part_writes=parts["writes"][order], **totals)
+                 part_writes=parts["writes"][order], **totals, **link)
 
 
 # The whole-graph training steps `jgrind profile` times (`Profile.fused_steps`): a GCN with

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from jgrind.hostio import allocator, host_memory
 from jgrind.hostio.rows import threads as row_threads
 
-PROFILE_VERSION = 19  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 20  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.hostio.rows` (take, add, store), not `x[i] += v`
@@ -49,6 +49,8 @@ PROFILE_VERSION = 19  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                     18: the sweep step (`sweep_step`): what the engine's pipeline costs a
 #                         partition step beyond its compute and I/O
 #                     19: the storage dtypes' encode and decode rates (`codec_bw`)
+#                     20: a device-tier call (`device_call`): a block write, a row take read
+#                         back, a row add, as `jgrind.engine.tiers.device` makes them
 
 _MIB = 2**20
 
@@ -70,7 +72,7 @@ _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "sweep_step", "gat
                  "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
                  "update_call_overhead", "overlap", "io_parallel", "checksum_bw",
                  "contraction_bw", "link_to_device_bw", "link_to_host_bw",
-                 "pageable_to_host_bw")
+                 "pageable_to_host_bw", "device_call")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
                "to_device_small_bytes")
 
@@ -140,6 +142,10 @@ class Profile:
     # {codec name: (encode, decode)}: float32 bytes a lossy storage dtype converts per second
     # (`jgrind.hostio.codecs.conversion_rates`); empty in profiles made by hand
     codec_bw: dict = dataclasses.field(default_factory=dict)
+    # seconds per call of the device tier (`jgrind.engine.tiers.device`: a block written into
+    # the table, rows taken and read back, rows added), each waited for, beyond its bytes; 0
+    # in profiles made by hand: the cost model then charges `step_latency` (`device_call_seconds`)
+    device_call: float = 0.0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -152,7 +158,8 @@ class Profile:
             raise ProfileError(f"expected a JSON object, found {type(d).__name__}")
         values = {}
         for field in dataclasses.fields(cls):
-            if field.name not in d and field.default_factory is not dataclasses.MISSING:
+            if field.name not in d and (field.default_factory is not dataclasses.MISSING
+                                        or field.default is not dataclasses.MISSING):
                 # a field added since with a default (e.g. `codec_bw`): an older profile, such
                 # as one saved on a GPU machine for study elsewhere, still reads; its version
                 # keeps it stale for `load_or_measure`
@@ -188,6 +195,8 @@ class Profile:
             ("step latency", f"{self.step_latency * 1e3:.3f} ms"),
             ("sweep step", f"{self.sweep_step * 1e3:.3f} ms (per partition step, beyond "
                            "compute and I/O)"),
+            ("device call", f"{self.device_call * 1e3:.3f} ms (a device-tier block write, "
+                            "row take or row add)" if self.device_call else "not measured"),
             ("host gather", f"{self.gather_bw / 1e9:.2f} GB/s + "
                             f"{self.gather_row_seconds * 1e9:.1f} ns per row"),
             ("host scatter-add", f"{self.scatter_add_bw / 1e9:.2f} GB/s + "

@@ -17,6 +17,7 @@ output, the logits, is never stored. ``H_0`` are the node features.
 from __future__ import annotations
 
 from jgrind.models.conv import aggregation_split
+from jgrind.executed.moved_dropout import unwrap
 from jgrind.executed.split import as_executed
 from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, TensorInfo
 
@@ -33,9 +34,57 @@ def layer_widths(model, num_features: int) -> list[int]:
 
 
 def dense_products(layer) -> int:
-    """Dense ``[in, out]`` products a layer makes per input row: 1, or a relational layer's
-    relations plus its self-connection."""
+    """Dense ``[in, out]`` products a layer makes: 1, or a relational layer's relations plus
+    its self-connection (on which rows each runs, and so its flops: `forward_work`)."""
     return int(getattr(layer, "dense_products", 1))
+
+
+def forward_work(layer, w_in: int, w_out: int, n_out, n_in) -> tuple:
+    """``(sparse width, dense flops)`` of one forward step of ``layer`` (``w_in -> w_out``) on
+    ``n_out`` output rows and ``n_in`` input rows (numbers or arrays over partitions): the
+    width its sparse product over the block's edges runs at (0: none; attention's edge work
+    counts as one at the output width), and its dense products' flops (``2 m k n`` each).
+    The cost model prices a step's products from it (`jgrind.plan.cost.layer_products`)
+    and the inventory a recompute (`build_inventory`), so the two agree."""
+    def mm(rows, a, b):
+        return 2.0 * rows * a * b
+    layer = unwrap(layer)  # a layer running its consumer's dropout: the same products
+    kind = type(layer).__name__
+    if kind in ("GCNConv", "SAGEConv"):
+        # the sparse product runs before the matmul, on the narrower side: (A X) W on the
+        # output rows, or A (X W) with X W on every input row; SAGE adds a root transform of
+        # the owned rows
+        root = mm(n_out, w_in, w_out) if kind == "SAGEConv" else 0.0
+        if w_in <= w_out:
+            return w_in, mm(n_out, w_in, w_out) + root
+        return w_out, mm(n_in, w_in, w_out) + root
+    if kind == "Propagate":  # the aggregation half of a split GCN layer: A U + b, no weight
+        return w_out, 0.0 * n_out
+    if kind == "RGCNConv":
+        # one sparse product over the relation rows at the input width gives each output
+        # row's aggregate per relation, [out, R, in]; then the aggregates times the relation
+        # weights, on the output rows only, and the self-connection (`jgrind.models.rgcn`)
+        relations = float(layer.num_relations)
+        if layer.num_bases:  # the relations' aggregates combined per basis, then x V_b
+            dense = mm(n_out * float(w_in), relations, layer.num_bases) \
+                + mm(n_out, layer.num_bases * w_in, w_out)
+        else:  # block-diagonal weights: 1/K of the dense products
+            share = 1.0 / layer.num_blocks if layer.num_blocks else 1.0
+            dense = share * mm(n_out, relations * w_in, w_out)
+        if layer.self_loop:
+            dense = dense + mm(n_out, w_in, w_out)
+        return w_in, dense
+    if kind == "RGATConv":  # every relation's projection of every input row, then GAT's
+        # edge work per relation
+        dense = mm(n_in, w_in, float(layer.num_relations) * w_out)
+        if layer.self_loop:
+            dense = dense + mm(n_out, w_in, w_out)
+        return w_out, dense
+    if kind == "GATConv":  # x W on every input row, then the edge work
+        return w_out, mm(n_in, w_in, w_out)
+    if getattr(layer, "aggregates", True):
+        return min(w_in, w_out), mm(n_out, w_in, w_out)
+    return 0, mm(n_out, w_in, w_out)
 
 
 def backward_step(layer: int, num_layers: int) -> int:
@@ -63,12 +112,11 @@ def build_inventory(model, pg, itemsize: int = 4) -> list[TensorInfo]:
             width = widths[l]
             prev_cost = 0.0
             if l > 0:
-                # one sparse product over the block's in-edges at the narrower width plus the
-                # dense transform of its rows (a relational layer: one per relation and one
-                # for the self-connection): what rerunning layer l-1 for this block costs
-                prev_cost = 2.0 * part.num_edges * min(widths[l - 1], width) \
-                    + 2.0 * part.num_inputs * widths[l - 1] * width \
-                    * dense_products(model.layers[l - 1])
+                # what rerunning layer l-1 for this block costs: its sparse product over the
+                # block's in-edges and its dense products, as the cost model prices them
+                sparse, dense = forward_work(model.layers[l - 1], widths[l - 1], width,
+                                             rows, part.num_inputs)
+                prev_cost = 2.0 * part.num_edges * sparse + float(dense)
             infos.append(TensorInfo(
                 name=ACTIVATION, layer=l, partition=part.index, shape=(rows, width),
                 dtype="float32", nbytes=rows * width * itemsize, recompute_flops=prev_cost,

@@ -31,6 +31,7 @@ import time
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -125,6 +126,8 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     report(f"step latency {step_latency * 1e3:.3f} ms")
     sweep_step = _sweep_step(sizes)
     report(f"sweep step {sweep_step * 1e3:.3f} ms (a pipelined step with no data)")
+    device_call = _device_call(sizes)
+    report(f"device-tier call {device_call * 1e3:.3f} ms (a block write, a row take, a row add)")
     fused_steps = tuple(_fused_step(nodes, sizes.repeats) for nodes in sizes.fused)
     for nodes, edges, seconds in fused_steps:
         report(f"whole-graph step {seconds * 1e3:.1f} ms (reference GCN, {nodes} nodes, "
@@ -180,7 +183,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         version=PROFILE_VERSION, machine=machine_fingerprint(),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         matmul_flops=matmul_flops, contraction_bw=contraction_bw, spmm_rate=spmm_rate,
-        step_latency=step_latency, sweep_step=sweep_step,
+        step_latency=step_latency, sweep_step=sweep_step, device_call=device_call,
         gather_bw=gather_bw, gather_row_seconds=gather_row, scatter_add_bw=scatter_add_bw,
         scatter_add_row_seconds=scatter_add_row, copy_bw=copy_bw,
         to_device_bw=to_device_bw, to_device_small_bw=to_device_small_bw,
@@ -419,6 +422,43 @@ def _sweep_step(sizes: _Sizes) -> float:
         sweep(loader, writer, 2)  # compiles
         return statistics.median(sweep(loader, writer, sizes.latency_calls)
                                  for _ in range(sizes.repeats))
+
+
+DEVICE_CALL_ROWS = (4096, 8, 64)  # a device table's rows and width, rows per call: few bytes
+
+
+def _device_call(sizes: _Sizes) -> float:
+    """Seconds per call of the device tier, as `jgrind.engine.tiers.device` makes its calls:
+    a block written into the table (index rows and values put on the device, a jitted
+    ``table.at[rows].set`` donating the table), rows taken and read back on the host (a
+    jitted ``jnp.take``, then ``jax.device_get``), rows added (``table.at[rows].add``, donated).
+    Each call is waited for; the mean of the three, median over repeats. The rows are few, so
+    this is the call's fixed cost: index and value puts, dispatch, donation, the wait. The
+    cost model charged a device-tier call the step latency (one jitted call of small
+    arguments), which a call with puts and a donated table exceeds several times."""
+    table_rows, width, rows = DEVICE_CALL_ROWS
+    put = lambda *args: [jax.device_put(a) for a in args]  # noqa: E731  (as the tier does)
+    set_rows = jax.jit(lambda t, i, v: t.at[i].set(v, mode="drop"), donate_argnums=0)
+    add_rows = jax.jit(lambda t, i, v: t.at[i].add(v, mode="drop"), donate_argnums=0)
+    take_rows = jax.jit(lambda t, i: jnp.take(t, i, axis=0, mode="fill", fill_value=0))
+    index = np.arange(rows, dtype=np.int32)
+    values = aligned_empty((rows, width))
+    values.fill(1.0)
+    state = {"table": jax.device_put(np.zeros((table_rows, width), np.float32))}
+
+    def calls(n: int) -> float:
+        start = time.perf_counter()
+        for i in range(n):
+            at = (index + (i * rows) % (table_rows - rows)).astype(np.int32)
+            state["table"] = set_rows(state["table"], *put(at, values))
+            state["table"].block_until_ready()
+            jax.device_get(take_rows(state["table"], *put(at)))
+            state["table"] = add_rows(state["table"], *put(at, values))
+            state["table"].block_until_ready()
+        return (time.perf_counter() - start) / (3 * n)
+
+    calls(2)  # compiles
+    return statistics.median(calls(sizes.latency_calls) for _ in range(sizes.repeats))
 
 
 # -- host memory and transfers ---------------------------------------------------------------

@@ -29,7 +29,7 @@ from jgrind.plan.hardware import (PROFILE_VERSION, OlderProfileError, Profile, P
                                   machine_fingerprint, why_stale)
 
 __all__ = ["PROFILE_VERSION", "OlderProfileError", "Profile", "ProfileError", "default_path",
-           "load", "load_or_measure", "machine_fingerprint", "measure", "save",
+           "load", "load_current", "load_or_measure", "machine_fingerprint", "measure", "save",
            "with_current_free_memory"]
 
 _ADVICE = "run `jgrind profile` to re-measure"
@@ -152,6 +152,24 @@ def load_or_measure(path: str | os.PathLike | None = None,
             log(f"could not save the hardware profile to {path} ({err}); using it for this "
                 "run only")
     return profile
+
+
+def load_current(directory: str | os.PathLike | None = None) -> Optional[Profile]:
+    """The saved profile `load_or_measure` would use for a store in ``directory`` (else the
+    machine's default file) if it is current, with today's free memory; None when there is
+    none or it is stale. Measures nothing: a run with a fixed policy holds its epochs against
+    a prediction only when a profile is at hand (`jgrind.plan.check.engine_prediction`)."""
+    paths = [default_path(directory)]
+    if directory is not None and not os.environ.get("JGRIND_PROFILE"):
+        paths.append(default_path())  # the machine's: its SSD figures may be another disk's
+    for path in paths:
+        try:
+            profile = _read(path)
+        except (OSError, ProfileError):
+            continue
+        if why_stale(profile) is None:
+            return with_current_free_memory(profile)
+    return None
 
 
 def with_current_free_memory(profile: Profile) -> Profile:

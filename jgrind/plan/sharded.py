@@ -13,9 +13,11 @@ link. Compute and communication are added, not overlapped: `Sharded` runs them i
 A `Link` is a rate and a route: device to device (a GPU's NVLink or peer-to-peer PCIe, or
 shared memory between CPU devices), or through host memory (each row goes down to the host
 and up again, at the profile's measured link rates). `Sharded` runs the first (one
-`jax.lax.all_to_all`), `jgrind.devices.ShardedOutOfCore` the second (its layers' rows are
-stored on the host or the SSD, and each step gathers its halo rows from there).
-`choose_exchanges` picks one route per layer (`jgrind.devices.exchange`).
+`jax.lax.all_to_all`); `jgrind.devices.ShardedOutOfCore` runs either per layer: the second
+for a layer stored on the host or the SSD (each step gathers its halo rows from there), and
+for a layer whose blocks are on the devices, the one asked for (`jax.device_put` between
+devices, or through host memory). `choose_exchanges` picks one route per layer
+(`jgrind.devices.exchange`).
 """
 
 from __future__ import annotations
