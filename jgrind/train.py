@@ -595,11 +595,11 @@ def _make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, polic
         return InMemory(graph, model, optimizer, split, loss=loss), None
     replanner = None
     if chosen.plan is not None and getattr(policy, "replan", False) and optimizer is not None:
-        from jgrind.plan.planner import _num_params  # the planner's count, for its update
+        from jgrind.plan.planner import dense_parameter_count
         from jgrind.plan.inventory import layer_widths
         replanner = Replanner(
             chosen.plan, policy.load_profile(None if store is None else str(store)),
-            _num_params(layer_widths(model, graph.num_features)),
+            dense_parameter_count(layer_widths(model, graph.num_features)),
             recompute=policy.recompute, keep=policy.keep_aggregations)
     return _engine(graph, model, optimizer, chosen, split=split, store=store,
                    device_budget=device_budget, host_budget=host_budget,
@@ -620,9 +620,9 @@ def _engine(graph: Graph, model: GNN, optimizer, chosen: Execution, *, split: in
         # from the saved profile where one is current (`jgrind.plan.check.engine_prediction`)
         from jgrind.plan.check import engine_prediction
         from jgrind.plan.inventory import layer_widths
-        from jgrind.plan.planner import _num_params
+        from jgrind.plan.planner import dense_parameter_count
         engine.prediction = engine_prediction(
-            engine, _num_params(layer_widths(model, graph.num_features)),
+            engine, dense_parameter_count(layer_widths(model, graph.num_features)),
             directory=None if store is None else str(store))
     return engine
 

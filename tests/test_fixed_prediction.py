@@ -15,7 +15,7 @@ from jgrind.engine import OutOfCore
 from jgrind.plan import policies, profile as hw
 from jgrind.plan.check import engine_prediction
 from jgrind.plan.inventory import layer_widths
-from jgrind.plan.planner import _num_params, plan_run
+from jgrind.plan.planner import dense_parameter_count, plan_run
 from jgrind.train import train
 from test_plan_check import plan_of_run
 from test_planner import fixed_profile
@@ -50,8 +50,8 @@ def test_a_fixed_policy_is_held_against_its_prediction(tmp_path, monkeypatch, po
                    store=str(store))
     try:
         # the saved profile with today's free memory, which decides the SSD's page cache
-        expected = engine_prediction(ex, _num_params(layer_widths(model, graph.num_features)),
-                                     hw.load_current())
+        params = dense_parameter_count(layer_widths(model, graph.num_features))
+        expected = engine_prediction(ex, params, hw.load_current())
     finally:
         ex.close()
     assert checked[0]["predicted_seconds"] == pytest.approx(expected.epoch_seconds)
@@ -84,8 +84,8 @@ def test_the_engines_prediction_of_a_plan_is_the_plans():
                    partitioned=the_plan.partitioned, device_budget=1 << 30,
                    host_budget=1 << 30)
     try:
-        mine = engine_prediction(ex, _num_params(layer_widths(model, graph.num_features)),
-                                 profile)
+        params = dense_parameter_count(layer_widths(model, graph.num_features))
+        mine = engine_prediction(ex, params, profile)
     finally:
         ex.close()
     assert mine.epoch_seconds == pytest.approx(the_plan.prediction.epoch_seconds)

@@ -101,11 +101,11 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
     from jgrind.plan.check import engine_prediction
     from jgrind.plan.cost import in_memory_seconds
     from jgrind.plan.inventory import layer_widths
-    from jgrind.plan.planner import _num_params, plan_run
+    from jgrind.plan.planner import dense_parameter_count, plan_run
     from jgrind.train import InMemory, in_memory_bytes
 
     graph, model = build_config(cfg)
-    num_params = _num_params(layer_widths(model, graph.num_features))
+    num_params = dense_parameter_count(layer_widths(model, graph.num_features))
     store = store_root if cfg.store else None
     t = time.perf_counter()
     the_plan = plan_run(graph, model, profile, device_budget=cfg.device_budget,

@@ -767,7 +767,7 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
     check_num_parts(num_parts, graph.num_nodes)
     dev = UNLIMITED if device_budget is None else int(device_budget)
     fast_bytes = in_memory_bytes(graph, model)
-    num_params = _num_params(layer_widths(model, graph.num_features))
+    num_params = dense_parameter_count(layer_widths(model, graph.num_features))
     if fits_in_memory(graph, model, device_budget, num_parts):
         w = _single_partition_workload(graph, model)
         seconds = in_memory_seconds(w, profile)
@@ -818,7 +818,9 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
                                in_memory_bytes=fast_bytes)
 
 
-def _num_params(widths) -> int:
+def dense_parameter_count(widths) -> int:
+    """The parameters of dense layers of these widths (weights and biases): what the planner
+    prices the optimizer's update by."""
     return int(sum(a * b + b for a, b in zip(widths[:-1], widths[1:])))
 
 
