@@ -27,21 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jgrind.engine.routes import TierRows
-from jgrind.engine.tiers.device import bucket_len, padded_rows
+from jgrind.engine.tiers.device import (bucket_len, padded_rows, table_add as _add,
+                                         table_add_taken as _add_taken, table_set as _set,
+                                         table_take as _take)
 from jgrind.engine.tiers.protocol import NOTHING_HELD, Shared, TierBlocks
 from jgrind.plan.fates import ACTIVATION, GRADIENT
 from jgrind.plan.sharded import DeviceToDevice, ThroughHost
 
 __all__ = ["DeviceTiers", "PlacedDeviceTier"]
-
-_take = jax.jit(lambda table, rows: jnp.take(table, rows, axis=0, mode="fill", fill_value=0))
-_set = jax.jit(lambda table, rows, values: table.at[rows].set(values, mode="drop"),
-               donate_argnums=0)
-_add = jax.jit(lambda table, rows, values: table.at[rows].add(values, mode="drop"),
-               donate_argnums=0)
-# ``table[rows] += values[src]``, the rows taken from a step output on the same device
-_add_taken = jax.jit(lambda table, rows, values, src: table.at[rows].add(
-    jnp.take(values, src, axis=0, mode="fill", fill_value=0), mode="drop"), donate_argnums=0)
 
 DEVICE_TO_DEVICE, THROUGH_HOST = str(DeviceToDevice()), str(ThroughHost())
 

@@ -33,18 +33,18 @@ def _explicit(fn):
 
 # made on the device: op by op, jnp.zeros would copy its Python zero there first
 _device_zeros = jax.jit(lambda shape: jnp.zeros(shape, jnp.float32), static_argnums=0)
-_device_take = _explicit(jax.jit(
-    lambda table, rows: jnp.take(table, rows, axis=0, mode="fill", fill_value=0)))
-_device_set = _explicit(jax.jit(
-    lambda table, rows, values: table.at[rows].set(values, mode="drop"), donate_argnums=0))
-_device_add = _explicit(jax.jit(
-    lambda table, rows, values: table.at[rows].add(values, mode="drop"), donate_argnums=0))
+# the table operations, jitted once: `jgrind.devices.placed_tier` runs them on several devices
+table_take = jax.jit(lambda table, rows: jnp.take(table, rows, axis=0, mode="fill", fill_value=0))
+table_set = jax.jit(lambda table, rows, values: table.at[rows].set(values, mode="drop"),
+                    donate_argnums=0)
+table_add = jax.jit(lambda table, rows, values: table.at[rows].add(values, mode="drop"),
+                    donate_argnums=0)
 # ``table[rows] += values[src]``: a scatter-add's rows that land on the device, taken from the
 # step output where it is (`DeviceTier.add_taken_on_device`)
-_device_add_taken = _explicit(jax.jit(
-    lambda table, rows, values, src: table.at[rows].add(
-        jnp.take(values, src, axis=0, mode="fill", fill_value=0), mode="drop"),
-    donate_argnums=0))
+table_add_taken = jax.jit(lambda table, rows, values, src: table.at[rows].add(
+    jnp.take(values, src, axis=0, mode="fill", fill_value=0), mode="drop"), donate_argnums=0)
+_device_take, _device_set = _explicit(table_take), _explicit(table_set)
+_device_add, _device_add_taken = _explicit(table_add), _explicit(table_add_taken)
 # ``gathered[rows] = values``, the device's rows set into a gathered input sent from the host
 _device_merge = _explicit(jax.jit(
     lambda gathered, rows, values: gathered.at[rows].set(values, mode="drop"),
