@@ -268,12 +268,9 @@ def _mix32(h):
 
 
 def _mix32_int(h: int) -> int:
-    h &= 0xFFFFFFFF
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    return h ^ (h >> 16)
+    """`_mix32` of a Python int's low 32 bits (as a one-element array: array products wrap
+    silently, scalar ones warn)."""
+    return int(_mix32(np.array([h & 0xFFFFFFFF], np.uint32))[0])
 
 
 def seed_key(seed: Sequence[int]) -> np.ndarray:
