@@ -14,6 +14,14 @@ Saves are synchronous and run whole (`jgrind.interrupts.deferred`): a Ctrl-C wai
 step to be written rather than leave a half-written ``N.orbax-checkpoint-tmp`` folder, and a
 save that fails (a full disk) raises here, with its partial step removed, instead of in a
 background thread.
+
+A run of several processes (`jgrind.devices.processes`) has one writer: process 0. Its
+parameters and optimizer state are replicated over every device, so one copy is the whole
+state: process 0 saves it, as one device's copy (`_local_copy`), into its own folder, and on
+resume reads it there and sends it to the others, byte for byte, through a JAX collective
+(`_from_process_zero`). No folder is shared between the processes (orbax's multi-process
+checkpoints would need one on every host), and a resumed run restores the exact state on any
+number of devices.
 """
 
 from __future__ import annotations
@@ -84,13 +92,29 @@ def _this_process_only() -> dict:
 
 def _local_copy(state: Any) -> Any:
     """``state`` with every array placed on several devices (a parameter replicated over the
-    devices of a run on several, `jgrind.devices`) replaced by one copy, as a NumPy array:
-    saved with its placement, it could be restored only on the same devices."""
+    devices of a run on several, `jgrind.devices`, in this process or across several) replaced
+    by one copy, as a NumPy array: saved with its placement, it could be restored only on the
+    same devices. ValueError for an array split over processes (no process holds it whole)."""
     import jax
     import numpy as np
-    return jax.tree.map(lambda a: np.asarray(a.addressable_data(0))
-                        if isinstance(a, jax.Array) and len(a.sharding.device_set) > 1 else a,
-                        state)
+
+    def one(a):
+        if not isinstance(a, jax.Array) or len(a.sharding.device_set) == 1:
+            return a
+        if a.is_fully_replicated:
+            return np.asarray(a.addressable_data(0))
+        if a.is_fully_addressable:
+            return np.asarray(a)
+        raise ValueError(f"an array of shape {a.shape} is split over several processes "
+                         f"({a.sharding}); a checkpoint holds replicated state only")
+    return jax.tree.map(one, state)
+
+
+def _writes() -> bool:
+    """Whether this process writes the run's checkpoints: the only one, or process 0 of
+    several."""
+    import jax
+    return jax.process_index() == 0
 
 
 def layout(state: Any) -> list:
@@ -119,8 +143,11 @@ def save(mgr: ocp.CheckpointManager, epoch: int, state: Any, meta: dict, force=F
     """Write ``state`` and ``meta`` as step ``epoch`` (if ``force``, or the manager's
     interval says so), whole: a signal meanwhile waits for the end (`interrupts.deferred`).
     `CheckpointError` if the disk is full, with nothing of the step left."""
+    if not _writes():  # one of several processes: process 0 writes the one copy
+        return
     if not force and not mgr.should_save(epoch):
         return
+    state = _local_copy(state)
     meta = {**meta, "layout": layout(state)}
     meta["checksum"] = {"meta": digest(meta=meta), "state": digest(state)}
     with interrupts.deferred(), _quiet_orbax():
@@ -226,7 +253,20 @@ def restore_latest(mgr: ocp.CheckpointManager, like: Any,
     A step whose arrays or meta differ from the digest it recorded (`digest`), or that
     orbax cannot read, is moved aside (``N.damaged``) with one warning, and the next older
     step is tried: a run resumes from its newest intact checkpoint. `CheckpointError` if
-    every step is damaged."""
+    every step is damaged.
+
+    In a run of several processes, process 0 reads its own folder and sends the others what
+    it found (`_from_process_zero`): the same state, or the same error, in every process;
+    the others' ``mgr`` is not read."""
+    import jax
+    if jax.process_count() > 1:
+        return _from_process_zero(mgr, like, graph)
+    return _restore_latest_here(mgr, like, graph)
+
+
+def _restore_latest_here(mgr: ocp.CheckpointManager, like: Any,
+                         graph: Optional[dict]) -> Optional[tuple[int, Any, dict]]:
+    """`restore_latest` from ``mgr``'s folder, in this process alone."""
     damaged = []
     for step in sorted(mgr.all_steps(), reverse=True):
         try:
@@ -248,6 +288,99 @@ def restore_latest(mgr: ocp.CheckpointManager, like: Any,
                               + "); remove them to start afresh, or restore the folder "
                               "from a backup")
     return None
+
+
+_SENT_ERRORS = {"CheckpointMismatch": CheckpointMismatch, "CheckpointError": CheckpointError}
+
+
+def _from_process_zero(mgr: ocp.CheckpointManager, like: Any,
+                       graph: Optional[dict]) -> Optional[tuple[int, Any, dict]]:
+    """`restore_latest` in a run of several processes: process 0 restores from its folder
+    and broadcasts a header (JSON: the epoch, the meta and the arrays' dtypes and shapes, or
+    the error it raised), then the arrays' bytes; every process returns the same ``(epoch,
+    state, meta)`` or raises the same error. Bytes, not values: `broadcast_one_to_all` sums
+    the source's values with the others' zeros, which would turn -0.0 into 0.0."""
+    import jax
+    import numpy as np
+    if not _writes():
+        return _received(like)
+    try:
+        found = _restore_latest_here(mgr, _local_copy(like), graph)
+    except (CheckpointMismatch, CheckpointError) as err:
+        _broadcast_bytes(json.dumps({"error": type(err).__name__,
+                                     "message": str(err)}).encode())
+        raise
+    except Exception:  # (not an interrupt: the others are stopping too, and would not answer)
+        _broadcast_bytes(json.dumps({"error": "failed"}).encode())
+        raise
+    if found is None:
+        _broadcast_bytes(json.dumps({"epoch": None}).encode())
+        return None
+    epoch, state, meta = found
+    leaves = [np.ascontiguousarray(np.asarray(leaf)) for leaf in jax.tree.leaves(state)]
+    _broadcast_bytes(json.dumps({"epoch": epoch, "meta": meta, "leaves": [
+        [leaf.dtype.name, list(leaf.shape)] for leaf in leaves]}).encode())
+    _broadcast_bytes(b"".join(leaf.tobytes() for leaf in leaves))
+    return found
+
+
+def _received(like: Any) -> Optional[tuple[int, Any, dict]]:
+    """What process 0 sends in `_from_process_zero`, in another process: checked against the
+    digest the checkpoint recorded."""
+    import jax
+    import numpy as np
+    header = json.loads(_broadcast_bytes(None).decode())
+    if "error" in header:
+        kind = _SENT_ERRORS.get(header["error"])
+        if kind is not None:
+            raise kind(header["message"])
+        raise CheckpointError("process 0 failed while reading the checkpoint in its output "
+                              "folder (its own output says why)")
+    if header["epoch"] is None:
+        return None
+    data = _broadcast_bytes(None)
+    arrays, at = [], 0
+    for name, shape in header["leaves"]:
+        dtype = _dtype(name)
+        count = int(np.prod(shape, dtype=np.int64))
+        arrays.append(np.frombuffer(data, dtype, count=count, offset=at).reshape(shape).copy())
+        at += count * dtype.itemsize
+    state = jax.tree.unflatten(jax.tree.structure(like), arrays)
+    meta = header["meta"]
+    record = meta.get("checksum")
+    if record is not None and record.get("state") != digest(state):
+        raise CheckpointError(f"process {jax.process_index()} received other arrays from "
+                              f"process 0 than its checkpoint of epoch {header['epoch']} "
+                              "holds: a fault in the collectives; run again")
+    return header["epoch"], state, meta
+
+
+def _dtype(name: str):
+    """The NumPy dtype named ``name``, bfloat16 and JAX's other ml_dtypes included."""
+    import numpy as np
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def _broadcast_bytes(data: Optional[bytes]) -> bytes:
+    """Process 0's ``data``, in every process (the others pass None): its length, then its
+    bytes, each with `jax.experimental.multihost_utils.broadcast_one_to_all` (exact for
+    integers). Every process must call it at the same point."""
+    import numpy as np
+    from jax.experimental import multihost_utils
+    source = data is not None
+    # the length in two int32 (JAX's integers without x64), 2**30 each: up to 2**61 bytes
+    high, low = divmod(len(data), 2**30) if source else (0, 0)
+    high, low = (int(v) for v in multihost_utils.broadcast_one_to_all(
+        np.array([high, low], np.int32)))
+    size = high * 2**30 + low
+    if size == 0:
+        return b""
+    buffer = np.frombuffer(data, np.uint8) if source else np.zeros(size, np.uint8)
+    return np.asarray(multihost_utils.broadcast_one_to_all(buffer), np.uint8).tobytes()
 
 
 class _Damaged(Exception):

@@ -414,7 +414,8 @@ def cmd_plan(args) -> int:
     host = host if host is not None else profile.host_free // 2
     print(graph)
     if args.devices is not None:
-        return _plan_devices(graph, model, cfg, partitioner, profile, args.devices)
+        return _plan_devices(graph, model, cfg, partitioner, profile, args.devices,
+                             budgets=(device, host))
     from jgrind.plan import policies  # the store_dtype settings, as auto plans with them
     storages = policies.with_storage_named(
         policies.auto(), cfg.store_dtype, cfg.store_dtype_activations,
@@ -464,7 +465,8 @@ def _plan_of_run(run: pathlib.Path, out: str) -> int:
     return 0
 
 
-def _plan_devices(graph, model, cfg, partitioner, profile, devices: int) -> int:
+def _plan_devices(graph, model, cfg, partitioner, profile, devices: int,
+                  budgets=(None, None)) -> int:
     """`jgrind plan --devices K`: the partitions (``--parts``, else one per device) placed on
     K devices by the profile's predicted step times, the bytes the halo exchange moves per
     epoch beside the minimum, and the predicted epoch over each link the machine may use
@@ -501,6 +503,13 @@ def _plan_devices(graph, model, cfg, partitioner, profile, devices: int) -> int:
                               parse_bytes(cfg.device_budget))
     print("exchange per layer: " + "; ".join(f"layer {l} {route}"
                                              for l, route in enumerate(routes) if route))
+    from jgrind.plan import policies  # out of core, as `--policy auto` plans it
+    from jgrind.plan.sharded import print_devices_plan
+    print_devices_plan(graph, model, profile, devices, *budgets, directory=cfg.store or None,
+                       num_parts=cfg.parts or None, partitioner=partitioner, seed=cfg.seed,
+                       storages=policies.with_storage_named(
+                           policies.auto(), cfg.store_dtype, cfg.store_dtype_activations,
+                           cfg.store_dtype_aggregations, cfg.store_dtype_gradients).storages())
     return 0
 
 
@@ -536,12 +545,11 @@ def cmd_train(args) -> int:
     if joined is not None:
         from jgrind.devices import processes
         processes.agree(settings_fingerprint(cfg), "settings")
-        if cfg.checkpoint_every:
-            raise ConfigError("checkpoint_every: checkpoints of a run of several processes are "
-                              "not written yet; leave it at 0")
         if not cfg.devices:  # several processes train one model: on all their devices
             cfg = dataclasses.replace(cfg, devices=joined.devices)
-        if joined.process_id:  # process 0 writes the run folder; the others' files are dropped
+        # process 0 writes the run folder and the checkpoints (a resumed run sends the others
+        # its state, `jgrind.checkpoint`); the others' files are dropped
+        if joined.process_id:
             import tempfile
             out = tempfile.mkdtemp(prefix=f"jgrind-process{joined.process_id}-")
     _check_devices(cfg.devices, joined)

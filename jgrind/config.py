@@ -508,11 +508,6 @@ def build_policy(cfg: RunConfig, on_plan=None):
         out_of_core = [f"{name}={value}" for name, value in (
             ("policy", cfg.policy if cfg.policy != "in_memory" else ""), ("store", cfg.store),
             ("device_budget", cfg.device_budget), ("host_budget", cfg.host_budget)) if value]
-        if cfg.policy == "auto":  # its planner prices one device
-            raise ConfigError(f"devices={cfg.devices}: policy=auto is not run on several "
-                              "devices yet; use host, ssd, recompute or grinnder (out of core, "
-                              "`jgrind.devices.ShardedOutOfCore`), or no policy (every "
-                              "partition in its device's memory)")
         if out_of_core:  # host and SSD tiers, the steps spread over the devices
             return {**engine, "devices": cfg.devices}
         return {"num_parts": cfg.parts or None, "partitioner": engine["partitioner"],

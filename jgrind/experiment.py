@@ -33,6 +33,7 @@ from jgrind.datasets import split_per_seed
 from jgrind.plan.check import run_check
 from jgrind.plan.cost import format_bytes
 from jgrind.plan.report import format_plan, plan_line, plot_plan
+from jgrind.plan.sharded import device_peak_lines
 from jgrind.plots import plot_memory, plot_training
 from jgrind.inference import load_checkpoint, predict
 from jgrind.metrics import check_metric, default_metric, evaluate, roc_auc_per_task
@@ -242,6 +243,8 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
     def planned(plan) -> None:
         if not plans:
             print(f"jgrind: {plan_line(plan)}", flush=True)
+            for line in device_peak_lines(plan):  # a plan over several devices
+                print(f"jgrind: {line}", flush=True)
             # the peak resident memory counts from here: what training holds, not what
             # measuring the hardware profile or planning held before
             host_memory.reset_peak_resident()
@@ -287,13 +290,14 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
                            again.history[-1]["loss"], cfg.seed,
                            how=f"on {cfg.devices} devices" if devices is not None else
                            "out of core")
-    with _whole(out / "training.png") as path:
-        plot_training([r.history for r in trials.results], path,
-                      metric=trials.metric + (f" ({graph.num_classes} tasks)"
-                                              if graph.multilabel else ""),
-                      labels=[f"seed {s}" for s in seeds],
-                      best_epochs=[r.best_epoch for r in trials.results],
-                      title=f"{cfg.model} on {graph.name}")
+    if jax.process_index() == 0:  # (another process's run folder is dropped, `jgrind.cli`)
+        with _whole(out / "training.png") as path:
+            plot_training([r.history for r in trials.results], path,
+                          metric=trials.metric + (f" ({graph.num_classes} tasks)"
+                                                  if graph.multilabel else ""),
+                          labels=[f"seed {s}" for s in seeds],
+                          best_epochs=[r.best_epoch for r in trials.results],
+                          title=f"{cfg.model} on {graph.name}")
     if memory is not None:
         with _whole(out / "memory.png") as path:
             plot_memory(memory["timeline"], path,
@@ -322,6 +326,9 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
         "in_memory_check": check,
         "plan_check": run_check(trials.results[0].history),
         "devices_line": None if devices is None else devices_line(devices),
+        "device_peaks": None if devices is None or "device_peaks" not in devices else {
+            k: devices[k] for k in ("device_peaks", "predicted_device_peaks",
+                                    "device_working_sets", "device_budget")},
         "line": f"{cfg.model} on {graph.name}"
                 + (" (a random split per seed)" if per_seed else "") + f": {trials.summary()}",
         # one line per seed: each seed's run has its own store
@@ -332,7 +339,8 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
     }
     if plans:
         with _whole(out / "plan.txt") as path:
-            path.write_text(format_plan(plans[0]) + "\n")
+            path.write_text("\n".join([format_plan(plans[0]),
+                                       *device_peak_lines(plans[0])]) + "\n")
         plot_plan(plans[0], out)
     with _whole(out / "summary.json") as path:
         path.write_text(json.dumps(summary, indent=2))
@@ -384,9 +392,15 @@ def devices_line(devices: dict) -> str:
     routes = devices.get("by_route") or {}
     split = "" if sum(1 for n in routes.values() if n) < 2 else " (" + ", ".join(
         f"{route} {n / 2**20:.2f} MiB" for route, n in routes.items()) + ")"
-    return (f"{devices['placement']}\nhalo exchange per epoch: "
+    line = (f"{devices['placement']}\nhalo exchange per epoch: "
             f"{devices['moved'] / 2**20:.2f} MiB moved between devices{split}, minimum "
             f"{devices['minimum'] / 2**20:.2f} MiB ({ratio:.2f}x)")
+    if devices.get("device_peaks") is not None:  # out of core: each device's blocks
+        line += "\ndevice blocks at their peak, measured / predicted: " + ", ".join(
+            f"device {d} {measured / 2**20:.2f} / {predicted / 2**20:.2f} MiB"
+            for d, (measured, predicted) in enumerate(zip(devices["device_peaks"],
+                                                          devices["predicted_device_peaks"])))
+    return line
 
 
 def loss_check(out_of_core: float, in_memory: float, seed: int, digits: int = 6,

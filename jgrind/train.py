@@ -134,8 +134,10 @@ class TrainResult:
       first_epoch: the first epoch this call ran: 0, or the epoch after a resumed checkpoint.
       devices: runs over several devices only: ``placement`` (one line per device: its
         partitions, predicted seconds and bytes), ``moved`` and ``minimum`` (bytes the halo
-        exchange moves between devices per epoch, and the least any exchange could); else
-        None.
+        exchange moves between devices per epoch, and the least any exchange could); out of
+        core also ``device_peaks`` (each device's device-tier blocks at their peak,
+        measured) beside ``predicted_device_peaks`` (the plan's), ``device_working_sets``
+        (the plan's, per device) and ``device_budget`` (per device); else None.
     """
 
     params: Params
@@ -453,7 +455,8 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                 "placement": executor.placement.format(),
                 "moved": executor.exchange_bytes_per_epoch,
                 "minimum": executor.exchange_minimum_per_epoch,
-                "by_route": getattr(executor, "exchange_bytes_by_route", None)}
+                "by_route": getattr(executor, "exchange_bytes_by_route", None),
+                **_device_peaks(executor)}
             try:
                 if owned_executor and executor is not None and hasattr(executor, "close"):
                     executor.close()  # removes the run's SSD files, also on error
@@ -467,6 +470,18 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                        metric=metric, best_epoch=int(best["epoch"]), val=float(best["val"]),
                        test=float(best["test"]), seconds=train_seconds, memory=memory,
                        first_epoch=resumed_at, devices=devices)
+
+
+def _device_peaks(executor) -> dict:
+    """Each device's device-tier peak, measured and predicted, of an out-of-core run over
+    several devices (`jgrind.devices.ShardedOutOfCore`); {} for any other."""
+    tiers = getattr(executor, "device_tiers", None)
+    if tiers is None or getattr(executor, "predicted_device_peaks", None) is None:
+        return {}
+    return {"device_peaks": [int(b) for b in tiers.peak],
+            "predicted_device_peaks": [int(b) for b in executor.predicted_device_peaks],
+            "device_working_sets": [int(b) for b in executor.device_working_sets],
+            "device_budget": int(executor.engine.built.device_budget)}
 
 
 # model selection: a score per evaluated epoch, higher is better

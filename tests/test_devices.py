@@ -406,11 +406,9 @@ def test_plan_places_partitions_on_devices(capsys, tmp_path):
     assert "exchange per layer: layer 0 device to device" in out
 
 
-def test_devices_with_a_policy_not_run_on_several_devices_is_one_line():
-    from jgrind.config import ConfigError, RunConfig, build_policy
-    with pytest.raises(ConfigError, match=r"devices=2: policy=auto is not run on several "
-                                          r"devices yet"):
-        build_policy(RunConfig(devices=2, policy="auto"))
+def test_devices_with_an_out_of_core_policy_build_the_sharded_engines_arguments():
+    from jgrind.config import RunConfig, build_policy
+    assert build_policy(RunConfig(devices=2, policy="auto"))["devices"] == 2
     assert build_policy(RunConfig(devices=2, policy="grinnder"))["devices"] == 2
     assert build_policy(RunConfig(devices=2, policy="host", host_budget="1GiB"))["devices"] == 2
     assert build_policy(RunConfig(devices=2, parts=4))["num_parts"] == 4

@@ -2,12 +2,16 @@
 each test starts real local processes (gloo collectives on the CPU), so there are few and they
 are small."""
 
+import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from typing import Optional
 
 import pytest
 
@@ -49,6 +53,13 @@ def _group(tmp_path, then: str, count: int = 2, devices: int = 2, timeout_s: flo
                               then, str(timeout_s)], env=_environment(devices),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for me in range(count)]
+
+
+def _quick_environment(devices: int, **more) -> dict:
+    """`_environment` with XLA's cheapest optimisation level (tests/conftest.py's flags): the
+    runs compared are all compiled so, and most of a small run's time is compiling."""
+    return dict(_environment(devices), XLA_FLAGS="--xla_backend_optimization_level=0 "
+                "--xla_llvm_disable_expensive_passes=true", **more)
 
 
 def _errors(stderr: str) -> list:
@@ -152,3 +163,148 @@ def test_the_settings_fingerprint_leaves_out_paths_and_devices_reach_train():
     assert settings_fingerprint(here) != settings_fingerprint(
         dataclasses.replace(here, hidden=8))
     assert build_policy(here)["devices"] == 4 and "devices" not in build_policy(RunConfig())
+
+
+# -- checkpoints, a killed process, fingerprints ----------------------------------------------
+def _saved_state(folder: pathlib.Path) -> tuple:
+    """``(epoch, state)`` of the newest checkpoint in ``folder``, as NumPy arrays."""
+    import orbax.checkpoint as ocp
+    manager = ocp.CheckpointManager(folder.absolute())
+    try:
+        step = manager.latest_step()
+        state = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore()))["state"]
+    finally:
+        manager.close()
+    return step, state
+
+
+def _assert_same_state(a: pathlib.Path, b: pathlib.Path) -> None:
+    """The newest checkpoints in ``a`` and ``b``: the same epoch, and every array (parameters,
+    optimizer state, best parameters) equal bit for bit."""
+    import jax
+    import numpy as np
+    (epoch_a, state_a), (epoch_b, state_b) = _saved_state(a), _saved_state(b)
+    assert epoch_a == epoch_b
+    assert jax.tree.structure(state_a) == jax.tree.structure(state_b)
+    for x, y in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b)):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype and x.tobytes() == y.tobytes()
+
+
+def _train(out: pathlib.Path, epochs: int) -> list:
+    """``jgrind train`` on a 200-node graph, a checkpoint every epoch: what the tests launch."""
+    return ["train", "--dataset", "csbm", "--set", "num_nodes=200", "--set", "hidden=8",
+            "--set", "checkpoint_every=1", "--epochs", str(epochs), "--out", str(out),
+            "--no-progress"]
+
+
+def _pid(out: pathlib.Path, index: int) -> Optional[int]:
+    """The pid of the process ``index`` of the run writing ``out``, if there is one."""
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        except OSError:
+            continue
+        if str(out).encode() in command and \
+                command[-2:] == [b"--process-id", str(index).encode()]:
+            return int(entry.name)
+    return None
+
+
+def test_a_process_killed_mid_run_stops_launch_and_a_second_launch_resumes_it(
+        tmp_path, capfd, monkeypatch):
+    """SIGKILL of process 1 in mid-run: `jgrind launch` stops process 0 and exits with status 2
+    and one line naming process 1, within its grace period; `jgrind launch` again on the same
+    --out resumes from the last checkpoint (process 0 writes them and sends the state to the
+    others) and ends with the parameters and optimizer state of a run that was never stopped,
+    bit for bit. (`processes.launch` runs here, as `jgrind launch` would, and the three
+    launches share their compiled programs.)"""
+    monkeypatch.setenv("XLA_FLAGS", _quick_environment(1)["XLA_FLAGS"])
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "cache"))
+    epochs = 10
+    assert processes.launch(_train(tmp_path / "straight", epochs), 2) == 0
+    capfd.readouterr()
+
+    run = tmp_path / "killed"
+    steps = run / "checkpoints" / "seed0"
+    killed = []
+
+    def kill_process_1_after_the_checkpoint_of_epoch_2():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(s.name.isdigit() and int(s.name) >= 2
+                   for s in (steps.iterdir() if steps.is_dir() else ())):
+                victim = _pid(run, 1)
+                if victim is not None:
+                    os.kill(victim, signal.SIGKILL)
+                    killed.append(time.monotonic())
+                return
+            time.sleep(0.02)
+    killer = threading.Thread(target=kill_process_1_after_the_checkpoint_of_epoch_2)
+    killer.start()
+    try:
+        status = processes.launch(_train(run, epochs), 2)
+    finally:
+        killer.join()
+    stopped_after = time.monotonic() - killed[0] if killed else None
+    err = capfd.readouterr().err
+    assert killed and status == processes.EXIT_FAILED, err
+    assert err.strip().splitlines()[-1] == ("jgrind: error: process 1 of 2 failed (killed by "
+                                            "SIGKILL); stopped the others")
+    assert stopped_after < processes._GRACE_S + 5, stopped_after
+    saved = sorted(int(s.name) for s in steps.iterdir() if s.name.isdigit())
+    assert saved[-1] < epochs - 1, "the kill came after the run's end"
+    before = [json.loads(line) for line in
+              (run / "metrics-seed0.jsonl").read_text().splitlines()][: saved[-1] + 1]
+
+    assert processes.launch(_train(run, epochs), 2) == 0, capfd.readouterr().err
+    _assert_same_state(tmp_path / "straight" / "checkpoints" / "seed0", steps)
+    after = [json.loads(line) for line in (run / "metrics-seed0.jsonl").read_text().splitlines()]
+    # the epochs up to the checkpoint are the killed run's own (resumed, not run again)
+    assert after[: len(before)] == before and len(after) == epochs
+
+
+def test_processes_started_with_other_settings_are_refused_before_training(tmp_path):
+    """`jgrind train` in two processes whose settings differ (a hidden width): both stop with
+    one line naming the process that differs, exit status 2, and no run folder is made."""
+    coordinator = f"127.0.0.1:{processes.free_port()}"
+    group = [subprocess.Popen(
+        [sys.executable, "-m", "jgrind.cli", "train", "--dataset", "csbm", "--set",
+         "num_nodes=200", "--set", f"hidden={8 if me == 0 else 16}", "--out",
+         str(tmp_path / "run"), "--no-progress", "--coordinator", coordinator,
+         "--num-processes", "2", "--process-id", str(me)], env=_quick_environment(1),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for me in range(2)]
+    for p in group:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 2, err
+        (line,) = _errors(err)
+        assert line.startswith("jgrind: error: process 1 (") \
+            and "holds other settings than process 0" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_processes_given_other_graphs_are_refused_before_training(tmp_path):
+    """Two processes with the same flags, `--dataset npy:FOLDER`, each finding another graph
+    in its FOLDER (as on two machines): the graphs' fingerprints differ, and both stop with one
+    line naming the process that differs, exit status 2, before training."""
+    from jgrind import generators
+    from jgrind.datasets import save_graph
+    coordinator = f"127.0.0.1:{processes.free_port()}"
+    group = []
+    for me in range(2):
+        folder = save_graph(generators.csbm(num_nodes=100, num_features=4, seed=me),
+                            tmp_path / f"graph{me}")
+        group.append(subprocess.Popen(
+            [sys.executable, "-m", "jgrind.cli", "train", "--dataset", f"npy:{folder}",
+             "--out", str(tmp_path / f"run{me}"), "--no-progress", "--coordinator",
+             coordinator, "--num-processes", "2", "--process-id", str(me)],
+            env=_quick_environment(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True))
+    for p in group:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 2, err
+        (line,) = _errors(err)
+        assert line.startswith("jgrind: error: process 1 (") \
+            and "holds other graph data than process 0" in line, line
+    assert not (tmp_path / "run0").exists()

@@ -5,7 +5,8 @@
 
 Runs `jgrind.engine.OutOfCore` normally (loader and writer threads on), counts the programs
 compiled and their compile seconds per epoch (JAX's ``/jax/core/compile/backend_compile_duration``
-events), times ``--epochs`` epochs (with ``--variants``, per variant; an epoch in which a
+events) and lists them grouped by function name (``--programs``, `jgrind.engine.program_log`),
+times ``--epochs`` epochs (with ``--variants``, per variant; an epoch in which a
 variant first compiles programs is not timed, and the median line says so), then traces one
 more and prints, per plane of the trace (the host, each GPU), each line's busy time (the union
 of its events' intervals, so nested events count once), its share of the traced window, and its
@@ -62,8 +63,16 @@ def main() -> None:
     p.add_argument("--compile-effort", default="quick", choices=("quick", "full"),
                    help="how hard XLA works on each partition step (jgrind.engine."
                         "compile_effort): quick skips a GPU's autotuning; full is XLA's default")
+    p.add_argument("--gpu-paths", action="store_true",
+                   help="on the CPU backend, take the transfer paths the engine takes on a GPU "
+                        "(device rows kept there, outputs through pinned_host memory, inputs "
+                        "in 8 row ranges, page-locked input buffers for --variants "
+                        "pinned-inputs), to count the programs they compile")
     p.add_argument("--summarize", metavar="DIR", help="only summarize a trace written earlier")
     p.add_argument("--top", type=int, default=4, help="event names shown per line")
+    p.add_argument("--programs", default="names", choices=("off", "names", "shapes"),
+                   help="list the programs each epoch compiles, grouped by function name "
+                        "(jgrind.engine.program_log), with each one's argument types (shapes)")
     args = p.parse_args()
     if args.summarize:
         summarize(args.summarize, args.top)
@@ -74,20 +83,19 @@ def main() -> None:
 def run(args) -> None:
     import jax
     import optax
-    from jax import monitoring
 
     from jgrind.hostio import rows
     from jgrind.engine import OutOfCore
     from jgrind.engine.compile_effort import by_name
+    from jgrind.engine.program_log import ProgramLog
 
-    compiles = collections.Counter()
+    log = ProgramLog().__enter__()  # open for the process: every program is counted
+    log.mark("setup")
 
-    def listen(event: str, seconds: float, **_) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles["programs"] += 1
-            compiles["seconds"] += seconds
-    monitoring.register_event_duration_secs_listener(listen)
-
+    on_cpu = jax.default_backend() == "cpu"
+    if args.gpu_paths and on_cpu:
+        from jgrind.engine import build
+        build.PINNED_STAGING_ON_CPU = True
     t = time.perf_counter()
     graph, model, _ = harness.graph_and_model(rmat=args.rmat, features=args.features,
                                               hidden=args.hidden)
@@ -115,18 +123,32 @@ def run(args) -> None:
                 options = jax.profiler.ProfileOptions()
                 options.python_tracer_level = 0  # Python calls would swamp the trace
                 jax.profiler.start_trace(trace_dir, profiler_options=options)
-            before = dict(compiles)
+            log.mark(f"epoch {epoch}")
             seconds, loss = training.epoch(jax.random.key(epoch))
             if trace_dir:
                 jax.profiler.stop_trace()
-            programs = compiles["programs"] - before.get("programs", 0)
+            compiled = log.phase(f"epoch {epoch}")
             print(f"epoch {epoch} ({label}{', traced' if trace_dir else ''}): {seconds:.3f} s, "
-                  f"loss {float(loss):.4f}, {programs} "
-                  f"programs compiled in {compiles['seconds'] - before.get('seconds', 0.0):.1f} s")
+                  f"loss {float(loss):.4f}, {len(compiled)} "
+                  f"programs compiled in {log.seconds(compiled):.1f} s")
+            if compiled and args.programs != "off":
+                print(log.report(compiled, shapes=args.programs == "shapes"))
             epoch += 1
-            return seconds, programs
+            return seconds, len(compiled)
 
-        pinned_host = ex.pinned_host  # None on the CPU backend: "default" is "pageable" there
+        setup = log.phase("setup")
+        print(f"before the first epoch: {len(setup)} programs compiled in "
+              f"{log.seconds(setup):.1f} s")
+        if setup and args.programs != "off":
+            print(log.report(setup, shapes=args.programs == "shapes"))
+        if args.gpu_paths and on_cpu:
+            from jgrind.engine.build import GPU_STAGING_PIECES
+            from jgrind.hostio import transfers
+            ex.keep_device_rows = True
+            ex.pinned_host = transfers.pinned_host()
+            ex.staging_pieces = GPU_STAGING_PIECES
+        # None on the CPU backend without --gpu-paths: "default" is "pageable" there
+        pinned_host = ex.pinned_host
         default_pieces = ex.staging_pieces
         one("warm-up")
         medians, notes = {}, []
@@ -134,7 +156,8 @@ def run(args) -> None:
             pinned, ex.early_host_copies, threads, pieces, pinned_inputs = VARIANTS[name]
             ex.staging_pieces = default_pieces if pieces is None else pieces
             if pinned_inputs and ex.built.store.input_staging is None:
-                print(f"{name}: skipped, no page-locked input buffers on this backend")
+                print(f"{name}: skipped, no page-locked input buffers on this backend "
+                      "(on the CPU backend --gpu-paths makes them)")
                 continue
             ex.pinned_inputs = pinned_inputs
             ex.pinned_host = pinned_host if pinned else None
@@ -155,7 +178,9 @@ def run(args) -> None:
             + "".join(f"; {note}" for note in notes))
     finally:
         ex.close()
-    print(f"programs compiled in all: {compiles['programs']} ({compiles['seconds']:.1f} s)")
+    log.__exit__(None, None, None)
+    print(f"programs compiled in all: {len(log.programs)} ({log.seconds():.1f} s), "
+          f"{len(log.phase('setup'))} of them before the first epoch")
 
 
 def time_variant(epoch, count: int) -> tuple[list, bool, int]:

@@ -21,6 +21,7 @@ the devices it drives: the code runs unchanged on a mesh spanning several proces
 from __future__ import annotations
 
 import functools
+import json
 from typing import Callable, Optional
 
 import jax
@@ -112,6 +113,12 @@ class Sharded:
             self._build_functions(loss)
             return
         self.process_local = False
+        if jax.process_count() > 1:
+            # every process reads the whole graph and builds its own devices' shards from it:
+            # another graph in one (another file under the same name) would be trained on
+            # silently, so the graphs' fingerprints are compared first
+            from jgrind.devices import processes
+            processes.agree(json.dumps(graph.fingerprint(), sort_keys=True), "graph data")
         if getattr(partitioner, "num_parts", None) is not None and num_parts is None:
             num_parts = partitioner.num_parts  # a saved assignment's own count
         normalized = model.normalize(graph)

@@ -30,6 +30,13 @@ blocks are all on the devices exchanges its halo rows by its route
 device, or through host memory; a layer stored on the host or the SSD goes through host
 memory (its rows are there). One run may mix both, layer by layer.
 
+The device budget is per device: the engine is told each partition's device
+(`jgrind.plan.cost.Workload.device_of`), and holds each device's own partitions' device blocks
+beside its own working set to it. With `auto` the planner plans for the devices
+(`jgrind.plan.planner.plan_run` with ``devices``): the partition count, the placement, every
+block's fate under those per-device budgets and the host budget, and each layer's route
+(`jgrind.plan.sharded.planned_routes`).
+
 Still refused: the naive policy's snapshots (one more tier of step inputs), and several
 processes (each process's tiers would hold only its partitions' rows, and halo rows of
 another process's partitions would have to cross between the processes).
@@ -60,6 +67,8 @@ from jgrind.partition import partition_graph
 from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate
 from jgrind.plan.placement import Placement, Rates, place
+from jgrind.plan.protocols import PlansRun
+from jgrind.plan.sharded import planned_routes
 from jgrind.plan.schedule import BACKWARD, FORWARD, RECOMPUTE, Variant
 
 __all__ = ["PerDevice", "ShardedOutOfCore", "through_host_policy"]
@@ -243,11 +252,14 @@ class ShardedOutOfCore:
         device for every aggregating layer whose input is on the devices, through host
         memory for the others.
       rates: the placement's cost rates (`jgrind.plan.placement.Rates`).
+      placement: the partitions' devices (`jgrind.plan.placement.Placement`, of
+        ``partitioned``'s partitions); None: placed here by ``rates``.
 
-    ``device_budget`` is per device: each device runs one partition step at a time, and the
-    engine holds every step's working set to it. The plan is made as for one device, so the
-    device blocks of all devices together are held to it too (conservative by the device
-    count).
+    ``device_budget`` is per device: each device's partitions' device blocks and its working
+    set (one partition step at a time) are held to it (`jgrind.plan.cost.Memory.device`).
+    A policy that plans the run (`jgrind.plan.auto`) plans it here for these devices
+    (``plan``: the `jgrind.plan.planner.Plan`), and runs each layer by the route it chose
+    unless ``exchange`` names one.
 
     Attributes: ``engine`` (the `OutOfCore` engine; its attributes, such as ``store``,
     ``fates`` and ``memory``, are readable here too), ``devices``, ``mesh``, ``placement``,
@@ -258,12 +270,16 @@ class ShardedOutOfCore:
     the epoch's steps read, and halo gradients they send back), ``exchange_bytes_by_route``
     (the same, per route), ``exchange_minimum_per_epoch`` (the least any exchange moves: the
     distinct (row, reading device) pairs of every aggregating layer, forward and back); all
-    at the widths of the layers the engine runs (`jgrind.executed.split`).
+    at the widths of the layers the engine runs (`jgrind.executed.split`);
+    ``predicted_device_peaks`` (``[K]`` each device's blocks at their peak, by the plan,
+    beside ``device_tiers.peak`` measured) and ``device_working_sets``; ``plan`` (the
+    planner's `Plan` with `auto`, else None).
     """
 
     def __init__(self, graph, model, optimizer=None, *, devices=None, policy=None,
                  num_parts: Optional[int] = None, exchange=None,
-                 rates: Optional[Rates] = None, **engine_arguments):
+                 rates: Optional[Rates] = None, placement: Optional[Placement] = None,
+                 **engine_arguments):
         self.devices = resolve_devices(len(jax.devices()) if devices is None else devices)
         k = len(self.devices)
         if any(d.process_index != jax.process_index() for d in self.devices) \
@@ -274,11 +290,26 @@ class ShardedOutOfCore:
                              "arguments (policy, store, budgets) to keep every row on its "
                              "device")
         asked = per_layer(exchange, len(model.layers), None)
-        if getattr(policy, "io", None) is not None:
+        if getattr(getattr(policy, "io", None), "snapshots", False):
             raise ValueError("the naive policy (snapshots of step inputs) is not run over "
                              "devices; train it without devices=")
         pg = engine_arguments.pop("partitioned", None)
         partitioner = engine_arguments.pop("partitioner", label_propagation)
+        self.plan = None
+        if isinstance(policy, PlansRun):  # `auto`: planned for these devices
+            self.plan = policy.prepare(
+                graph, model, device_budget=engine_arguments.get("device_budget"),
+                host_budget=engine_arguments.get("host_budget"),
+                directory=None if engine_arguments.get("store") is None
+                else str(engine_arguments["store"]),
+                partitioner=partitioner, num_parts=num_parts,
+                seed=engine_arguments.get("seed", 0), devices=k)
+            routes = planned_routes(self.plan, model,
+                                    policy.load_profile(self.plan.directory))
+            asked = tuple(a if a is not None else r for a, r in zip(asked, routes))
+            pg, placement = self.plan.partitioned, self.plan.placement
+            num_parts, policy = self.plan.num_parts, self.plan.policy()
+            engine_arguments.setdefault("prediction", self.plan.prediction)
         if getattr(partitioner, "num_parts", None) is not None and num_parts is None:
             num_parts = partitioner.num_parts  # a saved assignment's own count
         parts = k if num_parts is None else num_parts
@@ -290,13 +321,20 @@ class ShardedOutOfCore:
                                                          seed=engine_arguments.get("seed", 0)),
                                  num_parts=parts)
         # placed before the engine is built: its store keeps device blocks on their devices
-        self.placement: Placement = place(pg, model, graph.num_features, k, rates) \
-            if pg is not None else None
+        if placement is None and pg is not None:
+            placement = place(pg, model, graph.num_features, k, rates)
+        elif placement is not None and (placement.num_devices != k or pg is None
+                                        or placement.device_of.size != pg.num_parts):
+            raise ValueError(f"placement places {placement.device_of.size} partitions on "
+                             f"{placement.num_devices} devices; this run has {k} devices"
+                             + ("" if pg is None else f" and {pg.num_parts} partitions"))
+        self.placement: Placement = placement
         self.device_tiers = DeviceTiers(
             self.devices, np.zeros(0, np.int64) if pg is None else self.placement.device_of)
         self.engine = OutOfCore(graph, model, optimizer, policy=policy, num_parts=parts,
                                 partitioned=pg, partitioner=partitioner,
                                 tiers={Fate.DEVICE: self.device_tiers.tier_class()},
+                                device_of=None if pg is None else self.placement.device_of,
                                 **engine_arguments)
         try:
             self._place(graph, model, asked)
@@ -323,6 +361,12 @@ class ShardedOutOfCore:
         self._params: dict = {}
         self._sum = _all_reduce(self.mesh)
         self._count_exchange(model, graph)
+        # per device, by the plan (a last device without partitions holds nothing)
+        memory, k = built.plan.memory, len(self.devices)
+        self.predicted_device_peaks = np.zeros(k, np.int64)
+        self.predicted_device_peaks[:len(memory.device_tables_each)] = memory.device_tables_each
+        self.device_working_sets = np.zeros(k, np.int64)
+        self.device_working_sets[:len(memory.device_working_sets)] = memory.device_working_sets
 
     def _on_devices(self, name: str, layer: int) -> bool:
         """Whether every block of executed layer ``layer``'s table ``name`` is on a device."""

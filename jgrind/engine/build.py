@@ -55,6 +55,11 @@ INPUT_BUFFERS = 3
 # put adopts the buffer without a copy, and 8 made no difference there.
 GPU_STAGING_PIECES = 8
 
+# Page-locked input buffers on the CPU backend too (its ``pinned_host`` memory), off by
+# default: there a put adopts an aligned buffer without a copy anyway. Tools and tests set it
+# to run the GPU's path on a CPU (tools/trace_epoch.py --gpu-paths).
+PINNED_STAGING_ON_CPU = False
+
 
 @dataclasses.dataclass(frozen=True)
 class BoundPlan:
@@ -166,7 +171,8 @@ def build(graph: Graph, model: GNN, optimizer=None, *, policy=None, num_parts: i
           split: int = 0, store: Optional[str] = None, device_budget: Optional[int] = None,
           host_budget: Optional[int] = None, remat_policy=None, prefetch: bool = True,
           max_shapes: int = 3, seed: int = 0, loss: Optional[Callable] = None,
-          tiers: Optional[dict] = None, compile_effort: CompileEffort = QUICK) -> Built:
+          tiers: Optional[dict] = None, compile_effort: CompileEffort = QUICK,
+          device_of: Optional[np.ndarray] = None) -> Built:
     """Everything an out-of-core run needs before its first epoch (the arguments are
     `jgrind.engine.OutOfCore`'s). Raises before any file is written where an argument, the
     plan or a budget is wrong; removes what it wrote when stopped later."""
@@ -182,7 +188,7 @@ def build(graph: Graph, model: GNN, optimizer=None, *, policy=None, num_parts: i
                                       num_parts=num_parts)
     pg = partitioned
     plan = bind_plan(model, pg, graph.num_features, policy, device_budget, host_budget, store,
-                     max_shapes, prefetch)
+                     max_shapes, prefetch, device_of)
     budgets = (UNLIMITED if device_budget is None else int(device_budget),
                UNLIMITED if host_budget is None else int(host_budget))
     check_budgets(plan, *budgets)
@@ -271,13 +277,17 @@ def check_arguments(graph, model, policy, num_parts, partitioner, partitioned, s
 
 def bind_plan(model: GNN, pg: PartitionedGraph, num_features: int, policy,
               device_budget: Optional[int], host_budget: Optional[int], store: Optional[str],
-              max_shapes: int, prefetch: bool) -> BoundPlan:
+              max_shapes: int, prefetch: bool,
+              device_of: Optional[np.ndarray] = None) -> BoundPlan:
     """A fate for every block, and the memory and schedule that follow from them. ``model``:
-    the layers as executed; the budgets as given (None: unlimited)."""
+    the layers as executed; the budgets as given (None: unlimited); ``device_of``: the
+    device of every partition on several devices (the device budget is then per device,
+    `jgrind.plan.cost.Workload.device_of`)."""
     num_layers = len(model.layers)
     inventory = build_inventory(model, pg)
     # output masks (ReLU layers' backward without recomputing the output) when they fit
-    workload = fit_masks(Workload.build(pg, model, max_shapes), device_budget)
+    workload = fit_masks(Workload.build(pg, model, max_shapes).on_devices(device_of),
+                         device_budget)
     if policy is None:
         policy = grinnder(UNLIMITED if device_budget is None else int(device_budget),
                           UNLIMITED if host_budget is None else int(host_budget), store,
@@ -453,7 +463,7 @@ def _input_staging() -> Optional[transfers.PinnedStaging]:
     of a 2.7 s `host_offload` epoch on an H200, docs/results-history.md section 8), but this
     path has not yet run on a GPU (``OutOfCore.pinned_inputs``; tools/trace_epoch.py
     --variants default,pinned-inputs)."""
-    if jax.default_backend() == "cpu":
+    if jax.default_backend() == "cpu" and not PINNED_STAGING_ON_CPU:
         return None
     return transfers.pinned_staging(per_shape=INPUT_BUFFERS, enabled=False)
 

@@ -20,6 +20,10 @@ class HostCache:
         self.capacity = max(int(capacity_bytes), 0)
         self._entries: collections.OrderedDict[Hashable, np.ndarray] = collections.OrderedDict()
         self._pinned: collections.Counter = collections.Counter()
+        # bytes of the entries whose keys are pinned, kept as they change: `fits` is asked
+        # once per halo owner of a gather, which pins every block of its route (a hundred
+        # on 256 partitions), and summing them on every call was most of a mixed gather's time
+        self._pinned_bytes = 0
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = 0
@@ -39,8 +43,7 @@ class HostCache:
     def fits(self, nbytes: int) -> bool:
         """Whether ``nbytes`` can be made room for by evicting unpinned entries."""
         with self._lock:
-            pinned = sum(self._entries[k].nbytes for k in self._pinned if k in self._entries)
-            return pinned + nbytes <= self.capacity
+            return self._pinned_bytes + nbytes <= self.capacity
 
     def make_room(self, nbytes: int) -> bool:
         """Evict least-recently-used unpinned entries until ``nbytes`` more fit; False if
@@ -61,7 +64,7 @@ class HostCache:
         """Insert, evicting least-recently-used unpinned entries; False if it cannot fit."""
         with self._lock:
             if key in self._entries:
-                self.bytes -= self._entries.pop(key).nbytes
+                self._forget(key)
             for old in list(self._entries):
                 if self.bytes + value.nbytes <= self.capacity:
                     break
@@ -71,28 +74,46 @@ class HostCache:
                 return False
             self._entries[key] = value
             self.bytes += value.nbytes
+            if self._pinned[key] > 0:
+                self._pinned_bytes += value.nbytes
         self._on_change()
         return True
 
     def pin(self, keys) -> None:
         with self._lock:
-            self._pinned.update(keys)
+            for key in keys:
+                if self._pinned[key] == 0 and key in self._entries:
+                    self._pinned_bytes += self._entries[key].nbytes
+                self._pinned[key] += 1
 
     def unpin(self, keys) -> None:
         with self._lock:
-            self._pinned.subtract(keys)
-            self._pinned += collections.Counter()  # drop zero counts
+            for key in keys:
+                count = self._pinned.get(key, 0)
+                if count > 1:
+                    self._pinned[key] = count - 1
+                elif count == 1:
+                    del self._pinned[key]
+                    if key in self._entries:
+                        self._pinned_bytes -= self._entries[key].nbytes
 
     def invalidate(self, key) -> None:
         with self._lock:
-            value = self._entries.pop(key, None)
-            if value is not None:
-                self.bytes -= value.nbytes
+            value = self._forget(key)
         if value is not None:
             self._on_change()
 
     def drop_table(self, table: Hashable) -> None:
         with self._lock:
             for key in [k for k in self._entries if k[0] == table]:
-                self.bytes -= self._entries.pop(key).nbytes
+                self._forget(key)
         self._on_change()
+
+    def _forget(self, key) -> Optional[np.ndarray]:
+        """Remove ``key``'s entry (the lock held), keeping the byte counts; its value or None."""
+        value = self._entries.pop(key, None)
+        if value is not None:
+            self.bytes -= value.nbytes
+            if self._pinned[key] > 0:
+                self._pinned_bytes -= value.nbytes
+        return value

@@ -137,6 +137,9 @@ class OutOfCore:
       tiers: classes that serve some fates instead of the store's (`jgrind.engine.store.Store`'s
         ``tiers``): e.g. device blocks spread over several devices
         (`jgrind.devices.placed_tier`).
+      device_of: ``[P]`` the device (an index) of every partition when its steps run on
+        several devices (`jgrind.devices.ShardedOutOfCore`): the device budget then holds
+        each device's own blocks and working set; None: one device.
 
     Attributes: ``built`` (the `jgrind.engine.build.Built` record; some of its fields and its
     plan's are readable here too: ``store``, ``parts``, ``fates``, ``memory``...; the schedule
@@ -155,13 +158,13 @@ class OutOfCore:
                  host_budget: Optional[int] = None, remat_policy=None, prefetch: bool = True,
                  max_shapes: int = 3, seed: int = 0, loss: Optional[Callable] = None,
                  prediction=None, tiers: Optional[dict] = None,
-                 compile_effort: CompileEffort = QUICK):
+                 compile_effort: CompileEffort = QUICK, device_of=None):
         self.built: Built = build(
             graph, model, optimizer, policy=policy, num_parts=num_parts,
             partitioner=partitioner, partitioned=partitioned, split=split, store=store,
             device_budget=device_budget, host_budget=host_budget, remat_policy=remat_policy,
             prefetch=prefetch, max_shapes=max_shapes, seed=seed, loss=loss, tiers=tiers,
-            compile_effort=compile_effort)
+            compile_effort=compile_effort, device_of=device_of)
         self.compile_effort = compile_effort
         self.runner = Runner(self.built)
         self.prediction = prediction

@@ -179,7 +179,7 @@ class SweepIO:
                 "dispatched() called twice for one input, or before the first: register "
                 "each partition's step once, after its input is yielded")
         self._registered += 1
-        self._in_flight.append(_first_element(step_output))
+        self._in_flight.append(_marker(jax.tree.leaves(step_output)[0]))
 
     def write(self, fn: Callable, *args) -> None:
         """Run ``fn(*args)`` on the writer thread. At most `MAX_PENDING_WRITES` writes wait in
@@ -200,10 +200,24 @@ class SweepIO:
             self._pending.popleft().result()
 
 
+# Below this many bytes a step's output is copied whole to wait on (`_marker`)
+MAX_COPIED_MARKER_BYTES = 1 << 20
+
+
+def _marker(leaf: jax.Array) -> jax.Array:
+    """Something ready when the step that made ``leaf`` (its first output) is, that lives on
+    when ``leaf`` is donated to a later step: a copy of a small leaf (a weight-gradient
+    accumulator), made by the runtime without a program, or a one-element slice of a large
+    one (a step's output rows), one program per shape."""
+    if leaf.nbytes <= MAX_COPIED_MARKER_BYTES:
+        return jax.device_put(leaf, may_alias=False)
+    return _first_element(leaf)
+
+
 @jax.jit
-def _first_element(tree):
-    """A one-element slice of a step's first output: something to wait on."""
-    return jax.tree.leaves(tree)[0].reshape(-1)[:1]
+def _first_element(leaf):
+    """A one-element slice of a step output."""
+    return leaf.reshape(-1)[:1]
 
 
 def _after(step: Optional[jax.Array], load: Callable, part):
@@ -256,8 +270,26 @@ def _to_device(leaf, pieces: int = 1, staging: Optional[transfers.PinnedStaging]
         return leaf
     pinned = staging.to_device(leaf) if staging is not None else None
     if pinned is not None:
-        return pinned
+        return _uncommitted(pinned)
     return _put(leaf, pieces) if _pieces(leaf, pieces) >= 2 else leaf
+
+
+def _uncommitted(array: jax.Array) -> jax.Array:
+    """``array`` (on one device), its buffer as it is, as an uncommitted array, as every other
+    step input is. A put to an explicit memory (a page-locked buffer's put to the device)
+    commits its result; jit compiles a committed argument apart from an uncommitted one (its
+    sharding is then part of the program), and the outputs of a step with a committed
+    argument are committed in turn. With page-locked inputs an H200 compiled programs in
+    three epochs running (47, 33, then 1), as committed outputs reached the parameters, the
+    spare buffers and the device tables (tests/test_program_count.py). JAX has no public
+    way to drop the commitment; its array constructor takes it."""
+    if not array.committed:
+        return array
+    from jax._src.array import ArrayImpl
+    try:
+        return ArrayImpl(array.aval, array.sharding, [array], committed=False)
+    except TypeError:  # another JAX's constructor: compiled apart, but the values are right
+        return array
 
 
 def _put(host: np.ndarray, pieces: int) -> jax.Array:
@@ -278,4 +310,7 @@ def _pieces(host: np.ndarray, pieces: int) -> int:
     return min(pieces, host.nbytes // MIN_PIECE_BYTES) if host.ndim else 1
 
 
-_join_rows = jax.jit(lambda *parts: jnp.concatenate(parts, axis=0))
+@jax.jit
+def _join_rows(*parts):
+    """Row ranges put apart (`_put`), joined on the device."""
+    return jnp.concatenate(parts, axis=0)

@@ -12,7 +12,6 @@ import time
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jgrind.hostio import transfers
@@ -62,7 +61,7 @@ class Runner:
         """``(grads, loss)`` of the full-graph loss for the executed model's ``params``:
         `Built.plan.schedule`'s sweeps in order, the tables each sweep makes before it, its
         steps, and the tables it frees after it."""
-        grads, loss = _zero_grads_and_loss(params)
+        grads, loss = self.sweeps.epoch_start(params, key)
         grads = list(grads)
         gradients: dict[int, Table] = {}  # G_l while it lives
         masks: Optional[dict] = None  # output masks of layer l, made by layer l+1's backward
@@ -170,10 +169,3 @@ class Runner:
             out[part.owned] = transfers.host_view(table.read(part.index, part.num_owned))
         self._release_recomputed(layer)
         return out
-
-
-@jax.jit
-def _zero_grads_and_loss(params):
-    """Zeros shaped like ``params``, and a zero loss, made on the device (op by op, a Python
-    zero would be copied there)."""
-    return jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32)

@@ -40,7 +40,7 @@ from jgrind.engine.tiers import (WHOLE_FILE, DeviceRows, DeviceTier, HostTier, R
                                  Shared, Snapshot, SSDTier, Tier, TierBlocks, TransientTier,
                                  padded_buffer)
 from jgrind.engine.tiers.coded import CodedHostTier, CodedSSDTier
-from jgrind.engine.tiers.device import bucket_len, padded_rows as pad_index
+from jgrind.engine.tiers.device import padded_rows as pad_index
 from jgrind.hostio.codecs import FLOAT32, Codec
 from jgrind.plan.fates import CODES, EXACT, FATES, Fate, Storage
 from jgrind.hostio.rows import copy_rows
@@ -312,7 +312,10 @@ class Table:
             return out
         dst = np.concatenate([d for d, _ in on_device])
         src = np.concatenate([r for _, r in on_device])
-        n = bucket_len(dst.size)
+        # as long as the input, not a bucket of the rows' count: the take and the merge then
+        # compile once per input shape rather than per shape and bucket (the padding's rows
+        # are zeros taken and dropped on the device, where they cost its bandwidth only)
+        n = padded_rows
         values = kept_tier.take_on_device(src, n)
         return DeviceRows(out, pad_index(dst, n, padded_rows), values)
 

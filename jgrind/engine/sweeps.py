@@ -13,6 +13,7 @@ import functools
 from typing import Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jgrind.hostio import transfers
@@ -71,6 +72,14 @@ class Sweeps:
         keys = self._layer_keys[1]
         consumer = keys[origin[l + 1]] if l + 1 < len(origin) else None
         return step_key(layers[l], keys[origin[l]], consumer)
+
+    def epoch_start(self, params, key) -> tuple:
+        """Zero gradients shaped like ``params`` and a zero loss, made on the device, with
+        ``key``'s layer keys kept for `layer_key`: one program, run once an epoch."""
+        grads, loss, keys = _epoch_start(params, key, max(self.built.executed.origin) + 1)
+        if key is not None:
+            self._layer_keys = (key, keys)
+        return grads, loss
 
     # -- the sweeps ---------------------------------------------------------------------------
     def forward(self, params, l: int, key, variant: Variant = Variant.FORWARD) -> None:
@@ -341,6 +350,14 @@ class Sweeps:
 def _fold_layer_keys(key: jax.Array, count: int) -> tuple:
     """``layer_key(key, i)`` for the model's layers ``0 .. count-1``, in one program."""
     return tuple(layer_key(key, i) for i in range(count))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _epoch_start(params, key, count: int) -> tuple:
+    """Zeros shaped like ``params``, a zero loss (made on the device: op by op, a Python zero
+    would be copied there), and `_fold_layer_keys` of ``key`` (None: none)."""
+    keys = () if key is None else tuple(layer_key(key, i) for i in range(count))
+    return jax.tree.map(jnp.zeros_like, params), jnp.zeros((), jnp.float32), keys
 
 
 def adopted(host, device) -> bool:

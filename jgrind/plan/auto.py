@@ -93,15 +93,19 @@ class Auto:
         return dev, host
 
     def prepare(self, graph, model, *, device_budget=None, host_budget=None, directory=None,
-                partitioner=None, num_parts=None, seed: int = 0, progress=None) -> Plan:
-        """Plan a whole run (`jgrind.plan.planner.plan_run`); returns the `Plan`."""
+                partitioner=None, num_parts=None, seed: int = 0, progress=None,
+                devices: Optional[int] = None) -> Plan:
+        """Plan a whole run (`jgrind.plan.planner.plan_run`); returns the `Plan`. With
+        ``devices`` (K), for the out-of-core engine over K devices, the device budget held
+        per device."""
         profile = self.load_profile(directory)
         dev, host = self.budgets(device_budget, host_budget, profile)
         planned = plan_run(graph, model, profile, device_budget=dev, host_budget=host,
                            directory=self.directory or directory, partitioner=partitioner,
                            num_parts=num_parts, seed=seed, recompute=self.recompute,
                            progress=progress or (lambda msg: None),
-                           keep=self.keep_aggregations, storages=self.storages())
+                           keep=self.keep_aggregations, storages=self.storages(),
+                           devices=devices)
         if self.on_plan is not None:
             self.on_plan(planned)
         return planned

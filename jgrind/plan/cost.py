@@ -180,6 +180,10 @@ class Workload:
         its edge lists a relation per edge (`jgrind.models.block`).
       label_row_bytes: bytes per padded output row of the top step's labels and loss
         weights, sent to the device with its input (`jgrind.engine.steps.PaddedPartition`).
+      device_of: ``[P]`` the device (an index) of every partition when the run places them on
+        several devices (`jgrind.plan.placement`): the device tier is then held per device,
+        each device's own partitions' device blocks and its own working set
+        (`device_working_sets`, `memory`); None: one device holds them all.
     """
 
     widths: tuple
@@ -204,10 +208,42 @@ class Workload:
     storage: Storage = EXACT
     relations: int = 0
     label_row_bytes: int = LABEL_ROW_BYTES
+    device_of: Optional[np.ndarray] = None
 
     @property
     def num_parts(self) -> int:
         return int(self.owned.size)
+
+    @property
+    def num_devices(self) -> int:
+        """The devices the partitions are placed on (1 without `device_of`)."""
+        if self.device_of is None:
+            return 1
+        return int(np.max(self.device_of, initial=0)) + 1
+
+    def on_devices(self, device_of: Optional[np.ndarray]) -> "Workload":
+        """This workload with its partitions placed on devices (``device_of``, ``[P]``);
+        None: on one device."""
+        if device_of is not None:
+            device_of = np.asarray(device_of, np.int64)
+            if device_of.shape != self.owned.shape:
+                raise ValueError(f"device_of names {device_of.size} partitions; the workload "
+                                 f"has {self.num_parts}")
+        return dataclasses.replace(self, device_of=device_of)
+
+    def device_working_sets(self) -> np.ndarray:
+        """``[K]`` the `working_set` of every device: the largest step of its partitions,
+        the output masks and node-wise blocks of its partitions, and its copies of the
+        parameters. One device: ``[working_set()]``."""
+        return self._device_working_sets
+
+    @functools.cached_property
+    def _device_working_sets(self) -> np.ndarray:
+        if self.device_of is None:
+            return np.array([self.working_set()], np.int64)
+        return np.array([dataclasses.replace(
+            self, owned=np.where(self.device_of == d, self.owned, 0), device_of=None
+        ).working_set() for d in range(self.num_devices)], np.int64)
 
     @property
     def num_layers(self) -> int:
@@ -700,16 +736,24 @@ def least_device_budget(w: Workload, device_tables: int) -> int:
     (`fit_masks` keeps them whenever the working set with them is within the budget), so a
     budget raised to this figure is not then found short by the masks it lets in."""
     with_masks = dataclasses.replace(w, masks=True)
-    need = device_tables + with_masks.without_masks().working_set()
-    if with_masks.working_set() <= need:
-        need = device_tables + with_masks.working_set()
+    need = device_tables + fullest_working_set(with_masks.without_masks())
+    if fullest_working_set(with_masks) <= need:
+        need = device_tables + fullest_working_set(with_masks)
     return need
+
+
+def fullest_working_set(w: Workload) -> int:
+    """The largest device's working set (`Workload.device_working_sets`; one device: its
+    `Workload.working_set`)."""
+    if w.device_of is None:
+        return w.working_set()
+    return int(w.device_working_sets().max(initial=0))
 
 
 def fit_masks(w: Workload, device_budget: Optional[int]) -> Workload:
     """``w`` without output masks when the working set with them exceeds the device budget:
     the engine then recomputes instead (`jgrind.engine.OutOfCore` decides the same way)."""
-    if w.masks and device_budget is not None and w.working_set() > device_budget:
+    if w.masks and device_budget is not None and fullest_working_set(w) > device_budget:
         return w.without_masks()  # (and if even that does not fit, its minimum is the one to report)
     return w
 
@@ -897,11 +941,14 @@ def _gather(w: Workload, profile, layer: int, codes: np.ndarray,
                                 + own / profile.checksum_bw, 0.0)  # the block's checksum
             in_ssd = codes == S
             if ssd_blocks:  # owners' blocks loaded into the cache while they fit beside
-                # the ones the gather holds, the other owners' rows read as spans
-                loads, loaded, calls, span = halo_cache_reads(w, srow // ITEMSIZE, in_ssd,
-                                                              srow, cache.capacity)
+                # the ones the gather holds, the other owners' rows read as spans; every
+                # owner is served on its own, from its cached block or looked up in vain
+                loads, loaded, calls, span, taken, missed = halo_cache_reads(
+                    w, srow // ITEMSIZE, in_ssd, srow, cache.capacity)
                 seconds += _ssd_read(loads, loaded, profile) + loads / profile.checksum_bw \
-                    + _ssd_read(span, calls, profile) + halo_bytes / profile.gather_bw
+                    + _ssd_read(span, calls, profile) + halo_bytes / profile.gather_bw \
+                    + taken * getattr(profile, "cached_take", 0.0) \
+                    + missed * getattr(profile, "cache_lookup", 0.0)
             else:
                 calls, span_rows = ssd_span_reads(w, srow // ITEMSIZE, in_ssd)
                 seconds += _ssd_read(span_rows * srow, calls, profile) \
@@ -916,15 +963,22 @@ def _gather(w: Workload, profile, layer: int, codes: np.ndarray,
 
 def halo_cache_reads(w: Workload, words: int, in_ssd: np.ndarray, row_bytes: int,
                      capacity: int) -> tuple:
-    """``[P]`` arrays ``(loaded bytes, blocks loaded, span calls, span bytes)`` of the halo
-    rows a gather sweep reads from SSD (blocks ``in_ssd``, rows of ``words`` 4-byte words:
-    ``row_bytes`` stored bytes) through a host cache of ``capacity`` bytes that cannot hold
-    the layer: the engine's own rule (`jgrind.engine.tiers.cached_ssd`), followed partition by
-    partition in index order. A gather pins every block of its route that the cache holds;
-    it takes its owners in index order, each from the cache, else loaded whole into it while
-    the pinned blocks leave room (evicting the least recently used others), else read as
-    coalesced spans (`Workload.ssd_calls`). So the cache keeps the lowest owners' blocks
-    from one partition to the next, and the rest are spans.
+    """``[P]`` arrays ``(loaded bytes, blocks loaded, span calls, span bytes, owners taken
+    from the cache, owners read as spans)`` of the halo rows a gather sweep reads from SSD
+    (blocks ``in_ssd``, rows of ``words`` 4-byte words: ``row_bytes`` stored bytes) through a
+    host cache of ``capacity`` bytes that cannot hold the layer: the engine's own rule
+    (`jgrind.engine.tiers.cached_ssd`), followed partition by partition in index order. A
+    gather pins every block of its route that the cache holds; it takes its owners in index
+    order, each from the cache, else loaded whole into it while the pinned blocks leave room
+    (evicting the least recently used others), else read as coalesced spans
+    (`Workload.ssd_calls`). So the cache keeps the lowest owners' blocks from one partition to
+    the next, and the rest are spans.
+
+    Each owner is served by a call of its own: a row take from its cached block (or loaded
+    one), or a lookup that finds it absent (`jgrind.plan.hardware.Profile.cached_take`,
+    ``cache_lookup``). On the planner benchmark's `host-tight` plan (256 partitions) a gather
+    sweep serves ~17k owners so, 11k of them from cached blocks; unpriced, at ~30 us each
+    under load, they were most of forward 0's miss.
 
     (It was priced as every halo owner's whole block loaded, times the cache's miss rate: on
     the planner benchmark's `ssd` configuration, a quarter of its size, 3.1 GB for a sweep
@@ -941,6 +995,7 @@ def _halo_cache_reads(w: Workload, words: int, in_ssd: bytes, row_bytes: int,
     P = w.num_parts
     loads, loaded = np.zeros(P), np.zeros(P)
     calls, span = np.zeros(P), np.zeros(P)
+    taken, missed = np.zeros(P), np.zeros(P)
     size = [int(b) for b in block]
     cached: dict = {}  # block -> None, least recently used first
     held = 0  # bytes of the cached blocks
@@ -948,8 +1003,19 @@ def _halo_cache_reads(w: Workload, words: int, in_ssd: bytes, row_bytes: int,
         if w.owned[p] == 0:
             continue
         owners = [int(q) for q in np.flatnonzero((w.halo[p] > 0) & in_ssd) if q != p]
-        route = set(owners)
-        pinned = sum(size[q] for q in owners if q in cached)
+        route = set(owners) | ({p} if in_ssd[p] else set())
+        pinned = sum(size[q] for q in route if q in cached)
+        if in_ssd[p]:  # its own block is read first, and cached if it fits (priced apart)
+            if p in cached:
+                cached[p] = cached.pop(p)
+            elif pinned + size[p] <= capacity:
+                while held + size[p] > capacity:
+                    old = next(b for b in cached if b not in route)
+                    held -= size[old]
+                    del cached[old]
+                cached[p] = None
+                held += size[p]
+                pinned += size[p]
         spanned = []
         for q in owners:
             if q in cached:
@@ -968,7 +1034,8 @@ def _halo_cache_reads(w: Workload, words: int, in_ssd: bytes, row_bytes: int,
                 spanned.append(q)
         calls[p] = calls_of[p, spanned].sum()
         span[p] = rows_of[p, spanned].sum() * row_bytes
-    out = tuple(np.asarray(a) for a in (loads, loaded, calls, span))
+        taken[p], missed[p] = len(owners) - len(spanned), len(spanned)
+    out = tuple(np.asarray(a) for a in (loads, loaded, calls, span, taken, missed))
     for a in out:
         a.setflags(write=False)
     return out
@@ -1221,10 +1288,27 @@ class Memory:
     ssd_needed: int   # SSD bytes the store reserves up front (free-space check)
     stored_peaks: tuple = (0, 0, 0)  # predicted peak stored bytes (device, host, SSD) over time
     cacheable: int = 0  # host cache bytes that would hold every SSD block read between writes
+    # on several devices (`Workload.device_of`), per device: its partitions' device blocks at
+    # their peak, and its working set; ``device_tables`` is then their sum (the store's device
+    # account), ``device_working_set`` the largest
+    device_tables_each: tuple = ()
+    device_working_sets: tuple = ()
 
     @property
     def device(self) -> int:
+        """The device bytes the budget holds: blocks and working set; on several devices,
+        the fullest device's."""
+        if self.device_tables_each:
+            return max(self.device_peaks)
         return self.device_tables + self.device_working_set
+
+    @property
+    def device_peaks(self) -> tuple:
+        """Each device's predicted peak, its blocks and its working set (one device: one)."""
+        if not self.device_tables_each:
+            return (self.device_tables + self.device_working_set,)
+        return tuple(int(t + s) for t, s in zip(self.device_tables_each,
+                                                 self.device_working_sets))
 
     @property
     def host(self) -> int:
@@ -1310,11 +1394,39 @@ def memory(w: Workload, a: Assignment, cache_capacity: int = 0,
     cached = acts[S] + max([grads_by_layer[l][S] for l in range(1, L)] or [0])
     kd, kh, ks = kept_bytes(w, a)[:3]
     stored = _stored_bytes(w, a, acts_by_layer, grads_by_layer)
-    return Memory(device_tables=acts[D] + pairs[D] + kd, device_working_set=w.working_set(),
+    each, sets, working_set = (), (), w.working_set()
+    if w.device_of is not None:
+        each = tuple(int(t) for t in device_tables_by_device(w, a))
+        sets = tuple(int(b) for b in w.device_working_sets())
+        working_set = max(sets, default=0)
+    return Memory(device_tables=acts[D] + pairs[D] + kd, device_working_set=working_set,
+                  device_tables_each=each, device_working_sets=sets,
                   host_tables=acts[H] + pairs[H] + kh, host_transient=2 * transient,
                   host_cache=min(cache_capacity, cached + ks), ssd=acts[S] + pairs[S] + ks,
                   ssd_needed=acts[S] + ssd_grads + snapshot_bytes + ks,
                   stored_peaks=tuple(max(col) for col in zip(*stored)), cacheable=cached + ks)
+
+
+def device_tables_by_device(w: Workload, a: Assignment) -> np.ndarray:
+    """``[K]`` the device blocks each device holds at its peak (`Workload.device_of`), by
+    `memory`'s accounting restricted to its partitions: its activation blocks and kept
+    aggregations all epoch, its gradient blocks two layers at a time."""
+    L, k = w.num_layers, w.num_devices
+    device_of = np.zeros(w.num_parts, np.int64) if w.device_of is None else w.device_of
+
+    def on_device(codes: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        return np.bincount(device_of, np.where(codes == D, nbytes, 0),
+                           minlength=k).astype(np.int64)
+    acts = sum((on_device(a.activations[l], w.block_bytes(l)) for l in range(L)),
+               np.zeros(k, np.int64))
+    kept = sum((on_device(codes, w.aggregation_bytes(l))
+                for l, codes in a.aggregations.items()), np.zeros(k, np.int64))
+    grads = [on_device(a.gradients[l], w.block_bytes(l)) if l else np.zeros(k, np.int64)
+             for l in range(L)]
+    pairs = np.zeros(k, np.int64)
+    for l in range(1, L):
+        pairs = np.maximum(pairs, grads[l] + (grads[l + 1] if l + 1 < L else 0))
+    return acts + kept + pairs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from jgrind.hostio import allocator, host_memory
 from jgrind.hostio.rows import threads as row_threads
 
-PROFILE_VERSION = 20  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 21  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.hostio.rows` (take, add, store), not `x[i] += v`
@@ -51,6 +51,8 @@ PROFILE_VERSION = 20  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                     19: the storage dtypes' encode and decode rates (`codec_bw`)
 #                     20: a device-tier call (`device_call`): a block write, a row take read
 #                         back, a row add, as `jgrind.engine.tiers.device` makes them
+#                     21: a halo owner served through the host cache (`cached_take`,
+#                         `cache_lookup`), as `jgrind.engine.tiers.cached_ssd` serves them
 
 _MIB = 2**20
 
@@ -72,7 +74,7 @@ _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "sweep_step", "gat
                  "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
                  "update_call_overhead", "overlap", "io_parallel", "checksum_bw",
                  "contraction_bw", "link_to_device_bw", "link_to_host_bw",
-                 "pageable_to_host_bw", "device_call")
+                 "pageable_to_host_bw", "device_call", "cached_take", "cache_lookup")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
                "to_device_small_bytes")
 
@@ -146,6 +148,12 @@ class Profile:
     # the table, rows taken and read back, rows added), each waited for, beyond its bytes; 0
     # in profiles made by hand: the cost model then charges `step_latency` (`device_call_seconds`)
     device_call: float = 0.0
+    # seconds per halo owner of a gather through a host cache that cannot hold the layer's SSD
+    # file (`jgrind.engine.tiers.cached_ssd`): one whose block the cache holds (a locked
+    # lookup, an index shift, a row take), and one it does not (the lookup and a fit check);
+    # 0 in profiles made by hand
+    cached_take: float = 0.0
+    cache_lookup: float = 0.0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -197,6 +205,9 @@ class Profile:
                            "compute and I/O)"),
             ("device call", f"{self.device_call * 1e3:.3f} ms (a device-tier block write, "
                             "row take or row add)" if self.device_call else "not measured"),
+            ("cached halo owner", f"{self.cached_take * 1e6:.1f} us from a cached block, "
+                                  f"{self.cache_lookup * 1e6:.1f} us looked up and not there"
+             if self.cached_take else "not measured"),
             ("host gather", f"{self.gather_bw / 1e9:.2f} GB/s + "
                             f"{self.gather_row_seconds * 1e9:.1f} ns per row"),
             ("host scatter-add", f"{self.scatter_add_bw / 1e9:.2f} GB/s + "

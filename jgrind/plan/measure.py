@@ -15,6 +15,7 @@ back would measure memory, not the disk.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import errno
@@ -128,6 +129,9 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     report(f"sweep step {sweep_step * 1e3:.3f} ms (a pipelined step with no data)")
     device_call = _device_call(sizes)
     report(f"device-tier call {device_call * 1e3:.3f} ms (a block write, a row take, a row add)")
+    cached_take, cache_lookup = _cached_takes(sizes, rng)
+    report(f"halo owner through the host cache: {cached_take * 1e6:.1f} us from a cached "
+           f"block, {cache_lookup * 1e6:.1f} us to look one up that is not")
     fused_steps = tuple(_fused_step(nodes, sizes.repeats) for nodes in sizes.fused)
     for nodes, edges, seconds in fused_steps:
         report(f"whole-graph step {seconds * 1e3:.1f} ms (reference GCN, {nodes} nodes, "
@@ -184,6 +188,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         matmul_flops=matmul_flops, contraction_bw=contraction_bw, spmm_rate=spmm_rate,
         step_latency=step_latency, sweep_step=sweep_step, device_call=device_call,
+        cached_take=cached_take, cache_lookup=cache_lookup,
         gather_bw=gather_bw, gather_row_seconds=gather_row, scatter_add_bw=scatter_add_bw,
         scatter_add_row_seconds=scatter_add_row, copy_bw=copy_bw,
         to_device_bw=to_device_bw, to_device_small_bw=to_device_small_bw,
@@ -459,6 +464,62 @@ def _device_call(sizes: _Sizes) -> float:
 
     calls(2)  # compiles
     return statistics.median(calls(sizes.latency_calls) for _ in range(sizes.repeats))
+
+
+# blocks, rows per block, row width and rows taken per block of `_cached_takes`: few narrow
+# rows, so a take's time is its fixed cost
+CACHED_TAKE_ROWS = (64, 300, 8, 4)
+
+
+def _cached_takes(sizes: _Sizes, rng: np.random.Generator) -> tuple[float, float]:
+    """``(take, lookup)`` seconds per halo owner of a gather through a host cache that cannot
+    hold the layer's SSD file, as the SSD tier serves its owners one by one
+    (`jgrind.engine.tiers.cached_ssd`, ``take_rows``): an owner whose block the cache holds
+    costs a lookup under the cache's lock, its rows' file indices shifted to the block's, and
+    a `jgrind.hostio.rows.take_rows` into scattered rows of the step input; an owner it does
+    not hold costs the lookup and the check whether its block would fit (its rows are then
+    read as spans, priced apart). A few rows per owner, so these are the fixed costs that the
+    byte and row rates leave out: on 256 partitions a gather sweep serves ~17k (partition,
+    owner) pairs so."""
+    blocks, block_rows, width, taken = CACHED_TAKE_ROWS
+    lock = threading.Lock()
+    cached = {("table", b): np.asarray(rng.random((block_rows, width)), np.float32)
+              for b in range(blocks)}
+    entries = collections.OrderedDict(cached)
+    start = np.arange(blocks, dtype=np.int64) * block_rows  # the blocks' rows in the file
+    src = np.concatenate([start[b] + np.sort(rng.choice(block_rows, taken, replace=False))
+                          for b in range(blocks)]).astype(np.int32)
+    dst = rng.permutation(blocks * taken).astype(np.int32)
+    out = np.zeros((blocks * taken, width), np.float32)
+    segments = [(b * taken, (b + 1) * taken, b) for b in range(blocks)]
+    passes = max(1, sizes.latency_calls // 10)
+
+    def take() -> None:
+        for _ in range(passes):
+            for a, b, owner in segments:
+                with lock:
+                    rows = entries.get(("table", owner))
+                    entries.move_to_end(("table", owner))
+                take_rows(rows, src[a:b] - start[owner], out=out, dst=dst[a:b])
+
+    capacity, pinned, nbytes = 1 << 20, 1 << 19, block_rows * width * 4
+    missing: dict = {}
+
+    def look_up() -> None:
+        direct = []
+        for _ in range(passes):
+            for a, b, owner in segments:
+                with lock:
+                    rows = missing.get(("table", owner))
+                if rows is None:
+                    with lock:
+                        fits = pinned + nbytes <= capacity
+                    if not fits:
+                        direct.append((a, b))
+        direct.clear()
+
+    calls = passes * blocks
+    return _best_seconds(take, sizes.repeats) / calls, _best_seconds(look_up, sizes.repeats) / calls
 
 
 # -- host memory and transfers ---------------------------------------------------------------

@@ -44,9 +44,9 @@ from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.budgets import UNLIMITED
 from jgrind.plan.cost import (Assignment, Prediction, Workload, accumulate_seconds,
                               backward_kind, fit_masks, format_bytes, format_minimum,
-                              gather_seconds, in_memory_seconds, least_device_budget, predict,
-                              read_block_seconds, step_seconds, uniform,
-                              with_page_cache, write_seconds)
+                              fullest_working_set, gather_seconds, in_memory_seconds,
+                              least_device_budget, predict, read_block_seconds, step_seconds,
+                              uniform, with_page_cache, write_seconds)
 from jgrind.plan.execution import fits_in_memory, in_memory_bytes
 from jgrind.plan.fates import (ACTIVATION, AGGREGATION, EXACT, FATES, GRADIENT, D, Fate, H, R,
                                S, Storage, TensorInfo)
@@ -79,6 +79,9 @@ class Plan:
         the engine so the graph is not partitioned twice).
       planning_seconds: time spent solving (partitioning excluded).
       alternatives: ``[(description, predicted seconds)]`` of the candidates considered.
+      placement: on several devices (`plan_run`'s ``devices``), the partitions' devices
+        (`jgrind.plan.placement.Placement`), which the device budget is held per device of;
+        None: one device.
     """
 
     in_memory: bool
@@ -96,6 +99,7 @@ class Plan:
     planning_seconds: float = 0.0
     alternatives: tuple = ()
     in_memory_bytes: int = 0
+    placement: object = None
 
     def fates(self) -> dict:
         return {} if self.assignment is None else self.assignment.fates()
@@ -238,7 +242,10 @@ class _Program:
     aggregation may be kept, ``Z_l``'s blocks per tier ``y[l, D/H/S]``, the keep binary
     ``k[l]`` and the gather ``u[l]`` paid when not kept; ``q[l] = k[l] k[l+1]`` where a
     sweep's compute needs that product; one epigraph ``T[s]`` per sweep (the objective is
-    their sum); the device and host peaks ``m_dev``, ``m_host``."""
+    their sum); the device and host peaks ``m_dev``, ``m_host``. On several devices
+    (`Workload.device_of`), per device ``d``: each group's device blocks among ``d``'s
+    partitions ``x_d[g]`` (and ``y_d[l]`` of each kept layer) and ``d``'s gradient peak
+    ``m_d``, so the device budget holds each device's own blocks."""
 
     def __init__(self, w: Workload, profile, coef: _Coefficients, recomputed: frozenset,
                  keep: bool):
@@ -257,7 +264,12 @@ class _Program:
         self.qi = {l: self.n_y + i for i, l in enumerate(pairs)}
         self.t0 = self.n_y + len(pairs)
         self.m_dev, self.m_host = self.t0 + len(self.order), self.t0 + len(self.order) + 1
-        self.n = self.m_host + 1
+        # per device: x_d of every group, y_d of every kept layer, m_d
+        self.device_of = w.device_of
+        self.K = 0 if w.device_of is None else w.num_devices
+        self.d0, self.per_device = self.m_host + 1, len(self.groups) + len(self.kept_layers) + 1
+        self.n = self.d0 + self.K * self.per_device
+        self.device_counts = None  # per device, from a solution
         self.eta = float(profile.overlap)
         self.par = float(profile.io_parallel)
         self.rows, self.lo, self.hi = [], [], []
@@ -277,6 +289,15 @@ class _Program:
 
     def u(self, l):
         return self.zi[l] + 4
+
+    def xd(self, g, d):
+        return self.d0 + d * self.per_device + self.gi[g]
+
+    def yd(self, l, d):
+        return self.d0 + d * self.per_device + len(self.groups) + self.kept_layers.index(l)
+
+    def md(self, d):
+        return self.d0 + (d + 1) * self.per_device - 1
 
     def add(self, entries: dict, lower: float, upper: float) -> None:
         """One constraint row: ``lower <= sum(v * var[key]) <= upper``."""
@@ -404,9 +425,10 @@ class _Program:
             self.add(first, c + (1 - eta) * io_const, np.inf)
             self.add(second, (1 - eta) * c + io_const, np.inf)
 
-    def memory(self, device_room: int, host_room: int, ssd: bool, ssd_room: int) -> None:
+    def memory(self, device_room, host_room: int, ssd: bool, ssd_room: int) -> None:
         """The peaks: activations and kept aggregations all epoch, gradients two layers at a
-        time, within each tier's room."""
+        time, within each tier's room. On several devices ``device_room`` is ``[K]``, each
+        device's room (`per_device_memory`)."""
         w, L, x, y = self.w, self.w.num_layers, self.x, self.y
 
         def most(name: str, l: int, code: int) -> float:
@@ -416,7 +438,11 @@ class _Program:
                 full = w.aggregation_bytes(l) if name == AGGREGATION else w.block_bytes(l)
                 return float(full.max(initial=0))
             return float(w.stored_bytes(name, l).max(initial=0))
-        for code, m, room in ((D, self.m_dev, device_room), (H, self.m_host, host_room)):
+        tiers = ((D, self.m_dev, device_room), (H, self.m_host, host_room))
+        if self.K:
+            self.per_device_memory(np.asarray(device_room))
+            tiers = tiers[1:]
+        for code, m, room in tiers:
             self.add({**{x((ACTIVATION, l), code): most(ACTIVATION, l, code) for l in range(L)
                          if (ACTIVATION, l) in self.gi},
                       **{y(l, code): most(AGGREGATION, l, code) for l in self.kept_layers},
@@ -430,6 +456,30 @@ class _Program:
             self.add({**{x(g, S): most(*g, S) for g in self.groups},
                       **{y(l, S): most(AGGREGATION, l, S) for l in self.kept_layers}},
                      -np.inf, ssd_room)
+
+    def per_device_memory(self, rooms: np.ndarray) -> None:
+        """Each device's device blocks, within its room: the counts per device add up to
+        the group's device blocks, and each device's blocks are priced at its largest."""
+        w, L, x, y, xd, yd, md = self.w, self.w.num_layers, self.x, self.y, self.xd, self.yd, \
+            self.md
+        for g in self.groups:
+            self.add({x(g, D): 1, **{xd(g, d): -1 for d in range(self.K)}}, 0, 0)
+        for l in self.kept_layers:
+            self.add({y(l, D): 1, **{yd(l, d): -1 for d in range(self.K)}}, 0, 0)
+        for d in range(self.K):
+            members = self.device_of == d
+
+            def most(nbytes: np.ndarray) -> float:
+                return float(np.max(nbytes[members], initial=0))
+            self.add({**{xd((ACTIVATION, l), d): most(w.block_bytes(l)) for l in range(L)
+                         if (ACTIVATION, l) in self.gi},
+                      **{yd(l, d): most(w.aggregation_bytes(l)) for l in self.kept_layers},
+                      md(d): 1}, -np.inf, float(rooms[d]))
+            for l in range(1, L):
+                entries = {md(d): 1, xd((GRADIENT, l), d): -most(w.block_bytes(l))}
+                if l + 1 < L:
+                    entries[xd((GRADIENT, l + 1), d)] = -most(w.block_bytes(l + 1))
+                self.add(entries, 0, np.inf)
 
     def solve(self, ssd: bool) -> Optional[np.ndarray]:
         """The block counts (``x`` and ``y``) of the fastest solution, or None if infeasible."""
@@ -451,6 +501,14 @@ class _Program:
             integrality[[y(l, D), y(l, H), y(l, S), k(l)]] = 1
         for q in self.qi.values():
             upper[q] = 1
+        for d in range(self.K):
+            on_device = int(np.sum(self.device_of == d))
+            for g in self.groups:
+                upper[self.xd(g, d)] = on_device
+                integrality[self.xd(g, d)] = 1
+            for l in self.kept_layers:
+                upper[self.yd(l, d)] = on_device
+                integrality[self.yd(l, d)] = 1
         with _quiet_stdout():  # HiGHS' MIP presolve prints a debug line straight to fd 1
             res = milp(c_obj, constraints=LinearConstraint(np.array(self.rows), self.lo,
                                                            self.hi),
@@ -458,7 +516,10 @@ class _Program:
                        options={"time_limit": 10.0})
         if res.x is None:
             return None
-        return np.rint(res.x[:self.n_y]).astype(np.int64)
+        solution = np.rint(res.x).astype(np.int64)
+        if self.K:
+            self.device_counts = solution[self.d0:].reshape(self.K, self.per_device)
+        return solution[:self.n_y]
 
     def assignment(self, counts: np.ndarray) -> Assignment:
         """Each block's tier from the solution's counts per tier."""
@@ -471,15 +532,37 @@ class _Program:
             if g not in gi:
                 return np.full(P, R if g[0] == ACTIVATION else D, np.int8)
             c3 = counts[4 * gi[g]: 4 * gi[g] + 3]
+            if self.K:
+                return self._placed_codes(most_read_first, c3,
+                                          self.device_counts[:, gi[g]])
             codes = np.empty(P, np.int8)
             codes[most_read_first] = np.repeat(np.array([D, H, S], np.int8), c3)[:P]
             return codes
 
-        kept = {l: np.repeat(np.array([D, H, S], np.int8), counts[self.zi[l]: self.zi[l] + 3])[:P]
-                for l in self.kept_layers if counts[self.k(l)] == 1}
+        def kept_codes(l) -> np.ndarray:
+            c3 = counts[self.zi[l]: self.zi[l] + 3]
+            if self.K:
+                return self._placed_codes(np.arange(P), c3, self.device_counts[
+                    :, len(self.groups) + self.kept_layers.index(l)])
+            return np.repeat(np.array([D, H, S], np.int8), c3)[:P]
+
+        kept = {l: kept_codes(l) for l in self.kept_layers if counts[self.k(l)] == 1}
         return Assignment(tuple(codes_for((ACTIVATION, l)) for l in range(L)),
                           tuple(codes_for((GRADIENT, l)) if l else np.full(P, D, np.int8)
                                 for l in range(L)), kept)
+
+    def _placed_codes(self, order: np.ndarray, c3: np.ndarray,
+                      on_devices: np.ndarray) -> np.ndarray:
+        """Codes with ``on_devices[d]`` device blocks among device ``d``'s partitions (the
+        first of them in ``order``), and the other partitions in host, then SSD, in
+        ``order``."""
+        codes = np.full(self.P, -1, np.int8)
+        placed = self.device_of[order]
+        for d in range(self.K):
+            codes[order[placed == d][:int(on_devices[d])]] = D
+        rest = order[codes[order] == -1]
+        codes[rest] = np.repeat(np.array([H, S], np.int8), c3[1:3])[:rest.size]
+        return codes
 
 
 @contextlib.contextmanager
@@ -557,7 +640,8 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
     ssd = directory is not None
     ssd_room = UNLIMITED if ssd_free is None else int(ssd_free)
     w = fit_masks(w, device_budget)
-    working_set = w.working_set()
+    working_set = fullest_working_set(w)  # on several devices, the largest device's
+    device_room = dev - working_set if w.device_of is None else dev - w.device_working_sets()
     L = w.num_layers
     if working_set > dev:
         raise too_small()
@@ -575,7 +659,7 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
     best, candidates, seen = None, [], set()
     for rset, coef in itertools.product(_recompute_sets(w, recompute), coefs):
         transient = 2 * max([int(w.block_bytes(l).sum()) for l in rset] or [0])
-        a = _solve(w, coef.profile, coef, rset, device_room=dev - working_set,
+        a = _solve(w, coef.profile, coef, rset, device_room=device_room,
                    host_room=host - transient, ssd=ssd, ssd_room=ssd_room, keep=keep)
         if a is None:
             continue
@@ -666,7 +750,7 @@ def _too_small(w: Workload, dev: int, host: int, ssd: bool, recompute: bool,
     lowest = least_device_budget(w, 0 if ssd else max(stored - host, 0))
     device = _least(lambda d: fits(d, host), max(lowest, dev + 1),
                     least_device_budget(w, everything))
-    working_set = fit_masks(w, dev).working_set()
+    working_set = fullest_working_set(fit_masks(w, dev))
     if working_set > dev:
         return (f"the device budget {format_bytes(dev)} is below one partition's working set "
                 f"({format_bytes(working_set)} with {w.num_parts} partitions); use more "
@@ -701,7 +785,7 @@ def _least(fits: Callable[[int], bool], low: int, high: int) -> int:
 def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates) -> dict:
     """A short why for every tensor group's fate."""
     m = p.memory
-    room = dev - m.device_tables - working_set  # device bytes no block has taken
+    room = dev - m.device  # device bytes no block has taken (the fullest device's)
     host_full = host < UNLIMITED and m.host > 0.9 * host
     out = {}
     for name, by_layer in ((ACTIVATION, a.activations), (GRADIENT, a.gradients)):
@@ -755,20 +839,33 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
              host_budget: Optional[int] = None, directory: Optional[str] = None,
              partitioner: Optional[Callable] = None, num_parts: Optional[int] = None,
              seed: int = 0, recompute: bool = True, progress: Callable = lambda msg: None,
-             keep: bool = True, storages: Sequence[Storage] = (EXACT,)) -> Plan:
+             keep: bool = True, storages: Sequence[Storage] = (EXACT,),
+             devices: Optional[int] = None) -> Plan:
     """Plan a whole run of ``model`` on ``graph`` (raw; the model's normalisation is applied):
     the in-memory fast path if everything fits the device budget, otherwise the number of
     partitions (unless ``num_parts`` is given) and the fates with the fastest predicted epoch.
 
     Candidate partition counts: powers of two from the smallest whose working set fits the
     device budget, and twice that (more partitions shrink the working set and leave more room
-    for blocks, but add halo rows and per-step latency)."""
+    for blocks, but add halo rows and per-step latency).
+
+    With ``devices`` (K), the out-of-core engine over K devices
+    (`jgrind.devices.ShardedOutOfCore`): each partition count's partitions are placed on the
+    devices by the profile's rates (`jgrind.plan.placement.place`, kept as the plan's
+    ``placement``) and the device budget is held per device: each device's own partitions'
+    device blocks beside its own working set. Partition counts start at K (at least 2); the
+    fast path on one device is not considered."""
     partitioner = partitioner or label_propagation
     check_num_parts(num_parts, graph.num_nodes)
     dev = UNLIMITED if device_budget is None else int(device_budget)
     fast_bytes = in_memory_bytes(graph, model)
     num_params = dense_parameter_count(layer_widths(model, graph.num_features))
-    if fits_in_memory(graph, model, device_budget, num_parts):
+    if devices is not None:
+        from jgrind.plan.placement import Rates, place
+        if int(devices) < 1:
+            raise PlanError(f"devices={devices}: plan for 1 device or more")
+        rates = Rates.of(profile)
+    if devices is None and fits_in_memory(graph, model, device_budget, num_parts):
         w = _single_partition_workload(graph, model)
         seconds = in_memory_seconds(w, profile)
         return Plan(in_memory=True, num_parts=1, assignment=None, prediction=None,
@@ -785,7 +882,7 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
         except OSError:
             ssd_free = None  # the store reports a missing directory with the right message
     counts = [int(num_parts)] if num_parts else None
-    plans, errors, k = [], [], 2
+    plans, errors, k = [], [], 2 if devices is None else max(2, int(devices))
     while True:
         if counts is not None:
             if not counts:
@@ -796,15 +893,20 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
         progress(f"partitioning into {k} parts")
         pg = partition_graph(normalized, partitioner(normalized, k, seed=seed), num_parts=k)
         w = Workload.build(pg, model)
+        placement = None
+        if devices is not None:
+            placement = place(pg, model, graph.num_features, int(devices), rates)
+            w = w.on_devices(placement.device_of)
         try:
-            plans.append(plan_storages(w, profile, storages, device_budget=device_budget,
-                                       host_budget=host_budget, directory=directory,
-                                       ssd_free=ssd_free, recompute=recompute,
-                                       num_params=num_params, partitioned=pg, keep=keep))
+            planned = plan_storages(w, profile, storages, device_budget=device_budget,
+                                    host_budget=host_budget, directory=directory,
+                                    ssd_free=ssd_free, recompute=recompute,
+                                    num_params=num_params, partitioned=pg, keep=keep)
+            plans.append(dataclasses.replace(planned, placement=placement))
             progress(f"{k} parts: predicted {plans[-1].epoch_seconds:.3g} s per epoch")
         except PlanError as err:
             errors.append(err)
-            if fit_masks(w, device_budget).working_set() <= dev:
+            if fullest_working_set(fit_masks(w, device_budget)) <= dev:
                 break  # the working set fits: more partitions cannot make the tables fit
         if counts is None:
             if len(plans) >= 2:

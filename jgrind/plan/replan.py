@@ -56,7 +56,8 @@ MEMORY = (("gather_bw", "scatter_add_bw", "copy_bw", "to_device_bw", "to_device_
            "to_host_bw", "link_to_device_bw", "link_to_host_bw", "pageable_to_host_bw"),
           ("gather_row_seconds", "scatter_add_row_seconds", "step_latency", "device_call"))
 SSD = (("ssd_read_bw", "ssd_write_bw", "cached_read_bw", "cached_write_bw", "checksum_bw"),
-       ("ssd_latency", "cached_latency", "read_call_overhead", "update_call_overhead"))
+       ("ssd_latency", "cached_latency", "read_call_overhead", "update_call_overhead",
+        "cached_take", "cache_lookup"))
 _FIELDS = {"compute": COMPUTE, "memory": MEMORY, "ssd": SSD}
 _ITERATIONS = 6  # fixed-point steps: a figure like copy_bw prices compute and I/O both
 

@@ -32,8 +32,9 @@ from jgrind.plan.exchange import ExchangePlan
 from jgrind.plan.inventory import layer_widths
 
 __all__ = ["DeviceToDevice", "Link", "ShardedPrediction", "ThroughHost", "calibrate",
-           "choose_exchanges", "device_peaks", "device_workloads", "links_for",
-           "predict_sharded", "predictions", "scaled_profile"]
+           "choose_exchanges", "device_peak_lines", "device_peaks", "device_plan_lines",
+           "device_workloads", "links_for", "planned_routes", "predict_sharded", "predictions",
+           "print_devices_plan", "scaled_profile"]
 
 # NVLink 4 (H100 and H200 SXM): 900 GB/s per GPU in both directions together, by the
 # specification; half of it each way. Not measured here: the lent machines have one GPU.
@@ -277,3 +278,92 @@ def choose_exchanges(exchange: ExchangePlan, indptr: np.ndarray, model, num_feat
         else:
             chosen.append(DeviceToDevice())
     return tuple(chosen)
+
+
+def planned_routes(plan, model, profile=None, links: Optional[Sequence[Link]] = None
+                   ) -> tuple:
+    """The route of every layer of ``model`` for an out-of-core plan over several devices
+    (`jgrind.plan.planner.plan_run` with ``devices``), FlexGNN's G2G / G2H choice per layer:
+    through host memory where the plan keeps some block of the layer's input on the host or
+    the SSD, or recomputes it (every device reads those rows from there); where every block
+    is on the devices, the faster of ``links`` (default `links_for(profile)`; as
+    `choose_exchanges`: device to device without a through-host link, through host memory
+    without a direct one, and without ``profile`` or ``links`` device to device). None for a
+    node-wise layer. What `jgrind.devices.ShardedOutOfCore` runs for the plan."""
+    from jgrind.executed.split import as_executed
+    from jgrind.plan.fates import D
+    executed, record = as_executed(model)
+    links = tuple(links or (links_for(profile) if profile is not None else ()))
+    direct = [link for link in links if not link.through_host]
+    host = [link for link in links if link.through_host]
+    host_faster = bool(host) and (not direct or min(link.seconds(1.0) for link in host)
+                                  < min(link.seconds(1.0) for link in direct))
+    a = plan.assignment
+    routes = []
+    for o, layer in enumerate(model.layers):
+        reads = [e for e, of in enumerate(record.origin)
+                 if of == o and getattr(executed.layers[e], "aggregates", True)]
+        if not layer.aggregates or not reads:
+            routes.append(None)
+            continue
+        stored = plan.in_memory or all(bool(np.all(a.activations[e] == D)) for e in reads)
+        routes.append(DeviceToDevice() if stored and not host_faster else ThroughHost())
+    return tuple(routes)
+
+
+def device_plan_lines(plan, routes: Sequence) -> list[str]:
+    """An out-of-core plan over several devices for people: `device_peak_lines`, each model
+    layer's route and the predicted epoch."""
+    lines = device_peak_lines(plan)
+    lines.append("exchange per layer: " + "; ".join(
+        f"layer {l} {route}" for l, route in enumerate(routes) if route is not None))
+    lines.append(f"predicted epoch: {plan.epoch_seconds:.3g} s")
+    return lines
+
+
+def device_peak_lines(plan) -> list[str]:
+    """Each device's partitions and predicted peak (its device blocks and working set,
+    `jgrind.plan.cost.Memory`) of an out-of-core plan over several devices, and the host
+    peak; [] for a plan on one device."""
+    from jgrind.plan.cost import format_bytes
+    if getattr(plan, "placement", None) is None or plan.prediction is None:
+        return []
+    m = plan.prediction.memory
+    lines = []
+    for d in range(plan.placement.num_devices):
+        # (a last device without partitions holds nothing)
+        tables = m.device_tables_each[d] if d < len(m.device_tables_each) else 0
+        working = m.device_working_sets[d] if d < len(m.device_working_sets) else 0
+        parts = ", ".join(map(str, plan.placement.partitions_of(d))) or "none"
+        lines.append(f"device {d}: partitions {parts}; predicted peak "
+                     f"{format_bytes(tables + working)} (blocks {format_bytes(tables)} + "
+                     f"working set {format_bytes(working)}) of the device budget "
+                     f"{format_bytes(plan.device_budget)}")
+    lines.append(f"host: predicted peak {format_bytes(m.peak_host)}; SSD "
+                 f"{format_bytes(m.peak_ssd)}")
+    return lines
+
+
+def print_devices_plan(graph, model, profile, devices: int, device_budget, host_budget, *,
+                       directory=None, num_parts=None, partitioner=None, seed: int = 0,
+                       storages=None) -> None:
+    """`jgrind plan --devices K`'s out-of-core part: the plan `auto` makes for K devices
+    (`jgrind.plan.planner.plan_run` with ``devices``; the device budget per device), its
+    fates per tensor group and `device_plan_lines`; one line when no plan fits."""
+    from jgrind.plan.cost import format_bytes
+    from jgrind.plan.fates import EXACT
+    from jgrind.plan.planner import PlanError, plan_run
+    try:
+        plan = plan_run(graph, model, profile, device_budget=device_budget,
+                        host_budget=host_budget, directory=directory, num_parts=num_parts,
+                        partitioner=partitioner, seed=seed, storages=storages or (EXACT,),
+                        devices=devices)
+    except PlanError as err:
+        print(f"out of core on {devices} devices (--policy auto): no plan fits: {err}")
+        return
+    print(f"out of core on {devices} devices (--policy auto; the device budget holds each "
+          f"device's own blocks): {plan.num_parts} partitions, host cache "
+          f"{format_bytes(plan.cache_bytes) if plan.cache_bytes else 'off'}")
+    print("  fates: " + ", ".join(f"{row['tensor']} {row['fate']}" for row in plan.groups()))
+    for line in device_plan_lines(plan, planned_routes(plan, model, profile)):
+        print(f"  {line}")

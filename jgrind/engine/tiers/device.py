@@ -32,23 +32,44 @@ def _explicit(fn):
 
 
 # made on the device: op by op, jnp.zeros would copy its Python zero there first
-_device_zeros = jax.jit(lambda shape: jnp.zeros(shape, jnp.float32), static_argnums=0)
-# the table operations, jitted once: `jgrind.devices.placed_tier` runs them on several devices
-table_take = jax.jit(lambda table, rows: jnp.take(table, rows, axis=0, mode="fill", fill_value=0))
-table_set = jax.jit(lambda table, rows, values: table.at[rows].set(values, mode="drop"),
-                    donate_argnums=0)
-table_add = jax.jit(lambda table, rows, values: table.at[rows].add(values, mode="drop"),
-                    donate_argnums=0)
-# ``table[rows] += values[src]``: a scatter-add's rows that land on the device, taken from the
-# step output where it is (`DeviceTier.add_taken_on_device`)
-table_add_taken = jax.jit(lambda table, rows, values, src: table.at[rows].add(
-    jnp.take(values, src, axis=0, mode="fill", fill_value=0), mode="drop"), donate_argnums=0)
+@functools.partial(jax.jit, static_argnums=0)
+def _device_zeros(shape: tuple):
+    return jnp.zeros(shape, jnp.float32)
+
+
+# The table operations, jitted once: `jgrind.devices.placed_tier` runs them on several devices.
+# Named functions, so that a list of compiled programs (`jgrind.engine.program_log`) names them.
+def _table_take(table, rows):
+    """``table[rows]``, zero rows where ``rows`` is out of range (its padding)."""
+    return jnp.take(table, rows, axis=0, mode="fill", fill_value=0)
+
+
+def _table_set(table, rows, values):
+    """``table[rows] = values``, padding rows dropped."""
+    return table.at[rows].set(values, mode="drop")
+
+
+def _table_add(table, rows, values):
+    """``table[rows] += values``, padding rows dropped."""
+    return table.at[rows].add(values, mode="drop")
+
+
+def _table_add_taken(table, rows, values, src):
+    """``table[rows] += values[src]``: a scatter-add's rows that land on the device, taken from
+    the step output where it is (`DeviceTier.add_taken_on_device`)."""
+    return table.at[rows].add(jnp.take(values, src, axis=0, mode="fill", fill_value=0),
+                              mode="drop")
+
+
+table_take = jax.jit(_table_take)
+table_set = jax.jit(_table_set, donate_argnums=0)
+table_add = jax.jit(_table_add, donate_argnums=0)
+table_add_taken = jax.jit(_table_add_taken, donate_argnums=0)
 _device_take, _device_set = _explicit(table_take), _explicit(table_set)
 _device_add, _device_add_taken = _explicit(table_add), _explicit(table_add_taken)
-# ``gathered[rows] = values``, the device's rows set into a gathered input sent from the host
-_device_merge = _explicit(jax.jit(
-    lambda gathered, rows, values: gathered.at[rows].set(values, mode="drop"),
-    donate_argnums=0))
+# ``gathered[rows] = values``, the device's rows set into a gathered input sent from the host:
+# the same program as a table's set
+_device_merge = _device_set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,8 +171,10 @@ class DeviceTier:
             self.array = _device_add(self.array, idx, values)
 
     def add_taken_on_device(self, rows: TierRows, values: jax.Array) -> None:
-        """``self[rows.src] += values[rows.dst]``, taken from the step output where it is."""
-        n = bucket_len(rows.size)
+        """``self[rows.src] += values[rows.dst]``, taken from the step output where it is. The
+        indices are as long as the output, not a bucket of the rows' count: one program per
+        table and output shape, rather than per table, output shape and bucket."""
+        n = values.shape[0]
         with self._lock:
             to = padded_rows(rows.src, n, self.array.shape[0])
             self.array = _device_add_taken(self.array, to, values,
