@@ -1005,32 +1005,33 @@ def _halo_cache_reads(w: Workload, words: int, in_ssd: bytes, row_bytes: int,
         owners = [int(q) for q in np.flatnonzero((w.halo[p] > 0) & in_ssd) if q != p]
         route = set(owners) | ({p} if in_ssd[p] else set())
         pinned = sum(size[q] for q in route if q in cached)
-        if in_ssd[p]:  # its own block is read first, and cached if it fits (priced apart)
-            if p in cached:
-                cached[p] = cached.pop(p)
-            elif pinned + size[p] <= capacity:
-                while held + size[p] > capacity:
-                    old = next(b for b in cached if b not in route)
-                    held -= size[old]
-                    del cached[old]
-                cached[p] = None
-                held += size[p]
-                pinned += size[p]
-        spanned = []
-        for q in owners:
+
+        def use(q: int) -> str:
+            """Serve block ``q`` as the engine's cache does: "hit", "loaded" or "spans"."""
+            nonlocal held, pinned
             if q in cached:
                 cached[q] = cached.pop(q)  # used: most recent
-            elif pinned + size[q] <= capacity:
-                while held + size[q] > capacity:  # evict the least recently used unpinned
-                    old = next(b for b in cached if b not in route)
-                    held -= size[old]
-                    del cached[old]
-                cached[q] = None
-                held += size[q]
-                pinned += size[q]
+                return "hit"
+            if pinned + size[q] > capacity:
+                return "spans"
+            while held + size[q] > capacity:  # evict the least recently used unpinned
+                old = next(b for b in cached if b not in route)
+                held -= size[old]
+                del cached[old]
+            cached[q] = None
+            held += size[q]
+            pinned += size[q]
+            return "loaded"
+
+        if in_ssd[p]:  # its own block is read first, and cached if it fits (priced apart)
+            use(p)
+        spanned = []
+        for q in owners:
+            served = use(q)
+            if served == "loaded":
                 loads[p] += size[q]
                 loaded[p] += 1
-            else:
+            elif served == "spans":
                 spanned.append(q)
         calls[p] = calls_of[p, spanned].sum()
         span[p] = rows_of[p, spanned].sum() * row_bytes
