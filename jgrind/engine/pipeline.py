@@ -285,10 +285,10 @@ def _uncommitted(array: jax.Array) -> jax.Array:
     way to drop the commitment; its array constructor takes it."""
     if not array.committed:
         return array
-    from jax._src.array import ArrayImpl
     try:
+        from jax._src.array import ArrayImpl
         return ArrayImpl(array.aval, array.sharding, [array], committed=False)
-    except TypeError:  # another JAX's constructor: compiled apart, but the values are right
+    except (ImportError, TypeError):  # another JAX: compiled apart, but the values are right
         return array
 
 
