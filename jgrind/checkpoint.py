@@ -35,6 +35,7 @@ import pathlib
 import re
 import shutil
 import sys
+import time
 import warnings
 from typing import Any, Optional
 
@@ -155,7 +156,7 @@ def save(mgr: ocp.CheckpointManager, epoch: int, state: Any, meta: dict, force=F
             mgr.save(epoch, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                     meta=ocp.args.JsonSave(meta)), force=force)
         except Exception as err:  # orbax and TensorStore wrap the OS error in their own types
-            remove_partial(mgr.directory)
+            remove_partial(mgr.directory, settle_s=_SETTLE_S)
             full = disk_full(err)
             if full is None:
                 raise
@@ -212,10 +213,29 @@ def _drop_late_callbacks() -> None:
     sys.unraisablehook = hook_dropping_late_callbacks
 
 
-def remove_partial(directory: str | pathlib.Path) -> None:
-    """Remove the temporary folders of steps whose save did not finish."""
-    for partial in pathlib.Path(directory).glob("*.orbax-checkpoint-tmp*"):
-        shutil.rmtree(partial, ignore_errors=True)
+# After a failed save, how long no temporary folder may reappear before it is taken as gone
+_SETTLE_S = 1.0
+
+
+def remove_partial(directory: str | pathlib.Path, settle_s: float = 0.0) -> None:
+    """Remove the temporary folders of steps whose save did not finish.
+
+    With ``settle_s``, keep removing them until none has reappeared for that long (at most
+    ten times as long in all): a save that failed stopped at its first failed write while
+    TensorStore's other writes of the step were still running on its own threads, and those
+    recreate the folders they write into, after or during a first removal."""
+    root = pathlib.Path(directory)
+    start = last_seen = time.monotonic()
+    while True:
+        partial = list(root.glob("*.orbax-checkpoint-tmp*"))
+        for folder in partial:
+            shutil.rmtree(folder, ignore_errors=True)
+        now = time.monotonic()
+        if partial:
+            last_seen = now
+        if now - last_seen >= settle_s or now - start >= 10 * settle_s:
+            return
+        time.sleep(settle_s / 10)
 
 
 _FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",

@@ -281,6 +281,27 @@ def test_a_full_disk_under_out_is_one_line_and_leaves_nothing_partial(tmp_path, 
     assert partial == []
 
 
+def test_a_failed_saves_late_writes_do_not_leave_its_folder_behind(tmp_path):
+    """A failed save's writes still running on TensorStore's threads recreate the step's
+    temporary folder after the first removal (the full-disk test above left it so, now and
+    then): the removal after a failure keeps at it until the folder stays gone."""
+    import threading
+    partial = tmp_path / "0.orbax-checkpoint-tmp" / "state"
+    partial.mkdir(parents=True)
+
+    def late_write():
+        while partial.parent.exists():  # the first removal
+            time.sleep(0.005)
+        time.sleep(0.1)
+        partial.mkdir(parents=True)  # as a write still in flight makes its folder again
+        (partial / "chunk").write_bytes(b"x")
+    writer = threading.Thread(target=late_write)
+    writer.start()
+    ckpt.remove_partial(tmp_path, settle_s=0.5)
+    writer.join()
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- item 13: what a resumed, a multi-seed and a predict run say -----------------------------------
 def test_resuming_finished_seeds_says_so_for_every_seed(tmp_path, capsys):
     args = ["train", *SMALL, "--epochs", "1", "--seeds", "2", "--policy", "host", "--set",
