@@ -3,6 +3,8 @@
     python experiments/lossy_accuracy.py                          # every run below, 10 seeds
     python experiments/lossy_accuracy.py gcn_cora gcn_citeseer    # some of them
     python experiments/lossy_accuracy.py gcn_cora seeds=3 dtypes=float32,int8
+    python experiments/lossy_accuracy.py gcn_tolokers seeds=3-5    # seeds 3, 4, 5 added to
+                                                                     # the saved seeds 0-2
 
 Each run trains out of core (``host_offload``, 4 partitions) with every block kept in host RAM
 in the storage dtype (activations, aggregations and gradients alike; computation float32), with
@@ -13,7 +15,9 @@ the hyper-parameters of its in-memory experiment: ``gcn_cora`` and ``gcn_citesee
 same 128 hidden; attention dropout as the dropout), which has no in-memory experiment of its own.
 Seed s is the same for every dtype. The target: bfloat16 and int8 within 0.5 points of float32's
 mean.
-Results go to experiments/results/lossy_<run>.json.
+Results go to experiments/results/lossy_<run>_<dtype>.json. ``seeds=N`` runs seeds 0 to N-1 and
+replaces the saved results; ``seeds=A-B`` runs seeds A to B and adds them to the saved ones
+(same configuration, other seeds), so a long run can be done a few seeds at a time.
 """
 
 import sys
@@ -79,7 +83,7 @@ RUNS = {"gcn_cora": lambda: _planetoid("gcn", "cora"),
         "gat_tolokers": lambda: _tolokers("gat")}
 
 
-def run(name: str, seeds: tuple, dtypes: tuple) -> dict:
+def run(name: str, seeds: tuple, dtypes: tuple, extend: bool = False) -> dict:
     graph, model, optimizer, kwargs = RUNS[name]()
     means = {}
     for dtype in dtypes:
@@ -89,7 +93,7 @@ def run(name: str, seeds: tuple, dtypes: tuple) -> dict:
                             policy=_policy(dtype), num_parts=PARTS, **split(s), **kwargs),
             seeds))
         out = report(f"lossy_{name}_{dtype}", trials,
-                     {"run": name, "dtype": dtype, "parts": PARTS, **kwargs}, seconds)
+                     {"run": name, "dtype": dtype, "parts": PARTS, **kwargs}, seconds, extend)
         means[dtype] = out["test_mean"]
     base = means[dtypes[0]]
     print(f"{name}: " + ", ".join(f"{d} {100 * m:.2f} ({100 * (m - base):+.2f} points)"
@@ -100,7 +104,8 @@ def run(name: str, seeds: tuple, dtypes: tuple) -> dict:
 if __name__ == "__main__":
     names = [a for a in sys.argv[1:] if "=" not in a] or list(RUNS)
     options = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
-    seeds = tuple(range(int(options.get("seeds", 10))))
+    first, _, last = options.get("seeds", "10").partition("-")
+    seeds = tuple(range(int(first), int(last) + 1)) if last else tuple(range(int(first)))
     dtypes = tuple(options.get("dtypes", "float32,bfloat16,int8").split(","))
     for name in names:
-        run(name, seeds, dtypes)
+        run(name, seeds, dtypes, extend=bool(last))
