@@ -4,7 +4,8 @@
     python tools/bench_hetero.py memory-wall --scale 0.02 --parts 8 \\
         --device-budget 64MiB --host-budget 32MiB --compare-scale 0.02   # quick
 
-``memory-wall`` (issue 40, target 2): `mag-like:SCALE` (`jgrind.datasets.generated_hetero`,
+``memory-wall`` (issue 40, target 2; ``--in-memory`` also trains the same graph in memory and
+prints the epochs side by side): `mag-like:SCALE` (`jgrind.datasets.generated_hetero`,
 inverse relations added: 8 relations), R-GCN with 2 layers and hidden 64 (a weight per
 relation, per-relation mean, self-connection, dropout 0.5, Adam 0.01), trained out of core with
 the default budgeted policy (``grinnder``) under the device and host budgets. It prints the
@@ -156,6 +157,9 @@ def memory_wall(args) -> dict:
     print(f"running out of core at scale {args.scale:g} ...", file=sys.stderr, flush=True)
     results = {"config": {**base, "scale": args.scale, "hidden": HIDDEN, "layers": LAYERS},
                "jgrind": child("out-of-core", {**base, "scale": args.scale})}
+    if args.in_memory:
+        print(f"running scale {args.scale:g} in memory ...", file=sys.stderr, flush=True)
+        results["in_memory"] = child("in-memory", {**base, "scale": args.scale})
     if args.compare_scale:
         cfg = {**base, "scale": args.compare_scale, "parts": args.compare_parts}
         print(f"running scale {args.compare_scale:g} out of core and in memory ...",
@@ -186,6 +190,21 @@ def report(r: dict, args) -> None:
               f"{j['load_seconds']:.1f} s, partitioned in {j['partition_seconds']:.1f} s")
         ooc.report_wall_jgrind(j, dev, host)
         print("  losses by epoch: " + ", ".join(f"{v:.6f}" for v in j["losses"]))
+    m = r.get("in_memory")
+    if m and not j.get("failed"):
+        if m.get("failed"):
+            why = " (SIGKILL: out of memory, most likely)" if m["returncode"] == -9 else ""
+            print(f"in memory at scale {cfg['scale']:g}: failed (rc {m['returncode']}){why}")
+        else:
+            # the first epoch compiles in both runs; the ratio is of the later epochs' median
+            ooc_epoch, mem_epoch = (sorted(t[1:] or t)[len(t[1:] or t) // 2]
+                                    for t in (j["epoch_times"], m["epoch_times"]))
+            print(f"in memory at scale {cfg['scale']:g}: epochs "
+                  + ", ".join(f"{t:.1f} s" for t in m["epoch_times"])
+                  + f", peak RSS {ooc.fmt(m['peak_rss'])}; losses "
+                  + ", ".join(f"{v:.6f}" for v in m["losses"])
+                  + f"; out of core / in memory (epochs after the first): "
+                  f"{ooc_epoch:.1f} / {mem_epoch:.1f} s = {ooc_epoch / mem_epoch:.2f}x")
     c = r.get("compare")
     if c:
         o, m = c["out_of_core"], c["in_memory"]
@@ -226,6 +245,9 @@ def main():
     w.add_argument("--compare-scale", type=float, default=0.0,
                    help="also train mag-like at this scale out of core and in memory and "
                         "compare their losses (0: skip) [0]")
+    w.add_argument("--in-memory", action="store_true",
+                   help="also train the same graph in memory (same seed and dropout keys) and "
+                        "print the out-of-core epoch beside the in-memory one")
     w.add_argument("--compare-parts", type=int, default=16,
                    help="partitions of the comparison's out-of-core run [16]")
     harness.add_json(w)
