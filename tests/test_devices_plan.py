@@ -285,6 +285,48 @@ def test_the_planner_holds_the_budget_per_device():
     assert two.epoch_seconds <= one.epoch_seconds * (1 + 1e-9)
 
 
+def test_the_plan_line_gives_the_fullest_devices_peak():
+    """The line `auto` prints before a run on 2 devices names the fullest device's peak, which
+    the budget holds, not the devices' blocks summed beside one working set."""
+    from jgrind.plan.cost import format_bytes
+    from jgrind.plan.planner import plan_run
+    from jgrind.plan.report import plan_line
+    graph, model = _graph_and_model()
+    budget = _auto_budget(graph, model)
+    two = plan_run(graph, model, _profile(), device_budget=budget, num_parts=PARTS, devices=2)
+    m = two.prediction.memory
+    assert m.device != m.peak_device + m.device_working_set  # the two readings differ here
+    assert f"peaks: device {format_bytes(m.device)} on the fullest of 2 devices, host " \
+        in plan_line(two)
+
+
+def test_grinnder_fills_each_device_to_the_budget():
+    """The default policy on 2 devices packs each device's own partitions' blocks within the
+    device budget: more blocks on the devices than one device holds, each device's predicted
+    peak within the budget."""
+    from jgrind.executed.split import as_executed
+    from jgrind.plan.cost import Assignment, memory
+    from jgrind.plan.fates import Fate
+    from jgrind.plan.inventory import build_inventory
+    from jgrind.plan.planner import plan_run
+    from jgrind.plan.policies import bind, grinnder
+    from jgrind.plan.protocols import BindContext
+    graph, model = _graph_and_model()
+    budget = _auto_budget(graph, model)
+    two = plan_run(graph, model, _profile(), device_budget=budget, num_parts=PARTS, devices=2)
+    inventory = build_inventory(as_executed(model)[0], two.partitioned)
+
+    def on_device(workload):
+        bound = bind(grinnder(budget, 1 << 40), inventory, BindContext(workload, budget, 1 << 40))
+        fates = {(i.name, i.layer, i.partition): bound(i) for i in inventory}
+        return fates, sum(f is Fate.DEVICE for f in fates.values())
+    placed, on_two = on_device(two.workload)
+    _, on_one = on_device(two.workload.on_devices(None))
+    assert on_two > on_one > 0
+    m = memory(two.workload, Assignment.from_fates(placed, two.workload.num_layers, PARTS))
+    assert len(m.device_peaks) == 2 and max(m.device_peaks) <= budget
+
+
 def test_one_device_plans_as_before():
     """``devices=1``: the same predicted epoch and device peak as without devices."""
     from jgrind.plan.planner import plan_run

@@ -211,8 +211,9 @@ class Budgeted:
     """The GriNNder-style default: fill the device, then host RAM, then the SSD store.
 
     Blocks are placed in order of first backward use (the tensors backward needs first are
-    kept closest), each in the fastest tier with room left. The device tier keeps room for one
-    partition's working set (`jgrind.plan.cost.Workload.working_set`, the figure the engine's
+    kept closest), each in the fastest tier with room left; on several devices (a workload
+    with `device_of`), each device's own partitions' blocks within the device budget. The
+    device tier keeps room for one partition's working set (`jgrind.plan.cost.Workload.working_set`, the figure the engine's
     budget check adds to the blocks) and at least ``device_reserve`` bytes. ``bind`` does the
     packing once over the inventory; the bound policy is a table lookup.
 
@@ -285,19 +286,25 @@ def _host_nbytes(info: TensorInfo, workload) -> int:
         else codec.encoded_nbytes(*info.shape)
 
 
-def _pack(order: Sequence[tuple], device_room: int, host_room: int,
-          ssd: bool) -> tuple[tuple, int]:
+def _pack(order: Sequence[tuple], device_room: int, host_room: int, ssd: bool,
+          device_of: Optional[Sequence[int]] = None) -> tuple[tuple, int]:
     """``(table, unplaced)``: each block of ``order`` (``(info, host bytes)`` pairs: its
     bytes in host RAM, in its storage dtype) in order to the device (float32), else host RAM,
     else SSD, within the rooms; ``unplaced``: bytes of the blocks that went to SSD when there is
-    no SSD tier (``ssd`` False), which the engine will refuse."""
-    left = {Fate.DEVICE: device_room, Fate.HOST: host_room}
+    no SSD tier (``ssd`` False), which the engine will refuse. With ``device_of`` (each
+    partition's device, `jgrind.plan.cost.Workload.device_of`) every device has a room of
+    ``device_room`` for its own partitions' blocks, as the engine holds the budget per device."""
+    device_left = [device_room] * (1 if device_of is None else max(device_of, default=0) + 1)
+    host_left = host_room
     table, unplaced = [], 0
     for info, host_nbytes in order:
-        for fate, nbytes in ((Fate.DEVICE, info.nbytes), (Fate.HOST, host_nbytes)):
-            if nbytes <= left[fate]:
-                left[fate] -= nbytes
-                break
+        d = 0 if device_of is None else device_of[info.partition]
+        if info.nbytes <= device_left[d]:
+            device_left[d] -= info.nbytes
+            fate = Fate.DEVICE
+        elif host_nbytes <= host_left:
+            host_left -= host_nbytes
+            fate = Fate.HOST
         else:
             fate = Fate.SSD
             unplaced += 0 if ssd else host_nbytes
@@ -316,8 +323,9 @@ def _budgeted_fit(order, workload, reserve: int, ssd: bool, device: Optional[int
     host = UNLIMITED if host is None else host
     # the engine drops the masks only when they do not fit: start from the workload with them
     w = fit_masks(dataclasses.replace(workload, masks=True), device)
-    working_set = max(w.working_set(), reserve)
-    table, unplaced = _pack(order, max(device - working_set, 0), host, ssd)
+    working_set = max(w.working_set(), reserve)  # the largest: each device's room beside it
+    device_of = None if w.device_of is None else w.device_of.tolist()
+    table, unplaced = _pack(order, max(device - working_set, 0), host, ssd, device_of)
     if working_set > device:
         return table, working_set - device
     if unplaced:

@@ -21,11 +21,14 @@ def plan_line(plan: Plan) -> str:
         return (f"auto plan: the in-memory fast path ({format_bytes(plan.in_memory_bytes)} "
                 f"fits the device budget), predicted {plan.epoch_seconds:.3g} s per epoch")
     m = plan.prediction.memory
+    devices = len(m.device_peaks)
+    # on several devices the budget holds each device: the fullest one's peak, not a sum
+    device = (f"{format_bytes(m.device)} on the fullest of {devices} devices" if devices > 1
+              else format_bytes(m.peak_device + m.device_working_set))
     line = (f"auto plan: {plan.num_parts} partitions, host cache "
             f"{format_bytes(plan.cache_bytes) if plan.cache_bytes else 'off'}; "
             f"{fate_line(plan)}; predicted "
-            f"{plan.epoch_seconds:.3g} s per epoch; peaks: device "
-            f"{format_bytes(m.peak_device + m.device_working_set)}, host "
+            f"{plan.epoch_seconds:.3g} s per epoch; peaks: device {device}, host "
             f"{format_bytes(m.peak_host)}, SSD {format_bytes(m.peak_ssd)}")
     if plan.in_memory_bytes:
         line += f" (in memory: {format_bytes(plan.in_memory_bytes)})"
