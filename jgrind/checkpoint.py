@@ -99,9 +99,15 @@ def _local_copy(state: Any) -> Any:
     import jax
     import numpy as np
 
+    several = jax.process_count() > 1
+
     def one(a):
-        if not isinstance(a, jax.Array) or len(a.sharding.device_set) == 1:
+        if not isinstance(a, jax.Array):
             return a
+        if len(a.sharding.device_set) == 1:
+            # in a run of several processes, this process's own copy (the out-of-core
+            # engine's, `jgrind.devices.ShardedOutOfCore`): orbax refuses a process-local array
+            return np.asarray(a) if several else a
         if a.is_fully_replicated:
             return np.asarray(a.addressable_data(0))
         if a.is_fully_addressable:

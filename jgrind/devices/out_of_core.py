@@ -37,9 +37,18 @@ beside its own working set to it. With `auto` the planner plans for the devices
 block's fate under those per-device budgets and the host budget, and each layer's route
 (`jgrind.plan.sharded.planned_routes`).
 
-Still refused: the naive policy's snapshots (one more tier of step inputs), and several
-processes (each process's tiers would hold only its partitions' rows, and halo rows of
-another process's partitions would have to cross between the processes).
+Several processes (`jax.distributed`, `jgrind.devices.processes`): every process builds the
+same plan, schedule and placement over the devices of all of them, and runs the steps of the
+partitions placed on its own devices only. Its host, SSD and recompute tiers hold its own
+partitions' blocks, and of the others' only the rows its partitions read as halo; at each
+layer boundary those rows, and the halo gradients going back, cross between the processes by
+one ``all_to_all`` (`jgrind.devices.across_processes`). The weight gradients and the loss are
+summed by the ``psum`` over the mesh of every process's devices, and every process applies the
+same update. Refused over several processes, one line each: blocks with the device fate
+(their rows would have to cross from another process's device), the planner (`auto`), host
+and SSD blocks in a storage dtype other than float32.
+
+Still refused: the naive policy's snapshots (one more tier of step inputs).
 """
 
 from __future__ import annotations
@@ -55,17 +64,20 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jgrind.arguments import whole_number
+from jgrind.devices.across_processes import (ProcessTiers, RowExchange, collective,
+                                             halo_rows)
 from jgrind.devices.exchange import DeviceToDevice, ThroughHost, per_layer
 from jgrind.devices.executor import AXIS, resolve_devices
 from jgrind.devices.placed_tier import DEVICE_TO_DEVICE, THROUGH_HOST, DeviceTiers
 from jgrind.engine.engine import OutOfCore
+from jgrind.engine.store import TIERS
 from jgrind.engine.sweeps import FROM_KEPT, Sweeps, adopted
 from jgrind.plan.cost import ITEMSIZE
 from jgrind.plan.exchange import exchange_plan
 from jgrind.executed.split import as_executed
 from jgrind.partition import partition_graph
 from jgrind.partition.partitioners import label_propagation
-from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate
+from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate, PolicyError, storage_of
 from jgrind.plan.placement import Placement, Rates, place
 from jgrind.plan.protocols import PlansRun
 from jgrind.plan.sharded import planned_routes
@@ -193,15 +205,34 @@ class _PlacedSweeps(Sweeps):
     """The engine's sweeps, with each partition's step inputs and block structure put on its
     device (the steps then run there: `_PlacedSteps`)."""
 
-    def __init__(self, built, device_of_part: dict, device_tiers: DeviceTiers):
+    def __init__(self, built, device_of_part: dict, device_tiers: DeviceTiers,
+                 row_exchange: Optional[RowExchange] = None):
         super().__init__(built)
         self.device_of_part = device_of_part
         self.device_tiers = device_tiers
+        self.row_exchange = row_exchange
         self._blocks: dict = {}
         # the engine keeps every block's structure on the (first) device when it fits: here
         # each is kept on its own partition's device instead
         self._keep_blocks = bool(built.blocks)
         built.blocks.clear()
+
+    # the layer boundaries: with several processes, the rows a sweep wrote that another
+    # process's partitions read as halo cross to it once the sweep is done
+    def forward(self, params, l: int, key, variant: Variant = Variant.FORWARD) -> None:
+        super().forward(params, l, key, variant)
+        plan = self.built.plan
+        if self.row_exchange is not None and l + 1 < plan.num_layers \
+                and not plan.local[l + 1]:
+            self.row_exchange.rows(ACTIVATION, l + 1, plan.widths[l + 1])
+
+    def backward(self, params, l: int, variant: Variant, key, upper, lower, loss, acc,
+                 masks):
+        out = super().backward(params, l, variant, key, upper, lower, loss, acc, masks)
+        if self.row_exchange is not None and lower is not None \
+                and not self.built.plan.local[l]:
+            self.row_exchange.gradients(GRADIENT, l, self.built.plan.widths[l])
+        return out
 
     def _timed(self, load):
         load = super()._timed(load)
@@ -242,8 +273,8 @@ class _PlacedSweeps(Sweeps):
 
 
 class ShardedOutOfCore:
-    """The out-of-core engine over several devices of this process (see the module
-    docstring). Arguments are `jgrind.engine.OutOfCore`'s, and
+    """The out-of-core engine over several devices, of this process or of several (see the
+    module docstring). Arguments are `jgrind.engine.OutOfCore`'s, and
 
       devices: a number K (the first K of ``jax.devices()``) or a sequence of ``jax.Device``.
       exchange: the route of every layer's halo rows, `DeviceToDevice()` or `ThroughHost()`,
@@ -274,6 +305,14 @@ class ShardedOutOfCore:
     ``predicted_device_peaks`` (``[K]`` each device's blocks at their peak, by the plan,
     beside ``device_tiers.peak`` measured) and ``device_working_sets``; ``plan`` (the
     planner's `Plan` with `auto`, else None).
+
+    With several processes ``devices`` are those of every process (a number: the first K of
+    the global ``jax.devices()``, each process driving some); ``process_tiers`` (a
+    `jgrind.devices.across_processes.ProcessTiers`, its ``halo``: the rows that cross),
+    ``row_exchange`` (the `RowExchange`) and ``process_exchange_bytes_per_epoch`` (the bytes
+    of halo rows and halo gradients this process sent the others in the last epoch; summed
+    over the processes, every crossing row at every layer boundary). None and 0 in one
+    process.
     """
 
     def __init__(self, graph, model, optimizer=None, *, devices=None, policy=None,
@@ -282,13 +321,9 @@ class ShardedOutOfCore:
                  **engine_arguments):
         self.devices = resolve_devices(len(jax.devices()) if devices is None else devices)
         k = len(self.devices)
-        if any(d.process_index != jax.process_index() for d in self.devices) \
-                or jax.process_count() > 1:
-            raise ValueError("out-of-core training over several devices runs in one process "
-                             "for now: each process's host and SSD tiers would hold only its "
-                             "own partitions' rows; run one process, or drop the out-of-core "
-                             "arguments (policy, store, budgets) to keep every row on its "
-                             "device")
+        processes = jax.process_count()
+        if processes > 1:
+            _check_processes(self.devices, policy, exchange)
         asked = per_layer(exchange, len(model.layers), None)
         if getattr(getattr(policy, "io", None), "snapshots", False):
             raise ValueError("the naive policy (snapshots of step inputs) is not run over "
@@ -331,9 +366,17 @@ class ShardedOutOfCore:
         self.placement: Placement = placement
         self.device_tiers = DeviceTiers(
             self.devices, np.zeros(0, np.int64) if pg is None else self.placement.device_of)
+        tiers = {Fate.DEVICE: self.device_tiers.tier_class()}
+        self.process_tiers = None  # several processes: each one's share of every table
+        if processes > 1 and pg is not None:
+            process_of_block = np.array([self.devices[int(d)].process_index
+                                         for d in self.placement.device_of], np.int64)
+            self.process_tiers = ProcessTiers(halo_rows(pg, process_of_block, processes,
+                                                        jax.process_index()))
+            tiers.update({fate: self.process_tiers.wrapping(TIERS[fate])
+                          for fate in (Fate.HOST, Fate.SSD, Fate.RECOMPUTE)})
         self.engine = OutOfCore(graph, model, optimizer, policy=policy, num_parts=parts,
-                                partitioned=pg, partitioner=partitioner,
-                                tiers={Fate.DEVICE: self.device_tiers.tier_class()},
+                                partitioned=pg, partitioner=partitioner, tiers=tiers,
                                 device_of=None if pg is None else self.placement.device_of,
                                 **engine_arguments)
         try:
@@ -353,8 +396,23 @@ class ShardedOutOfCore:
                                     if self.exchanges[o] is not None}
         for l, steps in enumerate(built.steps):
             built.steps[l] = _PlacedSteps(steps, self)
+        me = jax.process_index()
+        # the devices of this process: the parameters' home, and the weight gradients' shards
+        self._local_devices = [d for d in self.devices if d.process_index == me]
+        self._home = self._local_devices[0]
+        self.row_exchange: Optional[RowExchange] = None
+        self.process_exchange_bytes_per_epoch = 0
+        if self.process_tiers is not None:
+            # this process runs its own partitions' steps only: the runner and its sweeps
+            # see those (the engine's record keeps every partition, for the plan)
+            built = dataclasses.replace(built, parts=[
+                p for p in built.parts if self._device_of_part[p.index].process_index == me])
+            self.engine.runner.built = built
+            firsts = [next(d for d in self.devices if d.process_index == p)
+                      for p in range(jax.process_count())]
+            self.row_exchange = RowExchange(self.process_tiers, firsts)
         self.engine.runner.sweeps = _PlacedSweeps(built, self._device_of_part,
-                                                  self.device_tiers)
+                                                  self.device_tiers, self.row_exchange)
         # host copies go to the host memory of the device the output is on, not the first's
         built.transfers.pinned_host = None
         built.transfers.keep_device_rows = False
@@ -456,10 +514,14 @@ class ShardedOutOfCore:
         by the devices' collective."""
         executed = self.engine.built.executed
         self._params.clear()
+        if self.row_exchange is not None:
+            self.row_exchange.reset()
         try:
             grads, loss = self.engine.runner.loss_and_grad(executed.split_params(params), key)
         finally:
             self._params.clear()
+        if self.row_exchange is not None:
+            self.process_exchange_bytes_per_epoch = self.row_exchange.moved
         grads = tuple(self._total(g) for g in grads)
         return executed.merge_params(grads), self._total(loss)
 
@@ -467,34 +529,55 @@ class ShardedOutOfCore:
         """The sum over devices of a `PerDevice` (a ``psum`` on the mesh), on the first
         device; a plain value (no step added to it) as it is."""
         if not isinstance(sums, PerDevice):
-            return jax.device_put(sums, self.devices[0])
+            if self.row_exchange is None:
+                return jax.device_put(sums, self._home)
+            # no step of this process added to it: its zeros join the others' sums (every
+            # process runs the same collectives)
+            sums = PerDevice({self._home: jax.device_put(sums, self._home)})
         like = next(iter(sums.values.values()))
         parts = [sums.values.get(d) if d in sums.values else
                  jax.tree.map(lambda a, d=d: jnp.zeros(a.shape, a.dtype, device=d), like)
-                 for d in self.devices]
+                 for d in self._local_devices]
         sharding = NamedSharding(self.mesh, P(AXIS))
+        k = len(self.devices)
         stacked = jax.tree.map(
             lambda *leaves: jax.make_array_from_single_device_arrays(
-                (len(leaves), *leaves[0].shape), sharding, [a[None] for a in leaves]),
+                (k, *leaves[0].shape), sharding, [a[None] for a in leaves]),
             *parts)
-        return jax.device_put(self._sum(stacked), self.devices[0])
+        total = collective("adding the weight gradients", lambda: jax.tree.map(
+            lambda a: np.asarray(a.addressable_data(0)), self._sum(stacked)))
+        return jax.device_put(total, self._home)
 
     def step(self, params, opt_state, key):
         if self.engine.optimizer is None:
             raise ValueError("this executor was made without an optimizer, for predictions "
                              "only; pass one (e.g. optax.adam(0.01)) to train with it")
+        # on this process's first device before anything reads them: a state restored from
+        # a checkpoint arrives as NumPy arrays (`jgrind.checkpoint`)
+        params, opt_state = jax.device_put((params, opt_state), self._home)
         grads, loss = self.loss_and_grad(params, key)
-        params, opt_state = jax.device_put((params, opt_state), self.devices[0])
         params, opt_state = self.engine.built.update(params, opt_state, grads, loss)
         return params, opt_state, loss
 
     def predict(self, params) -> np.ndarray:
         self._params.clear()
-        return self.engine.predict(params)
+        return self._whole(self.engine.predict(params))
 
     def embed(self, params, layer: int) -> np.ndarray:
         self._params.clear()
-        return self.engine.embed(params, layer)
+        return self._whole(self.engine.embed(params, layer))
+
+    def _whole(self, rows: np.ndarray) -> np.ndarray:
+        """``[N, width]`` rows of which this process computed its own partitions' nodes',
+        completed with every other process's (several processes; else as they are)."""
+        if self.row_exchange is None:
+            return rows
+        from jax.experimental import multihost_utils
+        every = collective("gathering the predictions", lambda: np.asarray(
+            multihost_utils.process_allgather(np.asarray(rows))))
+        pg = self.engine.built.pg
+        process_of_node = self.process_tiers.halo.process_of_block[pg.assignment]
+        return every[process_of_node, np.arange(rows.shape[0])]
 
     def close(self) -> None:
         self.engine.close()
@@ -509,6 +592,30 @@ class ShardedOutOfCore:
         if name == "engine":  # not yet built
             raise AttributeError(name)
         return getattr(self.engine, name)
+
+
+def _check_processes(devices: list, policy, exchange) -> None:
+    """One line (`PolicyError`, a ValueError; `ProcessError` for devices missing a process)
+    for what the out-of-core engine does not run over several processes (yet), before
+    anything is built."""
+    from jgrind.devices.processes import ProcessError
+    missing = sorted(set(range(jax.process_count())) - {d.process_index for d in devices})
+    if missing:
+        raise ProcessError(f"process {missing[0]} drives none of the {len(devices)} devices "
+                         "asked for; with several processes, ask for every process's devices "
+                         "(--devices: all of them)")
+    if isinstance(policy, PlansRun):
+        raise PolicyError("the planner (auto) does not plan a run over several processes yet; "
+                         "name a policy (host_offload, ssd_offload) or run one process")
+    if storage_of(policy).lossy:
+        raise PolicyError("host and SSD blocks in another storage dtype than float32 are not "
+                         "exchanged between processes yet; train float32 over several "
+                         "processes")
+    chosen = exchange if isinstance(exchange, (list, tuple)) else (exchange,)
+    if any(isinstance(e, DeviceToDevice) for e in chosen):
+        raise ValueError("halo rows go device to device within one process only; between "
+                         "processes they cross by a collective from the host and SSD tiers: "
+                         "leave exchange= out or ask ThroughHost()")
 
 
 def through_host_policy():

@@ -31,7 +31,7 @@ from jgrind.engine.tiers.device import (bucket_len, padded_rows, table_add as _a
                                          table_add_taken as _add_taken, table_set as _set,
                                          table_take as _take)
 from jgrind.engine.tiers.protocol import NOTHING_HELD, Shared, TierBlocks
-from jgrind.plan.fates import ACTIVATION, GRADIENT
+from jgrind.plan.fates import ACTIVATION, GRADIENT, PolicyError
 from jgrind.plan.sharded import DeviceToDevice, ThroughHost
 
 __all__ = ["DeviceTiers", "PlacedDeviceTier"]
@@ -136,6 +136,13 @@ class PlacedDeviceTier:
             self._local_row[start:start + rows] = np.arange(counts[d], counts[d] + rows)
             self._block_start[int(b)] = int(counts[d])
             counts[d] += rows
+        away = [run.devices[d] for d, n in enumerate(counts)
+                if n and run.devices[d].process_index != jax.process_index()]
+        if away:
+            raise PolicyError(f"{blocks.name} {blocks.layer}: the plan keeps blocks on the "
+                             f"devices, and {away[0]} is another process's; over several "
+                             "processes keep activations and gradients on the host or the SSD "
+                             "(policies.host_offload, policies.ssd_offload)")
         self.arrays: dict[int, jax.Array] = {
             d: jnp.zeros((int(n), self.width), jnp.float32, device=run.devices[d])
             for d, n in enumerate(counts) if n}

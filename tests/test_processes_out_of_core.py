@@ -1,0 +1,263 @@
+"""The out-of-core engine over several processes (`jgrind.devices.ShardedOutOfCore` with
+`jgrind.devices.across_processes`): two local processes of one CPU device each, joined by
+`jax.distributed` (gloo), each with its own host and SSD tiers, against in-memory training.
+
+One pair of processes runs every case and prints JSON (`_run_process`); the halo rows that
+cross between the processes are counted and compared with a count made here from the graph's
+edges. A run whose forward exchange is switched off must give another loss: the exchange is
+what makes the result exact. Tolerances are tests/test_devices.py's.
+"""
+
+import os
+import pathlib
+import signal
+import sys
+import time
+
+import numpy as np
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from test_devices import _environment, _gradient_error, _last_json, _models  # noqa: E402
+
+NUM_NODES, PARTS, EPOCHS = 1200, 6, 3
+
+
+def _graph():
+    from jgrind import generators
+    return generators.csbm(num_nodes=NUM_NODES, num_features=8, avg_degree=6, seed=1)
+
+
+def _policy(fate: str, folder: pathlib.Path) -> dict:
+    """``host``: the default over devices (every block in host RAM, aggregations kept there
+    for the backward steps); ``ssd``: every block on the SSD, aggregations recomputed (the
+    backward steps gather their halo rows again)."""
+    from jgrind.devices.out_of_core import through_host_policy
+    from jgrind.plan import policies
+    if fate == "host":
+        return {"policy": through_host_policy()}
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"policy": policies.ssd_offload(str(folder)), "store": str(folder)}
+
+
+def _crossing_pairs(ex) -> int:
+    """Distinct (node, reading process) pairs of edges whose ends run in two processes: the
+    halo rows one layer boundary must move, counted from the normalised graph's edges."""
+    pg = ex.engine.built.pg
+    device_of = ex.placement.device_of
+    process = np.array([ex.devices[int(d)].process_index for d in device_of])[pg.assignment]
+    graph = ex.engine.built.given_model.normalize(_graph())
+    dst = np.repeat(np.arange(graph.num_nodes), np.diff(graph.indptr))
+    src = np.asarray(graph.indices)
+    far = process[src] != process[dst]
+    return int(np.unique(np.stack([src[far], process[dst][far]]), axis=1).shape[1])
+
+
+def _boundaries(ex) -> int:
+    """Floats per crossing row that an epoch's schedule moves: a layer's input after every
+    sweep that writes it, its gradient after every sweep that scatter-adds it."""
+    from jgrind.plan.schedule import BACKWARD
+    plan = ex.engine.built.plan
+    total = 0
+    for sweep in plan.schedule.sweeps:
+        l = sweep.layer
+        if sweep.kind != BACKWARD and l + 1 < plan.num_layers and not plan.local[l + 1]:
+            total += plan.widths[l + 1]
+        if sweep.kind == BACKWARD and l >= 1 and not plan.local[l]:
+            total += plan.widths[l]
+    return total
+
+
+def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
+    """One of two processes of one CPU device: every case, as JSON-able results."""
+    from jgrind.devices import processes
+    processes.start(coordinator, 2, process_id, timeout_s=60, heartbeat_timeout_s=30)
+    import jax
+    import optax
+
+    from jgrind.devices import ShardedOutOfCore
+    from jgrind.train import InMemory
+
+    graph = _graph()
+    built = _models(graph.num_features, graph.num_classes)
+    mine = pathlib.Path(folder) / f"process{process_id}"
+    out = {"process": jax.process_index(), "devices": len(jax.devices()), "cases": []}
+    refused = {}
+    from jgrind.plan import PolicyError, policies
+    for what, policy in (("device fates", policies.in_memory()), ("auto", policies.auto())):
+        try:
+            ShardedOutOfCore(graph, built["gcn"], optax.sgd(0.1), devices=2, num_parts=PARTS,
+                             policy=policy).close()
+        except PolicyError as err:
+            refused[what] = str(err)
+    out["refused"] = refused
+    checks = jax.process_index() == 0  # the in-memory side runs in process 0 only
+    for name, fate in (("gcn", "host"), ("sage-res-ln", "ssd")):
+        model = built[name]
+        params = model.init(jax.random.key(0))
+        opt = optax.adam(0.01)
+        memory = InMemory(graph, model, opt) if checks else None
+        with ShardedOutOfCore(graph, model, opt, devices=2, num_parts=PARTS, max_shapes=1,
+                              **_policy(fate, mine / fate)) as ex:
+            ours, ours_state = jax.tree.map(jax.numpy.array, params), opt.init(params)
+            ref, ref_state = jax.tree.map(jax.numpy.array, params), opt.init(params)
+            case = {"model": name, "fate": fate, "losses": [], "reference": []}
+            for epoch in range(EPOCHS):
+                key = jax.random.fold_in(jax.random.key(3), epoch)
+                if epoch == 0:
+                    grads, _ = ex.loss_and_grad(ours, key)
+                    if checks:
+                        case["gradient_error"] = _gradient_error(
+                            grads, memory.loss_and_grad(ref, key)[1])
+                ours, ours_state, loss = ex.step(ours, ours_state, key)
+                case["losses"].append(float(loss))
+                if checks:
+                    ref, ref_state, ref_loss = memory.step(ref, ref_state, key)
+                    case["reference"].append(float(ref_loss))
+            logits = ex.predict(ours)  # (a collective: every process asks)
+            case.update(tiers=sorted({f.value for f in ex.fates.values()}),
+                        own_parts=len(ex.engine.runner.built.parts),
+                        exchanged=ex.process_exchange_bytes_per_epoch,
+                        expected=4 * _crossing_pairs(ex) * _boundaries(ex),
+                        params=[np.asarray(a).tolist() for a in jax.tree.leaves(ours)])
+            if checks:
+                case.update(params_close=all(
+                    np.allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-5)
+                    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref))),
+                    logits_error=float(np.abs(logits - memory.predict(ref)).max()))
+            if fate == "host":  # the forward exchange switched off: the halo rows are stale
+                ex.row_exchange.rows = lambda *args: None
+                case["loss_without_exchange"] = float(ex.loss_and_grad(params, key)[1])
+                if checks:
+                    case["loss_with_exchange"] = float(memory.loss_and_grad(params, key)[0])
+            out["cases"].append(case)
+    out["store_left"] = sorted(str(p.relative_to(mine)) for p in mine.rglob("*")
+                               if p.is_file())
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """Both processes' JSON, in process order. Each takes about 30 s of CPU, most of it
+    compiling; the limit is for a machine shared with other work."""
+    import subprocess
+
+    from jgrind.devices import processes
+    folder = tmp_path_factory.mktemp("processes")
+    coordinator = f"127.0.0.1:{processes.free_port()}"
+    group = [subprocess.Popen([sys.executable, __file__, "process", coordinator, str(me),
+                               str(folder)], env=_environment(1), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for me in range(2)]
+    results = []
+    try:
+        for p in group:
+            stdout, stderr = p.communicate(timeout=900)
+            assert p.returncode == 0, stderr[-4000:]
+            results.append(_last_json(stdout))
+    finally:
+        for p in group:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    return results
+
+
+def _cases(two_processes, fate: str) -> list:
+    return [next(c for c in r["cases"] if c["fate"] == fate) for r in two_processes]
+
+
+@pytest.mark.parametrize("fate", ["host", "ssd"])
+def test_training_over_two_processes_equals_in_memory(two_processes, fate):
+    assert [r["process"] for r in two_processes] == [0, 1]
+    assert all(r["devices"] == 2 for r in two_processes)
+    first, second = _cases(two_processes, fate)
+    assert first["losses"] == pytest.approx(first["reference"], rel=1e-5)
+    assert len(first["losses"]) == EPOCHS
+    assert first["gradient_error"] <= 1.0
+    assert first["params_close"]
+    assert first["logits_error"] < 1e-4
+    # the other process took the same steps: the same losses and parameters, bit for bit
+    assert second["losses"] == first["losses"] and second["params"] == first["params"]
+    for got in (first, second):
+        assert fate in got["tiers"] and "device" not in got["tiers"]
+    # each process ran its own share of the partitions, together all of them
+    shares = [first["own_parts"], second["own_parts"]]
+    assert all(0 < s < PARTS for s in shares) and sum(shares) == PARTS
+
+
+def test_halo_rows_cross_between_the_processes_and_are_counted(two_processes):
+    for fate in ("host", "ssd"):
+        got = _cases(two_processes, fate)
+        # each process sends the rows of its blocks the other reads, and the halo gradients
+        # of the other's blocks: together every crossing row, at every layer boundary
+        assert sum(g["exchanged"] for g in got) == got[0]["expected"] == got[1]["expected"]
+        assert all(g["exchanged"] > 0 for g in got)
+
+
+def test_without_the_exchange_the_loss_is_wrong(two_processes):
+    first, second = _cases(two_processes, "host")
+    assert first["loss_without_exchange"] == second["loss_without_exchange"]
+    assert first["loss_without_exchange"] != pytest.approx(first["loss_with_exchange"],
+                                                           rel=1e-4)
+
+
+def test_what_does_not_run_over_processes_is_refused_in_one_line(two_processes):
+    for r in two_processes:
+        assert "is another process's; over several processes keep activations and " \
+            "gradients on the host or the SSD" in r["refused"]["device fates"]
+        assert r["refused"]["auto"].startswith("the planner (auto) does not plan a run over "
+                                               "several processes")
+
+
+def test_each_process_removes_its_store_files(two_processes):
+    assert all(r["store_left"] == [] for r in two_processes)
+
+
+def test_a_process_killed_mid_run_stops_the_other_with_one_line(tmp_path):
+    """`jgrind train --policy host` in two processes (started as `jgrind launch` starts
+    them), process 1 killed once process 0 has logged an epoch: process 0 stops within the
+    heartbeat timeout and a few seconds, exit status 2, one line naming the failure (a
+    collective failed, or the watchdog of `jgrind.devices.processes` saw process 1 silent)."""
+    import subprocess
+
+    from jgrind.devices import processes
+    coordinator = f"127.0.0.1:{processes.free_port()}"
+    out = tmp_path / "run"
+    group = [subprocess.Popen(
+        [sys.executable, "-m", "jgrind.cli", "train", "--dataset", "csbm", "--set",
+         "num_nodes=300", "--set", "hidden=8", "--devices", "2", "--policy", "host",
+         "--parts", "4", "--epochs", "100000", "--out", str(out), "--no-progress",
+         "--coordinator", coordinator, "--num-processes", "2", "--process-id", str(me),
+         "--heartbeat-timeout", "10"], env=_environment(1), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True) for me in range(2)]
+    survivor, victim = group
+    try:
+        metrics = out / "metrics-seed0.jsonl"
+        deadline = time.monotonic() + 600
+        while not (metrics.exists() and metrics.read_text().strip()):
+            assert time.monotonic() < deadline and survivor.poll() is None, \
+                survivor.communicate(timeout=30)[1][-3000:]
+            time.sleep(0.05)
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = survivor.communicate(timeout=60)
+        stopped_after = time.monotonic() - killed
+    finally:
+        for p in group:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+    assert survivor.returncode == processes.EXIT_FAILED, err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("jgrind: error:")]
+    # a collective in flight with the dead process fails first (about a second), else the
+    # watchdog names the silent process
+    assert len(errors) == 1 and ("another process has probably stopped" in errors[0]
+                                 or "process 1 of 2 has shown no sign of life" in errors[0]), \
+        err[-3000:]
+    assert stopped_after < 10 + 20, stopped_after  # (a busy machine: some seconds more)
+
+
+if __name__ == "__main__":
+    print(__import__("json").dumps(_run_process(sys.argv[2], int(sys.argv[3]), sys.argv[4])))
