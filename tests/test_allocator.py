@@ -18,6 +18,18 @@ needs_glibc = pytest.mark.skipif(not allocator.HEAP_REUSE.can_help(), reason=(
     f"heap reuse needs glibc >= 2.26 (this C library: glibc {allocator.glibc_version()})"))
 
 
+# allocator.py needs only the standard library, so the relaunch tests' children load it alone
+# rather than through the jgrind package, whose import (JAX and the rest) costs about 2 CPU-s
+# in each of their eight interpreter starts (five children, three of which relaunch). Loading
+# it from its file runs the same module code; were it ever to import jgrind itself, the
+# children would fail.
+_ALLOCATOR_ALONE = (
+    "import importlib.util, sys\n"
+    f"spec = importlib.util.spec_from_file_location('allocator', {allocator.__file__!r})\n"
+    "a = sys.modules['allocator'] = importlib.util.module_from_spec(spec)\n"
+    "spec.loader.exec_module(a)\n")
+
+
 def _child(code: str, *args: str, **env_changes) -> str:
     ours = {"GLIBC_TUNABLES"} | {s.opt_in for s in allocator.SETTINGS}
     env = {k: v for k, v in os.environ.items() if k not in ours}
@@ -62,8 +74,9 @@ def test_kernel_mode_reads_the_bracketed_choice(tmp_path):
 
 @needs_thp
 def test_relaunch_restarts_the_interpreter_with_huge_pages():
-    code = ("import os, sys, jgrind.hostio.allocator as a; a.relaunch_with_huge_pages(); "
-            "print(os.environ.get('GLIBC_TUNABLES'), a.HUGE_PAGES.active(), sys.argv[1:])")
+    code = _ALLOCATOR_ALONE + (
+        "import os; a.relaunch_with_huge_pages(); "
+        "print(os.environ.get('GLIBC_TUNABLES'), a.HUGE_PAGES.active(), sys.argv[1:])")
     assert _child(code, "a", "b").split() == [HUGE, "True", "['a',", "'b']"]
     # the command line's hook relaunches only when asked
     hook = code.replace("relaunch_with_huge_pages()", "relaunch_if_wanted()")
@@ -73,8 +86,9 @@ def test_relaunch_restarts_the_interpreter_with_huge_pages():
 
 @needs_glibc
 def test_relaunch_if_wanted_restarts_with_heap_reuse_when_asked():
-    code = ("import os, jgrind.hostio.allocator as a; a.relaunch_if_wanted(); "
-            "print(a.HEAP_REUSE.active(), a.HUGE_PAGES.active(), a.summary())")
+    code = _ALLOCATOR_ALONE + (
+        "a.relaunch_if_wanted(); "
+        "print(a.HEAP_REUSE.active(), a.HUGE_PAGES.active(), a.summary())")
     assert _child(code).split()[:2] == ["False", "False"]
     out = _child(code, JGRIND_REUSE_HEAP="1")
     assert out.split()[:2] == ["True", "False"], out

@@ -59,7 +59,8 @@ def test_the_main_job_at_its_own_size_needs_every_tier():
 
 
 def test_the_main_job_prints_its_point_and_leaves_no_store(tmp_path):
-    """The main job at a small size in its own process (so the resident memory is its own):
+    """The main job at a small size in its own process (so the resident memory is its own;
+    3000 nodes in budgets under a fifth of their in-memory bytes still use every tier):
     the plan line names the fates, the SSD tier moves bytes, the peak resident memory is
     within the budgets + graph + the runtime's stated bytes, the in-memory check prints the
     same loss, the charts are written, and the temporary store is gone afterwards."""
@@ -70,8 +71,8 @@ def test_the_main_job_prints_its_point_and_leaves_no_store(tmp_path):
     env = dict(os.environ, TMPDIR=str(tmp), JGRIND_PROFILE=str(profile))
     child = subprocess.run(
         [sys.executable, "-m", "jgrind.cli", "train", "--no-progress", "--no-compile-cache",
-         "--set", "num_nodes=6000", "--epochs", "4", "--device-budget", "1MiB",
-         "--host-budget", "512KiB", "--out", str(out)],
+         "--set", "num_nodes=3000", "--epochs", "4", "--device-budget", "512KiB",
+         "--host-budget", "256KiB", "--out", str(out)],
         capture_output=True, text=True, env=env, timeout=300)
     assert child.returncode == 0, child.stderr
     printed = child.stdout
@@ -89,7 +90,7 @@ def test_the_main_job_prints_its_point_and_leaves_no_store(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["in_memory_check"]["equal"]
     assert summary["memory"]["ssd_read"] > 0
-    assert summary["peak_resident"] <= 1 * 2**20 + 512 * 2**10 + summary["graph_bytes"] \
+    assert summary["peak_resident"] <= 512 * 2**10 + 256 * 2**10 + summary["graph_bytes"] \
         + experiment.RUNTIME_BYTES
     assert os.listdir(tmp) == [], "the store's temporary folder was left behind"
 

@@ -102,13 +102,6 @@ def test_optimizers_that_take_the_loss_get_it(tmp_path):
     assert [h["loss"] for h in a.history] != [h["loss"] for h in plain.history]
 
 
-def test_early_stopping_stops():
-    g, model = _setup()
-    r = train(jax.random.key(0), g, model, optax.adam(0.05), epochs=300, patience=5,
-              progress=False)
-    assert len(r.history) < 300
-
-
 def test_multi_split_and_trials():
     g, model = _setup(splits=3)
     trials = run_trials(lambda s: train(jax.random.key(s), g, model, optax.adam(0.02),
