@@ -67,12 +67,16 @@ def main() -> None:
                    help="on the CPU backend, take the transfer paths the engine takes on a GPU "
                         "(device rows kept there, outputs through pinned_host memory, inputs "
                         "in 8 row ranges, page-locked input buffers for --variants "
-                        "pinned-inputs), to count the programs they compile")
+                        "pinned-inputs, spare buffers made on the device), to count the "
+                        "programs they compile")
     p.add_argument("--summarize", metavar="DIR", help="only summarize a trace written earlier")
     p.add_argument("--top", type=int, default=4, help="event names shown per line")
     p.add_argument("--programs", default="names", choices=("off", "names", "shapes"),
                    help="list the programs each epoch compiles, grouped by function name "
                         "(jgrind.engine.program_log), with each one's argument types (shapes)")
+    p.add_argument("--predict", action="store_true",
+                   help="after the epochs, one prediction (the evaluation sweeps, dropout "
+                        "off): its seconds and the programs it compiles beyond training's")
     args = p.parse_args()
     if args.summarize:
         summarize(args.summarize, args.top)
@@ -94,8 +98,9 @@ def run(args) -> None:
 
     on_cpu = jax.default_backend() == "cpu"
     if args.gpu_paths and on_cpu:
-        from jgrind.engine import build
+        from jgrind.engine import build, spares
         build.PINNED_STAGING_ON_CPU = True
+        spares.DEVICE_PLACEHOLDERS_ON_CPU = True
     t = time.perf_counter()
     graph, model, _ = harness.graph_and_model(rmat=args.rmat, features=args.features,
                                               hidden=args.hidden)
@@ -150,7 +155,7 @@ def run(args) -> None:
         # None on the CPU backend without --gpu-paths: "default" is "pageable" there
         pinned_host = ex.pinned_host
         default_pieces = ex.staging_pieces
-        one("warm-up")
+        first, _ = one("warm-up")
         medians, notes = {}, []
         for name in variants:
             pinned, ex.early_host_copies, threads, pieces, pinned_inputs = VARIANTS[name]
@@ -176,11 +181,29 @@ def run(args) -> None:
         print("median epoch per variant: " + ", ".join(
             f"{name} {s:.3f} s" for name, s in medians.items())
             + "".join(f"; {note}" for note in notes))
+        if medians:
+            name, later = next(iter(medians.items()))
+            print(f"first epoch {first:.3f} s, {first / later:.2f}x {name}'s median")
+        if args.predict:
+            predict(ex, training.params, log, args.programs)
     finally:
         ex.close()
     log.__exit__(None, None, None)
     print(f"programs compiled in all: {len(log.programs)} ({log.seconds():.1f} s), "
           f"{len(log.phase('setup'))} of them before the first epoch")
+
+
+def predict(ex, params, log, programs: str) -> None:
+    """One `OutOfCore.predict` (the evaluation's forward sweeps): its seconds and the programs
+    it compiled, those training's epochs had not."""
+    log.mark("predict")
+    start = time.perf_counter()
+    ex.predict(params)
+    compiled = log.phase("predict")
+    print(f"prediction: {time.perf_counter() - start:.3f} s, {len(compiled)} programs compiled "
+          f"in {log.seconds(compiled):.1f} s")
+    if compiled and programs != "off":
+        print(log.report(compiled, shapes=programs == "shapes"))
 
 
 def time_variant(epoch, count: int) -> tuple[list, bool, int]:

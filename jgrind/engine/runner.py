@@ -166,6 +166,9 @@ class Runner:
         table = b.activations[layer]
         out = np.empty((b.num_nodes, b.plan.widths[layer]), np.float32)
         for part in b.parts:
-            out[part.owned] = transfers.host_view(table.read(part.index, part.num_owned))
+            # read padded to the partition's output rows, as the steps read it: a device
+            # block's take then compiles per padded shape, not per partition's row count
+            rows = transfers.host_view(table.read(part.index, part.num_out))
+            out[part.owned] = rows[: part.num_owned]
         self._release_recomputed(layer)
         return out

@@ -45,12 +45,19 @@ from jgrind.hostio.buffers import aligned_empty
 LOOKAHEAD = 1
 
 
+# Placeholders made on the device as off the CPU backend (a zeros program per shape), also on
+# it: tools set it to count the programs a GPU compiles on a CPU (tools/trace_epoch.py
+# --gpu-paths).
+DEVICE_PLACEHOLDERS_ON_CPU = False
+
+
 def placeholder(shape: tuple, dtype=np.float32):
     """An argument of ``shape`` for a step's ``spare`` when no output can be reused. On the
     CPU it is untouched host memory adopted without a copy (no page is ever touched: XLA
     cannot write into memory it did not allocate, so it allocates the output as usual); on
-    another device an array made there (cheap, and donated in place)."""
-    if jax.default_backend() == "cpu":
+    another device an array made there (cheap, and donated in place; the first of each shape
+    compiles a program)."""
+    if jax.default_backend() == "cpu" and not DEVICE_PLACEHOLDERS_ON_CPU:
         return jax.device_put(aligned_empty(shape, dtype))
     return jnp.zeros(shape, dtype)
 

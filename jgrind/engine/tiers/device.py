@@ -131,8 +131,10 @@ class DeviceTier:
             self.array = _device_set(self.array, idx, values)
 
     def read_block(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
-        start, rows = self.blocks.span(block)
-        return jax.device_get(self.array[start:start + rows])
+        # a take of a bucketed length, as `take_rows`'s: the programs of their lengths serve
+        # both (a slice outside jit compiled a program for every table and block size)
+        rows = self.blocks.span(block)[1]
+        return jax.device_get(self.take_on_device(self._range(block), bucket_len(rows)))[:rows]
 
     def take_rows(self, rows: TierRows, out: np.ndarray) -> None:
         got = self.take_on_device(rows.src, bucket_len(rows.size))
