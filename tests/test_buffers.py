@@ -112,7 +112,7 @@ def test_the_engine_reuses_step_input_buffers_and_stays_exact(tmp_path):
                        store=tmp_path, partitioner=contiguous) as ex:
             for epoch in range(2):
                 key = jax.random.key(epoch)
-                grads, loss = ex.loss_and_grad(params, key)
+                loss, grads = ex.loss_and_grad(params, key)
                 ref_loss, ref_grads = in_memory.loss_and_grad(params, key)
                 assert abs(float(loss) - float(ref_loss)) <= 1e-5 * abs(float(ref_loss))
                 assert_same_gradients(grads, ref_grads)

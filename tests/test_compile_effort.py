@@ -30,7 +30,7 @@ def test_either_effort_gives_the_in_memory_numbers(effort, tmp_path):
     ref_loss, ref_grads = reference(graph, model).loss_and_grad(params, key)
     with OutOfCore(graph, model, optax.sgd(0.1), policy=policies.host_offload(), num_parts=3,
                    store=tmp_path, compile_effort=effort) as ex:
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
     assert_same_gradients(grads, ref_grads)
 

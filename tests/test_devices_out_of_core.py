@@ -75,7 +75,7 @@ def _run_cases(folder: str) -> dict:
         ref_loss, ref_grads = reference(graph, model).loss_and_grad(params, key)
         with ShardedOutOfCore(graph, model, optax.sgd(0.1), devices=k, num_parts=parts,
                               max_shapes=1, **_policy(fate, folder)) as ex:
-            grads, loss = ex.loss_and_grad(params, key)
+            loss, grads = ex.loss_and_grad(params, key)
             case = {"model": name, "devices": k, "parts": parts, "fate": fate,
                     "loss": float(loss), "reference": float(ref_loss),
                     "gradient_error": _gradient_error(grads, ref_grads),

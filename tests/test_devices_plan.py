@@ -101,7 +101,7 @@ def _fixed_policy(graph, model) -> dict:
     ref_loss, ref_grads = reference(graph, model).loss_and_grad(params, key)
     with ShardedOutOfCore(graph, model, optax.sgd(0.1), device_budget=budget,
                           **arguments) as ex:
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
         return {"budget": budget, "one_device": one_device, "loss": float(loss),
                 "reference": float(ref_loss),
                 "gradient_error": _gradient_error(grads, ref_grads),
@@ -128,7 +128,7 @@ def _auto(graph, model) -> dict:
     with ShardedOutOfCore(graph, model, optax.sgd(0.1), devices=2, num_parts=PARTS,
                           max_shapes=1, policy=policies.auto(profile=profile),
                           device_budget=budget, host_budget=1 << 30) as ex:
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
         return {"budget": budget, "loss": float(loss), "reference": float(ref_loss),
                 "gradient_error": _gradient_error(grads, ref_grads),
                 "planned": ex.plan is not None and not ex.plan.in_memory,

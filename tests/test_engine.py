@@ -71,7 +71,7 @@ def _check(graph, model, policy, parts, tmp_path, partitioner=contiguous, max_sh
     with OutOfCore(graph, model, optax.sgd(0.1), policy=policy, num_parts=parts,
                    store=tmp_path, partitioner=partitioner, max_shapes=max_shapes) as ex:
         built(ex)
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
         assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
         assert_same_gradients(grads, ref_grads)
         return ex.store.accounts
@@ -187,7 +187,7 @@ def test_small_budgets_really_use_the_ssd_tier(tmp_path):
                    device_budget=device_budget, host_budget=host_budget) as ex:
         fates = set(ex.fates.values())
         assert Fate.SSD in fates and Fate.HOST in fates
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
         acc = ex.store.accounts
         assert acc.peak_ssd > 0 and acc.ssd_written > 0 and acc.ssd_read > 0
         assert acc.peak_host <= host_budget
@@ -420,7 +420,7 @@ def _exact_with_blocks_on_every_tier(model: str, tmp_path, setup) -> None:
     with OutOfCore(graph, net, optax.sgd(0.1), policy=spread, num_parts=5, store=tmp_path,
                    partitioner=random_partition) as ex:
         setup(ex)
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
     assert_same_gradients(grads, ref_grads)
 
@@ -624,8 +624,8 @@ def test_two_runs_share_a_directory_without_colliding(tmp_path):
                   num_parts=2)
     assert a.store.run_dir != b.store.run_dir and len(list(tmp_path.iterdir())) == 2
     params = model.init(jax.random.key(0))
-    ga, _ = a.loss_and_grad(params, None)
-    gb, _ = b.loss_and_grad(params, None)
+    _, ga = a.loss_and_grad(params, None)
+    _, gb = b.loss_and_grad(params, None)
     assert_same_gradients(ga, gb)
     a.close()
     b.close()
@@ -752,7 +752,7 @@ def test_epoch_after_a_failed_epoch(policy, tmp_path):
         with pytest.raises(RuntimeError, match="injected"):
             ex.loss_and_grad(params, None)
         sweeps.backward = backward
-        grads, loss = ex.loss_and_grad(params, None)
+        loss, grads = ex.loss_and_grad(params, None)
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
     assert_same_gradients(grads, ref_grads)
     assert list(tmp_path.iterdir()) == []
@@ -807,7 +807,7 @@ def test_relu_layers_backward_from_output_masks_without_recompute(tmp_path):
         with OutOfCore(graph, model, optax.sgd(0.1), policy=policies.host_offload(),
                        num_parts=3, partitioner=contiguous) as ex:
             calls = _count_calls(ex)
-            grads, loss = ex.loss_and_grad(params, key)
+            loss, grads = ex.loss_and_grad(params, key)
             assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
             assert_same_gradients(grads, ref_grads)
         # the executed layers (the GCN's narrowing top layer runs as a transform, which has
@@ -839,7 +839,7 @@ def test_masks_give_way_when_the_device_budget_is_tight(tmp_path):
                    partitioned=pg, device_budget=budget) as ex:
         assert not ex.workload.masks
         assert not any(s.emits_mask for s in ex.steps)
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
         assert_same_gradients(grads, ref_grads)
     with OutOfCore(graph, model, optax.sgd(0.1), policy=policies.host_offload(),
                    partitioned=pg, device_budget=w.working_set()) as ex:
@@ -1048,7 +1048,7 @@ def test_gradient_files_are_kept_and_zeroed_between_epochs(host_budget, tmp_path
         ex.loss_and_grad(params, jax.random.key(1))
         files = {key: table.ssd for key, table in ex.store.kept.items()}
         assert sorted(layer for _, layer in files) == list(range(1, ex.num_layers))
-        grads, loss = ex.loss_and_grad(params, jax.random.key(2))
+        loss, grads = ex.loss_and_grad(params, jax.random.key(2))
         assert {key: table.ssd for key, table in ex.store.kept.items()} == files
         assert all(ex.store.kept[key].ssd is f for key, f in files.items())
         assert ex.store.accounts.peak_ssd == ex.memory.ssd
@@ -1074,7 +1074,7 @@ def test_host_tables_arrays_are_handed_on_between_epochs(policy, tmp_path):
         arrays = ex.store.host_arrays
         ex.loss_and_grad(params, jax.random.key(1))
         made, reused = arrays.made, arrays.reused
-        grads, loss = ex.loss_and_grad(params, jax.random.key(2))
+        loss, grads = ex.loss_and_grad(params, jax.random.key(2))
         assert arrays.reused - reused >= ex.num_layers - 1  # every gradient table
         if policy == "host":
             assert arrays.made == made
@@ -1099,7 +1099,7 @@ def test_ssd_epochs_write_no_zeros_and_move_the_same_bytes(tmp_path):
                    num_parts=3, store=tmp_path, host_budget=0, partitioner=contiguous) as ex:
         for _ in range(3):
             before = dataclasses.replace(ex.store.accounts)
-            grads, loss = ex.loss_and_grad(params, jax.random.key(2))
+            loss, grads = ex.loss_and_grad(params, jax.random.key(2))
             after = ex.store.accounts
             moved.append((after.ssd_written - before.ssd_written,
                           after.ssd_read - before.ssd_read))
@@ -1199,7 +1199,7 @@ def test_without_a_host_budget_the_host_cache_fits_the_free_ram(tmp_path, monkey
                        num_parts=3, store=tmp_path, partitioner=contiguous) as ex:
             everything = sum(i.nbytes for i in ex.inventory)
             capacities.append(ex.store.cache.capacity)
-            grads, loss = ex.loss_and_grad(params, jax.random.key(2))
+            loss, grads = ex.loss_and_grad(params, jax.random.key(2))
         assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
         assert_same_gradients(grads, ref_grads)
     assert capacities == [everything, 32 << 10]

@@ -69,7 +69,7 @@ def _trains(graph, model, ex, exact=False):
     try:
         assert isinstance(ex, OutOfCore)
         assert ex.memory.device <= ex.device_budget and ex.memory.host <= ex.host_budget
-        _, loss = ex.loss_and_grad(params, key)
+        loss, _ = ex.loss_and_grad(params, key)
         assert ex.store.accounts.peak_device + ex.memory.device_working_set <= ex.device_budget
         assert ex.store.accounts.peak_host <= ex.host_budget
     finally:

@@ -55,7 +55,7 @@ def _check(graph, model, policy_name, parts, tmp_path, budgets=(2**20, 2**20)):
                        store=tmp_path, partitioner=random_partition, max_shapes=1)
     with ex:
         assert isinstance(ex, OutOfCore)
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
         assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
         assert_same_gradients(grads, ref_grads)
 

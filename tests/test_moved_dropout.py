@@ -89,7 +89,7 @@ def test_gradients_equal_in_memory_at_a_rate_whose_scale_matters(policy, tmp_pat
     ref_loss, ref_grads = reference(graph, net).loss_and_grad(params, key)
     with OutOfCore(graph, net, optax.sgd(0.1), policy=chosen, partitioned=pg,
                    store=tmp_path, device_budget=budget) as ex:
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
         masked = [s.emits_mask for s in ex.steps]
         assert sorted(ex.aggregations) == ([0, 1] if policy == "kept" else [])
     assert any(masked) == (policy != "no-masks")

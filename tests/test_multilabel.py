@@ -502,7 +502,7 @@ def test_positive_weights_are_exact_out_of_core(pair_mean, tmp_path):
     assert abs(float(plain_loss) - float(ref_loss)) > 1e-3  # the weights change the loss
     with OutOfCore(g, model, optax.sgd(0.1), policy=policies.ssd_offload(tmp_path),
                    num_parts=7, store=tmp_path, partitioner=random_partition, loss=loss) as ex:
-        grads, got = ex.loss_and_grad(params, key)
+        got, grads = ex.loss_and_grad(params, key)
     assert float(got) == pytest.approx(float(ref_loss), rel=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                  grads, ref_grads)

@@ -237,7 +237,7 @@ def test_auto_trains_exactly(tmp_path):
         assert any(f is Fate.SSD for f in ex.fates.values())
         params = model.init(jax.random.key(0))
         key = jax.random.key(3)
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
         ref_loss, ref = InMemory(graph, model, optax.adam(1e-2)).loss_and_grad(params, key)
         assert abs(float(loss) - float(ref_loss)) <= 1e-5 * abs(float(ref_loss))
         assert_same_gradients(grads, ref)

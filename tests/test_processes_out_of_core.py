@@ -107,7 +107,7 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
             for epoch in range(EPOCHS):
                 key = jax.random.fold_in(jax.random.key(3), epoch)
                 if epoch == 0:
-                    grads, _ = ex.loss_and_grad(ours, key)
+                    _, grads = ex.loss_and_grad(ours, key)
                     if checks:
                         case["gradient_error"] = _gradient_error(
                             grads, memory.loss_and_grad(ref, key)[1])
@@ -129,7 +129,7 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
                     logits_error=float(np.abs(logits - memory.predict(ref)).max()))
             if fate == "host":  # the forward exchange switched off: the halo rows are stale
                 ex.row_exchange.rows = lambda *args: None
-                case["loss_without_exchange"] = float(ex.loss_and_grad(params, key)[1])
+                case["loss_without_exchange"] = float(ex.loss_and_grad(params, key)[0])
                 if checks:
                     case["loss_with_exchange"] = float(memory.loss_and_grad(params, key)[0])
             out["cases"].append(case)

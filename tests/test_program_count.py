@@ -160,6 +160,6 @@ def test_fewer_shapes_keep_the_memory_plan_and_the_gradients(tmp_path):
         three, two = Workload.build(pg, model, 3), Workload.build(pg, model, 2)
         assert two.working_set() == three.working_set()
         assert ex.built.plan.workload.working_set() == three.working_set()
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
     assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
     assert_same_gradients(grads, ref_grads)

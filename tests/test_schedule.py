@@ -164,6 +164,6 @@ def test_kept_aggregations_are_saved_without_a_dropout_key():
     with OutOfCore(graph, model, optax.sgd(0.1), num_parts=4,
                    policy=policies.host_offload(aggregations=Fate.HOST)) as ex:
         assert ex.built.plan.kept
-        out_grads, out_loss = ex.loss_and_grad(params, None)
+        out_loss, out_grads = ex.loss_and_grad(params, None)
     assert float(out_loss) == pytest.approx(float(loss), rel=1e-5)
     assert_same_gradients(out_grads, grads)

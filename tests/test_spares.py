@@ -121,7 +121,7 @@ def test_engine_reuses_most_outputs_and_stays_exact(tmp_path):
                        store=tmp_path, partitioner=contiguous, max_shapes=1) as ex:
             for epoch in range(2):  # the second epoch runs on reused buffers
                 key = jax.random.key(epoch)
-                grads, loss = ex.loss_and_grad(params, key)
+                loss, grads = ex.loss_and_grad(params, key)
                 ref_loss, ref_grads = in_memory.loss_and_grad(params, key)
                 assert abs(float(loss) - float(ref_loss)) <= 1e-5 * abs(float(ref_loss))
                 assert_same_gradients(grads, ref_grads)

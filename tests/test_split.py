@@ -102,7 +102,7 @@ def test_split_layers_are_exact_and_move_narrow_rows(policy, tmp_path):
         assert ex.num_layers == 4 and ex.widths == [graph.num_features, 16, 16,
                                                     graph.num_classes, graph.num_classes]
         calls = _count_moves(ex)
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
         assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
         assert_same_gradients(grads, ref_grads)
     recomputed = 1 if policy == "recompute" else 0  # H_2 is rebuilt before layer 2's backward
@@ -127,7 +127,7 @@ def test_node_wise_layers_of_residual_models_read_own_blocks(tmp_path):
                    partitioner=contiguous) as ex:
         assert ex.local == [True, False, False, True]
         calls = _count_moves(ex)
-        grads, loss = ex.loss_and_grad(params, key)
+        loss, grads = ex.loss_and_grad(params, key)
         assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
         assert_same_gradients(grads, ref_grads)
     assert calls[("gather", 0)] == calls[("gather", 3)] == 0

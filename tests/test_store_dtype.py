@@ -260,7 +260,7 @@ def _errors(graph, model, tmp_path, stored_codecs):
                                        activations=codec, gradients=codec)
         with OutOfCore(graph, model, optax.sgd(0.1), policy=policy, num_parts=4,
                        store=tmp_path, partitioner=contiguous, max_shapes=1) as ex:
-            grads, _ = ex.loss_and_grad(params, jax.random.key(1))
+            _, grads = ex.loss_and_grad(params, jax.random.key(1))
             assert ex.store.accounts.peak_ssd > 0 and ex.store.accounts.host_written > 0
         out.append(max(float(np.abs(np.asarray(g) - np.asarray(r)).max())
                        for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(exact))) / scale)

@@ -130,7 +130,7 @@ def _epoch(graph, model, tmp_path, codec):
     params = model.init(jax.random.key(0))
     with OutOfCore(graph, model, optax.sgd(0.1), policy=policy, num_parts=4, store=tmp_path,
                    partitioner=contiguous, max_shapes=1) as ex:
-        grads, loss = ex.loss_and_grad(params, jax.random.key(1))
+        loss, grads = ex.loss_and_grad(params, jax.random.key(1))
         accounts = ex.store.accounts
     return float(loss), [np.asarray(g) for g in jax.tree.leaves(grads)], accounts
 

@@ -152,7 +152,7 @@ def test_an_epoch_through_a_new_tier_equals_the_in_memory_one(zlib_tiers, monkey
         zlib_tiers.clear()
         with OutOfCore(graph, model, optax.sgd(0.1), policy=policy, num_parts=4,
                        store=tmp_path) as ex:
-            grads, loss = ex.loss_and_grad(params, key)
+            loss, grads = ex.loss_and_grad(params, key)
             assert float(loss) == pytest.approx(float(ref_loss), rel=1e-5)
             assert_same_gradients(grads, ref_grads)
             assert all(t.host is None for t in ex.activations)

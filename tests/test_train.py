@@ -189,7 +189,7 @@ def test_a_custom_node_loss_trains_the_same_in_memory_and_out_of_core():
                                                                                        key)
     with OutOfCore(g, model, optax.sgd(0.1), policy=jgrind.policies.host_offload(),
                    num_parts=3, loss=_smoothed) as engine:
-        got, got_loss = engine.loss_and_grad(params, key)
+        got_loss, got = engine.loss_and_grad(params, key)
     assert float(got_loss) == pytest.approx(float(want_loss), rel=1e-5)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,

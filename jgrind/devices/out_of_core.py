@@ -510,20 +510,20 @@ class ShardedOutOfCore:
         return held[1]
 
     def loss_and_grad(self, params, key):
-        """``(grads, loss)`` of the full-graph loss: every device's partitions' sums, added
+        """``(loss, grads)`` of the full-graph loss: every device's partitions' sums, added
         by the devices' collective."""
         executed = self.engine.built.executed
         self._params.clear()
         if self.row_exchange is not None:
             self.row_exchange.reset()
         try:
-            grads, loss = self.engine.runner.loss_and_grad(executed.split_params(params), key)
+            loss, grads = self.engine.runner.loss_and_grad(executed.split_params(params), key)
         finally:
             self._params.clear()
         if self.row_exchange is not None:
             self.process_exchange_bytes_per_epoch = self.row_exchange.moved
         grads = tuple(self._total(g) for g in grads)
-        return executed.merge_params(grads), self._total(loss)
+        return self._total(loss), executed.merge_params(grads)
 
     def _total(self, sums):
         """The sum over devices of a `PerDevice` (a ``psum`` on the mesh), on the first
@@ -555,7 +555,7 @@ class ShardedOutOfCore:
         # on this process's first device before anything reads them: a state restored from
         # a checkpoint arrives as NumPy arrays (`jgrind.checkpoint`)
         params, opt_state = jax.device_put((params, opt_state), self._home)
-        grads, loss = self.loss_and_grad(params, key)
+        loss, grads = self.loss_and_grad(params, key)
         params, opt_state = self.engine.built.update(params, opt_state, grads, loss)
         return params, opt_state, loss
 

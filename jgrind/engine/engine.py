@@ -189,15 +189,16 @@ class OutOfCore:
         if self.optimizer is None:
             raise ValueError("this engine was made without an optimizer, for predictions "
                              "only; pass one (e.g. optax.adam(0.01)) to train with it")
-        grads, loss = self.loss_and_grad(params, key)
+        loss, grads = self.loss_and_grad(params, key)
         params, opt_state = self.built.update(params, opt_state, grads, loss)
         return params, opt_state, loss
 
     def loss_and_grad(self, params, key):
-        """``(grads, loss)`` of the full-graph loss, computed partition by partition."""
+        """``(loss, grads)`` of the full-graph loss, computed partition by partition (the
+        order of `jax.value_and_grad`, as `jgrind.train.InMemory` returns them)."""
         executed = self.built.executed
-        grads, loss = self.runner.loss_and_grad(executed.split_params(params), key)
-        return executed.merge_params(grads), loss
+        loss, grads = self.runner.loss_and_grad(executed.split_params(params), key)
+        return loss, executed.merge_params(grads)
 
     def predict(self, params) -> np.ndarray:
         """Logits ``[N, C]`` in the graph's node order, dropout off, partition by partition."""

@@ -58,7 +58,7 @@ class Runner:
         self.sweep_parts: list[dict] = []
 
     def loss_and_grad(self, params, key):
-        """``(grads, loss)`` of the full-graph loss for the executed model's ``params``:
+        """``(loss, grads)`` of the full-graph loss for the executed model's ``params``:
         `Built.plan.schedule`'s sweeps in order, the tables each sweep makes before it, its
         steps, and the tables it frees after it."""
         grads, loss = self.sweeps.epoch_start(params, key)
@@ -91,7 +91,7 @@ class Runner:
                 parts.append(self.sweeps.timing.parts(timed[-1][1]))
         self.sweeps.timing = None
         self.sweep_seconds, self.sweep_parts = timed, parts
-        return tuple(grads), loss
+        return loss, tuple(grads)
 
     def make(self, table) -> None:
         """Bring a schedule's activation or snapshot table into being before the sweep that
