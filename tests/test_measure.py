@@ -172,3 +172,33 @@ def test_measured_profile_has_per_row_costs(measured):
     # (a quick measurement is too small to promise a positive per-row cost on a busy machine)
     assert got.gather_row_seconds >= 0 and got.scatter_add_row_seconds >= 0
     assert got.step_latency > 0
+
+
+def test_device_calls_are_timed_as_the_engine_compiles_them():
+    """The profile's device-tier calls (`measure._device_call`) are the device tier's own
+    programs on a table of a layer's width (`DEVICE_CALL_ROWS`): compiled, each is split
+    across XLA's CPU threads exactly as the engine's take, set and add on a 150k x 128 table
+    are. (They were timed on an 8-wide table, whose calls XLA runs on one thread; the
+    engine's, split and waiting for a thread pool its steps keep busy, took ten times the
+    price.)"""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    from jgrind.engine.tiers import device
+
+    def split(fn, table_shape, rows):
+        shapes = (jax.ShapeDtypeStruct(table_shape, jnp.float32),
+                  jax.ShapeDtypeStruct((rows,), jnp.int32),
+                  jax.ShapeDtypeStruct((rows, table_shape[1]), jnp.float32))
+        args = shapes[:2] if fn in (device.table_take, measuring._device_take) else shapes
+        text = fn.lower(*args).compile().as_text()
+        return re.findall(r'outer_dimension_partitions":\[([^\]]*)\]', text)
+
+    table_rows, width, rows = measuring.DEVICE_CALL_ROWS
+    engine_table = (150_000, 128)
+    for measured_fn, engine_fn in ((measuring._device_take, device.table_take),
+                                   (measuring._device_set, device.table_set),
+                                   (measuring._device_add, device.table_add)):
+        assert split(measured_fn, (table_rows, width), rows) == split(engine_fn, engine_table,
+                                                                      rows)

@@ -32,6 +32,7 @@ transient, and the host cache holds SSD blocks within what is left of the host b
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import functools
 from typing import Optional, Sequence
@@ -162,7 +163,8 @@ class Workload:
         partition p's halo rows in q's block come from SSD in rows of ``words`` 4-byte words
         (see `COALESCE_BYTES`): a float32 row's words are its width, a stored row's its
         codec's `words` (the SSD tier coalesces at the stored width). Every layer's width in
-        every storage dtype of `jgrind.hostio.codecs.NAMES` has its tables.
+        every storage dtype of `jgrind.hostio.codecs.NAMES` has its tables, each worked out
+        the first time it is read (`SpanTables`).
       needs_edges, needs_adjacency: which block pieces the layers read.
       masks: backward steps of ReLU layers read a bit mask of their output instead of
         recomputing it (`jgrind.engine.steps`); the masks count towards the working set.
@@ -273,29 +275,8 @@ class Workload:
         # rows of every width in every storage dtype, in 4-byte words (float32's: the width)
         row_words = sorted({make().words(w) for w in widths[:-1] for make in
                             codecs.NAMES.values()})
-        gaps = sorted({COALESCE_BYTES // (words * ITEMSIZE) for words in row_words})
-        halo = np.zeros((P, P), np.int64)
-        calls = {g: np.zeros((P, P), np.int32) for g in gaps}
-        span_rows = {g: np.zeros((P, P), np.int64) for g in gaps}
-        for part in parts:
-            owner = np.asarray(part.halo_owner, np.int64)
-            if owner.size == 0:
-                continue
-            row = np.asarray(part.halo_row, np.int64)
-            halo[part.index] = np.bincount(owner, minlength=P)
-            order = np.lexsort((row, owner))
-            o, r = owner[order], row[order]
-            for g in gaps:  # the spans `jgrind.engine.ssd` reads: gaps up to g rows merged
-                starts = np.ones(o.size, bool)
-                starts[1:] = (o[1:] != o[:-1]) | (r[1:] - r[:-1] > g + 1)
-                first = np.flatnonzero(starts)
-                last = np.append(first[1:], o.size) - 1
-                calls[g][part.index] = np.bincount(o[first], minlength=P)
-                span_rows[g][part.index] = np.bincount(o[first], r[last] - r[first] + 1,
-                                                       minlength=P).astype(np.int64)
+        spans = HaloSpans(parts, P)
         shape = lambda p, i: shapes.get(p.index, (0, 0, 0))[i]  # noqa: E731
-        by_words = lambda table: {n: table[COALESCE_BYTES // (n * ITEMSIZE)]  # noqa: E731
-                                  for n in row_words}
         return cls(
             widths=tuple(widths),
             layers=tuple(model.layers),
@@ -305,7 +286,8 @@ class Workload:
             pad_out=np.array([shape(p, 0) for p in parts], np.int64),
             pad_in=np.array([shape(p, 1) for p in parts], np.int64),
             pad_edges=np.array([shape(p, 2) for p in parts], np.int64),
-            halo=halo, ssd_calls=by_words(calls), ssd_rows=by_words(span_rows),
+            halo=spans.halo, ssd_calls=SpanTables(spans, row_words, 0),
+            ssd_rows=SpanTables(spans, row_words, 1),
             needs_edges=model.needs_edges,
             needs_adjacency=model.needs_adjacency, num_nodes=pg.graph.num_nodes,
             num_edges=pg.graph.num_edges, aggregated=aggregation_widths(model),
@@ -344,6 +326,63 @@ class Workload:
         full = self.aggregation_bytes(layer) if name == AGGREGATION else self.block_bytes(layer)
         weights = np.where((codes == H) | (codes == S), self.stored_bytes(name, layer), full)
         return [int(b) for b in np.bincount(codes, weights=weights, minlength=4)]
+
+    def halo_rows_in(self, members: np.ndarray) -> np.ndarray:
+        """``[P]`` int64: the halo rows of every partition owned by blocks ``members`` (``[P]``
+        bool), ``halo @ members``. With no member or every block a member, the planner's
+        uniform tiers, it is zero or the halo's row sums, with no product."""
+        return _summed(self._halo_floats, members, self._halo_totals)
+
+    def owners_outside(self, members: np.ndarray) -> np.ndarray:
+        """``[P]`` int64: how many of every partition's halo owners are not ``members``."""
+        return _summed(self._has_halo, ~members, self._owner_counts)
+
+    def ssd_spans_in(self, words: int, members: np.ndarray) -> tuple:
+        """``([P] read calls, [P] rows read)`` of `ssd_calls` and `ssd_rows` summed over the
+        owner blocks ``members``, as `halo_rows_in`."""
+        if words not in self._ssd_totals:
+            tables = (self.ssd_calls[words], self.ssd_rows[words])
+            self._ssd_totals[words] = [(t.astype(np.float64), _frozen(t.sum(1, dtype=np.int64)))
+                                       for t in tables]
+        (calls, calls_total), (rows, rows_total) = self._ssd_totals[words]
+        return _summed(calls, members, calls_total), _summed(rows, members, rows_total)
+
+    @functools.cached_property
+    def _halo_totals(self) -> np.ndarray:
+        return _frozen(self.halo.sum(1, dtype=np.int64))
+
+    @functools.cached_property
+    def _halo_floats(self) -> np.ndarray:
+        return self.halo.astype(np.float64)
+
+    @functools.cached_property
+    def _has_halo(self) -> np.ndarray:
+        return (self.halo > 0).astype(np.float64)
+
+    @functools.cached_property
+    def _owner_counts(self) -> np.ndarray:
+        return _frozen((self.halo > 0).sum(1, dtype=np.int64))
+
+    @functools.cached_property
+    def _ssd_totals(self) -> dict:
+        return {}
+
+    def ssd_owner_lists(self, in_ssd: np.ndarray) -> tuple:
+        """``(indptr [P + 1], owners)``: the halo owners of every partition among blocks
+        ``in_ssd`` (``[P]`` bool), in index order, partition p's at
+        ``owners[indptr[p]:indptr[p + 1]]`` (a CSR of ``halo > 0``, masked)."""
+        ptr, owners = self._halo_owners
+        keep = in_ssd[owners]
+        return np.concatenate(([0], np.cumsum(keep)))[ptr], owners[keep]
+
+    @functools.cached_property
+    def _halo_owners(self) -> tuple:
+        """``(indptr, owners)`` of `ssd_owner_lists` over every block."""
+        p, q = np.nonzero(self.halo > 0)  # row by row, owners ascending
+        other = p != q  # (no partition is its own halo's owner; the simulation skips it)
+        p, q = p[other], q[other]
+        counts = np.bincount(p, minlength=self.num_parts)
+        return np.concatenate(([0], np.cumsum(counts))), q
 
     def aggregation_bytes(self, layer: int) -> np.ndarray:
         """``[P]`` bytes of every partition's block of ``Z_layer`` (0 without one)."""
@@ -481,6 +520,99 @@ class Workload:
                     + most(self.pad_out * self.loss_row_bytes)
                 worst = max(worst, 4 * most(rows) + labels + temp)
         return worst + 2 * structure
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """``array``, made read-only: it is memoised and handed out to every caller."""
+    array.setflags(write=False)
+    return array
+
+
+class HaloSpans:
+    """Every partition's halo rows by owner block, sorted, ready to be cut into the spans
+    `jgrind.engine.ssd` reads them in, gaps of up to ``gap`` rows merged (`tables`). All
+    partitions' rows at once. ``halo``: ``[P, P]`` halo rows of partition p owned by q."""
+
+    def __init__(self, parts, P: int):
+        sizes = [int(np.size(part.halo_owner)) for part in parts]
+        n = sum(sizes)
+        # (partition, owner) pairs as one index into the [P, P] tables
+        pair = np.repeat(np.array([part.index for part in parts], np.int64), sizes) * P
+        if n:
+            pair += np.concatenate([np.asarray(part.halo_owner, np.int64) for part in parts])
+            row = np.concatenate([np.asarray(part.halo_row, np.int64) for part in parts])
+        else:
+            row = np.zeros(0, np.int64)
+        self.P = P
+        self.halo = np.bincount(pair, minlength=P * P).astype(np.int64).reshape(P, P)
+        same = pair[1:] == pair[:-1]
+        if not np.all((pair[1:] > pair[:-1]) | (same & (row[1:] > row[:-1]))):
+            order = np.lexsort((row, pair))  # (partitioning makes halos in this order already)
+            pair, row = pair[order], row[order]
+            same = pair[1:] == pair[:-1]
+        # one span per pair from its first row to its last, broken wherever consecutive rows
+        # lie more than ``gap + 1`` apart: a break adds a call and skips the rows between
+        firsts = np.flatnonzero(np.concatenate(([True], ~same))[:n])
+        lasts = np.append(firsts[1:], n)[:firsts.size] - 1
+        self._pairs = (self.halo > 0).reshape(-1).astype(np.int64)
+        self._extent = np.bincount(pair[firsts], row[lasts] - row[firsts] + 1,
+                                   minlength=P * P).astype(np.int64)
+        step = row[1:] - row[:-1]
+        inner = np.flatnonzero(same & (step > 1))
+        self._breaks, self._apart = pair[inner], step[inner]
+        self._tables: dict = {}
+
+    def tables(self, gap: int) -> tuple:
+        """``(calls [P, P], rows [P, P])``: the read calls and rows read (gaps included) of
+        partition p's halo rows in q's block, gaps of up to ``gap`` rows merged."""
+        if gap not in self._tables:
+            P, cut = self.P, self._apart > gap + 1
+            calls = self._pairs + np.bincount(self._breaks[cut], minlength=P * P)
+            skipped = np.bincount(self._breaks[cut], self._apart[cut] - 1,
+                                  minlength=P * P).astype(np.int64)
+            self._tables[gap] = (calls.astype(np.int32).reshape(P, P),
+                                 (self._extent - skipped).reshape(P, P))
+        return self._tables[gap]
+
+
+class SpanTables(collections.abc.Mapping):
+    """``{words: [P, P]}``: `Workload.ssd_calls` (``which`` 0) or `Workload.ssd_rows` (1) for
+    rows of each of ``row_words`` 4-byte words (gaps of `COALESCE_BYTES`), each table worked
+    out from ``spans`` (`HaloSpans`) the first time it is asked for: a plan reads the tables
+    of its storage dtypes' widths only."""
+
+    def __init__(self, spans: HaloSpans, row_words: Sequence[int], which: int):
+        self._spans, self._words, self._which = spans, tuple(row_words), which
+
+    def __getitem__(self, words: int) -> np.ndarray:
+        if words not in self._words:
+            raise KeyError(words)
+        return self._spans.tables(COALESCE_BYTES // (words * ITEMSIZE))[self._which]
+
+    def __iter__(self):
+        return iter(self._words)
+
+    def __len__(self) -> int:
+        return len(self._words)
+
+
+def _halo_spans(parts, P: int, gaps: Sequence[int]) -> tuple:
+    """``(halo, {gap: calls}, {gap: rows})`` of `HaloSpans`, every table worked out."""
+    spans = HaloSpans(parts, P)
+    return (spans.halo, {g: spans.tables(g)[0] for g in gaps},
+            {g: spans.tables(g)[1] for g in gaps})
+
+
+def _summed(table: np.ndarray, members: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """``table @ members`` as int64 (``table``: ``[P, P]`` integer counts held as float64,
+    ``members``: ``[P]`` bool): every row's sum over the member columns, where ``totals`` are
+    the rows' sums over all columns. The product runs in float64 (BLAS, several times
+    NumPy's integer product), exact: its partial sums are integers below 2**53."""
+    if not members.any():
+        return np.zeros(table.shape[0], np.int64)
+    if members.all():
+        return totals
+    return (table @ members.astype(np.float64)).astype(np.int64)
 
 
 def parameter_count(model) -> int:
@@ -843,16 +975,14 @@ def device_conversion_seconds(rows, row: int, stored_row: int, profile):
 def _routes_within(w: Workload, members: np.ndarray) -> np.ndarray:
     """``[P]`` whether every row a partition gathers (its own block's and its halo's) lies in
     blocks ``members`` (``[P]`` bool): the store's route then uses only those tiers."""
-    outside = (w.halo > 0) @ (~members).astype(np.int64)
-    return members & (outside == 0)
+    return members & (w.owners_outside(members) == 0)
 
 
 def ssd_span_reads(w: Workload, words: int, in_ssd: np.ndarray) -> tuple:
     """``([P] read calls, [P] rows read)`` of every partition's halo rows in the SSD blocks
     ``in_ssd`` (``[P]`` bool), read as coalesced spans (`COALESCE_BYTES`) of rows ``words``
     4-byte words wide (the stored width: `Workload.ssd_calls`)."""
-    mine = in_ssd.astype(np.int64)
-    return w.ssd_calls[words] @ mine, w.ssd_rows[words] @ mine
+    return w.ssd_spans_in(words, in_ssd)
 
 
 def _ssd_read(nbytes, calls, profile):
@@ -917,7 +1047,7 @@ def _gather(w: Workload, profile, layer: int, codes: np.ndarray,
                   + file_bytes / profile.checksum_bw) if whole_file else 0.0
     for code in (D, H, S, R):
         mine = active & (codes == code)
-        halo_rows = w.halo @ (codes == code).astype(np.int64)         # [P] rows from tier
+        halo_rows = w.halo_rows_in(codes == code)                      # [P] rows from tier
         coded = code in (H, S)  # moved as stored words
         own = w.owned * (srow if coded else row)
         halo_bytes = halo_rows * (srow if coded else row)
@@ -957,7 +1087,7 @@ def _gather(w: Workload, profile, layer: int, codes: np.ndarray,
     if not whole_file:
         return _Priced((seconds,), to_device=to_device)
     # every partition that reads rows of the file could be the one that loads it
-    readers = active & ((codes == S) | (w.halo @ (codes == S).astype(np.int64) > 0))
+    readers = active & ((codes == S) | (w.halo_rows_in(codes == S) > 0))
     return _Priced((seconds,), whole_read, readers, to_device=to_device)
 
 
@@ -990,56 +1120,94 @@ def halo_cache_reads(w: Workload, words: int, in_ssd: np.ndarray, row_bytes: int
 def _halo_cache_reads(w: Workload, words: int, in_ssd: bytes, row_bytes: int,
                       capacity: int) -> tuple:
     in_ssd = np.frombuffer(in_ssd, bool)
-    block = w.owned * row_bytes
-    calls_of, rows_of = w.ssd_calls[words], w.ssd_rows[words]
     P = w.num_parts
-    loads, loaded = np.zeros(P), np.zeros(P)
-    calls, span = np.zeros(P), np.zeros(P)
-    taken, missed = np.zeros(P), np.zeros(P)
-    size = [int(b) for b in block]
-    cached: dict = {}  # block -> None, least recently used first
-    held = 0  # bytes of the cached blocks
-    for p in range(P):
-        if w.owned[p] == 0:
-            continue
-        owners = [int(q) for q in np.flatnonzero((w.halo[p] > 0) & in_ssd) if q != p]
-        route = set(owners) | ({p} if in_ssd[p] else set())
-        pinned = sum(size[q] for q in route if q in cached)
+    if not in_ssd.any():  # no halo rows from SSD
+        return tuple(_frozen(np.zeros(P)) for _ in range(6))
+    size = w.owned * row_bytes
+    ptr, owners = w.ssd_owner_lists(in_ssd)
+    active = w.owned > 0
+    # The engine's rule, worked out partition by partition with array operations over its
+    # route (tests/test_cost_cache_simulation.py holds it owner by owner): a gather pins the
+    # blocks of its route the cache holds, so those are its hits and no eviction touches
+    # them; each other block of the route, in order, is loaded if it fits beside the pinned
+    # ones (pinning it too), else read as spans; room is made by evicting the least recently
+    # used blocks outside the route, oldest first; and the route's cached blocks end up the
+    # most recently used, in route order.
+    served = np.zeros(owners.size, bool)  # each (partition, owner): from the cache...
+    loaded = np.zeros(owners.size, bool)  # ...and among those, loaded into it
+    in_cache = np.zeros(P, bool)
+    stamp = np.zeros(P, np.int64)  # when each block was last used (largest: most recent)
+    now, held = 0, 0
+    everything = int(size[in_ssd].sum()) <= capacity  # nothing is ever evicted or spanned
+    starts, own = ptr.tolist(), in_ssd.tolist()
+    for p in np.flatnonzero(active & (np.diff(ptr) + in_ssd > 0)).tolist():
+        a, b = starts[p], starts[p + 1]
+        route = np.concatenate(([p], owners[a:b])) if own[p] else owners[a:b]
+        hit = in_cache[route]
+        if everything:
+            load = ~hit
+        else:
+            sizes = size[route]
+            load = _loads_beside(sizes, hit, capacity)
+            more = int(sizes[load].sum())
+            if held + more > capacity:  # evict the least recently used outside the route
+                pinned = route[hit]
+                in_cache[pinned] = False
+                others = in_cache.nonzero()[0]
+                in_cache[pinned] = True
+                oldest = others[stamp[others].argsort()]
+                freed = size[oldest].cumsum()
+                gone = int(freed.searchsorted(held + more - capacity)) + 1
+                in_cache[oldest[:gone]] = False
+                held -= int(freed[gone - 1])
+            held += more
+        in_cache[route[load]] = True
+        stamp[route] = np.arange(now, now + route.size)
+        now += route.size
+        first = int(own[p])  # the route starts with p's own block (priced apart)
+        served[a:b] = hit[first:] | load[first:]
+        loaded[a:b] = load[first:]
+    # the partitions' counts, summed over their owners (partition p's are the CSR's row p;
+    # an inactive partition gathers nothing)
+    part = np.repeat(np.arange(P), np.diff(ptr))
+    spanned = np.flatnonzero(~served & active[part])
+    into = part[spanned]
+    cell = into * P + owners[spanned]  # (partition, owner) in the [P, P] tables
+    new = np.flatnonzero(loaded)
 
-        def use(q: int) -> str:
-            """Serve block ``q`` as the engine's cache does: "hit", "loaded" or "spans"."""
-            nonlocal held, pinned
-            if q in cached:
-                cached[q] = cached.pop(q)  # used: most recent
-                return "hit"
-            if pinned + size[q] > capacity:
-                return "spans"
-            while held + size[q] > capacity:  # evict the least recently used unpinned
-                old = next(b for b in cached if b not in route)
-                held -= size[old]
-                del cached[old]
-            cached[q] = None
-            held += size[q]
-            pinned += size[q]
-            return "loaded"
+    def per_part(at, weights=None) -> np.ndarray:
+        return np.bincount(at, weights, minlength=P).astype(np.float64)
 
-        if in_ssd[p]:  # its own block is read first, and cached if it fits (priced apart)
-            use(p)
-        spanned = []
-        for q in owners:
-            served = use(q)
-            if served == "loaded":
-                loads[p] += size[q]
-                loaded[p] += 1
-            elif served == "spans":
-                spanned.append(q)
-        calls[p] = calls_of[p, spanned].sum()
-        span[p] = rows_of[p, spanned].sum() * row_bytes
-        taken[p], missed[p] = len(owners) - len(spanned), len(spanned)
-    out = tuple(np.asarray(a) for a in (loads, loaded, calls, span, taken, missed))
+    out = (per_part(part[new], size[owners[new]]), per_part(part[new]),
+           per_part(into, w.ssd_calls[words].reshape(-1)[cell]),
+           per_part(into, w.ssd_rows[words].reshape(-1)[cell]) * row_bytes,
+           per_part(part[served]), per_part(into))
     for a in out:
         a.setflags(write=False)
     return out
+
+
+def _loads_beside(sizes: np.ndarray, hit: np.ndarray, capacity: int) -> np.ndarray:
+    """Which blocks of a route (``sizes`` bytes each, ``hit``: already cached) a gather loads:
+    in route order, each block not cached that fits beside the cached ones and those loaded
+    before it. The first run of blocks that fit is one cumulative sum; after the first block
+    that does not, only the (few) blocks no larger than the room left can still fit. (Array
+    methods rather than NumPy's functions: this runs for every partition of a sweep.)"""
+    load = np.zeros(sizes.size, bool)
+    miss = (~hit).nonzero()[0]
+    s = sizes[miss]
+    run = s.cumsum()
+    room = capacity - int(sizes.sum()) + (int(run[-1]) if run.size else 0)
+    n = int(run.searchsorted(room, side="right"))  # the first n blocks all fit
+    load[miss[:n]] = True
+    if n < s.size:
+        room -= int(run[n - 1]) if n else 0
+        later = (s[n + 1:] <= room).nonzero()[0] + n + 1
+        for i, nbytes in zip(later.tolist(), s[later].tolist()):
+            if nbytes <= room:
+                load[miss[i]] = True
+                room -= nbytes
+    return load
 
 
 def write_seconds(w: Workload, profile, layer: int, codes: np.ndarray,
@@ -1167,7 +1335,7 @@ def _accumulate(w: Workload, profile, layer: int, codes: np.ndarray,
     out = np.where(_routes_within(w, codes == D), 0, out)
     for code in (D, H, S):
         mine = (codes == code).astype(np.int64)
-        rows = w.halo @ mine + np.where(active, w.owned * mine, 0)
+        rows = w.halo_rows_in(codes == code) + np.where(active, w.owned * mine, 0)
         nbytes = rows * row
         if code == D:
             seconds += to_device_seconds(nbytes, profile) + 3 * nbytes / profile.gather_bw \
@@ -1565,7 +1733,8 @@ def partition_orders(schedule: Schedule, num_parts: int) -> tuple:
 def _tiers_named(codes: np.ndarray) -> str:
     """The tiers of blocks ``codes``, as the moves name them: ``"device+ssd"``."""
     names = {D: "device", H: "host", S: "ssd", R: "recompute"}
-    return "+".join(sorted({names[int(c)] for c in codes}))
+    present = np.flatnonzero(np.bincount(codes, minlength=4)).tolist()
+    return "+".join(sorted(names[c] for c in present))
 
 
 def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
@@ -1622,7 +1791,7 @@ def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
         # the layer above makes this layer's output masks only if it regathers
         step = _step(w, profile, l, backward_kind(w, l, l in a.kept), masked=l + 1 not in a.kept)
     return Sweep(label=f"{kind} {l}", layer=l, kind=kind, compute=step.total(),
-                 moves=tuple(moves), partitions=tuple(int(p) for p in order),
+                 moves=tuple(moves), partitions=tuple(order.tolist()),
                  part_compute=step.parts()[order], part_reads=parts["reads"][order],
                  part_writes=parts["writes"][order], **totals, **link)
 

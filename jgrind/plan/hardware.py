@@ -17,7 +17,7 @@ from typing import Any, Optional
 from jgrind.hostio import allocator, host_memory
 from jgrind.hostio.rows import threads as row_threads
 
-PROFILE_VERSION = 21  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 22  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.hostio.rows` (take, add, store), not `x[i] += v`
@@ -53,6 +53,9 @@ PROFILE_VERSION = 21  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                         back, a row add, as `jgrind.engine.tiers.device` makes them
 #                     21: a halo owner served through the host cache (`cached_take`,
 #                         `cache_lookup`), as `jgrind.engine.tiers.cached_ssd` serves them
+#                     22: the device-tier call on a table of a layer's width and length
+#                         (`jgrind.plan.measure.DEVICE_CALL_ROWS`), which XLA splits across
+#                         threads as it does the engine's, not an 8-wide one it runs on one
 
 _MIB = 2**20
 

@@ -429,36 +429,57 @@ def _sweep_step(sizes: _Sizes) -> float:
                                  for _ in range(sizes.repeats))
 
 
-DEVICE_CALL_ROWS = (4096, 8, 64)  # a device table's rows and width, rows per call: few bytes
+# A device table's rows and width, and rows per call: a table as wide and long as a layer's
+# device blocks (a hidden layer's 128 floats), few rows. The width matters more than the
+# bytes: XLA's CPU backend splits the fused take of rows this wide across its threads
+# (``outer_dimension_partitions`` in the compiled program), as it does for every device-tier
+# call of the engine, while an 8-wide table's take runs on one; the split calls wait for the
+# thread pool, which the engine's partition steps keep busy (a row take measured 2.4-3.9 ms in
+# the engine against 0.23 ms priced from an 8-wide table).
+DEVICE_CALL_ROWS = (65536, 128, 64)
+
+
+def _bucket_len(n: int) -> int:
+    """The device tier's index length for ``n`` rows: the next power of two, at least 8
+    (`jgrind.engine.tiers.device.bucket_len`), so that few shapes compile."""
+    return 1 << max(int(n - 1).bit_length(), 3)
+
+
+# the device tier's table operations (`jgrind.engine.tiers.device`): padding indices are out of
+# range, dropped by a set or add and read as zero rows by a take
+_device_set = jax.jit(lambda t, i, v: t.at[i].set(v, mode="drop"), donate_argnums=0)
+_device_add = jax.jit(lambda t, i, v: t.at[i].add(v, mode="drop"), donate_argnums=0)
+_device_take = jax.jit(lambda t, i: jnp.take(t, i, axis=0, mode="fill", fill_value=0))
 
 
 def _device_call(sizes: _Sizes) -> float:
-    """Seconds per call of the device tier, as `jgrind.engine.tiers.device` makes its calls:
-    a block written into the table (index rows and values put on the device, a jitted
-    ``table.at[rows].set`` donating the table), rows taken and read back on the host (a
-    jitted ``jnp.take``, then ``jax.device_get``), rows added (``table.at[rows].add``, donated).
-    Each call is waited for; the mean of the three, median over repeats. The rows are few, so
-    this is the call's fixed cost: index and value puts, dispatch, donation, the wait. The
-    cost model charged a device-tier call the step latency (one jitted call of small
-    arguments), which a call with puts and a donated table exceeds several times."""
+    """Seconds per call of the device tier, as `jgrind.engine.tiers.device` makes its calls on
+    a table of a layer's shape (`DEVICE_CALL_ROWS`): a block written into the table (index
+    rows padded to the tier's bucket length and values put on the device, a jitted
+    ``table.at[rows].set`` donating the table), rows taken (a jitted ``jnp.take`` in ``fill``
+    mode), read back and set into their places in a host buffer, as a gather's rows are, and
+    rows added (``table.at[rows].add``, donated). Each call is waited for; the mean of the
+    three, median over repeats. The rows are few, so this is the call's fixed cost: index and
+    value puts, dispatch, the threads XLA splits the call over, donation, the wait. (The step
+    latency, which the cost model charged before, is one jitted call of small arguments.)"""
     table_rows, width, rows = DEVICE_CALL_ROWS
     put = lambda *args: [jax.device_put(a) for a in args]  # noqa: E731  (as the tier does)
-    set_rows = jax.jit(lambda t, i, v: t.at[i].set(v, mode="drop"), donate_argnums=0)
-    add_rows = jax.jit(lambda t, i, v: t.at[i].add(v, mode="drop"), donate_argnums=0)
-    take_rows = jax.jit(lambda t, i: jnp.take(t, i, axis=0, mode="fill", fill_value=0))
-    index = np.arange(rows, dtype=np.int32)
-    values = aligned_empty((rows, width))
+    length = _bucket_len(rows)
+    index = np.full(length, table_rows, np.int32)  # out of range: the padding
+    values = aligned_empty((length, width))
     values.fill(1.0)
+    out = aligned_empty((4 * rows, width))  # a gathered input, the taken rows scattered in it
+    dst = np.random.default_rng(0).permutation(out.shape[0])[:rows]
     state = {"table": jax.device_put(np.zeros((table_rows, width), np.float32))}
 
     def calls(n: int) -> float:
         start = time.perf_counter()
         for i in range(n):
-            at = (index + (i * rows) % (table_rows - rows)).astype(np.int32)
-            state["table"] = set_rows(state["table"], *put(at, values))
+            index[:rows] = np.arange(rows) + (i * rows) % (table_rows - rows)
+            state["table"] = _device_set(state["table"], *put(index, values))
             state["table"].block_until_ready()
-            jax.device_get(take_rows(state["table"], *put(at)))
-            state["table"] = add_rows(state["table"], *put(at, values))
+            out[dst] = jax.device_get(_device_take(state["table"], *put(index)))[:rows]
+            state["table"] = _device_add(state["table"], *put(index, values))
             state["table"].block_until_ready()
         return (time.perf_counter() - start) / (3 * n)
 
