@@ -636,9 +636,13 @@ def _engine(graph: Graph, model: GNN, optimizer, chosen: Execution, *, split: in
         from jgrind.plan.check import engine_prediction
         from jgrind.plan.inventory import layer_widths
         from jgrind.plan.planner import dense_parameter_count
-        engine.prediction = engine_prediction(
-            engine, dense_parameter_count(layer_widths(model, graph.num_features)),
-            directory=None if store is None else str(store))
+        try:
+            engine.prediction = engine_prediction(
+                engine, dense_parameter_count(layer_widths(model, graph.num_features)),
+                directory=None if store is None else str(store))
+        except BaseException:  # an error, or a signal (Ctrl-C, SIGTERM), while pricing:
+            engine.close()     # the caller never holds the engine, so its store files go here
+            raise
     return engine
 
 

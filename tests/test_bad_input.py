@@ -579,6 +579,25 @@ def test_sigterm_removes_the_runs_store_files(tmp_path, name, status, said):
     assert list(store.iterdir()) == []
 
 
+def test_a_signal_while_the_engine_is_priced_removes_its_store_files(tmp_path, monkeypatch):
+    """A signal that lands after the engine made its store files but before `train` holds the
+    engine (while a fixed policy's epochs are priced: seconds under load) still removes them;
+    the SIGTERM test above left the folder behind now and then at a load of 10."""
+    from jgrind.plan import check, policies
+    from jgrind.train import train
+
+    def interrupted(*args, **kwargs):
+        assert list(tmp_path.glob("jgrind-run-*/*.bin")), "priced before the store was made"
+        raise KeyboardInterrupt
+    monkeypatch.setattr(check, "engine_prediction", interrupted)
+    graph = jgrind.generators.csbm(num_nodes=300, seed=0)
+    model = jgrind.models.gcn(graph.num_features, 8, graph.num_classes)
+    with pytest.raises(KeyboardInterrupt):
+        train(jax.random.key(0), graph, model, optax.adam(0.01), epochs=1, progress=False,
+              policy=policies.ssd_offload(str(tmp_path)), num_parts=2)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_folders_of_killed_runs_in_the_store_are_reported(tmp_path):
     """A run killed outright (SIGKILL) cannot clean up: the next run names its folder and
     size, and counts it in the free-space error, but leaves it alone (on a shared disk the

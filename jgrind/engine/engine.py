@@ -166,7 +166,11 @@ class OutOfCore:
             prefetch=prefetch, max_shapes=max_shapes, seed=seed, loss=loss, tiers=tiers,
             compile_effort=compile_effort, device_of=device_of)
         self.compile_effort = compile_effort
-        self.runner = Runner(self.built)
+        try:
+            self.runner = Runner(self.built)
+        except BaseException:  # a signal before the caller holds the engine: no files left
+            self.built.close()
+            raise
         self.prediction = prediction
 
     @property
