@@ -276,7 +276,8 @@ def accuracy(args) -> list[dict]:
     from jgrind.plan.profile import load_or_measure
     profile = load_or_measure(args.profile, args.store, log=print)
     configs = [c for i, c in enumerate(CONFIGS, start=1)
-               if not args.only or str(i) in args.only.split(",") or c.name in args.only]
+               if not args.only or str(i) in args.only.split(",")
+               or c.name in args.only.split(",")]
     results = []
     with tempfile.TemporaryDirectory(dir=args.store) as store_root:
         for cfg in configs:
