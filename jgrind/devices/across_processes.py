@@ -375,20 +375,16 @@ class RowExchange:
             if to == self.me:
                 continue
             blocks, rows = self.halo.sent(to)
-            for tier in tiers:
-                at = np.flatnonzero(tier.members(blocks))
-                if at.size:
-                    tier.read_own(blocks[at], rows[at], send[to], at)
+            for tier, at in _by_tier(tiers, blocks):
+                tier.read_own(blocks[at], rows[at], send[to], at)
             self.moved += blocks.size * width * 4
         got = self._all_to_all(send)
         for sender in range(self.halo.count):
             if sender == self.me:
                 continue
             blocks, rows = self.halo.received(sender)
-            for tier in tiers:
-                at = np.flatnonzero(tier.members(blocks))
-                if at.size:
-                    tier.set_remote(blocks[at], rows[at], got[sender][at])
+            for tier, at in _by_tier(tiers, blocks):
+                tier.set_remote(blocks[at], rows[at], got[sender][at])
 
     def gradients(self, name: str, layer: int, width: int) -> None:
         """After a backward sweep scatter-added into table ``(name, layer)``: the halo rows'
@@ -400,18 +396,22 @@ class RowExchange:
             if owner == self.me:
                 continue
             blocks, rows = self.halo.received(owner)
-            for tier in tiers:
-                at = np.flatnonzero(tier.members(blocks))
-                if at.size:
-                    send[owner][at] = tier.take_remote(blocks[at], rows[at])
+            for tier, at in _by_tier(tiers, blocks):
+                send[owner][at] = tier.take_remote(blocks[at], rows[at])
             self.moved += blocks.size * width * 4
         got = self._all_to_all(send)
         for reader in range(self.halo.count):
             if reader == self.me:
                 continue
             blocks, rows = self.halo.sent(reader)
-            for tier in tiers:
-                at = np.flatnonzero(tier.members(blocks))
-                if at.size:
-                    tier.add_own(blocks[at], rows[at], got[reader][at])
+            for tier, at in _by_tier(tiers, blocks):
+                tier.add_own(blocks[at], rows[at], got[reader][at])
 
+
+def _by_tier(tiers, blocks: np.ndarray):
+    """``(tier, at)`` for each of a table's tiers holding some of ``blocks``: ``at``, the
+    positions in ``blocks`` (and in the rows sent with them) of those it holds."""
+    for tier in tiers:
+        at = np.flatnonzero(tier.members(blocks))
+        if at.size:
+            yield tier, at
