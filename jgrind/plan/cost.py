@@ -19,7 +19,9 @@ the parts, in the schedule's order, for the plan's chart:
   threads, so a sweep takes ``c + io - overlap * min(c, io)``: ``max(c, io)`` with perfect
   hiding (overlap = 1), ``c + io`` with none (overlap = 0). The overlap factor is measured.
   The two threads also run beside each other: ``io = r + w - parallel * min(r, w)`` for the
-  sweep's reads ``r`` and writes ``w`` (the profile's `io_parallel`, measured too).
+  sweep's reads ``r`` and writes ``w`` (the profile's `io_parallel`, measured too), and no
+  longer than the host's cores need for them when the sweep's steps leave cores free
+  (`HostCores`).
 
 Every I/O term is linear in the tier indicators of the blocks (except the all-on-device fast
 paths, which the planner handles with one binary per tensor), which is what lets the planner
@@ -1384,14 +1386,55 @@ class Sweep:
     to_device: int = 0      # bytes handed to the device, and read back on the host: what
     to_host: int = 0        # crosses the link on a GPU (`jgrind.engine.store.Accounts`)
 
-    def io_seconds(self, parallel: float) -> float:
+    def io_seconds(self, parallel: float, cores: Optional["HostCores"] = None) -> float:
         """The sweep's I/O time: reads and writes run on two threads, so ``parallel`` (the
-        profile's `io_parallel`) of the shorter side runs beside the longer."""
-        return self.reads + self.writes - parallel * min(self.reads, self.writes)
+        profile's `io_parallel`, measured beside a step as long as both) of the shorter side
+        runs beside the longer. ``cores``: the host's cores, which bound it the other way:
+        when the step is short beside the I/O, the two threads have the cores to themselves
+        for the rest of the sweep and run side by side (`HostCores.io_bound`)."""
+        io = self.reads + self.writes - parallel * min(self.reads, self.writes)
+        if cores is None:
+            return io
+        return min(io, cores.io_bound(self.reads, self.writes, self.compute))
 
-    def seconds(self, overlap: float, parallel: float) -> float:
-        io = self.io_seconds(parallel)
+    def seconds(self, overlap: float, parallel: float,
+                cores: Optional["HostCores"] = None) -> float:
+        io = self.io_seconds(parallel, cores)
         return self.compute + io - overlap * min(self.compute, io)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCores:
+    """The host cores a sweep's reader and writer threads share, and whether the step's
+    compute shares them too (the CPU backend) or runs on an accelerator.
+
+    ``io_parallel`` is measured with a step as long as the reads and writes together running
+    beside them, and there the two threads hardly run side by side on two cores. A sweep
+    whose steps are short (a write-heavy backward: scatter-adds of halo gradients into SSD
+    blocks, next to a gather of the same size) leaves the cores to the two threads: on the
+    planner benchmark's ``ssd`` configuration (2 cores) its backward 1 wrote for 7.2 s and read
+    for 5.5 s in a 7.6 s sweep, where ``r + w`` (``io_parallel`` 0) priced 12 s."""
+
+    count: int
+    compute_on_host: bool
+
+    def io_bound(self, reads: float, writes: float, compute: float) -> float:
+        """The least I/O time the cores allow: each thread on a core of its own, and the
+        threads' work plus the step's (on the host: its ops run on every core) spread over
+        all of them."""
+        if self.count < 2:
+            return reads + writes
+        busy = compute if self.compute_on_host else 0.0
+        return max(reads, writes, (reads + writes) / self.count + busy)
+
+    @classmethod
+    def of(cls, profile) -> Optional["HostCores"]:
+        """The profile's machine's cores (None when it does not say)."""
+        machine = getattr(profile, "machine", None)
+        count = machine.get("cores") if isinstance(machine, dict) else None
+        if not count:
+            return None
+        return cls(int(count), machine.get("backend", "cpu") == "cpu")
 
 
 def schedule_of(w: Workload, a: "Assignment") -> Schedule:
@@ -1608,8 +1651,15 @@ class Prediction:
     update_seconds: float
     parallel: float         # share of a sweep's reads and writes that run side by side
 
-    def sweep_seconds(self, sweep: Sweep) -> float:
-        return sweep.seconds(self.overlap, self.parallel)
+    cores: Optional[HostCores] = None  # the host's cores: `Sweep.io_seconds`
+
+    def sweep_seconds(self, sweep: Sweep, overlap: Optional[float] = None) -> float:
+        """``sweep``'s seconds, at ``overlap`` instead of the profile's when given."""
+        return sweep.seconds(self.overlap if overlap is None else overlap, self.parallel,
+                             self.cores)
+
+    def io_seconds(self, sweep: Sweep) -> float:
+        return sweep.io_seconds(self.parallel, self.cores)
 
     @property
     def to_device(self) -> int:
@@ -1714,7 +1764,8 @@ def predict(w: Workload, a: Assignment, profile, cache_capacity: int = 0,
                    for sweep, order in zip(schedule.sweeps,
                                            partition_orders(schedule, w.num_parts)))
     update = 3.0 * num_params * ITEMSIZE * 4 / profile.copy_bw
-    return Prediction(sweeps, float(profile.overlap), mem, update, float(profile.io_parallel))
+    return Prediction(sweeps, float(profile.overlap), mem, update, float(profile.io_parallel),
+                      HostCores.of(profile))
 
 
 @functools.lru_cache(maxsize=64)

@@ -9,7 +9,10 @@ The problem (see docs/planner.md for the derivation):
 * **Cost.** `jgrind.plan.cost`: a sweep's I/O is linear in those counts, its compute is fixed
   once the recomputed layers are known, and its time ``c + io - overlap * min(c, io)``, with
   ``io = r + w - parallel * min(r, w)`` for its reads and writes, is the maximum of four
-  linear functions. The epoch is the sum over sweeps.
+  linear functions. The epoch is the sum over sweeps. (The model also caps ``io`` by what the
+  host's cores allow when a sweep's steps are short, `jgrind.plan.cost.HostCores`: a minimum,
+  which the program leaves out, so it prices such sweeps no lower than ``io`` above; the
+  plan's reported prediction is the model's.)
 * **Memory.** The store's own accounting: activation blocks for the whole epoch, gradient
   blocks two layers at a time, recomputed layers in a host transient, plus one partition's
   working set on the device. Linear in the counts.
@@ -42,7 +45,7 @@ from jgrind.hostio import disk_space
 from jgrind.partition import partition_graph
 from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.budgets import UNLIMITED
-from jgrind.plan.cost import (Assignment, Prediction, Workload, accumulate_seconds,
+from jgrind.plan.cost import (Assignment, HostCores, Prediction, Workload, accumulate_seconds,
                               backward_kind, fit_masks, format_bytes, format_minimum,
                               fullest_working_set, gather_seconds, in_memory_seconds,
                               least_device_budget, predict, read_block_seconds, step_seconds,
@@ -55,6 +58,17 @@ from jgrind.plan.protocols import IOStrategy
 from jgrind.plan.schedule import epoch_schedule
 
 MAX_PARTS = 4096
+# Programs solved per recompute set and cache mode: the first prices every sweep's I/O as its
+# threads' time beside each other; each next one prices the sweeps whose I/O the host's cores
+# cap at the last solution (`HostCores`) by the cores' bound. Each round's plan is predicted no
+# slower than the last's, and a choice that repeats ends it. (The minimum of the two prices as
+# one program needs a binary per sweep, which made planning 8x slower.)
+CAPPED_ROUNDS = 3
+# ... unless the cores' prices save less than this share of the first plan's epoch: the plan
+# is then kept (and priced by the model, caps included). A second program costs as much
+# planning time as the first or more, and where the caps barely move the first plan's price
+# they rarely move the choice.
+CAPPED_WORTH = 0.02
 
 
 class PlanError(ValueError):
@@ -221,12 +235,21 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
     enters through ``u_l >= gather - M k_l`` (``u_l`` is the gather when ``k_l = 0``, 0 when
     1). The sweep's compute is linear in ``k_l`` and, where the layer below uses output masks
     (made only by a layer that regathers), in ``k_{l+1}`` and their product ``q_l``."""
-    program = _Program(w, profile, coef, recomputed, keep)
-    program.one_tier_per_block()
-    program.sweep_times()
-    program.memory(device_room, host_room, ssd, ssd_room)
-    counts = program.solve(ssd)
-    return None if counts is None else program.assignment(counts)
+    best, capped = None, None
+    for _ in range(CAPPED_ROUNDS):
+        program = _Program(w, profile, coef, recomputed, keep, capped)
+        program.one_tier_per_block()
+        program.sweep_times()
+        program.memory(device_room, host_room, ssd, ssd_room)
+        counts = program.solve(ssd)
+        if counts is None:
+            break
+        best = program.assignment(counts)
+        again, saved = program.capped_at(program.solution)
+        if again is None or again == capped or (capped is None and saved < CAPPED_WORTH):
+            break
+        capped = again
+    return best
 
 
 def _addto(d: dict, key: int, v: float) -> None:
@@ -248,7 +271,7 @@ class _Program:
     ``m_d``, so the device budget holds each device's own blocks."""
 
     def __init__(self, w: Workload, profile, coef: _Coefficients, recomputed: frozenset,
-                 keep: bool):
+                 keep: bool, capped: Optional[tuple] = None):
         L = w.num_layers
         self.w, self.profile, self.coef, self.P = w, profile, coef, w.num_parts
         self.groups = [(ACTIVATION, l) for l in range(L) if l not in recomputed] + \
@@ -269,6 +292,11 @@ class _Program:
         self.K = 0 if w.device_of is None else w.num_devices
         self.d0, self.per_device = self.m_host + 1, len(self.groups) + len(self.kept_layers) + 1
         self.n = self.d0 + self.K * self.per_device
+        # which price bounds each sweep's I/O (`_epigraph`): 1 where the host's cores cap it
+        # (`HostCores`), 0 (and None: everywhere) where the threads' time beside each other
+        self.cores = HostCores.of(profile)
+        self.capped = capped if self.cores is not None else None
+        self.io_forms: list = []  # per sweep: (its threads' forms, its cores' forms)
         self.device_counts = None  # per device, from a solution
         self.eta = float(profile.overlap)
         self.par = float(profile.io_parallel)
@@ -408,13 +436,31 @@ class _Program:
         """``T_s >= c + (1-eta) io`` and ``T_s >= io + (1-eta) c``, where the sweep's I/O
         ``io = r + w - par min(r, w) = max(r + (1-par) w, w + (1-par) r)`` for its reads r and
         its writes w: four linear constraints, as T grows with io. ``reads`` and ``writes``
-        are ``({variable: seconds}, constant seconds)``."""
+        are ``({variable: seconds}, constant seconds)``. Where `capped` marks the sweep, ``io``
+        is instead what the host's cores allow, ``max(r, w, (r + w) / cores + busy c)``
+        (`HostCores.io_bound`): six constraints. The model prices the smaller of the two;
+        `_solve` picks each sweep's from the last solution."""
         eta, par = self.eta, self.par
+        threads = []
         for (long, long_const), (short, short_const) in ((reads, writes), (writes, reads)):
             io = dict(long)
             for key, v in short.items():
                 _addto(io, key, (1 - par) * v)
-            io_const = long_const + (1 - par) * short_const
+            threads.append((io, long_const + (1 - par) * short_const))
+        cores = []
+        if self.cores is not None:
+            (r, r_const), (wr, w_const) = reads, writes
+            busy = 1.0 if self.cores.compute_on_host else 0.0
+            spread = {key: v / self.cores.count for key, v in r.items()}
+            for key, v in wr.items():
+                _addto(spread, key, v / self.cores.count)
+            for key, v in c_lin.items():
+                _addto(spread, key, busy * v)
+            cores = [(dict(r), r_const), (dict(wr), w_const),
+                     (spread, (r_const + w_const) / self.cores.count + busy * c)]
+        self.io_forms.append((threads, cores, c, c_lin))
+        forms = cores if self.capped is not None and self.capped[s] else threads
+        for io, io_const in forms:
             first, second = {self.t0 + s: 1.0}, {self.t0 + s: 1.0}
             for key, v in io.items():
                 _addto(first, key, -(1 - eta) * v)
@@ -424,6 +470,30 @@ class _Program:
                 _addto(second, key, -(1 - eta) * v)
             self.add(first, c + (1 - eta) * io_const, np.inf)
             self.add(second, (1 - eta) * c + io_const, np.inf)
+
+    def capped_at(self, solution: np.ndarray) -> tuple[Optional[tuple], float]:
+        """Per sweep, whether the cores' price of its I/O is the smaller at ``solution``, and
+        the share of the epoch the cores' prices save there against the threads' everywhere
+        (None and 0 without `HostCores`)."""
+        if self.cores is None:
+            return None, 0.0
+
+        def value(terms, const):
+            return const + sum(v * solution[key] for key, v in terms.items())
+
+        def most(forms):
+            return max(value(terms, const) for terms, const in forms)
+
+        def sweep(c, io):
+            return c + io - self.eta * min(c, io)
+        capped, threads_total, least_total = [], 0.0, 0.0
+        for threads, cores, c, c_lin in self.io_forms:
+            c = value(c_lin, c)
+            io_threads, io_cores = most(threads), most(cores)
+            capped.append(int(io_cores < io_threads))
+            threads_total += sweep(c, io_threads)
+            least_total += sweep(c, min(io_threads, io_cores))
+        return tuple(capped), (threads_total - least_total) / max(threads_total, 1e-12)
 
     def memory(self, device_room, host_room: int, ssd: bool, ssd_room: int) -> None:
         """The peaks: activations and kept aggregations all epoch, gradients two layers at a
@@ -516,6 +586,7 @@ class _Program:
                        options={"time_limit": 10.0})
         if res.x is None:
             return None
+        self.solution = res.x
         solution = np.rint(res.x).astype(np.int64)
         if self.K:
             self.device_counts = solution[self.d0:].reshape(self.K, self.per_device)

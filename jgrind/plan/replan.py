@@ -139,7 +139,7 @@ def _fit_overlap(prediction: Prediction, measured: float) -> float:
     """The overlap in [0, 1] at which ``prediction``'s sweeps add up to ``measured`` seconds
     (their time falls as the overlap grows), or the nearer end."""
     def total(overlap):
-        return sum(s.seconds(overlap, prediction.parallel) for s in prediction.sweeps)
+        return sum(prediction.sweep_seconds(s, overlap) for s in prediction.sweeps)
     low, high = 0.0, 1.0
     if total(high) >= measured:
         return high

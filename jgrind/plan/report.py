@@ -112,7 +112,7 @@ def format_plan(plan: Plan) -> str:
               f"(overlap factor {p.overlap:.2f}, reads beside writes {p.parallel:.2f})"]
     lines.append(f"  {'sweep':<13} {'compute s':>10} {'I/O s':>9} {'time s':>9}  moves")
     for s in p.sweeps:
-        lines.append(f"  {s.label:<13} {s.compute:>10.4f} {s.io_seconds(p.parallel):>9.4f} "
+        lines.append(f"  {s.label:<13} {s.compute:>10.4f} {p.io_seconds(s):>9.4f} "
                      f"{p.sweep_seconds(s):>9.4f}  {'; '.join(s.moves)}")
     if plan.alternatives:
         lines += ["", "candidates considered (predicted s per epoch):"]
