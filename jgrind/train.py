@@ -12,6 +12,7 @@ predicts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import pathlib
@@ -273,8 +274,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     node_loss = loss  # (the epochs' loop names the epoch's loss value `loss`)
 
     init_key, dropout_key = jax.random.split(key)
-    params = model.init(init_key)
-    opt_state = optimizer.init(params)
+    params, opt_state = initial_state(init_key, model, optimizer)
     best = {"epoch": -1, "val": -math.inf, "test": float("nan"), "score": -math.inf,
             "params": params}
     history: list[dict] = []
@@ -487,6 +487,32 @@ def _device_peaks(executor) -> dict:
 # model selection: a score per evaluated epoch, higher is better
 SELECTION = {"val": lambda record: record["val"],
              "val_loss": lambda record: -record["val_loss"]}
+
+
+def initial_state(key: jax.Array, model: GNN,
+                  optimizer: optax.GradientTransformation) -> tuple[Params, Any]:
+    """``model.init(key)`` and the ``optimizer``'s state for it, in one compiled program, with
+    the values the two give op by op. Op by op they compile a program per random draw, sqrt,
+    negation and zeros (16 for a 3-layer GCN and adam), each a fraction of a second on a GPU,
+    before the first epoch; this program is kept per model and optimizer (`_initializer`)."""
+    return _initializer(model, optimizer)(key)
+
+
+def _initializer(model: GNN, optimizer) -> Callable:
+    """The jitted ``key -> (params, opt_state)``, kept for the last 16 models and optimizers
+    (an optimizer that is not hashable gets a new one, compiled again, each time)."""
+    try:
+        return _cached_initializer(model, optimizer)
+    except TypeError:  # an unhashable optimizer (or model): compiled for this call only
+        return _cached_initializer.__wrapped__(model, optimizer)
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_initializer(model: GNN, optimizer) -> Callable:
+    def init(key):
+        params = model.init(key)
+        return params, optimizer.init(params)
+    return jax.jit(init)
 
 
 def learning_rate(opt_state) -> Optional[float]:

@@ -9,7 +9,7 @@ import pytest
 
 from jgrind import models, transforms
 from jgrind.models.block import make_block
-from jgrind.models.dropout import dropout, keep_mask
+from jgrind.models.dropout import SwitchedKey, dropout, fold_in, keep_mask
 
 from helpers import community_graph, dense_adjacency
 
@@ -33,6 +33,31 @@ def test_dropout_scales_and_is_identity_without_key():
     assert set(np.unique(y).tolist()) <= {0.0, np.float32(1 / 0.75).item()}
     assert abs(y.mean() - 1.0) < 0.03
     assert dropout(x, 0.25, None, ids) is x
+
+
+def test_a_switched_key_drops_as_its_key_or_nothing_in_one_program():
+    """A `SwitchedKey` switched on gives the key's values bit for bit, switched off the None
+    key's (no dropout): input dropout, attention dropout (a key folded in) and LayerNorm, in
+    one compiled program for both, which the out-of-core engine's evaluation reuses."""
+    g, x = _graph_and_x()
+    block = models.full_block(transforms.add_self_loops(g), needs_edges=True,
+                              needs_adjacency=False)
+    opts = models.LayerOptions(dropout=0.4, activation=jax.nn.elu, layer_norm=True)
+    layer = models.GATConv(5, 3, heads=2, attention_dropout=0.3, options=opts)
+    params = layer.init(jax.random.key(0))
+    key = jax.random.key(7)
+    run = jax.jit(layer)
+    dropped, kept = np.asarray(run(params, block, x, key)), np.asarray(run(params, block, x))
+    assert not np.array_equal(dropped, kept)
+    switched = jax.jit(lambda p, b, h, k: layer(p, b, h, k))  # a jit cache of its own
+    on = np.asarray(switched(params, block, x, SwitchedKey(key, jnp.asarray(True))))
+    off = np.asarray(switched(params, block, x, SwitchedKey(key, jnp.asarray(False))))
+    np.testing.assert_array_equal(on, dropped)
+    np.testing.assert_array_equal(off, kept)
+    assert switched._cache_size() == 1
+    folded = fold_in(SwitchedKey(key, jnp.asarray(False)), 1)
+    assert isinstance(folded, SwitchedKey) and not bool(folded.on)
+    assert fold_in(None, 1) is None
 
 
 def _graph_and_x():

@@ -1,4 +1,5 @@
-"""How many programs an out-of-core run compiles, and that a later epoch compiles none.
+"""How many programs an out-of-core run compiles, that a later epoch compiles none, and that
+an evaluation compiles only the last layer's forward (it runs training's forward programs).
 
 On a GPU each program costs a fraction of a second to compile (about 0.24 s on an H200 without
 autotuning), so the first epoch's time is mostly its program count (issue 39, target 5). The
@@ -10,6 +11,7 @@ programs by name).
 import types
 
 import jax
+import numpy as np
 import optax
 import pytest
 
@@ -17,10 +19,14 @@ from jgrind import generators, models
 from jgrind.engine import OutOfCore, build, pipeline, spares
 from jgrind.engine.build import shape_count
 from jgrind.engine.program_log import ProgramLog, report
+from jgrind.engine.steps import layer_steps
 from jgrind.hostio import transfers
 from jgrind.partition import random as random_partition, shape_groups
 from jgrind.plan import Fate, policies
 from jgrind.plan.cost import Workload
+from jgrind.plan.fates import AGGREGATION
+from jgrind.plan.schedule import Variant
+from jgrind.train import initial_state
 
 from helpers import reference
 from test_engine import assert_same_gradients
@@ -70,6 +76,75 @@ def test_a_small_out_of_core_run_compiles_a_known_number_of_programs(tmp_path):
         first, second = _epochs(ex, model, 2)
     assert len(first) <= FIRST_EPOCH, report(first, shapes=True)
     assert not second, report(second, shapes=True)
+
+
+@pytest.mark.parametrize("saving", [False, True], ids=["forward", "forward-saving"])
+def test_evaluation_runs_the_training_forward_programs(saving, tmp_path):
+    """After the epochs, an evaluation compiles none of the forward steps training ran: its
+    forward sweeps pass training's key types with dropout switched off by a traced switch
+    (`jgrind.models.dropout.SwitchedKey`), where a None key traced every forward step again
+    (a program per layer and padded shape: 5 more here, in a prediction 7 against 2), and a
+    sweep that keeps its aggregation (``saving``) runs training's saving step. A prediction
+    adds the last layer's forward, one per padded shape (training fuses that layer with
+    the loss); the embeddings below it add nothing. Dropout off: the embeddings are the
+    in-memory ones."""
+    # the steps are cached across engines (`layer_steps`): steps that another test ran with a
+    # None key would hide a forward compiled for evaluation here
+    layer_steps.cache_clear()
+    graph, model = _graph_and_model()
+    policy = _spread if saving else (
+        lambda info: Fate.RECOMPUTE if info.name == AGGREGATION else _spread(info))
+    with OutOfCore(graph, model, optax.adam(0.01), policy=policy, num_parts=6,
+                   store=tmp_path, partitioner=random_partition) as ex:
+        variants = {s.variant for s in ex.built.plan.schedule.sweeps}
+        assert (Variant.FORWARD_SAVING in variants) == saving
+        _epochs(ex, model, 2)
+        params = model.init(jax.random.key(1))
+        with ProgramLog() as log:
+            log.mark("embed")
+            embedded = [ex.embed(params, layer) for layer in range(1, len(model.layers))]
+            log.mark("predict")
+            logits = ex.predict(params)
+        assert not log.phase("embed"), report(log.phase("embed"), shapes=True)
+        predicted = log.phase("predict")
+        top_shapes = {(p.num_out, p.num_in) for p in ex.built.parts}
+        assert {p.name for p in predicted} <= {"jit(forward)"}, report(predicted)
+        assert len(predicted) <= len(top_shapes), report(predicted, shapes=True)
+    block = model.block(model.normalize(graph))
+    x = jax.numpy.asarray(graph.features)
+    for layer, got in enumerate(embedded, start=1):
+        want = model.apply(params, block, x, None, num_layers=layer)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, model.apply(params, block, x, None), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_the_initial_state_is_one_program_with_the_values_op_by_op():
+    """`jgrind.train.initial_state`: parameters and optimizer state in one compiled program
+    (op by op, a 3-layer GCN and adam compile 16 before the first epoch), equal bit
+    for bit to ``model.init`` and ``optimizer.init`` run op by op: the parameters of plain,
+    residual and LayerNorm, attention and relational layers, and two optimizers' states."""
+    key = jax.random.key(11)
+    cases = [models.gcn(8, 16, 5, num_layers=3),
+             models.gcn(8, 16, 5, num_layers=2, residual=True, layer_norm=True),
+             models.gat(8, 4, 5, heads=2, layer_norm=True),
+             models.rgcn(8, 16, 5, num_relations=3, num_bases=2)]
+    optimizers = [lambda: optax.adam(0.01),
+                  lambda: optax.chain(optax.add_decayed_weights(5e-4), optax.sgd(0.1, 0.9))]
+    for i, model in enumerate(cases):  # (each pair is a compile: seconds on a busy CPU)
+        optimizer = optimizers[i % 2]()  # a new one: its program is not cached yet
+        with ProgramLog() as log:
+            params, opt_state = initial_state(key, model, optimizer)
+            jax.block_until_ready((params, opt_state))
+        assert len(log.programs) == 1, report(log.programs)
+        want = model.init(key)
+        want_state = optimizer.init(want)
+        assert jax.tree.structure(params) == jax.tree.structure(want)
+        assert jax.tree.structure(opt_state) == jax.tree.structure(want_state)
+        for got, expected in zip(jax.tree.leaves((params, opt_state)),
+                                 jax.tree.leaves((want, want_state))):
+            assert got.dtype == expected.dtype
+            np.testing.assert_array_equal(got, expected)
 
 
 def _gpu_paths(ex) -> None:

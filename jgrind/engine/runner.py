@@ -21,7 +21,7 @@ from jgrind.engine.sweeps import Sweeps
 from jgrind.engine.timing import SweepTiming
 from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate
 from jgrind.plan.schedule import (ACTIVATIONS, BACKWARD, FORWARD, GRADIENTS, SNAPSHOTS,
-                                  Schedule, Sweep, Variant)
+                                  Schedule, Sweep)
 
 
 def forward_sweeps(schedule: Schedule, layers: Optional[int] = None) -> list[Sweep]:
@@ -125,12 +125,14 @@ class Runner:
     # -- evaluation ---------------------------------------------------------------------------
     def _forward(self, params, layers: int) -> None:
         """The forward sweeps below ``layers``, dropout off, with the recomputed layers'
-        makes and frees of the epoch's forward sweeps (snapshots are the epoch's only)."""
+        makes and frees of the epoch's forward sweeps (snapshots are the epoch's only), each
+        in its epoch's variant: the epoch's compiled steps (a saving sweep's aggregations are
+        not kept)."""
         for sweep in forward_sweeps(self.built.plan.schedule, layers):
             for table in sweep.makes:
                 if table.name == ACTIVATIONS:
                     self.make(table)
-            self.sweeps.forward(params, sweep.layer, None, Variant.FORWARD)
+            self.sweeps.forward(params, sweep.layer, None, sweep.variant)
             for table in sweep.frees:
                 if table.name == ACTIVATIONS:
                     self.free(table)

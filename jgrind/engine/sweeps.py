@@ -21,6 +21,7 @@ from jgrind.engine.build import Built, input_shape
 from jgrind.engine.steps import PaddedPartition
 from jgrind.engine.store import Snapshot, Table
 from jgrind.engine.timing import SSD_RANK, SweepTiming, TierOf
+from jgrind.models.dropout import SwitchedKey
 from jgrind.models.model import layer_key
 from jgrind.executed.moved_dropout import step_key
 from jgrind.plan.schedule import Variant
@@ -57,26 +58,54 @@ class Sweeps:
         # place (the CPU backend): no device memory of its own, so it is kept
         self._adopted_blocks: dict = {}
         self._layer_keys: tuple = (None, ())  # (a step's key, its layers' keys): `layer_key`
+        self._switches: Optional[tuple] = None  # device bools (off, on): `forward_key`
         self.timing: Optional[SweepTiming] = None
         self._tier_of = TierOf(built.parts)
 
     def layer_key(self, key, l: int):
         """Executed layer l's dropout key: its model layer's; for a layer that runs its
         consumer's dropout on its output (`DropsOutput`), that and the consumer's."""
-        origin, layers = self.built.executed.origin, self.built.model.layers
         if key is None:
-            return step_key(layers[l], None, None)
-        if self._layer_keys[0] is not key:  # one program folds every layer's key, once a step:
-            # a fold_in per step with a Python int would copy the int to the device each time
-            self._layer_keys = (key, _fold_layer_keys(key, max(origin) + 1))
-        keys = self._layer_keys[1]
-        consumer = keys[origin[l + 1]] if l + 1 < len(origin) else None
-        return step_key(layers[l], keys[origin[l]], consumer)
+            return step_key(self.built.model.layers[l], None, None)
+        return self._step_key(self._keys_of(key), l, lambda k: k)
+
+    def forward_key(self, key, l: int):
+        """Executed layer l's key for a forward step: `layer_key`'s, each key a `SwitchedKey`
+        switched on; for evaluation (``key`` None) switched off, around the keys of the last
+        epoch (or, before any, keys made once). Training's forward programs then serve
+        evaluation too: the same argument types, where a None key would trace (and compile)
+        every forward step again. The backward steps keep plain keys (training only)."""
+        if self._switches is None:  # put once: a Python bool would be copied in every step
+            self._switches = (jax.device_put(np.False_), jax.device_put(np.True_))
+        if key is None:
+            if not self._layer_keys[1]:
+                self._layer_keys = (None, _evaluation_keys(self._key_count()))
+            keys = self._layer_keys[1]
+        else:
+            keys = self._keys_of(key)
+        switch = self._switches[key is not None]
+        return self._step_key(keys, l, lambda k: SwitchedKey(k, switch))
+
+    def _keys_of(self, key) -> tuple:
+        """``key``'s layer keys (`layer_key`), folded in one program once a step: a fold_in
+        per step with a Python int would copy the int to the device each time."""
+        if self._layer_keys[0] is not key:
+            self._layer_keys = (key, _fold_layer_keys(key, self._key_count()))
+        return self._layer_keys[1]
+
+    def _key_count(self) -> int:
+        return max(self.built.executed.origin) + 1
+
+    def _step_key(self, keys: tuple, l: int, wrap: Callable):
+        """Executed layer l's step key from its model layers' ``keys``, each wrapped."""
+        origin = self.built.executed.origin
+        consumer = wrap(keys[origin[l + 1]]) if l + 1 < len(origin) else None
+        return step_key(self.built.model.layers[l], wrap(keys[origin[l]]), consumer)
 
     def epoch_start(self, params, key) -> tuple:
         """Zero gradients shaped like ``params`` and a zero loss, made on the device, with
         ``key``'s layer keys kept for `layer_key`: one program, run once an epoch."""
-        grads, loss, keys = _epoch_start(params, key, max(self.built.executed.origin) + 1)
+        grads, loss, keys = _epoch_start(params, key, self._key_count())
         if key is not None:
             self._layer_keys = (key, keys)
         return grads, loss
@@ -85,11 +114,13 @@ class Sweeps:
     def forward(self, params, l: int, key, variant: Variant = Variant.FORWARD) -> None:
         """``H_{l+1}`` from ``H_l``, and ``Z_l`` too for `Variant.FORWARD_SAVING`. If an
         unfilled snapshot of layer l exists (the naive scheme), every partition's step input is
-        also written to it."""
+        also written to it. ``key`` None: evaluation, dropout off, in training's programs
+        (`forward_key`); a `Variant.FORWARD_SAVING` sweep then runs training's saving step too
+        and drops its ``Z_l``, the kept aggregation, unstored."""
         b = self.built
         src, dst = b.activations[l], b.activations[l + 1]
         dst.materialize()  # a recomputed layer's transient, outside an epoch (`predict`)
-        steps, p_l, k_l = b.steps[l], params[l], self.layer_key(key, l)
+        steps, p_l, k_l = b.steps[l], params[l], self.forward_key(key, l)
         kept = b.aggregations[l] if variant is Variant.FORWARD_SAVING else None
         snap = self.snapshots.get(l)
         snap = snap if snap is not None and not snap.filled else None
@@ -109,9 +140,12 @@ class Sweeps:
                     out, z = steps.forward_saving(p_l, self.device_block(part), h_in, k_l,
                                                   (spare, b.spares.take((part.num_out,
                                                                          kept.width))))
-                    self._queue(io, self._tier(kept, part), self._ready(z, kept, part),
-                                self.stored, z, kept.write, part.index,
-                                self.for_the_store(z, kept, part.index))
+                    if key is None:
+                        b.spares.give(z)
+                    else:
+                        self._queue(io, self._tier(kept, part), self._ready(z, kept, part),
+                                    self.stored, z, kept.write, part.index,
+                                    self.for_the_store(z, kept, part.index))
                 else:
                     out = steps.forward(p_l, self.step_block(part, l), h_in, k_l, spare)
                 io.dispatched(out)
@@ -350,6 +384,13 @@ class Sweeps:
 def _fold_layer_keys(key: jax.Array, count: int) -> tuple:
     """``layer_key(key, i)`` for the model's layers ``0 .. count-1``, in one program."""
     return tuple(layer_key(key, i) for i in range(count))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _evaluation_keys(count: int) -> tuple:
+    """Layer keys for an evaluation before any epoch (`Sweeps.forward_key`; switched off,
+    their values are unused), typed as `jax.random.key` types an epoch's, in one program."""
+    return tuple(layer_key(jax.random.key(0), i) for i in range(count))
 
 
 @functools.partial(jax.jit, static_argnums=2)

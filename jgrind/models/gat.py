@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from jgrind.models.block import Block
 from jgrind.models.conv import LayerOptions, apply_wrapper, init_wrapper
-from jgrind.models.dropout import dropout as hashed_dropout, edge_ids
+from jgrind.models.dropout import dropout as hashed_dropout, edge_ids, fold_in
 from jgrind.models.init import glorot, zeros
 from jgrind.models.matmul import matmul
 
@@ -73,7 +73,7 @@ class GATConv:
             if key is not None and self.attention_dropout > 0:
                 ids = edge_ids(block.node_ids[dst], block.node_ids[src])
                 alpha = hashed_dropout(alpha, self.attention_dropout,
-                                       jax.random.fold_in(key, 1), ids)
+                                       fold_in(key, 1), ids)
             out = jax.ops.segment_sum(alpha[..., None] * z[src], dst, n_out)  # [n_out, H, C]
             out = out.reshape(n_out, heads * c) if self.concat else out.mean(1)
             return out + params["bias"] if self.bias else out

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from jgrind.models.block import Block
 from jgrind.models.conv import LayerOptions, apply_wrapper, init_wrapper
-from jgrind.models.dropout import dropout as hashed_dropout, edge_ids
+from jgrind.models.dropout import dropout as hashed_dropout, edge_ids, fold_in
 from jgrind.models.gat import segment_softmax
 from jgrind.models.init import glorot, zeros
 from jgrind.models.matmul import PRECISION, matmul
@@ -87,7 +87,7 @@ class RGATConv:
             if key is not None and self.attention_dropout > 0:
                 ids = edge_ids(block.node_ids[dst], block.node_ids[src])
                 alpha = hashed_dropout(alpha, self.attention_dropout,
-                                       jax.random.fold_in(key, 1), ids)
+                                       fold_in(key, 1), ids)
             messages = g.reshape(r * n_in, heads, c)[types * n_in + src]      # [E, H, C]
             out = jax.ops.segment_sum(alpha[..., None] * messages, dst, n_out)
             out = out.reshape(n_out, heads * c) if self.concat else out.mean(1)
