@@ -343,7 +343,11 @@ def _from_process_zero(mgr: ocp.CheckpointManager, like: Any,
         _broadcast_bytes(json.dumps({"epoch": None}).encode())
         return None
     epoch, state, meta = found
-    leaves = [np.ascontiguousarray(np.asarray(leaf)) for leaf in jax.tree.leaves(state)]
+    # each array's own shape (`tobytes` writes C order whatever the layout): given [1] for
+    # a 0-d array (Adam's step count, as `np.ascontiguousarray` makes it), the others'
+    # optimizer update computes its bias correction at shape [1], another program, whose
+    # last bits differ from process 0's
+    leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
     _broadcast_bytes(json.dumps({"epoch": epoch, "meta": meta, "leaves": [
         [leaf.dtype.name, list(leaf.shape)] for leaf in leaves]}).encode())
     _broadcast_bytes(b"".join(leaf.tobytes() for leaf in leaves))
@@ -371,6 +375,15 @@ def _received(like: Any) -> Optional[tuple[int, Any, dict]]:
         count = int(np.prod(shape, dtype=np.int64))
         arrays.append(np.frombuffer(data, dtype, count=count, offset=at).reshape(shape).copy())
         at += count * dtype.itemsize
+    got, own = [list(a.shape) for a in arrays], layout(like)
+    if got != own:  # (process 0 checked the checkpoint against its own state's shapes)
+        at = next((i for i, (g, o) in enumerate(zip(got, own)) if g != o), min(len(got),
+                                                                              len(own)))
+        raise CheckpointError(
+            f"process {jax.process_index()} received from process 0 a state of other shapes "
+            f"than its own (array {at}: shape {got[at] if at < len(got) else 'none'}, here "
+            f"{own[at] if at < len(own) else 'none'}); run every process with the same "
+            "jgrind, model and optimizer")
     state = jax.tree.unflatten(jax.tree.structure(like), arrays)
     meta = header["meta"]
     record = meta.get("checksum")

@@ -395,6 +395,12 @@ def devices_line(devices: dict) -> str:
     line = (f"{devices['placement']}\nhalo exchange per epoch: "
             f"{devices['moved'] / 2**20:.2f} MiB moved between devices{split}, minimum "
             f"{devices['minimum'] / 2**20:.2f} MiB ({ratio:.2f}x)")
+    crossed = devices.get("between_processes")
+    if crossed is not None:  # out of core over several processes: this one's share
+        ratio = crossed["sent"] / crossed["minimum"] if crossed["minimum"] else 1.0
+        line += (f"\nhalo exchange between processes per epoch: {crossed['sent'] / 2**20:.2f} "
+                 f"MiB sent by this process, minimum {crossed['minimum'] / 2**20:.2f} MiB "
+                 f"({ratio:.2f}x)")
     if devices.get("device_peaks") is not None:  # out of core: each device's blocks
         line += "\ndevice blocks at their peak, measured / predicted: " + ", ".join(
             f"device {d} {measured / 2**20:.2f} / {predicted / 2**20:.2f} MiB"

@@ -136,6 +136,8 @@ class TrainResult:
       devices: runs over several devices only: ``placement`` (one line per device: its
         partitions, predicted seconds and bytes), ``moved`` and ``minimum`` (bytes the halo
         exchange moves between devices per epoch, and the least any exchange could); out of
+        core over several processes ``between_processes`` (``sent``: the bytes of halo rows
+        this process sent the others in the last epoch, beside their ``minimum``); out of
         core also ``device_peaks`` (each device's device-tier blocks at their peak,
         measured) beside ``predicted_device_peaks`` (the plan's), ``device_working_sets``
         (the plan's, per device) and ``device_budget`` (per device); else None.
@@ -456,6 +458,9 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                 "moved": executor.exchange_bytes_per_epoch,
                 "minimum": executor.exchange_minimum_per_epoch,
                 "by_route": getattr(executor, "exchange_bytes_by_route", None),
+                "between_processes": None if getattr(executor, "row_exchange", None) is None
+                else {"sent": executor.process_exchange_bytes_per_epoch,
+                      "minimum": executor.process_exchange_minimum_per_epoch},
                 **_device_peaks(executor)}
             try:
                 if owned_executor and executor is not None and hasattr(executor, "close"):

@@ -5,7 +5,8 @@
 One pair of processes runs every case and prints JSON (`_run_process`); the halo rows that
 cross between the processes are counted and compared with a count made here from the graph's
 edges. A run whose forward exchange is switched off must give another loss: the exchange is
-what makes the result exact. Tolerances are tests/test_devices.py's.
+what makes the result exact. A run stopped and resumed from its checkpoint ends as one that
+was not, bit for bit (`_resumed`). Tolerances are tests/test_devices.py's.
 """
 
 import os
@@ -70,6 +71,56 @@ def _boundaries(ex) -> int:
     return total
 
 
+class _Recording:
+    """An executor (``ex``) that keeps the state its last step returned: `jgrind.train.train`
+    returns the parameters, not the optimizer state."""
+
+    def __init__(self, ex):
+        self.ex, self.state = ex, None
+
+    def step(self, params, opt_state, key):
+        params, opt_state, loss = self.ex.step(params, opt_state, key)
+        self.state = (params, opt_state)
+        return params, opt_state, loss
+
+    def __getattr__(self, name):
+        return getattr(self.ex, name)
+
+
+def _resumed(ex, graph, model, optimizer, folder: pathlib.Path) -> dict:
+    """`jgrind.train.train` with ``ex`` (dropout on, a checkpoint every epoch): 4 epochs
+    straight, and 2 epochs then a second call resuming them to 4 (process 0 reads the
+    checkpoint and sends the state to the other). Whether the two end with the same losses,
+    and the same parameters and optimizer state in this process, bit for bit (dtype and
+    shape included), and which leaves differ; and the line `jgrind train` prints of the bytes
+    this process sent the others."""
+    import jax
+
+    from jgrind.experiment import devices_line
+    from jgrind.train import train
+    recording = _Recording(ex)
+
+    def run(name: str, epochs: int):
+        result = train(jax.random.key(5), graph, model, optimizer, epochs=epochs,
+                       checkpoint_dir=folder / name, checkpoint_every=1, progress=False,
+                       executor=recording)
+        return result, recording.state
+
+    straight, straight_state = run("straight", 4)
+    run("resumed", 2)
+    resumed, resumed_state = run("resumed", 4)
+    leaves = jax.tree_util.tree_leaves_with_path(straight_state)
+    differ = [jax.tree_util.keystr(path) for (path, a), b in
+              zip(leaves, jax.tree.leaves(resumed_state))
+              if not (np.asarray(a).dtype == np.asarray(b).dtype
+                      and np.shape(a) == np.shape(b) and np.array_equal(a, b))]
+    return {"first_epoch": resumed.first_epoch, "leaves": len(leaves), "differ": differ,
+            "losses": [r["loss"] for r in straight.history],
+            "resumed_losses": [r["loss"] for r in resumed.history],
+            "lines": [line for line in devices_line(resumed.devices).splitlines()
+                      if "between processes" in line]}
+
+
 def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
     """One of two processes of one CPU device: every case, as JSON-able results."""
     from jgrind.devices import processes
@@ -120,6 +171,7 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
             case.update(tiers=sorted({f.value for f in ex.fates.values()}),
                         own_parts=len(ex.engine.runner.built.parts),
                         exchanged=ex.process_exchange_bytes_per_epoch,
+                        minimum=ex.process_exchange_minimum_per_epoch,
                         expected=4 * _crossing_pairs(ex) * _boundaries(ex),
                         params=[np.asarray(a).tolist() for a in jax.tree.leaves(ours)])
             if checks:
@@ -127,7 +179,10 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
                     np.allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-5)
                     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref))),
                     logits_error=float(np.abs(logits - memory.predict(ref)).max()))
-            if fate == "host":  # the forward exchange switched off: the halo rows are stale
+            if fate == "host":
+                case["resume"] = _resumed(ex, graph, model, opt,
+                                          pathlib.Path(folder) / f"checkpoints{process_id}")
+                # the forward exchange switched off: the halo rows are stale
                 ex.row_exchange.rows = lambda *args: None
                 case["loss_without_exchange"] = float(ex.loss_and_grad(params, key)[0])
                 if checks:
@@ -194,6 +249,19 @@ def test_halo_rows_cross_between_the_processes_and_are_counted(two_processes):
         # of the other's blocks: together every crossing row, at every layer boundary
         assert sum(g["exchanged"] for g in got) == got[0]["expected"] == got[1]["expected"]
         assert all(g["exchanged"] > 0 for g in got)
+        # the least: every crossing row once forward and once back (host: what is sent; the
+        # SSD policy recomputes the aggregations, and sends the rows again for that)
+        assert all(g["exchanged"] >= g["minimum"] > 0 for g in got)
+        if fate == "host":
+            assert all(g["exchanged"] == g["minimum"] for g in got)
+
+
+def test_train_prints_the_bytes_each_process_sent_beside_the_minimum(two_processes):
+    for got in _cases(two_processes, "host"):
+        sent = got["exchanged"] / 2**20
+        assert got["resume"]["lines"] == [f"halo exchange between processes per epoch: "
+                                          f"{sent:.2f} MiB sent by this process, minimum "
+                                          f"{sent:.2f} MiB (1.00x)"]
 
 
 def test_without_the_exchange_the_loss_is_wrong(two_processes):
@@ -201,6 +269,53 @@ def test_without_the_exchange_the_loss_is_wrong(two_processes):
     assert first["loss_without_exchange"] == second["loss_without_exchange"]
     assert first["loss_without_exchange"] != pytest.approx(first["loss_with_exchange"],
                                                            rel=1e-4)
+
+
+def test_a_resumed_run_ends_as_an_uninterrupted_one_bit_for_bit(two_processes):
+    """4 epochs straight against 2 and a resume to 4, out of core (host tiers) with dropout:
+    in every process the same losses, parameters and Adam state, dtype, shape and bits."""
+    for got in _cases(two_processes, "host"):
+        resume = got["resume"]
+        assert resume["first_epoch"] == 2 and resume["leaves"] > 4
+        assert resume["differ"] == []
+        assert resume["resumed_losses"] == resume["losses"] and len(resume["losses"]) == 4
+    first, second = (got["resume"] for got in _cases(two_processes, "host"))
+    assert first["losses"] == second["losses"]
+
+
+def test_the_state_process_0_sends_arrives_with_its_shapes_and_bits(monkeypatch):
+    """What `jgrind.checkpoint` sends the other processes on resume, read back in one
+    process: every array of the state with its dtype, shape (Adam's 0-d step count stays
+    0-d) and bytes; a state of other shapes than the receiver's own is refused in one line."""
+    import jax
+    import optax
+
+    from jgrind import checkpoint as ckpt
+    params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3) - 2.5, "b": np.float32(-0.0)}
+    state = {"params": params, "opt_state": optax.adam(0.1).init(params)}
+    state = jax.tree.map(np.array, state)  # as process 0 restores it: NumPy, 0-d kept
+    state["opt_state"][0].count[...] = 7
+    monkeypatch.setattr(ckpt, "_writes", lambda: True)
+    monkeypatch.setattr(ckpt, "_restore_latest_here", lambda *args: (3, state, {}))
+
+    def sent_by_process_0():  # then read back as the others read them
+        sent = []
+        monkeypatch.setattr(ckpt, "_broadcast_bytes", lambda data: sent.append(data) or data)
+        ckpt._from_process_zero(None, state, None)
+        monkeypatch.setattr(ckpt, "_broadcast_bytes", lambda data: sent.pop(0))
+
+    sent_by_process_0()
+    epoch, got, _ = ckpt._received(state)
+    assert epoch == 3 and jax.tree.structure(got) == jax.tree.structure(state)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(got)):
+        assert (a.dtype, a.shape, a.tobytes()) == (b.dtype, b.shape, b.tobytes())
+    assert np.signbit(got["params"]["b"])  # bytes, not values: -0.0 stays -0.0
+
+    sent_by_process_0()
+    other = jax.tree.map(np.atleast_1d, state)  # the receiver's own state: other shapes
+    with pytest.raises(ckpt.CheckpointError, match=r"received from process 0 a state of "
+                       r"other shapes than its own \(array 0: shape \[\], here \[1\]\)"):
+        ckpt._received(other)
 
 
 def test_what_does_not_run_over_processes_is_refused_in_one_line(two_processes):

@@ -19,8 +19,10 @@ array per table and tier). Those are the rows that cross:
 Both are one ``all_to_all`` under `jax.shard_map` over a mesh of one device per process (gloo
 on the CPU, NCCL on GPUs), of a ``[processes, rows, width]`` buffer padded to the most rows
 any pair of processes sends. The bytes that cross are counted (``moved``: the real rows;
-``moved_padded``: the collective's buffers). The features of every block are written by every
-process (the graph is in memory in each): their halo rows need no exchange.
+``moved_padded``: the collective's buffers). The features need no exchange: each process
+writes its own partitions' blocks and reads, from the graph, the halo rows of other
+processes' blocks that its partitions read (`ProcessTiers.read_halo_rows`); from a saved
+graph it reads no other feature row.
 """
 
 from __future__ import annotations
@@ -130,6 +132,21 @@ class ProcessTiers:
     def tiers(self, key: tuple) -> list:
         return [t for t in self.of_table.get(key, ()) if t.live]
 
+    def read_halo_rows(self, key: tuple, pg, node_rows) -> None:
+        """Of table ``key`` (the features, which no step writes), the rows of other
+        processes' blocks that this process's partitions read as halo, read by
+        ``node_rows(global ids) -> rows`` (ascending ids) into each tier's remote rows. Those
+        blocks are written in the processes that run them, not here."""
+        for tier in self.tiers(key):
+            blocks, rows = tier.remote_rows()
+            if not blocks.size:
+                continue
+            nodes = pg.order[np.asarray(pg.offsets, np.int64)[blocks] + rows]
+            order = np.argsort(nodes, kind="stable")
+            values = np.empty((nodes.size, tier.blocks.words), np.float32)
+            values[order] = node_rows(nodes[order])
+            tier.set_remote(blocks, rows, values)
+
 
 class ProcessTier:
     """One tier's share of a table in one process: its own partitions' blocks in a tier of
@@ -217,7 +234,8 @@ class ProcessTier:
         if self._local[block]:
             self.inner.write_block(block, values)
             return
-        # another process's block (the features, written in every process): its halo rows
+        # another process's block, whole (the engine writes only its own: the features'
+        # halo rows come from `ProcessTiers.read_halo_rows`): keep the rows read as halo
         at = np.flatnonzero(self._remote_block == block)
         if at.size:
             self.remote[at] = np.asarray(values)[self._remote_src[at]
@@ -289,6 +307,11 @@ class ProcessTier:
         if blocks.size:
             self.inner.add_rows(self._inner_rows(blocks, rows),
                                 np.ascontiguousarray(values, np.float32))
+
+    def remote_rows(self) -> tuple:
+        """``(blocks, rows)`` of the other processes' rows this tier keeps, in order."""
+        blocks = self._remote_block
+        return blocks, self._remote_src - np.asarray(self.blocks.start, np.int64)[blocks]
 
     def set_remote(self, blocks: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
         self.remote[self._remote_positions(blocks, rows)] = values

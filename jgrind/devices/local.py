@@ -22,6 +22,12 @@ The partitions are placed on devices (`jgrind.plan.placement.place_partitions`) 
 rows and in-edges, both known from ``indptr``: their halos would take every partition's
 edges to count, so the placement counts none (with one partition per device, the default,
 it only orders them).
+
+The out-of-core engine over several processes (`jgrind.devices.ShardedOutOfCore`) takes the
+same `SavedGraph` and reads less of it: its partitioning, placement and halo rows come from
+the whole CSR structure (`saved_structure`: ``indptr``, ``indices``, edge weights; the same
+in every process, as in one), and of the features only its own partitions' rows and the halo
+rows they read (`FeatureRows`): the features are the large part.
 """
 
 from __future__ import annotations
@@ -34,12 +40,15 @@ import jax
 import numpy as np
 
 from jgrind import transforms
+from jgrind.datasets.errors import DatasetError
 from jgrind.datasets.saved_arrays import SavedArrays, load_assignment
 from jgrind.devices.layout import DeviceShapes
+from jgrind.graph import _CHECKED_FEATURES, Graph
 from jgrind.plan.exchange import ExchangePlan, device_rows
 from jgrind.plan.placement import Placement, Rates, partition_costs, place_partitions
 
-__all__ = ["LocalRows", "local_assignment", "local_layout", "SUPPORTED_MODELS"]
+__all__ = ["FeatureRows", "LocalRows", "local_assignment", "local_layout", "saved_structure",
+           "SUPPORTED_MODELS"]
 
 # the models whose normalisation has a row-wise form here
 SUPPORTED_MODELS = ("gcn", "sage", "gat")
@@ -199,6 +208,49 @@ class _Partitions:
     partitions: list
 
 
+def saved_structure(graph) -> Graph:
+    """The `Graph` of `SavedGraph` ``graph``'s whole CSR structure (``indptr``, ``indices``,
+    edge weights, read into memory) with its labels and masks, for the out-of-core engine
+    over several processes: its partitioner and placement read every edge, so every process
+    cuts and places the same partitions. Its features are the `SavedGraph`'s untouched zero
+    pages, never the values: the engine reads those through `FeatureRows`."""
+    saved = graph.saved
+    if saved.has("edge_type"):
+        raise ValueError(f"{saved.folder} has typed edges; a process that reads only its "
+                         "own rows supports homogeneous graphs")
+    token = _CHECKED_FEATURES.set(graph.features)  # zeros: nothing to scan
+    try:
+        return Graph(indptr=saved.indptr, indices=saved.whole("indices"),
+                     features=graph.features, labels=graph.labels,
+                     train_mask=graph.train_mask, val_mask=graph.val_mask,
+                     test_mask=graph.test_mask, num_classes=graph.num_classes,
+                     name=graph.name, edge_weight=saved.whole("edge_weight")
+                     if saved.has("edge_weight") else None)
+    finally:
+        _CHECKED_FEATURES.reset(token)
+
+
+class FeatureRows:
+    """``rows -> [len(rows), F]`` float32: the features of nodes ``rows`` (ascending global
+    ids) read from `SavedArrays` ``saved`` (`SavedArrays.node_rows`: the file memory-mapped
+    for the read, its other rows never touched), checked finite as loading the whole graph
+    checks them. ``saved.read["features"]`` counts the rows read."""
+
+    def __init__(self, saved: SavedArrays):
+        self.saved = saved
+
+    def __call__(self, rows: np.ndarray) -> np.ndarray:
+        rows = np.asarray(rows, np.int64)
+        values = self.saved.node_rows("features", rows).astype(np.float32, copy=False)
+        finite = np.isfinite(values).all(axis=1)
+        if not finite.all():
+            bad = rows[~finite]
+            raise DatasetError(f"{self.saved.folder / 'features.npy'}: features contain NaN "
+                               f"or inf in {bad.size} of the rows read (first: node "
+                               f"{int(bad[0])}); impute or drop them and save the graph again")
+        return values
+
+
 def _allgather(a: np.ndarray) -> np.ndarray:
     """``[P, ...]``: every process's ``a`` (a JAX collective; ``a`` itself in one process)."""
     if jax.process_count() == 1:
@@ -270,8 +322,11 @@ def local_graph(cfg):
     when this process is one of several (`jgrind.devices.processes.start`) training on
     devices, the dataset is a saved folder (``npy:FOLDER``) and the partition needs no edges
     (``contiguous``, or a saved assignment ``FILE.npy``); not with ``check_in_memory`` or
-    ``row_normalize`` (both read the whole graph) or a model other than gcn, sage or gat.
-    Prints which path it took."""
+    ``row_normalize`` (both read the whole graph), a device budget without a policy (the
+    choice of executor reads every edge) or a model other than gcn, sage or gat. With a
+    policy (out of core, `jgrind.devices.ShardedOutOfCore`) a process reads the whole CSR
+    structure and, of the features, its partitions' rows and their halo rows. Prints which
+    path it took."""
     from jgrind.datasets.saved_arrays import SavedGraph
     from jgrind.devices import processes
     joined = processes.current()
@@ -284,7 +339,11 @@ def local_graph(cfg):
          cfg.partitioner != "contiguous" and not cfg.partitioner.endswith(".npy")),
         (f"a {', '.join(SUPPORTED_MODELS)} model", cfg.model not in SUPPORTED_MODELS),
         ("no check_in_memory", cfg.check_in_memory),
-        ("no row_normalize", cfg.row_normalize)) if wrong]
+        ("no row_normalize", cfg.row_normalize),
+        # a device budget alone: `jgrind.devices.choose` weighs the two executors on the
+        # whole graph's edges
+        ("a --policy beside --device-budget", cfg.device_budget and not (
+            cfg.policy not in ("", "in_memory") or cfg.store or cfg.host_budget))) if wrong]
     if missing:
         print(f"jgrind: every process loads the whole graph (each would read only its own "
               f"rows with {'; '.join(missing)})", flush=True)

@@ -44,9 +44,15 @@ partitions' blocks, and of the others' only the rows its partitions read as halo
 layer boundary those rows, and the halo gradients going back, cross between the processes by
 one ``all_to_all`` (`jgrind.devices.across_processes`). The weight gradients and the loss are
 summed by the ``psum`` over the mesh of every process's devices, and every process applies the
-same update. Refused over several processes, one line each: blocks with the device fate
-(their rows would have to cross from another process's device), the planner (`auto`), host
-and SSD blocks in a storage dtype other than float32.
+same update. A process pads only its own partitions and writes only their features, and
+reads from the graph the feature rows of other processes' partitions that its own read as
+halo. Given a saved graph (`jgrind.datasets.saved_arrays.SavedGraph`, as ``jgrind train
+--dataset npy:FOLDER`` hands it to each of several processes), a process reads the whole CSR
+structure (the partitioner, the placement and the halo rows read every edge) and, of the
+features, only those rows (`jgrind.devices.local.FeatureRows`); every process checks that all
+cut the same partitions. Refused over several processes, one line each: blocks with the
+device fate (their rows would have to cross from another process's device), the planner
+(`auto`), host and SSD blocks in a storage dtype other than float32.
 
 Still refused: the naive policy's snapshots (one more tier of step inputs).
 """
@@ -309,10 +315,11 @@ class ShardedOutOfCore:
     With several processes ``devices`` are those of every process (a number: the first K of
     the global ``jax.devices()``, each process driving some); ``process_tiers`` (a
     `jgrind.devices.across_processes.ProcessTiers`, its ``halo``: the rows that cross),
-    ``row_exchange`` (the `RowExchange`) and ``process_exchange_bytes_per_epoch`` (the bytes
+    ``row_exchange`` (the `RowExchange`), ``process_exchange_bytes_per_epoch`` (the bytes
     of halo rows and halo gradients this process sent the others in the last epoch; summed
-    over the processes, every crossing row at every layer boundary). None and 0 in one
-    process.
+    over the processes, every crossing row at every layer boundary) and
+    ``process_exchange_minimum_per_epoch`` (the least it could send: each of those rows
+    once forward and once back). None and 0 in one process.
     """
 
     def __init__(self, graph, model, optimizer=None, *, devices=None, policy=None,
@@ -328,6 +335,9 @@ class ShardedOutOfCore:
         if getattr(getattr(policy, "io", None), "snapshots", False):
             raise ValueError("the naive policy (snapshots of step inputs) is not run over "
                              "devices; train it without devices=")
+        # a saved graph (`jgrind.devices.local.local_graph`): its whole structure, its
+        # features read as this process's partitions need them
+        graph, feature_rows, saved = _structure_and_features(graph)
         pg = engine_arguments.pop("partitioned", None)
         partitioner = engine_arguments.pop("partitioner", label_propagation)
         self.plan = None
@@ -368,18 +378,26 @@ class ShardedOutOfCore:
             self.devices, np.zeros(0, np.int64) if pg is None else self.placement.device_of)
         tiers = {Fate.DEVICE: self.device_tiers.tier_class()}
         self.process_tiers = None  # several processes: each one's share of every table
+        own_parts = None  # the partitions built here: all of them in one process
         if processes > 1 and pg is not None:
             process_of_block = np.array([self.devices[int(d)].process_index
                                          for d in self.placement.device_of], np.int64)
+            _agree_on_partitions(saved, pg)
             self.process_tiers = ProcessTiers(halo_rows(pg, process_of_block, processes,
                                                         jax.process_index()))
             tiers.update({fate: self.process_tiers.wrapping(TIERS[fate])
                           for fate in (Fate.HOST, Fate.SSD, Fate.RECOMPUTE)})
+            # another process's partitions' step inputs are never used here: not padded,
+            # and of their features only the halo rows these partitions read
+            own_parts = np.flatnonzero(process_of_block == jax.process_index())
         self.engine = OutOfCore(graph, model, optimizer, policy=policy, num_parts=parts,
                                 partitioned=pg, partitioner=partitioner, tiers=tiers,
                                 device_of=None if pg is None else self.placement.device_of,
+                                own_parts=own_parts, feature_rows=feature_rows,
                                 **engine_arguments)
         try:
+            if self.process_tiers is not None:
+                self.process_tiers.read_halo_rows((ACTIVATION, 0), pg, feature_rows)
             self._place(graph, model, asked)
         except BaseException:
             self.engine.close()
@@ -403,11 +421,8 @@ class ShardedOutOfCore:
         self.row_exchange: Optional[RowExchange] = None
         self.process_exchange_bytes_per_epoch = 0
         if self.process_tiers is not None:
-            # this process runs its own partitions' steps only: the runner and its sweeps
-            # see those (the engine's record keeps every partition, for the plan)
-            built = dataclasses.replace(built, parts=[
-                p for p in built.parts if self._device_of_part[p.index].process_index == me])
-            self.engine.runner.built = built
+            # this process runs its own partitions' steps only: the engine built those
+            # (``own_parts``), while its plan covers every partition
             firsts = [next(d for d in self.devices if d.process_index == p)
                       for p in range(jax.process_count())]
             self.row_exchange = RowExchange(self.process_tiers, firsts)
@@ -419,6 +434,8 @@ class ShardedOutOfCore:
         self._params: dict = {}
         self._sum = _all_reduce(self.mesh)
         self._count_exchange(model, graph)
+        self.process_exchange_minimum_per_epoch = 0 if self.process_tiers is None else \
+            self._process_exchange_minimum()
         # per device, by the plan (a last device without partitions holds nothing)
         memory, k = built.plan.memory, len(self.devices)
         self.predicted_device_peaks = np.zeros(k, np.int64)
@@ -498,6 +515,17 @@ class ShardedOutOfCore:
         self.exchange_bytes_by_route = {r: ITEMSIZE * n for r, n in moved.items()}
         self.exchange_bytes_per_epoch = sum(self.exchange_bytes_by_route.values())
         self.exchange_minimum_per_epoch = ITEMSIZE * minimum
+
+    def _process_exchange_minimum(self) -> int:
+        """The least this process sends the others per epoch: at every layer boundary that
+        aggregates above the features (each process reads those from the graph), the rows of
+        its partitions that theirs read as halo, once, and the halo gradients of their rows
+        that its partitions read, once."""
+        halo, plan = self.process_tiers.halo, self.engine.built.plan
+        rows = sum(halo.sent(q)[0].size + halo.received(q)[0].size
+                   for q in range(halo.count) if q != halo.me)
+        width = sum(plan.widths[l] for l in range(1, plan.num_layers) if not plan.local[l])
+        return ITEMSIZE * rows * width
 
     # -- running ------------------------------------------------------------------------------
     def _params_on(self, params, device):
@@ -592,6 +620,36 @@ class ShardedOutOfCore:
         if name == "engine":  # not yet built
             raise AttributeError(name)
         return getattr(self.engine, name)
+
+
+def _structure_and_features(graph):
+    """``(graph, feature_rows, saved)``: a `jgrind.datasets.saved_arrays.SavedGraph` (one
+    process of several reading only what its partitions need) as the `Graph` of its whole CSR
+    structure (`jgrind.devices.local.saved_structure`: the partitioner, the placement and the
+    halo rows read every edge, as one process's would), the reader of its feature rows and
+    its `SavedArrays`; any other graph as it is, with ``graph.features[rows]`` and None."""
+    from jgrind.datasets.saved_arrays import SavedGraph
+    if not isinstance(graph, SavedGraph):
+        return graph, graph.features.__getitem__, None
+    from jgrind.devices import local
+    return local.saved_structure(graph), local.FeatureRows(graph.saved), graph.saved
+
+
+def _agree_on_partitions(saved, pg) -> None:
+    """`jgrind.devices.processes.ProcessError` in every process unless every process cut
+    the same partitions: each builds only its own, and reads the others' rows as it cut
+    them. With a saved graph ``saved`` (each process reading only what it needs), the
+    graph's description and the assignment (`jgrind.devices.local.fingerprint`); else the
+    assignment."""
+    import hashlib
+
+    from jgrind.devices import local, processes
+    if saved is not None:
+        processes.agree(local.fingerprint(saved, pg.assignment),
+                        "saved graph or partition assignment")
+        return
+    processes.agree(hashlib.sha256(np.ascontiguousarray(pg.assignment).tobytes()).hexdigest(),
+                    "partition assignment")
 
 
 def _check_processes(devices: list, policy, exchange) -> None:

@@ -14,7 +14,7 @@ import dataclasses
 import functools
 import math
 import os
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional
 
 import jax
 import numpy as np
@@ -172,10 +172,19 @@ def build(graph: Graph, model: GNN, optimizer=None, *, policy=None, num_parts: i
           host_budget: Optional[int] = None, remat_policy=None, prefetch: bool = True,
           max_shapes: int = 3, seed: int = 0, loss: Optional[Callable] = None,
           tiers: Optional[dict] = None, compile_effort: CompileEffort = QUICK,
-          device_of: Optional[np.ndarray] = None) -> Built:
+          device_of: Optional[np.ndarray] = None,
+          own_parts: Optional[Collection[int]] = None,
+          feature_rows: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> Built:
     """Everything an out-of-core run needs before its first epoch (the arguments are
     `jgrind.engine.OutOfCore`'s). Raises before any file is written where an argument, the
-    plan or a budget is wrong; removes what it wrote when stopped later."""
+    plan or a budget is wrong; removes what it wrote when stopped later.
+
+    ``own_parts``: the partitions whose steps run here (one process of several,
+    `jgrind.devices.ShardedOutOfCore`); only those are padded and have their features
+    written, while the plan still covers every partition. None: all of them.
+    ``feature_rows``: ``rows -> [len(rows), F]``, the features of nodes ``rows`` (ascending
+    global ids), so that a process can read them from a saved graph instead of holding
+    ``graph.features``; None: ``graph.features[rows]``."""
     check_arguments(graph, model, policy, num_parts, partitioner, partitioned, split,
                     max_shapes, seed, store)
     device_budget = check_budget(device_budget, "device_budget")
@@ -195,7 +204,7 @@ def build(graph: Graph, model: GNN, optimizer=None, *, policy=None, num_parts: i
     budgets = (UNLIMITED if device_budget is None else int(device_budget),
                UNLIMITED if host_budget is None else int(host_budget))
     check_budgets(plan, *budgets)
-    parts = _padded_parts(graph, model, pg, split, max_shapes)
+    parts = _padded_parts(graph, model, pg, split, max_shapes, own_parts)
     common = dict(plan=plan, model=model, given_model=given_model, executed=executed,
                   optimizer=optimizer, update=_jitted_update(optimizer),
                   device_budget=budgets[0], host_budget=budgets[1], pg=pg,
@@ -204,10 +213,13 @@ def build(graph: Graph, model: GNN, optimizer=None, *, policy=None, num_parts: i
                                      compile_effort),
                   largest_output=_largest_output(parts, plan.widths, plan.num_layers))
     opened = _open_store(plan, pg, parts, budgets, store, common["largest_output"], tiers)
-    return _with_resources(opened, graph, prefetch, common)
+    if feature_rows is None:
+        feature_rows = graph.features.__getitem__
+    return _with_resources(opened, feature_rows, prefetch, common)
 
 
-def _with_resources(opened: Store, graph: Graph, prefetch: bool, common: dict) -> Built:
+def _with_resources(opened: Store, feature_rows: Callable, prefetch: bool,
+                    common: dict) -> Built:
     """The record, with the tables, the features copied in, the device blocks, the threads
     and the spares. From here the run has files in its store folder: an error or a signal
     (Ctrl-C, SIGTERM) before the record is returned removes them, as `Built.close` does
@@ -221,9 +233,9 @@ def _with_resources(opened: Store, graph: Graph, prefetch: bool, common: dict) -
         widths = aggregation_widths(common["model"])
         aggregations = {l: opened.table(AGGREGATION, l, widths[l], fates)
                         for l, fates in plan.kept.items()}
-        for part in common["pg"].partitions:
-            if part.num_owned:
-                activations[0].write(part.index, graph.features[part.owned])
+        for part in parts:  # the partitions with owned nodes that run here
+            activations[0].write(part.index, feature_rows(common["pg"].partitions[
+                part.index].owned))
         # The blocks' structure is the same every epoch: keep device copies when they fit
         # next to the plan, instead of transferring every block again in each of the 2L
         # sweeps. (Conservative by one partition's structure: ``memory.device`` counts it in
@@ -430,16 +442,19 @@ def shape_count(partitions, max_shapes: int) -> int:
 
 
 def _padded_parts(graph: Graph, model: GNN, pg: PartitionedGraph, split: int,
-                  max_shapes: int) -> list[PaddedPartition]:
-    """The partitions with owned nodes, padded to at most ``max_shapes`` shapes. They run
-    grouped by padded shape (in index order within a shape): a step's stored output is then
-    reused by a step after it (`Spares`) instead of waiting while steps of another shape run,
-    or being dropped."""
+                  max_shapes: int, own_parts: Optional[Collection[int]] = None
+                  ) -> list[PaddedPartition]:
+    """The partitions with owned nodes (of ``own_parts`` only, where given), padded to at
+    most ``max_shapes`` shapes. The shapes are chosen from every partition, so a partition is
+    padded alike whichever process pads it. They run grouped by padded shape (in index order
+    within a shape): a step's stored output is then reused by a step after it (`Spares`)
+    instead of waiting while steps of another shape run, or being dropped."""
     weights = node_weights(graph.train_mask[split])
     shapes = shape_groups(pg.partitions, max_shapes)
+    here = None if own_parts is None else {int(p) for p in own_parts}
     parts = [pad_partition(p, shapes[p.index], labels=graph.labels, weights=weights,
                            needs_edges=model.needs_edges, needs_adjacency=model.needs_adjacency)
-             for p in pg.partitions if p.num_owned > 0]
+             for p in pg.partitions if p.num_owned > 0 and (here is None or p.index in here)]
     parts.sort(key=lambda part: (part.num_out, part.num_in))
     return parts
 

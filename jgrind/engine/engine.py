@@ -140,6 +140,9 @@ class OutOfCore:
       device_of: ``[P]`` the device (an index) of every partition when its steps run on
         several devices (`jgrind.devices.ShardedOutOfCore`): the device budget then holds
         each device's own blocks and working set; None: one device.
+      own_parts, feature_rows: the partitions built here and where their features are read
+        from, for one process of several (`jgrind.engine.build.build`); None: all of them,
+        from ``graph.features``.
 
     Attributes: ``built`` (the `jgrind.engine.build.Built` record; some of its fields and its
     plan's are readable here too: ``store``, ``parts``, ``fates``, ``memory``...; the schedule
@@ -158,13 +161,15 @@ class OutOfCore:
                  host_budget: Optional[int] = None, remat_policy=None, prefetch: bool = True,
                  max_shapes: int = 3, seed: int = 0, loss: Optional[Callable] = None,
                  prediction=None, tiers: Optional[dict] = None,
-                 compile_effort: CompileEffort = QUICK, device_of=None):
+                 compile_effort: CompileEffort = QUICK, device_of=None, own_parts=None,
+                 feature_rows=None):
         self.built: Built = build(
             graph, model, optimizer, policy=policy, num_parts=num_parts,
             partitioner=partitioner, partitioned=partitioned, split=split, store=store,
             device_budget=device_budget, host_budget=host_budget, remat_policy=remat_policy,
             prefetch=prefetch, max_shapes=max_shapes, seed=seed, loss=loss, tiers=tiers,
-            compile_effort=compile_effort, device_of=device_of)
+            compile_effort=compile_effort, device_of=device_of, own_parts=own_parts,
+            feature_rows=feature_rows)
         self.compile_effort = compile_effort
         try:
             self.runner = Runner(self.built)
