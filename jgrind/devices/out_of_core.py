@@ -225,8 +225,9 @@ class _PlacedSweeps(Sweeps):
 
     # the layer boundaries: with several processes, the rows a sweep wrote that another
     # process's partitions read as halo cross to it once the sweep is done
-    def forward(self, params, l: int, key, variant: Variant = Variant.FORWARD) -> None:
-        super().forward(params, l, key, variant)
+    def forward(self, params, l: int, key, variant: Variant = Variant.FORWARD,
+                evaluation: bool = False) -> None:
+        super().forward(params, l, key, variant, evaluation)
         plan = self.built.plan
         if self.row_exchange is not None and l + 1 < plan.num_layers \
                 and not plan.local[l + 1]:

@@ -132,7 +132,7 @@ class Runner:
             for table in sweep.makes:
                 if table.name == ACTIVATIONS:
                     self.make(table)
-            self.sweeps.forward(params, sweep.layer, None, sweep.variant)
+            self.sweeps.forward(params, sweep.layer, None, sweep.variant, evaluation=True)
             for table in sweep.frees:
                 if table.name == ACTIVATIONS:
                     self.free(table)

@@ -111,12 +111,14 @@ class Sweeps:
         return grads, loss
 
     # -- the sweeps ---------------------------------------------------------------------------
-    def forward(self, params, l: int, key, variant: Variant = Variant.FORWARD) -> None:
+    def forward(self, params, l: int, key, variant: Variant = Variant.FORWARD,
+                evaluation: bool = False) -> None:
         """``H_{l+1}`` from ``H_l``, and ``Z_l`` too for `Variant.FORWARD_SAVING`. If an
         unfilled snapshot of layer l exists (the naive scheme), every partition's step input is
-        also written to it. ``key`` None: evaluation, dropout off, in training's programs
-        (`forward_key`); a `Variant.FORWARD_SAVING` sweep then runs training's saving step too
-        and drops its ``Z_l``, the kept aggregation, unstored."""
+        also written to it. ``key`` None: dropout off, in training's programs (`forward_key`).
+        ``evaluation``: a `Variant.FORWARD_SAVING` sweep runs training's saving step and drops
+        its ``Z_l``, the kept aggregation, unstored (an epoch without dropout, ``key`` None
+        too, stores it: its backward reads it)."""
         b = self.built
         src, dst = b.activations[l], b.activations[l + 1]
         dst.materialize()  # a recomputed layer's transient, outside an epoch (`predict`)
@@ -140,7 +142,7 @@ class Sweeps:
                     out, z = steps.forward_saving(p_l, self.device_block(part), h_in, k_l,
                                                   (spare, b.spares.take((part.num_out,
                                                                          kept.width))))
-                    if key is None:
+                    if evaluation:
                         b.spares.give(z)
                     else:
                         self._queue(io, self._tier(kept, part), self._ready(z, kept, part),
