@@ -121,6 +121,36 @@ def _resumed(ex, graph, model, optimizer, folder: pathlib.Path) -> dict:
                       if "between processes" in line]}
 
 
+def _host_budget_per_process(graph, model, host_case: dict) -> dict:
+    """The host case again with a host budget between the processes' shares (each one's
+    own blocks and the halo rows it keeps) and the whole plan's host bytes: its losses; and
+    the refusal of a budget a byte below the smaller share."""
+    import jax
+    import optax
+
+    from jgrind.devices import ShardedOutOfCore
+    from jgrind.devices.out_of_core import through_host_policy
+    from jgrind.engine.store import BudgetError
+    shares, whole = host_case["host_shares"], host_case["host_whole"]
+    budget = (max(shares) + whole) // 2
+    out = {"shares": shares, "whole": whole, "budget": budget, "losses": []}
+    opt = optax.adam(0.01)
+    params = model.init(jax.random.key(0))
+    state = opt.init(params)
+    with ShardedOutOfCore(graph, model, opt, devices=2, num_parts=PARTS, max_shapes=1,
+                          policy=through_host_policy(), host_budget=budget) as ex:
+        for epoch in range(EPOCHS):
+            key = jax.random.fold_in(jax.random.key(3), epoch)
+            params, state, loss = ex.step(params, state, key)
+            out["losses"].append(float(loss))
+    try:
+        ShardedOutOfCore(graph, model, opt, devices=2, num_parts=PARTS, max_shapes=1,
+                         policy=through_host_policy(), host_budget=min(shares) - 1).close()
+    except BudgetError as err:
+        out["refused"] = str(err)
+    return out
+
+
 def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
     """One of two processes of one CPU device: every case, as JSON-able results."""
     from jgrind.devices import processes
@@ -170,6 +200,8 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
             logits = ex.predict(ours)  # (a collective: every process asks)
             case.update(tiers=sorted({f.value for f in ex.fates.values()}),
                         own_parts=len(ex.engine.runner.built.parts),
+                        host_shares=ex.predicted_host_shares, host_whole=ex.memory.host,
+                        host_measured=ex.store.accounts.peak_host,
                         exchanged=ex.process_exchange_bytes_per_epoch,
                         minimum=ex.process_exchange_minimum_per_epoch,
                         expected=4 * _crossing_pairs(ex) * _boundaries(ex),
@@ -188,6 +220,7 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
                 if checks:
                     case["loss_with_exchange"] = float(memory.loss_and_grad(params, key)[0])
             out["cases"].append(case)
+    out["budget"] = _host_budget_per_process(graph, built["gcn"], out["cases"][0])
     out["store_left"] = sorted(str(p.relative_to(mine)) for p in mine.rglob("*")
                                if p.is_file())
     return out
@@ -316,6 +349,26 @@ def test_the_state_process_0_sends_arrives_with_its_shapes_and_bits(monkeypatch)
     with pytest.raises(ckpt.CheckpointError, match=r"received from process 0 a state of "
                        r"other shapes than its own \(array 0: shape \[\], here \[1\]\)"):
         ckpt._received(other)
+
+
+def test_the_host_budget_holds_each_process_share(two_processes):
+    """A host budget below the whole plan's host bytes but above each process's share
+    (its own partitions' blocks and the halo rows of the others' it keeps) trains as in
+    memory; a byte below a process's share is refused there in one line naming it."""
+    from jgrind.plan.cost import format_bytes
+    first, second = (r["budget"] for r in two_processes)
+    host = _cases(two_processes, "host")
+    assert first["shares"] == second["shares"] and first["budget"] == second["budget"]
+    assert max(first["shares"]) < first["budget"] < first["whole"]
+    assert first["losses"] == pytest.approx(host[0]["reference"], rel=1e-5)
+    assert second["losses"] == first["losses"]
+    for me, got in enumerate((first, second)):
+        need = got["shares"][me]
+        assert got["refused"].startswith(f"this process's share of the plan keeps "
+                                         f"{format_bytes(need)} in host RAM")
+        assert "host budget per process is" in got["refused"] and "\n" not in got["refused"]
+        # the store's measured host peak stays within the process's predicted share
+        assert 0 < host[me]["host_measured"] <= need
 
 
 def test_what_does_not_run_over_processes_is_refused_in_one_line(two_processes):

@@ -40,9 +40,10 @@ block's fate under those per-device budgets and the host budget, and each layer'
 Several processes (`jax.distributed`, `jgrind.devices.processes`): every process builds the
 same plan, schedule and placement over the devices of all of them, and runs the steps of the
 partitions placed on its own devices only. Its host, SSD and recompute tiers hold its own
-partitions' blocks, and of the others' only the rows its partitions read as halo; at each
-layer boundary those rows, and the halo gradients going back, cross between the processes by
-one ``all_to_all`` (`jgrind.devices.across_processes`). The weight gradients and the loss are
+partitions' blocks, and of the others' only the rows its partitions read as halo (the host
+budget holds that share, `jgrind.engine.build.process_host_need`); at each layer boundary
+those rows, and the halo gradients going back, cross between the processes by one
+``all_to_all`` (`jgrind.devices.across_processes`). The weight gradients and the loss are
 summed by the ``psum`` over the mesh of every process's devices, and every process applies the
 same update. A process pads only its own partitions and writes only their features, and
 reads from the graph the feature rows of other processes' partitions that its own read as
@@ -75,6 +76,7 @@ from jgrind.devices.across_processes import (ProcessTiers, RowExchange, collecti
 from jgrind.devices.exchange import DeviceToDevice, ThroughHost, per_layer
 from jgrind.devices.executor import AXIS, resolve_devices
 from jgrind.devices.placed_tier import DEVICE_TO_DEVICE, THROUGH_HOST, DeviceTiers
+from jgrind.engine.build import process_host_need
 from jgrind.engine.engine import OutOfCore
 from jgrind.engine.store import TIERS
 from jgrind.engine.sweeps import FROM_KEPT, Sweeps, adopted
@@ -320,7 +322,10 @@ class ShardedOutOfCore:
     of halo rows and halo gradients this process sent the others in the last epoch; summed
     over the processes, every crossing row at every layer boundary) and
     ``process_exchange_minimum_per_epoch`` (the least it could send: each of those rows
-    once forward and once back). None and 0 in one process.
+    once forward and once back); ``predicted_host_shares`` (``[processes]`` the host bytes
+    each process's tiers need by the plan: its own partitions' blocks and the halo rows of
+    the others' that it keeps, `jgrind.engine.build.process_host_need`; the host budget is
+    per process and holds each process's own). None and 0 in one process.
     """
 
     def __init__(self, graph, model, optimizer=None, *, devices=None, policy=None,
@@ -397,7 +402,13 @@ class ShardedOutOfCore:
                                 own_parts=own_parts, feature_rows=feature_rows,
                                 **engine_arguments)
         try:
+            self.predicted_host_shares = None
             if self.process_tiers is not None:
+                # what each process's host tier holds, by the plan (the host budget's measure)
+                plan = self.engine.built.plan
+                self.predicted_host_shares = [
+                    sum(process_host_need(plan, pg, np.flatnonzero(process_of_block == q)))
+                    for q in range(processes)]
                 self.process_tiers.read_halo_rows((ACTIVATION, 0), pg, feature_rows)
             self._place(graph, model, asked)
         except BaseException:

@@ -35,7 +35,7 @@ from jgrind.models.model import GNN
 from jgrind.executed.split import as_executed
 from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.plan.budgets import UNLIMITED, check_budget
-from jgrind.plan.cost import (Assignment, Memory, Workload, fit_masks, format_bytes,
+from jgrind.plan.cost import (ITEMSIZE, Assignment, Memory, Workload, fit_masks, format_bytes,
                               format_minimum, least_device_budget, memory)
 from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate, check_fate, storage_of
 from jgrind.plan.inventory import aggregation_widths, build_inventory, layer_widths
@@ -203,7 +203,8 @@ def build(graph: Graph, model: GNN, optimizer=None, *, policy=None, num_parts: i
                      max_shapes, prefetch, device_of)
     budgets = (UNLIMITED if device_budget is None else int(device_budget),
                UNLIMITED if host_budget is None else int(host_budget))
-    check_budgets(plan, *budgets)
+    check_budgets(plan, *budgets,
+                  share=None if own_parts is None else process_host_need(plan, pg, own_parts))
     parts = _padded_parts(graph, model, pg, split, max_shapes, own_parts)
     common = dict(plan=plan, model=model, given_model=given_model, executed=executed,
                   optimizer=optimizer, update=_jitted_update(optimizer),
@@ -362,8 +363,13 @@ def _memory_plan(workload: Workload, fates: dict, local: list, io: IOStrategy,
     return memory(workload, assignment, snapshot_bytes=snapshot)
 
 
-def check_budgets(plan: BoundPlan, device_budget: int, host_budget: int) -> None:
-    """BudgetError, with the least budgets that run, where the plan does not fit them."""
+def check_budgets(plan: BoundPlan, device_budget: int, host_budget: int,
+                  share: Optional[tuple] = None) -> None:
+    """BudgetError, with the least budgets that run, where the plan does not fit them.
+
+    ``share``: one process's host bytes of several (`process_host_need`, ``(blocks,
+    halo)``), which the host budget then holds instead of the whole plan's: each process's
+    host tier keeps its own partitions' blocks and the halo rows it reads of the others'."""
     m, num_parts = plan.memory, plan.num_parts
     # The minimum stated is one that runs: a budget-aware policy's own (`Budgeted` finds the
     # device budget its packing fits, beside the working set), else this plan's blocks beside
@@ -394,12 +400,63 @@ def check_budgets(plan: BoundPlan, device_budget: int, host_budget: int) -> None
             + (f" or the host budget to at least {format_minimum(least_host)}"
                if least_host else "")
             + ", or give a store directory on a fast disk (CLI: --store DIR)")
-    if m.host > host_budget:
+    offload = ("or send more blocks to the SSD tier (e.g. the ssd_offload or grinnder policy "
+               "with a store directory; CLI: --policy ssd --store DIR)")
+    if share is not None:
+        blocks, halo = share
+        if blocks + halo > host_budget:
+            raise BudgetError(
+                f"this process's share of the plan keeps {format_bytes(blocks + halo)} in "
+                f"host RAM (its partitions' blocks {format_bytes(blocks)} + halo rows of "
+                f"other processes' blocks {format_bytes(halo)}) but the host budget per "
+                f"process is {format_bytes(host_budget)}; raise it to at least "
+                f"{format_minimum(blocks + halo)} {offload}")
+    elif m.host > host_budget:
         raise BudgetError(
             f"the plan keeps {format_bytes(m.host)} in host RAM but the host budget is "
             f"{format_bytes(host_budget)}; raise it to at least {format_minimum(m.host)} "
-            "or send more blocks to the SSD tier (e.g. the ssd_offload or grinnder policy "
-            "with a store directory; CLI: --policy ssd --store DIR)")
+            f"{offload}")
+
+
+def process_host_need(plan: BoundPlan, pg: PartitionedGraph,
+                      own_parts: Collection[int]) -> tuple[int, int]:
+    """``(blocks, halo)``: the host bytes of one process of several whose partitions are
+    ``own_parts`` (`jgrind.devices.ShardedOutOfCore`). ``blocks``: `memory`'s host bytes for
+    those partitions' blocks alone, at the plan's fates. ``halo``: the float32 rows of other
+    processes' blocks that those partitions read as halo, which the process keeps in host RAM
+    for every table whose blocks are not on a device, whatever their tier
+    (`jgrind.devices.across_processes.ProcessTier`'s ``remote``), for as long as the table is
+    held: activations and kept aggregations all run, gradients two layers at a time (all run
+    where a layer's are all on the SSD, whose table is kept from epoch to epoch)."""
+    own = np.zeros(plan.num_parts, bool)
+    own[np.asarray(list(own_parts), np.int64)] = True
+    w = plan.workload
+    assignment = Assignment.from_fates(plan.fates, plan.num_layers, plan.num_parts)
+    mine = dataclasses.replace(w, owned=np.where(own, w.owned, 0), device_of=None)
+    blocks = memory(mine, assignment).host
+    # the distinct rows of other processes' blocks read as halo, counted per block
+    sizes = np.array([p.num_owned for p in pg.partitions], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    keys = [offsets[np.asarray(p.halo_owner, np.int64)] + np.asarray(p.halo_row, np.int64)
+            for p in pg.partitions if own[p.index]]
+    flat = np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
+    owner = np.searchsorted(offsets, flat, side="right") - 1
+    per_block = np.bincount(owner[~own[owner]], minlength=plan.num_parts)
+
+    def rows_kept(fates: list) -> int:
+        return int(per_block[[f is not Fate.DEVICE for f in fates]].sum())
+
+    acts = sum(rows_kept(plan.layer_fates(ACTIVATION, l)) * plan.widths[l]
+               for l in range(plan.num_layers))
+    kept = sum(rows_kept(fates) * w.aggregated.get(l, 0) for l, fates in plan.kept.items())
+    grads = {l: rows_kept(plan.layer_fates(GRADIENT, l)) * plan.widths[l]
+             for l in range(1, plan.num_layers)}
+    whole = {l for l in grads if all(f is Fate.SSD for f in plan.layer_fates(GRADIENT, l))}
+    pairs = max([(0 if l in whole else grads[l]) + (grads.get(l + 1, 0)
+                                                    if l + 1 not in whole else 0)
+                 for l in grads] or [0])
+    halo = acts + kept + sum(grads[l] for l in whole) + pairs
+    return int(blocks), ITEMSIZE * int(halo)
 
 
 # How much more padding (input rows, edges) `shape_count` accepts for fewer shapes, as a
