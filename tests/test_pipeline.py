@@ -138,12 +138,13 @@ def test_predictions_run_the_epochs_forward_sweeps():
             ran = []
             forward = ex.runner.sweeps.forward
 
-            def watched(params, l, key, variant, _ran=ran, _forward=forward):
-                _ran.append((l, key, variant))
-                return _forward(params, l, key, variant)
+            def watched(params, l, key, variant, evaluation=False, _ran=ran, _forward=forward):
+                _ran.append((l, key, variant, evaluation))
+                return _forward(params, l, key, variant, evaluation)
             ex.runner.sweeps.forward = watched
             logits[name] = ex.predict(params)
-            assert [l for l, _, _ in ran] == [
+            assert [l for l, _, _, _ in ran] == [
                 s.layer for s in forward_sweeps(ex.built.plan.schedule)]
-            assert all(key is None and v is Variant.FORWARD for _, key, v in ran)
+            assert all(key is None and v is Variant.FORWARD and evaluation
+                       for _, key, v, evaluation in ran)
     np.testing.assert_allclose(logits["recompute"], logits["host"], rtol=1e-5, atol=1e-6)
