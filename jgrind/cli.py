@@ -550,8 +550,8 @@ def cmd_train(args) -> int:
         # process 0 writes the run folder and the checkpoints (a resumed run sends the others
         # its state, `jgrind.checkpoint`); the others' files are dropped
         if joined.process_id:
-            import tempfile
-            out = tempfile.mkdtemp(prefix=f"jgrind-process{joined.process_id}-")
+            from jgrind.devices.scratch import scratch_folder
+            out = scratch_folder(joined.process_id)
     _check_devices(cfg.devices, joined)
     try:
         return _train(cfg, args, out, experiment)
