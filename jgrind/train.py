@@ -276,7 +276,10 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     node_loss = loss  # (the epochs' loop names the epoch's loss value `loss`)
 
     init_key, dropout_key = jax.random.split(key)
-    params, opt_state = initial_state(init_key, model, optimizer)
+    # op by op: a jitted `initial_state` would compile once per model and optimizer (about
+    # 1 s on CPU-2), where the ops' own programs are shared by every model (5 ms warm)
+    params = model.init(init_key)
+    opt_state = optimizer.init(params)
     best = {"epoch": -1, "val": -math.inf, "test": float("nan"), "score": -math.inf,
             "params": params}
     history: list[dict] = []
@@ -499,7 +502,9 @@ def initial_state(key: jax.Array, model: GNN,
     """``model.init(key)`` and the ``optimizer``'s state for it, in one compiled program, with
     the values the two give op by op. Op by op they compile a program per random draw, sqrt,
     negation and zeros (16 for a 3-layer GCN and adam), each a fraction of a second on a GPU,
-    before the first epoch; this program is kept per model and optimizer (`_initializer`)."""
+    before the first epoch; this program is kept per model and optimizer (`_initializer`).
+    `train` does not use it: each new model and optimizer compiles it again (about 1 s on
+    CPU-2), which cost a test suite that builds hundreds of them minutes."""
     return _initializer(model, optimizer)(key)
 
 

@@ -240,9 +240,9 @@ class Training:
 
     def __init__(self, executor, model, optimizer, seed: int = 0):
         import jax
-        from jgrind.train import initial_state  # one program, not one per op
         self.executor = executor
-        self.params, self.opt_state = initial_state(jax.random.key(seed), model, optimizer)
+        self.params = model.init(jax.random.key(seed))
+        self.opt_state = optimizer.init(self.params)
 
     def epoch(self, key) -> tuple[float, object]:
         """One epoch under ``key``: its seconds, until the parameters and loss are ready, and
