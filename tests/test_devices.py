@@ -205,9 +205,10 @@ def _last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def _run_processes(argv_of, env: dict, count: int = 2) -> list:
+def _run_processes(argv_of, env: dict, count: int = 2, timeout: float = 240) -> list:
     """Start ``count`` processes, ``argv_of(coordinator, i)`` each, joined at a free local
-    port; the last JSON line each printed, in process order (each must exit 0)."""
+    port; the last JSON line each printed, in process order (each must exit 0 within
+    ``timeout`` seconds; a group that fails is killed, not left running)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -217,13 +218,14 @@ def _run_processes(argv_of, env: dict, count: int = 2) -> list:
     results = []
     try:
         for p in procs:
-            stdout, stderr = p.communicate(timeout=240)
+            stdout, stderr = p.communicate(timeout=timeout)
             assert p.returncode == 0, stderr[-4000:]
             results.append(_last_json(stdout))
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
+                p.communicate()
     return results
 
 

@@ -202,3 +202,20 @@ def test_device_calls_are_timed_as_the_engine_compiles_them():
                                    (measuring._device_add, device.table_add)):
         assert split(measured_fn, (table_rows, width), rows) == split(engine_fn, engine_table,
                                                                       rows)
+
+
+def test_work_on_a_thread_is_timed_from_before_the_thread_starts(monkeypatch):
+    """A thread may finish its calls before its starter gets the join back (a loaded machine
+    deschedules the starter): the time still counts them, so the reads-beside-writes
+    measurement sizes its call counts by real call times, not by a join that waited for
+    nothing (which made its counts run into the thousands and one quick profile take 30 s)."""
+    import time
+
+    real = measuring._on_thread
+
+    def finished_before_the_join(work, n):
+        real(work, n)()  # the thread's calls are all done when the starter resumes
+        return lambda: None
+
+    monkeypatch.setattr(measuring, "_on_thread", finished_before_the_join)
+    assert measuring._timed_on_thread(lambda: time.sleep(0.01), 3) >= 0.03

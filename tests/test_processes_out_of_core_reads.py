@@ -22,7 +22,8 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_devices import _environment, _gradient_error, _last_json, _models  # noqa: E402
+from test_devices import (_environment, _gradient_error, _models,  # noqa: E402
+                          _run_processes)
 
 NUM_NODES, PARTS, EPOCHS, FEATURES, CLASSES = 1000, 4, 3, 8, 3
 CASES = (("gcn", "ssd"),)
@@ -141,27 +142,11 @@ def _refusal(coordinator: str, process_id: int, folder: str) -> dict:
     return {"refused": None}
 
 
-def _start_two(argv_of, count: int = 2) -> list:
+def _start_two(argv_of) -> list:
     """The JSON each of two processes, ``argv_of(coordinator, i)``, printed last."""
-    import subprocess
-
-    from jgrind.devices import processes
-    coordinator = f"127.0.0.1:{processes.free_port()}"
-    group = [subprocess.Popen([sys.executable, __file__, *argv_of(coordinator, me)],
-                              env=_environment(1), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for me in range(count)]
-    results = []
-    try:
-        for p in group:
-            stdout, stderr = p.communicate(timeout=600)
-            assert p.returncode == 0, stderr[-4000:]
-            results.append(_last_json(stdout))
-    finally:
-        for p in group:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    return results
+    return _run_processes(lambda coordinator, me: [sys.executable, __file__,
+                                                   *argv_of(coordinator, me)],
+                          _environment(1), timeout=600)
 
 
 @pytest.fixture(scope="module")

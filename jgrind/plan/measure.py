@@ -917,6 +917,16 @@ def _on_thread(work: Callable[[], None], n: int) -> Callable[[], None]:
     return join
 
 
+def _timed_on_thread(work: Callable[[], None], n: int) -> float:
+    """Seconds of ``n`` calls of ``work`` on a new thread, counted from before the thread
+    starts: the thread may be done before its starter gets the join, and a join timed alone
+    took next to nothing, so that call counts sized by it came out in the thousands and one
+    measurement took tens of seconds on a loaded machine."""
+    start = time.perf_counter()
+    _on_thread(work, n)()
+    return time.perf_counter() - start
+
+
 def _io_parallel(step: Callable, x, step_seconds: float, overlap: float, sizes: _Sizes,
                  rng: np.random.Generator) -> float:
     """The share of the store's reads and writes that run side by side, as the cost model
@@ -944,21 +954,16 @@ def _io_parallel(step: Callable, x, step_seconds: float, overlap: float, sizes: 
     def scatter_add() -> None:
         add_rows(target, idx, values)
 
-    def timed(join: Callable[[], None]) -> float:
-        start = time.perf_counter()
-        join()
-        return time.perf_counter() - start
-
     def calls(work) -> int:
         _on_thread(work, 1)()  # warm: the tables' pages
-        once = timed(_on_thread(work, 1))
+        once = _timed_on_thread(work, 1)
         return max(1, round(sizes.overlap_seconds / max(once, 1e-9)))
 
     n_r, n_w = calls(gather), calls(scatter_add)
     shares = []
     for _ in range(sizes.repeats):
-        r = timed(_on_thread(gather, n_r))
-        w = timed(_on_thread(scatter_add, n_w))
+        r = _timed_on_thread(gather, n_r)
+        w = _timed_on_thread(scatter_add, n_w)
         n_c = max(1, round((r + w) / step_seconds))
         c = _time_chain(step, x, n_c)
         start = time.perf_counter()
