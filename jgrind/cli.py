@@ -201,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--devices", type=int, metavar="K", help="place the partitions on K "
                       "devices (in each device's memory, as `jgrind train --devices K`): "
                       "print the placement and the halo exchange's bytes per epoch")
+    plan.add_argument("--num-processes", type=int, metavar="P", help="with --devices K: the "
+                      "K devices driven by P processes, K/P each (as `jgrind launch -n P "
+                      "--devices-per-process K/P` starts them): plan the host budget per "
+                      "process and print each process's partitions, devices and predicted "
+                      "host share [1]")
     plan.add_argument("--out", default="runs/plan", help="where to write the charts "
                       "[runs/plan]")
 
@@ -401,6 +406,7 @@ def cmd_plan(args) -> int:
              if getattr(args, k) is not None}
     cfg = dataclasses.replace(RunConfig(), **flags).with_overrides(args.overrides)
     _parts_flag(args.parts)
+    _processes_flag(args.num_processes, args.devices)
     check_output_folder(args.out)
     partitioner = build_partitioner(cfg)  # as train cuts
     device, host = parse_bytes(cfg.device_budget), parse_bytes(cfg.host_budget)
@@ -415,7 +421,7 @@ def cmd_plan(args) -> int:
     print(graph)
     if args.devices is not None:
         return _plan_devices(graph, model, cfg, partitioner, profile, args.devices,
-                             budgets=(device, host))
+                             budgets=(device, host), num_processes=args.num_processes or 1)
     from jgrind.plan import policies  # the store_dtype settings, as auto plans with them
     storages = policies.with_storage_named(
         policies.auto(), cfg.store_dtype, cfg.store_dtype_activations,
@@ -465,12 +471,28 @@ def _plan_of_run(run: pathlib.Path, out: str) -> int:
     return 0
 
 
+def _processes_flag(num_processes, devices) -> None:
+    """``jgrind plan --num-processes P``: with --devices K, 1 <= P <= K and P dividing K (each
+    process drives K/P devices, as `jgrind launch` starts them)."""
+    if num_processes is None:
+        return
+    if devices is None:
+        raise ConfigError(f"--num-processes {num_processes}: give --devices K too (the "
+                          "devices of every process together)")
+    if num_processes < 1 or devices < num_processes or devices % num_processes:
+        raise ConfigError(f"--num-processes {num_processes} with --devices {devices}: each "
+                          "process drives the same number of devices, at least one; give a "
+                          "process count that divides the device count")
+
+
 def _plan_devices(graph, model, cfg, partitioner, profile, devices: int,
-                  budgets=(None, None)) -> int:
+                  budgets=(None, None), num_processes: int = 1) -> int:
     """`jgrind plan --devices K`: the partitions (``--parts``, else one per device) placed on
     K devices by the profile's predicted step times, the bytes the halo exchange moves per
     epoch beside the minimum, and the predicted epoch over each link the machine may use
-    (`jgrind.plan.sharded`). Nothing runs, so K may exceed the devices this machine has."""
+    (`jgrind.plan.sharded`). Nothing runs, so K may exceed the devices this machine has.
+    With ``num_processes`` P, the out-of-core plan is for K devices in P processes: the
+    host budget per process, each process's share printed beside it."""
     from jgrind.partition import partition_graph
     from jgrind.plan.exchange import epoch_exchange_bytes, exchange_plan
     from jgrind.plan.placement import Rates, place
@@ -507,6 +529,7 @@ def _plan_devices(graph, model, cfg, partitioner, profile, devices: int,
     from jgrind.plan.sharded import print_devices_plan
     print_devices_plan(graph, model, profile, devices, *budgets, directory=cfg.store or None,
                        num_parts=cfg.parts or None, partitioner=partitioner, seed=cfg.seed,
+                       num_processes=num_processes,
                        storages=policies.with_storage_named(
                            policies.auto(), cfg.store_dtype, cfg.store_dtype_activations,
                            cfg.store_dtype_aggregations, cfg.store_dtype_gradients).storages())

@@ -359,6 +359,67 @@ def test_plan_prints_each_devices_peak(capsys, tmp_path):
     assert "exchange per layer: layer 0 device to device; layer 1 through host memory" in out
 
 
+def test_the_planner_holds_the_host_budget_per_process():
+    """Over two processes of one device each, the host budget holds each process's share
+    (its own host blocks and the halo rows it keeps of the other's, whatever their tier):
+    with the devices holding their working sets only, a budget between the larger share and
+    the whole plan's host bytes keeps every block in host RAM, which a budget on the whole
+    plan would not; a budget below the shares is refused in one line."""
+    from jgrind.plan.planner import PlanError, plan_run
+    from jgrind.plan.process_shares import host_shares
+    graph, model = _graph_and_model()
+    profile = _profile()
+    placed = dict(num_parts=PARTS, devices=2, device_processes=[0, 1])
+    on_devices = plan_run(graph, model, profile, device_budget=1 << 40, host_budget=1 << 40,
+                          **placed)
+    # every block on the devices: the halo rows of the other process's blocks stay
+    assert all(blocks == 0 < halo for blocks, halo in on_devices.host_shares)
+    working_set = int(max(on_devices.prediction.memory.device_working_sets))
+    roomy = plan_run(graph, model, profile, device_budget=working_set, host_budget=1 << 40,
+                     **placed)
+    shares = [b + h for b, h in roomy.host_shares]
+    whole = roomy.prediction.memory.host
+    budget = (max(shares) + whole) // 2
+    assert max(shares) < budget < whole
+    two = plan_run(graph, model, profile, device_budget=working_set, host_budget=budget,
+                   **placed)
+    assert two.processes is not None and two.processes.num_processes == 2
+    assert two.host_shares == host_shares(two.workload, two.assignment, two.processes)
+    assert max(b + h for b, h in two.host_shares) <= budget < two.prediction.memory.host
+    assert {row["fate"] for row in two.groups() if row["name"] != "aggregation"} == {"host"}
+    with pytest.raises(PlanError, match="raise the host budget to at least"):
+        plan_run(graph, model, profile, device_budget=working_set,
+                 host_budget=min(shares) // 4, **placed)
+
+
+def test_plan_prints_each_process_share(capsys, tmp_path):
+    """`jgrind plan --devices 2 --num-processes 2`: each process's devices, partitions and
+    predicted host share beside the host budget per process; a process count that does not
+    divide the device count is refused in one line."""
+    from jgrind.cli import main
+    from jgrind.plan import profile as hw
+    from jgrind.plan.cost import format_bytes
+    path = hw.save(_profile(directory=str(tmp_path.resolve())), tmp_path / "profile.json")
+    common = ["plan", "--dataset", "csbm", "--set", "num_nodes=600", "--parts", "4",
+              "--profile", str(path), "--device-budget", "500KiB", "--host-budget", "1MiB",
+              "--out", str(tmp_path / "plan")]
+    assert main(common + ["--devices", "2", "--num-processes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "out of core on 2 devices in 2 processes (--policy auto; " in out, out
+    lines = [line.strip() for line in out.splitlines() if line.startswith("  process ")]
+    assert [line.split(";")[0] for line in lines] == ["process 0: devices 0",
+                                                      "process 1: devices 1"], out
+    parts = sorted(p for line in lines for p in
+                   line.split("; partitions ")[1].split(";")[0].split(", "))
+    assert parts == ["0", "1", "2", "3"]
+    assert all(line.endswith(f"of the host budget per process {format_bytes(1 << 20)}")
+               and "halo rows of other processes' blocks" in line for line in lines), out
+    assert main(common + ["--devices", "2", "--num-processes", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give a process count that divides the device count" \
+        in err
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "cases":
         print(json.dumps(_run_cases(sys.argv[2])))

@@ -14,7 +14,7 @@ PACKAGE = pathlib.Path(jgrind.__file__).parent
 STAGES = [
     ("foundations", ("jgrind._kernels", "jgrind.arguments", "jgrind.compile_cache",
                      "jgrind.interrupts", "jgrind.sparse", "jgrind.loss", "jgrind.metrics",
-                     "jgrind.checkpoint", "jgrind.plots")),
+                     "jgrind.checkpoint", "jgrind.plots", "jgrind.broadcast")),
     # host memory, disk and transfer plumbing: the engine's, and the planner's to measure it
     ("host I/O", ("jgrind.hostio",)),
     ("graph", ("jgrind.graph", "jgrind.hetero", "jgrind.transforms", "jgrind.generators",

@@ -1,6 +1,7 @@
 """The out-of-core engine over several processes (`jgrind.devices.ShardedOutOfCore` with
 `jgrind.devices.across_processes`): two local processes of one CPU device each, joined by
-`jax.distributed` (gloo), each with its own host and SSD tiers, against in-memory training.
+`jax.distributed` (gloo), each with its own device, host and SSD tiers, against in-memory
+training; host blocks stored in bfloat16 against its error bound.
 
 One pair of processes runs every case and prints JSON (`_run_process`); the halo rows that
 cross between the processes are counted and compared with a count made here from the graph's
@@ -21,7 +22,8 @@ import pytest
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_devices import _environment, _gradient_error, _last_json, _models  # noqa: E402
+from test_devices import (_environment, _gradient_error, _models,  # noqa: E402
+                          _run_processes)
 
 NUM_NODES, PARTS, EPOCHS = 1200, 6, 3
 
@@ -34,11 +36,20 @@ def _graph():
 def _policy(fate: str, folder: pathlib.Path) -> dict:
     """``host``: the default over devices (every block in host RAM, aggregations kept there
     for the backward steps); ``ssd``: every block on the SSD, aggregations recomputed (the
-    backward steps gather their halo rows again)."""
+    backward steps gather their halo rows again); ``device``: every block on its partition's
+    device (`policies.in_memory`); ``bfloat16``: ``host`` with activations and gradients
+    stored in bfloat16."""
     from jgrind.devices.out_of_core import through_host_policy
+    from jgrind.hostio import codecs
     from jgrind.plan import policies
     if fate == "host":
         return {"policy": through_host_policy()}
+    if fate == "device":
+        return {"policy": policies.in_memory()}
+    if fate == "bfloat16":
+        return {"policy": policies.with_storage(through_host_policy(),
+                                                activations=codecs.bfloat16(),
+                                                gradients=codecs.bfloat16())}
     folder.mkdir(parents=True, exist_ok=True)
     return {"policy": policies.ssd_offload(str(folder)), "store": str(folder)}
 
@@ -56,18 +67,29 @@ def _crossing_pairs(ex) -> int:
     return int(np.unique(np.stack([src[far], process[dst][far]]), axis=1).shape[1])
 
 
+def _words(ex, name: str, l: int) -> int:
+    """Floats a crossing row of table ``(name, l)`` takes: its width, or where all its blocks
+    are in host RAM or on the SSD in a lossy storage dtype, that dtype's stored words."""
+    from jgrind.engine.store import CODED_TIERS
+    plan = ex.engine.built.plan
+    if all(f in CODED_TIERS for f in plan.layer_fates(name, l)):
+        return plan.workload.storage.codec(name).words(plan.widths[l])
+    return plan.widths[l]
+
+
 def _boundaries(ex) -> int:
     """Floats per crossing row that an epoch's schedule moves: a layer's input after every
     sweep that writes it, its gradient after every sweep that scatter-adds it."""
+    from jgrind.plan.fates import ACTIVATION, GRADIENT
     from jgrind.plan.schedule import BACKWARD
     plan = ex.engine.built.plan
     total = 0
     for sweep in plan.schedule.sweeps:
         l = sweep.layer
         if sweep.kind != BACKWARD and l + 1 < plan.num_layers and not plan.local[l + 1]:
-            total += plan.widths[l + 1]
+            total += _words(ex, ACTIVATION, l + 1)
         if sweep.kind == BACKWARD and l >= 1 and not plan.local[l]:
-            total += plan.widths[l]
+            total += _words(ex, GRADIENT, l)
     return total
 
 
@@ -151,6 +173,53 @@ def _host_budget_per_process(graph, model, host_case: dict) -> dict:
     return out
 
 
+def _auto_over_processes(graph, model) -> dict:
+    """`policies.auto` over the two processes, each given its own profile (process 1's twice
+    as slow: the run plans with process 0's), under a device budget of the devices' working
+    sets and a host budget between the larger process's share and the whole plan's host
+    bytes (of the plan made with room to spare in host RAM): its losses, the plan's
+    predicted epoch, the processes' shares by the plan and by the engine
+    (`process_host_need`), the whole plan's host bytes and the fates."""
+    import jax
+    import optax
+
+    from jgrind.devices import ShardedOutOfCore
+    from jgrind.plan import policies
+    from jgrind.plan.cost import Workload
+    from jgrind.plan.planner import plan_run
+    from jgrind.plan.sharded import scaled_profile
+    from test_planner import fixed_profile
+    profile = fixed_profile()
+    placed = dict(num_parts=PARTS, devices=2, device_processes=[0, 1])
+    # the devices' working sets, as planned and as the engine pads them (``max_shapes=1``)
+    first = plan_run(graph, model, profile, **placed)
+    padded = Workload.build(first.partitioned, model, max_shapes=1).on_devices(
+        first.placement.device_of).device_working_sets()
+    working_set = int(max(*first.prediction.memory.device_working_sets, *padded))
+    roomy = plan_run(graph, model, profile, device_budget=working_set, host_budget=1 << 40,
+                     **placed)
+    budget = (max(b + h for b, h in roomy.host_shares) + roomy.prediction.memory.host) // 2
+    own = profile if jax.process_index() == 0 else scaled_profile(profile, 0.5)
+    opt = optax.adam(0.01)
+    params = model.init(jax.random.key(0))
+    state = opt.init(params)
+    out = {"budget": budget, "losses": []}
+    with ShardedOutOfCore(graph, model, opt, devices=2, num_parts=PARTS, max_shapes=1,
+                          policy=policies.auto(profile=own), device_budget=working_set,
+                          host_budget=budget) as ex:
+        for epoch in range(EPOCHS):
+            key = jax.random.fold_in(jax.random.key(3), epoch)
+            params, state, loss = ex.step(params, state, key)
+            out["losses"].append(float(loss))
+        out.update(epoch_seconds=ex.plan.epoch_seconds,
+                   plan_shares=[b + h for b, h in ex.plan.host_shares],
+                   engine_shares=ex.predicted_host_shares, whole=ex.memory.host,
+                   fates=sorted({f.value for f in ex.fates.values()}),
+                   own_parts=len(ex.engine.runner.built.parts),
+                   host_measured=ex.store.accounts.peak_host)
+    return out
+
+
 def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
     """One of two processes of one CPU device: every case, as JSON-able results."""
     from jgrind.devices import processes
@@ -166,16 +235,19 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
     mine = pathlib.Path(folder) / f"process{process_id}"
     out = {"process": jax.process_index(), "devices": len(jax.devices()), "cases": []}
     refused = {}
-    from jgrind.plan import PolicyError, policies
-    for what, policy in (("device fates", policies.in_memory()), ("auto", policies.auto())):
+    from jgrind.devices.exchange import DeviceToDevice
+    from jgrind.plan import policies
+    for what, arguments in (("device to device", {"policy": policies.in_memory(),
+                                                  "exchange": DeviceToDevice()}),):
         try:
             ShardedOutOfCore(graph, built["gcn"], optax.sgd(0.1), devices=2, num_parts=PARTS,
-                             policy=policy).close()
-        except PolicyError as err:
+                             **arguments).close()
+        except ValueError as err:
             refused[what] = str(err)
     out["refused"] = refused
     checks = jax.process_index() == 0  # the in-memory side runs in process 0 only
-    for name, fate in (("gcn", "host"), ("sage-res-ln", "ssd")):
+    for name, fate in (("gcn", "host"), ("sage-res-ln", "ssd"), ("gcn", "device"),
+                       ("gcn", "bfloat16")):
         model = built[name]
         params = model.init(jax.random.key(0))
         opt = optax.adam(0.01)
@@ -190,8 +262,14 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
                 if epoch == 0:
                     _, grads = ex.loss_and_grad(ours, key)
                     if checks:
-                        case["gradient_error"] = _gradient_error(
-                            grads, memory.loss_and_grad(ref, key)[1])
+                        exact = memory.loss_and_grad(ref, key)[1]
+                        case["gradient_error"] = _gradient_error(grads, exact)
+                        # as tests/test_store_dtype.py measures a storage dtype's error
+                        case["relative_error"] = max(
+                            float(np.abs(np.asarray(g) - np.asarray(r)).max())
+                            for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(exact))) \
+                            / max(float(np.abs(np.asarray(r)).max())
+                                  for r in jax.tree.leaves(exact))
                 ours, ours_state, loss = ex.step(ours, ours_state, key)
                 case["losses"].append(float(loss))
                 if checks:
@@ -221,6 +299,7 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
                     case["loss_with_exchange"] = float(memory.loss_and_grad(params, key)[0])
             out["cases"].append(case)
     out["budget"] = _host_budget_per_process(graph, built["gcn"], out["cases"][0])
+    out["auto"] = _auto_over_processes(graph, built["gcn"])
     out["store_left"] = sorted(str(p.relative_to(mine)) for p in mine.rglob("*")
                                if p.is_file())
     return out
@@ -230,33 +309,17 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
 def two_processes(tmp_path_factory):
     """Both processes' JSON, in process order. Each takes about 30 s of CPU, most of it
     compiling; the limit is for a machine shared with other work."""
-    import subprocess
-
-    from jgrind.devices import processes
     folder = tmp_path_factory.mktemp("processes")
-    coordinator = f"127.0.0.1:{processes.free_port()}"
-    group = [subprocess.Popen([sys.executable, __file__, "process", coordinator, str(me),
-                               str(folder)], env=_environment(1), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for me in range(2)]
-    results = []
-    try:
-        for p in group:
-            stdout, stderr = p.communicate(timeout=900)
-            assert p.returncode == 0, stderr[-4000:]
-            results.append(_last_json(stdout))
-    finally:
-        for p in group:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-    return results
+    return _run_processes(lambda coordinator, me: [sys.executable, __file__, "process",
+                                                   coordinator, str(me), str(folder)],
+                          _environment(1), timeout=900)
 
 
 def _cases(two_processes, fate: str) -> list:
     return [next(c for c in r["cases"] if c["fate"] == fate) for r in two_processes]
 
 
-@pytest.mark.parametrize("fate", ["host", "ssd"])
+@pytest.mark.parametrize("fate", ["host", "ssd", "device"])
 def test_training_over_two_processes_equals_in_memory(two_processes, fate):
     assert [r["process"] for r in two_processes] == [0, 1]
     assert all(r["devices"] == 2 for r in two_processes)
@@ -268,15 +331,15 @@ def test_training_over_two_processes_equals_in_memory(two_processes, fate):
     assert first["logits_error"] < 1e-4
     # the other process took the same steps: the same losses and parameters, bit for bit
     assert second["losses"] == first["losses"] and second["params"] == first["params"]
-    for got in (first, second):
-        assert fate in got["tiers"] and "device" not in got["tiers"]
+    for got in (first, second):  # (device: each process's blocks on its own device)
+        assert fate in got["tiers"] and ("device" in got["tiers"]) == (fate == "device")
     # each process ran its own share of the partitions, together all of them
     shares = [first["own_parts"], second["own_parts"]]
     assert all(0 < s < PARTS for s in shares) and sum(shares) == PARTS
 
 
 def test_halo_rows_cross_between_the_processes_and_are_counted(two_processes):
-    for fate in ("host", "ssd"):
+    for fate in ("host", "ssd", "device", "bfloat16"):
         got = _cases(two_processes, fate)
         # each process sends the rows of its blocks the other reads, and the halo gradients
         # of the other's blocks: together every crossing row, at every layer boundary
@@ -285,8 +348,29 @@ def test_halo_rows_cross_between_the_processes_and_are_counted(two_processes):
         # the least: every crossing row once forward and once back (host: what is sent; the
         # SSD policy recomputes the aggregations, and sends the rows again for that)
         assert all(g["exchanged"] >= g["minimum"] > 0 for g in got)
-        if fate == "host":
+        if fate in ("host", "bfloat16"):
             assert all(g["exchanged"] == g["minimum"] for g in got)
+
+
+def test_bfloat16_blocks_over_two_processes_within_the_format_bound(two_processes):
+    """Host blocks stored in bfloat16: the rows cross in their stored words (half the
+    float32 bytes: this GCN's widths are even), and the gradients' error against in-memory
+    float32 training stays within tests/test_store_dtype.py's bound for bfloat16, as one
+    process's does; not zero (the blocks were stored in bfloat16)."""
+    from jgrind.hostio import codecs
+    from test_store_dtype import _fan_in, gradient_bound
+    first, second = _cases(two_processes, "bfloat16")
+    exact = _cases(two_processes, "host")[0]
+    assert 2 * sum(g["exchanged"] for g in (first, second)) == exact["expected"] \
+        == 2 * first["expected"]
+    bound = gradient_bound(codecs.bfloat16(), 2, _fan_in(_graph()))
+    assert 0 < first["relative_error"] <= bound
+    assert first["losses"] != first["reference"] and len(first["losses"]) == EPOCHS
+    assert all(abs(a - b) <= bound * abs(b) for a, b in zip(first["losses"],
+                                                             first["reference"]))
+    # the other process took the same steps, bit for bit
+    assert second["losses"] == first["losses"] and second["params"] == first["params"]
+    assert first["tiers"] == ["host"]
 
 
 def test_train_prints_the_bytes_each_process_sent_beside_the_minimum(two_processes):
@@ -373,10 +457,57 @@ def test_the_host_budget_holds_each_process_share(two_processes):
 
 def test_what_does_not_run_over_processes_is_refused_in_one_line(two_processes):
     for r in two_processes:
-        assert "is another process's; over several processes keep activations and " \
-            "gradients on the host or the SSD" in r["refused"]["device fates"]
-        assert r["refused"]["auto"].startswith("the planner (auto) does not plan a run over "
-                                               "several processes")
+        refused = r["refused"]["device to device"]
+        assert refused.startswith("halo rows go device to device within one process only")
+        assert "\n" not in refused
+
+
+def test_auto_over_two_processes_equals_in_memory_within_each_process_share(two_processes):
+    """`auto` plans a run over the two processes: both plan the same run (process 0's
+    profile, though process 1 was given a slower one), it trains as in memory, and the host
+    budget holds each process's share (by the plan and by the engine alike), which a budget
+    on the whole plan's host bytes would not."""
+    first, second = (r["auto"] for r in two_processes)
+    host = _cases(two_processes, "host")
+    assert first["losses"] == pytest.approx(host[0]["reference"], rel=1e-5)
+    assert second["losses"] == first["losses"] and len(first["losses"]) == EPOCHS
+    assert second["epoch_seconds"] == first["epoch_seconds"]
+    assert first["plan_shares"] == second["plan_shares"] == first["engine_shares"]
+    assert max(first["plan_shares"]) <= first["budget"] < first["whole"]
+    # host RAM only (the devices hold their working sets, no store given)
+    assert first["fates"] == second["fates"] and "device" not in first["fates"]
+    assert 0 < first["own_parts"] < PARTS and first["own_parts"] + second["own_parts"] == PARTS
+    for me, got in enumerate((first, second)):
+        assert 0 < got["host_measured"] <= got["plan_shares"][me]
+
+
+def test_one_process_of_several_sizes_its_host_cache_by_its_share(tmp_path):
+    """The store of one process of several (the engine built for ``own_parts``) gives the
+    host cache and the freed tables' arrays what this process's share leaves of the host
+    budget, not what the whole plan's host bytes leave; one process as before."""
+    import optax
+
+    from jgrind.engine import OutOfCore
+    from jgrind.engine.build import process_host_need
+    from jgrind.plan import policies
+    graph = _graph()
+    model = _models(graph.num_features, graph.num_classes)["gcn"]
+    own = [0, 2, 4]
+
+    def engine(**kwargs):
+        return OutOfCore(graph, model, optax.adam(0.01), policy=policies.host_offload(),
+                         num_parts=PARTS, max_shapes=1, **kwargs)
+    with engine() as whole:
+        m = whole.memory
+        need = sum(process_host_need(whole.built.plan, whole.built.pg, own))
+    assert need < m.host
+    budget = (need + m.host) // 2
+    with engine(own_parts=own, host_budget=budget) as mine:
+        assert mine.store.cache.capacity == budget - need > 0
+        assert mine.store.host_arrays.limit < m.stored_peaks[1]
+    with engine(host_budget=m.host + 1000) as one:  # one process: the whole plan's bytes
+        assert one.store.cache.capacity == 1000
+        assert one.store.host_arrays.limit == m.stored_peaks[1]
 
 
 def test_each_process_removes_its_store_files(two_processes):

@@ -4,9 +4,10 @@ partitions' blocks, and the halo rows that cross between processes travel by a J
 Every process builds the same plan and schedule (`jgrind.devices.ShardedOutOfCore`: the same
 partitions, their placement over the devices of all processes, the same fates) and runs only
 the steps of the partitions placed on its own devices. Its tables keep its own partitions'
-blocks in their tiers (host RAM, its own SSD folder, recomputed rows), and of every other
-process's blocks only the rows its own partitions read as halo (`ProcessTiers`: one small host
-array per table and tier). Those are the rows that cross:
+blocks in their tiers (its own devices, host RAM, its own SSD folder, recomputed rows), and of
+every other process's blocks only the rows its own partitions read as halo (`ProcessTiers`:
+one small host array per table and tier, `ProcessDeviceTier` for the device tier). Those are
+the rows that cross:
 
 * Forward: once a sweep has written a layer's rows (`RowExchange.rows`, at the layer boundary
   the schedule gives), every process sends the rows of its blocks that another process's
@@ -17,8 +18,9 @@ array per table and tier). Those are the rows that cross:
   rows there, before the sweep below reads them.
 
 Both are one ``all_to_all`` under `jax.shard_map` over a mesh of one device per process (gloo
-on the CPU, NCCL on GPUs), of a ``[processes, rows, width]`` buffer padded to the most rows
-any pair of processes sends. The bytes that cross are counted (``moved``: the real rows;
+on the CPU, NCCL on GPUs), of a ``[processes, rows, words]`` buffer padded to the most rows
+any pair of processes sends; a row crosses as its tier stores it (a lossy storage dtype's
+words, `ProcessTier`). The bytes that cross are counted (``moved``: the real rows;
 ``moved_padded``: the collective's buffers). The features need no exchange: each process
 writes its own partitions' blocks and reads, from the graph, the halo rows of other
 processes' blocks that its partitions read (`ProcessTiers.read_halo_rows`); from a saved
@@ -36,10 +38,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jgrind.engine.routes import TierRows
+from jgrind.engine.tiers.device import bucket_len, padded_rows, table_set
 from jgrind.engine.tiers.protocol import NOTHING_HELD, Shared, TierBlocks
 
-__all__ = ["HaloRows", "ProcessTier", "ProcessTiers", "RowExchange", "collective",
-           "halo_rows"]
+__all__ = ["HaloRows", "ProcessDeviceTier", "ProcessTier", "ProcessTiers", "RowExchange",
+           "collective", "halo_rows"]
 
 _AXIS = "processes"
 
@@ -118,11 +121,16 @@ class ProcessTiers:
         self.of_table: dict = {}  # table key -> [ProcessTier]
         self._lock = threading.Lock()
 
-    def wrapping(self, inner: type) -> type:
+    def wrapping(self, inner: type, coded: Optional[type] = None) -> type:
         """A `ProcessTier` class over tier class ``inner`` (what the store's ``tiers`` maps
-        a fate to)."""
-        return type(f"Process{inner.__name__}", (ProcessTier,),
-                    {"inner_class": inner, "run": self})
+        a fate to): a `ProcessDeviceTier` over a tier `on_device`. ``coded``: the class
+        that serves the fate's blocks of a table in a lossy storage dtype
+        (`jgrind.engine.store.CODED_TIERS`), which the tier then wraps instead (the table
+        keeps a class that serves ``any_codec`` itself)."""
+        base = ProcessDeviceTier if getattr(inner, "on_device", False) else ProcessTier
+        return type(f"Process{inner.__name__}", (base,),
+                    {"inner_class": inner, "coded_class": coded,
+                     "any_codec": coded is not None, "run": self})
 
     def register(self, tier: "ProcessTier") -> None:
         with self._lock:
@@ -143,33 +151,45 @@ class ProcessTiers:
                 continue
             nodes = pg.order[np.asarray(pg.offsets, np.int64)[blocks] + rows]
             order = np.argsort(nodes, kind="stable")
-            values = np.empty((nodes.size, tier.blocks.words), np.float32)
+            values = np.empty((nodes.size, tier.blocks.width), np.float32)
             values[order] = node_rows(nodes[order])
-            tier.set_remote(blocks, rows, values)
+            tier.set_remote(blocks, rows, tier.stored(values))
 
 
 class ProcessTier:
     """One tier's share of a table in one process: its own partitions' blocks in a tier of
     ``inner_class`` (the host, SSD or recompute tier, which numbers only those rows), and of
     other processes' blocks the rows its partitions read as halo, in a host array
-    (``remote``). Rows are renumbered on the way in (`_split`, once per route)."""
+    (``remote``). Rows are renumbered on the way in (`_split`, once per route).
+
+    A table in a lossy storage dtype (``blocks.codec``) is served by ``coded_class``, and
+    ``remote`` holds its rows' stored words, as the owner's tier holds them: the forward
+    exchange sends those words, so a gather here decodes to the values the owner's own
+    gathers read (one process's), and they cross smaller. Halo gradients are added into
+    ``remote`` as the coded tier adds them (decoded, added in float32, encoded again), and
+    their words go to the owner, which adds them into its rows the same way."""
 
     on_device = False
     inner_class: type
+    coded_class: Optional[type] = None
+    any_codec = False
     run: ProcessTiers
 
     def __init__(self, blocks: TierBlocks, shared: Shared):
         halo = self.run.halo
         self.blocks = blocks
+        self.codec = blocks.codec
         local = blocks.members & halo.local_block
         sizes = np.where(local, blocks.block_rows, 0)
         start = np.cumsum(sizes) - sizes
         self._local = local
         self._shift = np.asarray(blocks.start, np.int64) - start  # tier row -> inner row
+        self._remote_adds = 0  # scatter-adds into ``remote``: what seeds their rounding
         self.inner = None
         if int(sizes.sum()):
-            self.inner = self.inner_class(dataclasses.replace(blocks, members=local,
-                                                              start=start), shared)
+            inner_class = self.coded_class if self.codec.lossy else self.inner_class
+            self.inner = inner_class(dataclasses.replace(blocks, members=local, start=start),
+                                     shared)
         wanted, rows = halo.needed[halo.me]
         keep = blocks.members[wanted] & ~local[wanted]
         wanted, rows = wanted[keep], rows[keep]
@@ -200,14 +220,22 @@ class ProcessTier:
         owner = np.empty(src.size, np.int64)
         for a, b, o in rows.segments:
             owner[a:b] = o
-        mine = self._local[owner]
+        at, far, positions = self._divide(src, owner)
         inner = None
-        if mine.any():
-            at = np.flatnonzero(mine)
+        if at.size:
             inner = _tier_rows(rows.code, dst[at], src[at] - self._shift[owner[at]],
                                owner[at], rows.own)
-        far = np.flatnonzero(~mine)
-        remote = None
+        remote = (dst[far], positions) if far.size else None
+        self._splits[id(rows)] = (rows, inner, remote)
+        return inner, remote
+
+    def _divide(self, src: np.ndarray, owner: np.ndarray) -> tuple:
+        """``(mine, far, remote positions)``: the positions in tier rows ``src`` (of blocks
+        ``owner``) of own blocks' rows and of other processes' rows, and where the latter
+        are in ``remote``."""
+        local = self._local[owner]
+        mine, far = np.flatnonzero(local), np.flatnonzero(~local)
+        positions = np.zeros(0, np.int64)
         if far.size:
             positions = np.searchsorted(self._remote_src, src[far])
             if positions.max() >= self._remote_src.size \
@@ -215,9 +243,7 @@ class ProcessTier:
                 raise RuntimeError(f"{self.blocks.name} {self.blocks.layer}: a step reads "
                                    "rows of another process's partition that the exchange "
                                    "does not bring")
-            remote = (dst[far], positions)
-        self._splits[id(rows)] = (rows, inner, remote)
-        return inner, remote
+        return mine, far, positions
 
     def _remote_positions(self, blocks: np.ndarray, rows: np.ndarray) -> np.ndarray:
         src = np.asarray(self.blocks.start, np.int64)[blocks] + rows
@@ -229,6 +255,25 @@ class ProcessTier:
         src = np.asarray(self.blocks.start, np.int64)[blocks] + rows - self._shift[blocks]
         return _tier_rows(0, np.arange(blocks.size), src, blocks, 0)
 
+    # -- stored words (a lossy storage dtype; else the values themselves) ---------------------
+    def stored(self, values: np.ndarray) -> np.ndarray:
+        """The stored words of float32 rows ``values``, as this table's tiers keep them. A
+        codec that rounds to nearest gives the owner's words; a stochastic one rounds with
+        numbers of its own."""
+        if not self.codec.lossy:
+            return values
+        seed = (self.blocks.generation, self.blocks.layer, self.blocks.block_rows.size,
+                self._remote_adds, self.run.halo.me)
+        self._remote_adds += 1
+        return self.codec.encode(np.ascontiguousarray(values, np.float32), seed=seed)
+
+    def values(self, words: np.ndarray) -> np.ndarray:
+        """The float32 rows of stored ``words``."""
+        if not self.codec.lossy:
+            return words
+        return self.codec.decode(words, np.empty((words.shape[0], self.blocks.width),
+                                                 np.float32))
+
     # -- the `Tier` methods -------------------------------------------------------------------
     def write_block(self, block: int, values) -> None:
         if self._local[block]:
@@ -238,8 +283,8 @@ class ProcessTier:
         # halo rows come from `ProcessTiers.read_halo_rows`): keep the rows read as halo
         at = np.flatnonzero(self._remote_block == block)
         if at.size:
-            self.remote[at] = np.asarray(values)[self._remote_src[at]
-                                                 - int(self.blocks.start[block])]
+            self.remote[at] = self.stored(np.asarray(values)[self._remote_src[at]
+                                                             - int(self.blocks.start[block])])
 
     def read_block(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
         if not self._local[block]:
@@ -252,14 +297,28 @@ class ProcessTier:
         if inner is not None:
             self.inner.take_rows(inner, out)
         if remote is not None:
+            out[remote[0]] = self.values(self.remote[remote[1]])
+
+    def take_stored(self, rows: TierRows, out: np.ndarray) -> None:
+        """``out[rows.dst]`` = the stored words of rows ``rows.src`` (a coded tier's
+        gather of stored words, `jgrind.engine.tiers.coded`)."""
+        inner, remote = self._split(rows)
+        if inner is not None:
+            self.inner.take_stored(inner, out)
+        if remote is not None:
             out[remote[0]] = self.remote[remote[1]]
 
     def add_rows(self, rows: TierRows, values: np.ndarray) -> None:
         inner, remote = self._split(rows)
         if inner is not None:
             self.inner.add_rows(inner, values)
-        if remote is not None:
-            self.remote[remote[1]] += values[remote[0]]  # rows of one scatter-add are distinct
+        if remote is None:
+            return
+        dst, at = remote  # rows of one scatter-add are distinct
+        if self.codec.lossy:
+            self.remote[at] = self.stored(self.values(self.remote[at]) + values[dst])
+        else:
+            self.remote[at] += values[dst]
 
     def hold(self, blocks: tuple):
         if self.inner is None:
@@ -296,28 +355,110 @@ class ProcessTier:
 
     def read_own(self, blocks: np.ndarray, rows: np.ndarray, out: np.ndarray,
                  at: np.ndarray) -> None:
-        """``out[at] = self[(blocks, rows)]``, rows of this process's blocks."""
+        """``out[at, :words] = self[(blocks, rows)]``, rows of this process's blocks in
+        their stored words."""
         if blocks.size:
             buffer = np.zeros((blocks.size, self.blocks.words), np.float32)
-            self.inner.take_rows(self._inner_rows(blocks, rows), buffer)
-            out[at] = buffer
+            take = self.inner.take_stored if self.codec.lossy else self.inner.take_rows
+            take(self._inner_rows(blocks, rows), buffer)
+            out[at, :self.blocks.words] = buffer
 
-    def add_own(self, blocks: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
-        """``self[(blocks, rows)] += values``, rows of this process's blocks (distinct)."""
+    def add_own(self, blocks: np.ndarray, rows: np.ndarray, words: np.ndarray) -> None:
+        """``self[(blocks, rows)] += values(words)``, rows of this process's blocks
+        (distinct)."""
         if blocks.size:
-            self.inner.add_rows(self._inner_rows(blocks, rows),
-                                np.ascontiguousarray(values, np.float32))
+            self.inner.add_rows(self._inner_rows(blocks, rows), np.ascontiguousarray(
+                self.values(words[:, :self.blocks.words]), np.float32))
 
     def remote_rows(self) -> tuple:
         """``(blocks, rows)`` of the other processes' rows this tier keeps, in order."""
         blocks = self._remote_block
         return blocks, self._remote_src - np.asarray(self.blocks.start, np.int64)[blocks]
 
-    def set_remote(self, blocks: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
-        self.remote[self._remote_positions(blocks, rows)] = values
+    def set_remote(self, blocks: np.ndarray, rows: np.ndarray, words: np.ndarray) -> None:
+        """The remote rows ``(blocks, rows)`` = stored ``words`` (their first columns)."""
+        self.remote[self._remote_positions(blocks, rows)] = words[:, :self.blocks.words]
 
     def take_remote(self, blocks: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """The stored words of remote rows ``(blocks, rows)``."""
         return self.remote[self._remote_positions(blocks, rows)]
+
+
+class ProcessDeviceTier(ProcessTier):
+    """A `ProcessTier` over the device tier (`jgrind.devices.placed_tier.PlacedDeviceTier`):
+    its own partitions' blocks on their own devices, and of other processes' blocks the rows
+    its partitions read as halo in host memory, where the collective leaves them. A gather
+    that reads some of those puts them on the reading step's device with the step's own
+    rows taken there; a scatter-add leaves those rows' partial gradients in host memory, for
+    `RowExchange.gradients` to send to their owner. Rows of own blocks stay on the devices,
+    as in one process."""
+
+    on_device = True
+
+    def _divide_rows(self, src: np.ndarray) -> tuple:
+        """`_divide` of tier rows ``src`` (any order), with the inner tier's rows of the own
+        ones."""
+        src = np.asarray(src, np.int64)
+        members = self.blocks.blocks
+        starts = np.asarray(self.blocks.start, np.int64)[members]
+        owner = members[np.searchsorted(starts, src, side="right") - 1]
+        mine, far, positions = self._divide(src, owner)
+        return mine, src[mine] - self._shift[owner[mine]], owner[mine], far, positions
+
+    def _reading_device(self) -> jax.Device:
+        """The device of the step that gathers now (the loader's), else this process's
+        first."""
+        run = self.inner_class.run
+        if run.reader is not None:
+            return run.reader
+        return next(d for d in run.devices if d.process_index == jax.process_index())
+
+    def read_on_device(self, block: int, length: int) -> jax.Array:
+        if not self._local[block]:
+            raise RuntimeError(f"{self.blocks.name} {self.blocks.layer}: block {block} is "
+                               "another process's")
+        return self.inner.read_on_device(block, length)
+
+    def take_on_device(self, src: np.ndarray, length: int) -> jax.Array:
+        """Rows ``src`` as a ``[length, width]`` array on the reading step's device: other
+        processes' rows sent from host memory, and own rows taken on their devices and set
+        among them there."""
+        mine, inner_src, _, far, positions = self._divide_rows(src)
+        if not far.size:
+            return self.inner.take_on_device(inner_src, length)
+        host = np.zeros((length, self.blocks.width), np.float32)
+        host[far] = self.remote[positions]
+        out = jax.device_put(host, self._reading_device())
+        if not mine.size:
+            return out
+        n = bucket_len(mine.size)
+        got = self.inner.take_on_device(inner_src, n)
+        device = next(iter(got.devices()))
+        return table_set(_on(out, device), jax.device_put(padded_rows(mine, n, length), device),
+                         got)
+
+    def add_on_device(self, src: np.ndarray, values: jax.Array) -> None:
+        """``self[src] += values[:src.size]``: own rows added on their devices, other
+        processes' rows into ``remote``."""
+        mine, inner_src, owner, far, positions = self._divide_rows(src)
+        if not far.size:
+            self.inner.add_on_device(inner_src, values)
+            return
+        if mine.size:
+            self.inner.add_taken_on_device(_tier_rows(0, mine, inner_src, owner, 0), values)
+        self.remote[positions] += np.asarray(jax.device_get(values))[far]
+
+    def add_taken_on_device(self, rows: TierRows, values: jax.Array) -> None:
+        """``self[rows.src] += values[rows.dst]``, as `add_on_device`."""
+        inner, remote = self._split(rows)
+        if inner is not None:
+            self.inner.add_taken_on_device(inner, values)
+        if remote is not None:
+            self.remote[remote[1]] += np.asarray(jax.device_get(values))[remote[0]]
+
+
+def _on(array: jax.Array, device: jax.Device) -> jax.Array:
+    return array if array.devices() == {device} else jax.device_put(array, device)
 
 
 def collective(what: str, run):
@@ -350,6 +491,8 @@ def _tier_rows(code: int, dst: np.ndarray, src: np.ndarray, owner: np.ndarray,
 class RowExchange:
     """The halo rows and halo gradients that cross between processes at a layer boundary:
     one ``all_to_all`` over ``devices`` (one device of each process, in process order) each.
+    A row crosses in its stored words (`ProcessTier`): float32 values, or a lossy storage
+    dtype's words, as its tier keeps it; the collective moves them as int32, bits as they are.
 
     ``moved``: bytes of real rows sent by this process since the last `reset`;
     ``moved_padded``: the collective's send buffers' bytes (the padding included);
@@ -376,31 +519,34 @@ class RowExchange:
         self.exchanges = 0
 
     def _all_to_all(self, send: np.ndarray) -> np.ndarray:
-        """``[processes, rows, width]`` out (slot r: to process r) -> in (slot s: from s)."""
+        """``[processes, rows, words]`` out (slot r: to process r) -> in (slot s: from s)."""
         count = self.halo.count
-        local = jax.device_put(send[None], self._device)
+        local = jax.device_put(send.view(np.int32)[None], self._device)
         stacked = jax.make_array_from_single_device_arrays(
             (count, *send.shape), self._sharding, [local])
         self.exchanges += 1
         self.moved_padded += send.nbytes - send[self.me].nbytes
         return collective("the halo exchange", lambda: np.asarray(
-            self._swap(stacked).addressable_data(0))[0])
+            self._swap(stacked).addressable_data(0))[0].view(np.float32))
 
-    def _buffer(self, width: int) -> np.ndarray:
-        return np.zeros((self.halo.count, self._length, width), np.float32)
+    def _buffer(self, tiers: list, width: int) -> np.ndarray:
+        """The send buffer of a table of ``width`` whose tiers are ``tiers``: as wide as
+        the widest stored row (the same tiers in every process: the same buffer)."""
+        words = max([t.blocks.words for t in tiers], default=width)
+        return np.zeros((self.halo.count, self._length, words), np.float32)
 
     def rows(self, name: str, layer: int, width: int) -> None:
         """After a sweep wrote table ``(name, layer)``: every process's rows that others read
         as halo, sent to them and kept in their remote rows."""
         tiers = self.tiers.tiers((name, layer))
-        send = self._buffer(width)
+        send = self._buffer(tiers, width)
         for to in range(self.halo.count):
             if to == self.me:
                 continue
             blocks, rows = self.halo.sent(to)
             for tier, at in _by_tier(tiers, blocks):
                 tier.read_own(blocks[at], rows[at], send[to], at)
-            self.moved += blocks.size * width * 4
+                self.moved += at.size * tier.blocks.words * 4
         got = self._all_to_all(send)
         for sender in range(self.halo.count):
             if sender == self.me:
@@ -414,14 +560,14 @@ class RowExchange:
         partial gradients this process holds for other processes' blocks, sent to their
         owners and added into their rows there."""
         tiers = self.tiers.tiers((name, layer))
-        send = self._buffer(width)
+        send = self._buffer(tiers, width)
         for owner in range(self.halo.count):
             if owner == self.me:
                 continue
             blocks, rows = self.halo.received(owner)
             for tier, at in _by_tier(tiers, blocks):
-                send[owner][at] = tier.take_remote(blocks[at], rows[at])
-            self.moved += blocks.size * width * 4
+                send[owner][at, :tier.blocks.words] = tier.take_remote(blocks[at], rows[at])
+                self.moved += at.size * tier.blocks.words * 4
         got = self._all_to_all(send)
         for reader in range(self.halo.count):
             if reader == self.me:

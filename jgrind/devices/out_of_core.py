@@ -39,9 +39,10 @@ block's fate under those per-device budgets and the host budget, and each layer'
 
 Several processes (`jax.distributed`, `jgrind.devices.processes`): every process builds the
 same plan, schedule and placement over the devices of all of them, and runs the steps of the
-partitions placed on its own devices only. Its host, SSD and recompute tiers hold its own
-partitions' blocks, and of the others' only the rows its partitions read as halo (the host
-budget holds that share, `jgrind.engine.build.process_host_need`); at each layer boundary
+partitions placed on its own devices only. Its device, host, SSD and recompute tiers hold its
+own partitions' blocks (a device block on its partition's device), and of the others' only
+the rows its partitions read as halo, in host memory (the host budget holds that share,
+`jgrind.engine.build.process_host_need`); at each layer boundary
 those rows, and the halo gradients going back, cross between the processes by one
 ``all_to_all`` (`jgrind.devices.across_processes`). The weight gradients and the loss are
 summed by the ``psum`` over the mesh of every process's devices, and every process applies the
@@ -51,9 +52,10 @@ halo. Given a saved graph (`jgrind.datasets.saved_arrays.SavedGraph`, as ``jgrin
 --dataset npy:FOLDER`` hands it to each of several processes), a process reads the whole CSR
 structure (the partitioner, the placement and the halo rows read every edge) and, of the
 features, only those rows (`jgrind.devices.local.FeatureRows`); every process checks that all
-cut the same partitions. Refused over several processes, one line each: blocks with the
-device fate (their rows would have to cross from another process's device), the planner
-(`auto`), host and SSD blocks in a storage dtype other than float32.
+cut the same partitions. Host and SSD blocks in a lossy storage dtype cross in their stored
+words, so a process reads another's rows as that one's own gathers do. Refused over several
+processes, in one line: ``exchange=DeviceToDevice()`` (between processes the rows cross by
+the collective, whatever a layer's route; the routes move rows between one process's devices).
 
 Still refused: the naive policy's snapshots (one more tier of step inputs).
 """
@@ -78,14 +80,14 @@ from jgrind.devices.executor import AXIS, resolve_devices
 from jgrind.devices.placed_tier import DEVICE_TO_DEVICE, THROUGH_HOST, DeviceTiers
 from jgrind.engine.build import process_host_need
 from jgrind.engine.engine import OutOfCore
-from jgrind.engine.store import TIERS
+from jgrind.engine.store import CODED_TIERS, TIERS, DeviceRows
 from jgrind.engine.sweeps import FROM_KEPT, Sweeps, adopted
 from jgrind.plan.cost import ITEMSIZE
 from jgrind.plan.exchange import exchange_plan
 from jgrind.executed.split import as_executed
 from jgrind.partition import partition_graph
 from jgrind.partition.partitioners import label_propagation
-from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate, PolicyError, storage_of
+from jgrind.plan.fates import ACTIVATION, GRADIENT, Fate
 from jgrind.plan.placement import Placement, Rates, place
 from jgrind.plan.protocols import PlansRun
 from jgrind.plan.sharded import planned_routes
@@ -144,9 +146,17 @@ def _device_of(tree) -> Optional[jax.Device]:
 
 
 def _on(tree, device: jax.Device):
-    """``tree``'s arrays on ``device`` (those there already are kept; None stays None)."""
-    return jax.tree.map(lambda a: a if isinstance(a, jax.Array) and a.devices() == {device}
-                        else jax.device_put(a, device), tree)
+    """``tree``'s arrays on ``device`` (those there already are kept; None stays None). A
+    gathered input of stored words (`jgrind.engine.tiers.coded.StoredRows`, a lossy storage
+    dtype's) is sent and decoded there, as the pipeline does on one device."""
+    def put(a):
+        if isinstance(a, DeviceRows):
+            with jax.default_device(device):
+                a = a.to_device()
+        if isinstance(a, jax.Array) and a.devices() == {device}:
+            return a
+        return jax.device_put(a, device)
+    return jax.tree.map(put, tree)
 
 
 def _replaced(sums: PerDevice, device, value) -> PerDevice:
@@ -251,8 +261,9 @@ class _PlacedSweeps(Sweeps):
             with self.device_tiers.reading_for(device):
                 loaded = load(part)
             # counted as the pipeline counts what it puts
-            self.built.store.count(to_device=sum(a.nbytes for a in jax.tree.leaves(loaded)
-                                                 if isinstance(a, np.ndarray)))
+            self.built.store.count(to_device=sum(
+                a.host.nbytes if isinstance(a, DeviceRows) else a.nbytes
+                for a in jax.tree.leaves(loaded) if isinstance(a, (np.ndarray, DeviceRows))))
             return _on(loaded, device)
         return placed
 
@@ -348,15 +359,23 @@ class ShardedOutOfCore:
         partitioner = engine_arguments.pop("partitioner", label_propagation)
         self.plan = None
         if isinstance(policy, PlansRun):  # `auto`: planned for these devices
+            directory = None if engine_arguments.get("store") is None \
+                else str(engine_arguments["store"])
+            over = {}
+            if processes > 1:  # every process plans with process 0's profile, per process
+                over = {"profile": _profile_of_process_zero(policy, directory),
+                        "device_processes": [d.process_index for d in self.devices]}
             self.plan = policy.prepare(
                 graph, model, device_budget=engine_arguments.get("device_budget"),
-                host_budget=engine_arguments.get("host_budget"),
-                directory=None if engine_arguments.get("store") is None
-                else str(engine_arguments["store"]),
+                host_budget=engine_arguments.get("host_budget"), directory=directory,
                 partitioner=partitioner, num_parts=num_parts,
-                seed=engine_arguments.get("seed", 0), devices=k)
-            routes = planned_routes(self.plan, model,
-                                    policy.load_profile(self.plan.directory))
+                seed=engine_arguments.get("seed", 0), devices=k, **over)
+            if processes > 1:  # (each store folder's free space is its own process's)
+                from jgrind.devices import processes as joined
+                from jgrind.plan.process_shares import plan_fingerprint
+                joined.agree(plan_fingerprint(self.plan), "plan (auto)")
+            routes = planned_routes(self.plan, model, over.get("profile")
+                                    or policy.load_profile(self.plan.directory))
             asked = tuple(a if a is not None else r for a, r in zip(asked, routes))
             pg, placement = self.plan.partitioned, self.plan.placement
             num_parts, policy = self.plan.num_parts, self.plan.policy()
@@ -391,8 +410,9 @@ class ShardedOutOfCore:
             _agree_on_partitions(saved, pg)
             self.process_tiers = ProcessTiers(halo_rows(pg, process_of_block, processes,
                                                         jax.process_index()))
-            tiers.update({fate: self.process_tiers.wrapping(TIERS[fate])
-                          for fate in (Fate.HOST, Fate.SSD, Fate.RECOMPUTE)})
+            tiers.update({fate: self.process_tiers.wrapping(tiers.get(fate, TIERS[fate]),
+                                                            CODED_TIERS.get(fate))
+                          for fate in (Fate.DEVICE, Fate.HOST, Fate.SSD, Fate.RECOMPUTE)})
             # another process's partitions' step inputs are never used here: not padded,
             # and of their features only the halo rows these partitions read
             own_parts = np.flatnonzero(process_of_block == jax.process_index())
@@ -532,12 +552,26 @@ class ShardedOutOfCore:
         """The least this process sends the others per epoch: at every layer boundary that
         aggregates above the features (each process reads those from the graph), the rows of
         its partitions that theirs read as halo, once, and the halo gradients of their rows
-        that its partitions read, once."""
+        that its partitions read, once; each row in its stored words (`RowExchange`: a host
+        or SSD block's in its storage dtype)."""
         halo, plan = self.process_tiers.halo, self.engine.built.plan
-        rows = sum(halo.sent(q)[0].size + halo.received(q)[0].size
-                   for q in range(halo.count) if q != halo.me)
-        width = sum(plan.widths[l] for l in range(1, plan.num_layers) if not plan.local[l])
-        return ITEMSIZE * rows * width
+        others = [q for q in range(halo.count) if q != halo.me]
+
+        def per_block(blocks: list) -> np.ndarray:
+            return np.bincount(np.concatenate(blocks + [np.zeros(0, np.int64)]),
+                               minlength=plan.num_parts)
+        # [P] rows of each block: those sent forward (this process's), and those whose halo
+        # gradients go back (the others')
+        sent = per_block([halo.sent(q)[0] for q in others])
+        back = per_block([halo.received(q)[0] for q in others])
+        storage = plan.workload.storage
+
+        def words(rows: np.ndarray, name: str, l: int) -> int:
+            coded = np.array([f in CODED_TIERS for f in plan.layer_fates(name, l)])
+            stored = storage.codec(name).words(plan.widths[l])
+            return int(np.sum(rows * np.where(coded, stored, plan.widths[l])))
+        return ITEMSIZE * sum(words(sent, ACTIVATION, l) + words(back, GRADIENT, l)
+                              for l in range(1, plan.num_layers) if not plan.local[l])
 
     # -- running ------------------------------------------------------------------------------
     def _params_on(self, params, device):
@@ -665,7 +699,7 @@ def _agree_on_partitions(saved, pg) -> None:
 
 
 def _check_processes(devices: list, policy, exchange) -> None:
-    """One line (`PolicyError`, a ValueError; `ProcessError` for devices missing a process)
+    """One line (a ValueError; `ProcessError` for devices missing a process)
     for what the out-of-core engine does not run over several processes (yet), before
     anything is built."""
     from jgrind.devices.processes import ProcessError
@@ -674,18 +708,38 @@ def _check_processes(devices: list, policy, exchange) -> None:
         raise ProcessError(f"process {missing[0]} drives none of the {len(devices)} devices "
                          "asked for; with several processes, ask for every process's devices "
                          "(--devices: all of them)")
-    if isinstance(policy, PlansRun):
-        raise PolicyError("the planner (auto) does not plan a run over several processes yet; "
-                         "name a policy (host_offload, ssd_offload) or run one process")
-    if storage_of(policy).lossy:
-        raise PolicyError("host and SSD blocks in another storage dtype than float32 are not "
-                         "exchanged between processes yet; train float32 over several "
-                         "processes")
     chosen = exchange if isinstance(exchange, (list, tuple)) else (exchange,)
     if any(isinstance(e, DeviceToDevice) for e in chosen):
         raise ValueError("halo rows go device to device within one process only; between "
                          "processes they cross by a collective from the host and SSD tiers: "
                          "leave exchange= out or ask ThroughHost()")
+
+
+def _profile_of_process_zero(policy, directory: Optional[str]):
+    """The hardware profile `auto` plans with over several processes: process 0's
+    (`policy.load_profile`: its saved one, or measured there), sent to every process. A
+    profile each process read itself would carry its own free memory, which the budgets come
+    from, and where none is saved every process would measure at once; with one profile the
+    processes plan the same run. `ProcessError` in the others where process 0 fails (its own
+    output says why)."""
+    import json
+
+    from jgrind.broadcast import broadcast_bytes
+    from jgrind.devices.processes import ProcessError
+    from jgrind.plan.hardware import Profile
+    data = None
+    if jax.process_index() == 0:
+        try:
+            data = json.dumps(policy.load_profile(directory).to_json()).encode()
+        except Exception:
+            broadcast_bytes(b"")  # the others stop with a line of their own
+            raise
+    data = broadcast_bytes(data)
+    if not data:
+        raise ProcessError("process 0 could not load or measure the hardware profile that "
+                           "auto plans with (its own output says why)")
+    return Profile.from_json(json.loads(data.decode()))
+
 
 
 def through_host_policy():

@@ -14,6 +14,12 @@ its halo rows owned by partitions of other devices move by the route of their la
 
 The tier counts what it moves between devices per route (`DeviceTiers.moved`) and the bytes
 it holds per device (`DeviceTiers.held`, ``peak``); the store's device account holds their sum.
+
+Over several processes each process's tier holds only its own devices' blocks: it is made
+through `jgrind.devices.across_processes.ProcessTiers.wrapping`, which gives it this
+process's blocks and keeps the halo rows of other processes' device blocks itself (they cross
+by the processes' collective, whatever the layer's route: the routes move rows between
+devices of one process).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from jgrind.engine.tiers.device import (bucket_len, padded_rows, table_add as _a
                                          table_add_taken as _add_taken, table_set as _set,
                                          table_take as _take)
 from jgrind.engine.tiers.protocol import NOTHING_HELD, Shared, TierBlocks
-from jgrind.plan.fates import ACTIVATION, GRADIENT, PolicyError
+from jgrind.plan.fates import ACTIVATION, GRADIENT
 from jgrind.plan.sharded import DeviceToDevice, ThroughHost
 
 __all__ = ["DeviceTiers", "PlacedDeviceTier"]
@@ -138,11 +144,10 @@ class PlacedDeviceTier:
             counts[d] += rows
         away = [run.devices[d] for d, n in enumerate(counts)
                 if n and run.devices[d].process_index != jax.process_index()]
-        if away:
-            raise PolicyError(f"{blocks.name} {blocks.layer}: the plan keeps blocks on the "
-                             f"devices, and {away[0]} is another process's; over several "
-                             "processes keep activations and gradients on the host or the SSD "
-                             "(policies.host_offload, policies.ssd_offload)")
+        if away:  # over several processes the tier is made for this process's blocks only
+            raise RuntimeError(f"{blocks.name} {blocks.layer}: a device tier of this process "
+                               f"was given blocks of {away[0]}, another process's device "
+                               "(make it through ProcessTiers.wrapping)")
         self.arrays: dict[int, jax.Array] = {
             d: jnp.zeros((int(n), self.width), jnp.float32, device=run.devices[d])
             for d, n in enumerate(counts) if n}

@@ -172,6 +172,7 @@ def agree(fingerprint: str, what: str = "graph and settings") -> None:
                        "every process with the same dataset, settings and flags")
 
 
+
 def stop() -> None:
     """Leave the processes: the watchdog stops and marks this process done, so that the
     others do not take a process that finished first for a dead one; then JAX's shutdown (a

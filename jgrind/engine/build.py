@@ -35,9 +35,10 @@ from jgrind.models.model import GNN
 from jgrind.executed.split import as_executed
 from jgrind.partition import PartitionedGraph, partition_graph, shape_groups
 from jgrind.plan.budgets import UNLIMITED, check_budget
-from jgrind.plan.cost import (ITEMSIZE, Assignment, Memory, Workload, fit_masks, format_bytes,
+from jgrind.plan.cost import (Assignment, Memory, Workload, fit_masks, format_bytes,
                               format_minimum, least_device_budget, memory)
 from jgrind.plan.fates import ACTIVATION, AGGREGATION, GRADIENT, Fate, check_fate, storage_of
+from jgrind.plan import process_shares
 from jgrind.plan.inventory import aggregation_widths, build_inventory, layer_widths
 from jgrind.plan.policies import grinnder
 from jgrind.plan.protocols import (BindContext, IOStrategy, bind, check_policy, io_strategy,
@@ -213,7 +214,8 @@ def build(graph: Graph, model: GNN, optimizer=None, *, policy=None, num_parts: i
                   steps=_layer_steps(model, plan.workload, remat_policy, loss,
                                      compile_effort),
                   largest_output=_largest_output(parts, plan.widths, plan.num_layers))
-    opened = _open_store(plan, pg, parts, budgets, store, common["largest_output"], tiers)
+    opened = _open_store(plan, pg, parts, budgets, store, common["largest_output"], tiers,
+                         own_parts)
     if feature_rows is None:
         feature_rows = graph.features.__getitem__
     return _with_resources(opened, feature_rows, prefetch, common)
@@ -424,39 +426,24 @@ def process_host_need(plan: BoundPlan, pg: PartitionedGraph,
     ``own_parts`` (`jgrind.devices.ShardedOutOfCore`). ``blocks``: `memory`'s host bytes for
     those partitions' blocks alone, at the plan's fates. ``halo``: the float32 rows of other
     processes' blocks that those partitions read as halo, which the process keeps in host RAM
-    for every table whose blocks are not on a device, whatever their tier
+    for every table, whatever its blocks' tiers, the device's included
     (`jgrind.devices.across_processes.ProcessTier`'s ``remote``), for as long as the table is
     held: activations and kept aggregations all run, gradients two layers at a time (all run
     where a layer's are all on the SSD, whose table is kept from epoch to epoch)."""
+    mine, halo = _process_share(plan, pg, own_parts)
+    return int(mine.host), halo
+
+
+def _process_share(plan: BoundPlan, pg: PartitionedGraph,
+                   own_parts: Collection[int]) -> tuple[Memory, int]:
+    """`process_host_need`'s parts: the `Memory` of partitions ``own_parts``' blocks alone
+    and the halo bytes (`jgrind.plan.process_shares`, as the planner counts them)."""
     own = np.zeros(plan.num_parts, bool)
     own[np.asarray(list(own_parts), np.int64)] = True
-    w = plan.workload
     assignment = Assignment.from_fates(plan.fates, plan.num_layers, plan.num_parts)
-    mine = dataclasses.replace(w, owned=np.where(own, w.owned, 0), device_of=None)
-    blocks = memory(mine, assignment).host
-    # the distinct rows of other processes' blocks read as halo, counted per block
-    sizes = np.array([p.num_owned for p in pg.partitions], np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    keys = [offsets[np.asarray(p.halo_owner, np.int64)] + np.asarray(p.halo_row, np.int64)
-            for p in pg.partitions if own[p.index]]
-    flat = np.unique(np.concatenate(keys)) if keys else np.zeros(0, np.int64)
-    owner = np.searchsorted(offsets, flat, side="right") - 1
-    per_block = np.bincount(owner[~own[owner]], minlength=plan.num_parts)
-
-    def rows_kept(fates: list) -> int:
-        return int(per_block[[f is not Fate.DEVICE for f in fates]].sum())
-
-    acts = sum(rows_kept(plan.layer_fates(ACTIVATION, l)) * plan.widths[l]
-               for l in range(plan.num_layers))
-    kept = sum(rows_kept(fates) * w.aggregated.get(l, 0) for l, fates in plan.kept.items())
-    grads = {l: rows_kept(plan.layer_fates(GRADIENT, l)) * plan.widths[l]
-             for l in range(1, plan.num_layers)}
-    whole = {l for l in grads if all(f is Fate.SSD for f in plan.layer_fates(GRADIENT, l))}
-    pairs = max([(0 if l in whole else grads[l]) + (grads.get(l + 1, 0)
-                                                    if l + 1 not in whole else 0)
-                 for l in grads] or [0])
-    halo = acts + kept + sum(grads[l] for l in whole) + pairs
-    return int(blocks), ITEMSIZE * int(halo)
+    return (process_shares.own_memory(plan.workload, assignment, own),
+            process_shares.halo_bytes(plan.workload, assignment,
+                                      process_shares.halo_rows_read(pg, own)))
 
 
 # How much more padding (input rows, edges) `shape_count` accepts for fewer shapes, as a
@@ -551,12 +538,21 @@ def _apply_update(optimizer, params, opt_state, grads, loss):
 
 def _open_store(plan: BoundPlan, pg: PartitionedGraph, parts: list, budgets: tuple,
                 directory: Optional[str], largest_output: int,
-                tiers: Optional[dict] = None) -> Store:
+                tiers: Optional[dict] = None,
+                own_parts: Optional[Collection[int]] = None) -> Store:
     """The store, with a host cache within the host budget (without one: at most half the
-    host RAM free now, `jgrind.hostio.host_memory`) unless the policy's I/O reads no whole blocks."""
+    host RAM free now, `jgrind.hostio.host_memory`) unless the policy's I/O reads no whole blocks.
+
+    One process of several (``own_parts``: its partitions) holds its own share of the plan's
+    host bytes (`process_host_need`): the cache and the freed tables' arrays take what that
+    share leaves of the host budget, which holds each process's."""
     device_budget, host_budget = budgets
     m = plan.memory
-    host_cache = max(host_budget - m.host, 0) if host_budget < UNLIMITED else \
+    host_need, host_peak = m.host, m.stored_peaks[1]
+    if own_parts is not None:
+        mine, halo = _process_share(plan, pg, own_parts)
+        host_need, host_peak = mine.host + halo, mine.stored_peaks[1] + halo
+    host_cache = max(host_budget - host_need, 0) if host_budget < UNLIMITED else \
         min(sum(i.nbytes for i in plan.inventory), host_memory.available() // 2)
     if not plan.io.cache:
         host_cache = 0
@@ -564,9 +560,10 @@ def _open_store(plan: BoundPlan, pg: PartitionedGraph, parts: list, budgets: tup
                  directory if directory is not None else store_directory(plan.policy),
                  host_cache_bytes=host_cache, ssd_bytes_needed=m.ssd_needed,
                  row_reads=plan.io.row_reads,
-                 # freed tables' arrays are kept within the plan's peak
-                 host_tables_bytes=m.stored_peaks[1],
-                 input_buffer_bytes=_input_buffer_bytes(plan, parts, budgets, largest_output),
+                 # freed tables' arrays are kept within the plan's peak (this process's)
+                 host_tables_bytes=host_peak,
+                 input_buffer_bytes=_input_buffer_bytes(plan, parts, budgets, largest_output,
+                                                        host_need),
                  input_staging=_input_staging(), storage=plan.workload.storage,
                  tiers=tiers)
 
@@ -583,12 +580,13 @@ def _input_staging() -> Optional[transfers.PinnedStaging]:
 
 
 def _input_buffer_bytes(plan: BoundPlan, parts: list, budgets: tuple,
-                        largest_output: int) -> int:
+                        largest_output: int, host_need: int) -> int:
     """Host RAM the store may keep for step inputs' buffers between uses: `INPUT_BUFFERS` of
     the largest step input, when the budget that holds step inputs has room for them beside
     the plan, else none. On the CPU backend the plan counts step inputs in the device's
     working set (its memory is host RAM), beside which a kept step output (`Spares`) may also
-    live; elsewhere they are host RAM staged for the transfer."""
+    live; elsewhere they are host RAM staged for the transfer, beside ``host_need`` (the
+    plan's host bytes, or this process's share of them)."""
     device_budget, host_budget = budgets
     largest = 4 * max([math.prod(input_shape(p, l, plan.local, plan.widths))
                        for p in parts for l in range(plan.num_layers)], default=0)
@@ -596,7 +594,7 @@ def _input_buffer_bytes(plan: BoundPlan, parts: list, budgets: tuple,
     if jax.default_backend() == "cpu":
         fits = plan.memory.device + largest_output + want <= device_budget
     else:
-        fits = plan.memory.host + want <= host_budget
+        fits = host_need + want <= host_budget
     return want if fits else 0
 
 

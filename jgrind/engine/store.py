@@ -139,8 +139,9 @@ class Table:
                  codec: Codec = FLOAT32, generation: int = 0):
         self.name, self.layer, self.width = name, layer, int(width)
         self.codec = codec
-        if codec.lossy:
-            tiers = {**tiers, **CODED_TIERS}
+        if codec.lossy:  # (a run's class that serves ``any_codec`` itself is kept)
+            tiers = {**tiers, **{fate: coded for fate, coded in CODED_TIERS.items()
+                                 if not getattr(tiers.get(fate), "any_codec", False)}}
         self.key = (name, layer)
         self.block_rows = block_rows
         self._buffers, self._routes = shared.buffers, routes

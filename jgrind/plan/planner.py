@@ -45,7 +45,8 @@ from jgrind.hostio import disk_space
 from jgrind.partition import partition_graph
 from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.budgets import UNLIMITED
-from jgrind.plan.cost import (Assignment, HostCores, Prediction, Workload, accumulate_seconds,
+from jgrind.plan.cost import (ITEMSIZE, Assignment, HostCores, Prediction, Workload,
+                              accumulate_seconds,
                               backward_kind, fit_masks, format_bytes, format_minimum,
                               fullest_working_set, gather_seconds, in_memory_seconds,
                               least_device_budget, predict, read_block_seconds, step_seconds,
@@ -54,6 +55,7 @@ from jgrind.plan.execution import fits_in_memory, in_memory_bytes
 from jgrind.plan.fates import (ACTIVATION, AGGREGATION, EXACT, FATES, GRADIENT, D, Fate, H, R,
                                S, Storage, TensorInfo)
 from jgrind.plan.inventory import layer_widths
+from jgrind.plan.process_shares import host_shares, process_split
 from jgrind.plan.protocols import IOStrategy
 from jgrind.plan.schedule import epoch_schedule
 
@@ -96,6 +98,11 @@ class Plan:
       placement: on several devices (`plan_run`'s ``devices``), the partitions' devices
         (`jgrind.plan.placement.Placement`), which the device budget is held per device of;
         None: one device.
+      processes: over several processes (`plan_run`'s ``device_processes``), the partitions'
+        processes (`jgrind.plan.process_shares.ProcessSplit`), which the host budget is held
+        per process of; None: one process.
+      host_shares: with ``processes``, every process's predicted host bytes, ``(blocks,
+        halo)`` (`jgrind.plan.process_shares.host_shares`), each within the host budget.
     """
 
     in_memory: bool
@@ -114,6 +121,8 @@ class Plan:
     alternatives: tuple = ()
     in_memory_bytes: int = 0
     placement: object = None
+    processes: object = None
+    host_shares: tuple = ()
 
     def fates(self) -> dict:
         return {} if self.assignment is None else self.assignment.fates()
@@ -226,7 +235,8 @@ class _Coefficients:
 
 def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
            device_room: int, host_room: int, ssd: bool, ssd_room: int,
-           keep: bool = True) -> Optional[Assignment]:
+           keep: bool = True, processes=None,
+           process_rooms: Optional[np.ndarray] = None) -> Optional[Assignment]:
     """The exact fate counts for one recompute set, or None if infeasible.
 
     With ``keep``, every layer with an aggregation (`Workload.aggregated`) also gets a binary
@@ -234,13 +244,17 @@ def _solve(w: Workload, profile, coef: _Coefficients, recomputed: frozenset, *,
     Kept, the backward sweep reads ``Z_l`` instead of gathering ``H_l``: the gather's cost
     enters through ``u_l >= gather - M k_l`` (``u_l`` is the gather when ``k_l = 0``, 0 when
     1). The sweep's compute is linear in ``k_l`` and, where the layer below uses output masks
-    (made only by a layer that regathers), in ``k_{l+1}`` and their product ``q_l``."""
+    (made only by a layer that regathers), in ``k_{l+1}`` and their product ``q_l``.
+
+    With ``processes`` (a `jgrind.plan.process_shares.ProcessSplit`), the host budget holds
+    each process's own host blocks within its room ``process_rooms[q]`` (`_process_rooms`)
+    instead of the whole plan's within ``host_room``."""
     best, capped = None, None
     for _ in range(CAPPED_ROUNDS):
-        program = _Program(w, profile, coef, recomputed, keep, capped)
+        program = _Program(w, profile, coef, recomputed, keep, capped, processes)
         program.one_tier_per_block()
         program.sweep_times()
-        program.memory(device_room, host_room, ssd, ssd_room)
+        program.memory(device_room, host_room, ssd, ssd_room, process_rooms)
         counts = program.solve(ssd)
         if counts is None:
             break
@@ -268,10 +282,13 @@ class _Program:
     their sum); the device and host peaks ``m_dev``, ``m_host``. On several devices
     (`Workload.device_of`), per device ``d``: each group's device blocks among ``d``'s
     partitions ``x_d[g]`` (and ``y_d[l]`` of each kept layer) and ``d``'s gradient peak
-    ``m_d``, so the device budget holds each device's own blocks."""
+    ``m_d``, so the device budget holds each device's own blocks. Over several processes
+    (``processes``, a `jgrind.plan.process_shares.ProcessSplit`), per process ``q`` the
+    same for its host blocks: ``x_q[g]``, ``y_q[l]`` and ``m_q``, so the host budget holds
+    each process's own blocks."""
 
     def __init__(self, w: Workload, profile, coef: _Coefficients, recomputed: frozenset,
-                 keep: bool, capped: Optional[tuple] = None):
+                 keep: bool, capped: Optional[tuple] = None, processes=None):
         L = w.num_layers
         self.w, self.profile, self.coef, self.P = w, profile, coef, w.num_parts
         self.groups = [(ACTIVATION, l) for l in range(L) if l not in recomputed] + \
@@ -291,13 +308,18 @@ class _Program:
         self.device_of = w.device_of
         self.K = 0 if w.device_of is None else w.num_devices
         self.d0, self.per_device = self.m_host + 1, len(self.groups) + len(self.kept_layers) + 1
-        self.n = self.d0 + self.K * self.per_device
+        # per process: x_q of every group, y_q of every kept layer, m_q (host blocks)
+        self.split = processes
+        self.Q = 0 if processes is None else processes.num_processes
+        self.p0 = self.d0 + self.K * self.per_device
+        self.n = self.p0 + self.Q * self.per_device
         # which price bounds each sweep's I/O (`_epigraph`): 1 where the host's cores cap it
         # (`HostCores`), 0 (and None: everywhere) where the threads' time beside each other
         self.cores = HostCores.of(profile)
         self.capped = capped if self.cores is not None else None
         self.io_forms: list = []  # per sweep: (its threads' forms, its cores' forms)
         self.device_counts = None  # per device, from a solution
+        self.process_counts = None  # per process, from a solution
         self.eta = float(profile.overlap)
         self.par = float(profile.io_parallel)
         self.rows, self.lo, self.hi = [], [], []
@@ -326,6 +348,15 @@ class _Program:
 
     def md(self, d):
         return self.d0 + (d + 1) * self.per_device - 1
+
+    def xq(self, g, q):
+        return self.p0 + q * self.per_device + self.gi[g]
+
+    def yq(self, l, q):
+        return self.p0 + q * self.per_device + len(self.groups) + self.kept_layers.index(l)
+
+    def mq(self, q):
+        return self.p0 + (q + 1) * self.per_device - 1
 
     def add(self, entries: dict, lower: float, upper: float) -> None:
         """One constraint row: ``lower <= sum(v * var[key]) <= upper``."""
@@ -495,10 +526,12 @@ class _Program:
             least_total += sweep(c, min(io_threads, io_cores))
         return tuple(capped), (threads_total - least_total) / max(threads_total, 1e-12)
 
-    def memory(self, device_room, host_room: int, ssd: bool, ssd_room: int) -> None:
+    def memory(self, device_room, host_room: int, ssd: bool, ssd_room: int,
+               process_rooms: Optional[np.ndarray] = None) -> None:
         """The peaks: activations and kept aggregations all epoch, gradients two layers at a
         time, within each tier's room. On several devices ``device_room`` is ``[K]``, each
-        device's room (`per_device_memory`)."""
+        device's room (`per_device_memory`); over several processes the host's room is each
+        process's, ``process_rooms`` (`per_process_memory`)."""
         w, L, x, y = self.w, self.w.num_layers, self.x, self.y
 
         def most(name: str, l: int, code: int) -> float:
@@ -512,6 +545,9 @@ class _Program:
         if self.K:
             self.per_device_memory(np.asarray(device_room))
             tiers = tiers[1:]
+        if self.Q:
+            self.per_process_memory(np.asarray(process_rooms))
+            tiers = tuple(t for t in tiers if t[0] != H)
         for code, m, room in tiers:
             self.add({**{x((ACTIVATION, l), code): most(ACTIVATION, l, code) for l in range(L)
                          if (ACTIVATION, l) in self.gi},
@@ -551,6 +587,34 @@ class _Program:
                     entries[xd((GRADIENT, l + 1), d)] = -most(w.block_bytes(l + 1))
                 self.add(entries, 0, np.inf)
 
+    def per_process_memory(self, rooms: np.ndarray) -> None:
+        """Each process's host blocks, within its room: the counts per process add up to
+        the group's host blocks, each process's blocks are priced at its largest (in their
+        storage dtype), and the halo rows it keeps of a kept aggregation take room when the
+        aggregation is kept (the other halo rows are in ``rooms`` already)."""
+        w, L, x, y, k = self.w, self.w.num_layers, self.x, self.y, self.k
+        xq, yq, mq = self.xq, self.yq, self.mq
+        for g in self.groups:
+            self.add({x(g, H): 1, **{xq(g, q): -1 for q in range(self.Q)}}, 0, 0)
+        for l in self.kept_layers:
+            self.add({y(l, H): 1, **{yq(l, q): -1 for q in range(self.Q)}}, 0, 0)
+        for q in range(self.Q):
+            members = self.split.own(q)
+            halo = ITEMSIZE * int(self.split.halo[q].sum())
+
+            def most(name: str, l: int) -> float:
+                return float(np.max(w.stored_bytes(name, l)[members], initial=0))
+            self.add({**{xq((ACTIVATION, l), q): most(ACTIVATION, l) for l in range(L)
+                         if (ACTIVATION, l) in self.gi},
+                      **{yq(l, q): most(AGGREGATION, l) for l in self.kept_layers},
+                      **{k(l): halo * w.aggregated[l] for l in self.kept_layers},
+                      mq(q): 1}, -np.inf, float(rooms[q]))
+            for l in range(1, L):
+                entries = {mq(q): 1, xq((GRADIENT, l), q): -most(GRADIENT, l)}
+                if l + 1 < L:
+                    entries[xq((GRADIENT, l + 1), q)] = -most(GRADIENT, l + 1)
+                self.add(entries, 0, np.inf)
+
     def solve(self, ssd: bool) -> Optional[np.ndarray]:
         """The block counts (``x`` and ``y``) of the fastest solution, or None if infeasible."""
         from scipy.optimize import Bounds, LinearConstraint, milp
@@ -579,6 +643,14 @@ class _Program:
             for l in self.kept_layers:
                 upper[self.yd(l, d)] = on_device
                 integrality[self.yd(l, d)] = 1
+        for q in range(self.Q):
+            in_process = int(np.sum(self.split.own(q)))
+            for g in self.groups:
+                upper[self.xq(g, q)] = in_process
+                integrality[self.xq(g, q)] = 1
+            for l in self.kept_layers:
+                upper[self.yq(l, q)] = in_process
+                integrality[self.yq(l, q)] = 1
         with _quiet_stdout():  # HiGHS' MIP presolve prints a debug line straight to fd 1
             res = milp(c_obj, constraints=LinearConstraint(np.array(self.rows), self.lo,
                                                            self.hi),
@@ -589,7 +661,9 @@ class _Program:
         self.solution = res.x
         solution = np.rint(res.x).astype(np.int64)
         if self.K:
-            self.device_counts = solution[self.d0:].reshape(self.K, self.per_device)
+            self.device_counts = solution[self.d0:self.p0].reshape(self.K, self.per_device)
+        if self.Q:
+            self.process_counts = solution[self.p0:].reshape(self.Q, self.per_device)
         return solution[:self.n_y]
 
     def assignment(self, counts: np.ndarray) -> Assignment:
@@ -599,22 +673,27 @@ class _Program:
         # blocks; the layout then gives the fastest tier the blocks other partitions read most.
         most_read_first = np.argsort(-(w.halo.sum(axis=0) + w.owned), kind="stable")
 
+        def column(counts_each, i: int):
+            return None if counts_each is None else counts_each[:, i]
+
         def codes_for(g) -> np.ndarray:
             if g not in gi:
                 return np.full(P, R if g[0] == ACTIVATION else D, np.int8)
             c3 = counts[4 * gi[g]: 4 * gi[g] + 3]
-            if self.K:
+            if self.K or self.Q:
                 return self._placed_codes(most_read_first, c3,
-                                          self.device_counts[:, gi[g]])
+                                          column(self.device_counts, gi[g]),
+                                          column(self.process_counts, gi[g]))
             codes = np.empty(P, np.int8)
             codes[most_read_first] = np.repeat(np.array([D, H, S], np.int8), c3)[:P]
             return codes
 
         def kept_codes(l) -> np.ndarray:
             c3 = counts[self.zi[l]: self.zi[l] + 3]
-            if self.K:
-                return self._placed_codes(np.arange(P), c3, self.device_counts[
-                    :, len(self.groups) + self.kept_layers.index(l)])
+            if self.K or self.Q:
+                i = len(self.groups) + self.kept_layers.index(l)
+                return self._placed_codes(np.arange(P), c3, column(self.device_counts, i),
+                                          column(self.process_counts, i))
             return np.repeat(np.array([D, H, S], np.int8), c3)[:P]
 
         kept = {l: kept_codes(l) for l in self.kept_layers if counts[self.k(l)] == 1}
@@ -623,16 +702,27 @@ class _Program:
                                 for l in range(L)), kept)
 
     def _placed_codes(self, order: np.ndarray, c3: np.ndarray,
-                      on_devices: np.ndarray) -> np.ndarray:
+                      on_devices: Optional[np.ndarray],
+                      in_processes: Optional[np.ndarray] = None) -> np.ndarray:
         """Codes with ``on_devices[d]`` device blocks among device ``d``'s partitions (the
-        first of them in ``order``), and the other partitions in host, then SSD, in
-        ``order``."""
+        first of them in ``order``; None: ``c3[0]`` first ones), and the other partitions in
+        host, then SSD, in ``order``: with ``in_processes``, ``in_processes[q]`` host blocks
+        among process ``q``'s partitions."""
         codes = np.full(self.P, -1, np.int8)
-        placed = self.device_of[order]
-        for d in range(self.K):
-            codes[order[placed == d][:int(on_devices[d])]] = D
+        if on_devices is None:
+            codes[order[:int(c3[0])]] = D
+        else:
+            placed = self.device_of[order]
+            for d in range(self.K):
+                codes[order[placed == d][:int(on_devices[d])]] = D
         rest = order[codes[order] == -1]
-        codes[rest] = np.repeat(np.array([H, S], np.int8), c3[1:3])[:rest.size]
+        if in_processes is None:
+            codes[rest] = np.repeat(np.array([H, S], np.int8), c3[1:3])[:rest.size]
+            return codes
+        process = self.split.process_of[rest]
+        for q in range(self.Q):
+            codes[rest[process == q][:int(in_processes[q])]] = H
+        codes[codes == -1] = S
         return codes
 
 
@@ -671,7 +761,7 @@ def _recompute_sets(w: Workload, allow: bool):
 def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
          host_budget: Optional[int] = None, directory: Optional[str] = None,
          ssd_free: Optional[int] = None, recompute: bool = True, num_params: int = 0,
-         partitioned=None, keep: bool = True, least: bool = True) -> Plan:
+         partitioned=None, keep: bool = True, least: bool = True, processes=None) -> Plan:
     """The fastest predicted plan for workload ``w`` (a fixed partitioning) under the budgets.
 
     Args:
@@ -684,6 +774,10 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
       keep: allow keeping aggregations (docs/engine.md, "Kept aggregations").
       least: find the budgets to state when nothing fits (False: a bare PlanError, for that
         search itself).
+      processes: the partitions' processes (`jgrind.plan.process_shares.ProcessSplit`) when
+        they run in several: ``host_budget`` then holds each process's share (its own
+        blocks and the halo rows it keeps of the others', `_process_rooms`); None: one
+        process.
 
     Raises:
       PlanError: no assignment fits, with the smallest budgets that would (each checked by
@@ -700,7 +794,7 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
             try:
                 plan(given, profile, device_budget=device, host_budget=host_bytes,
                      directory=directory, ssd_free=ssd_free, recompute=recompute,
-                     num_params=num_params, keep=keep, least=False)
+                     num_params=num_params, keep=keep, least=False, processes=processes)
             except PlanError:
                 return False
             return True
@@ -731,7 +825,9 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
     for rset, coef in itertools.product(_recompute_sets(w, recompute), coefs):
         transient = 2 * max([int(w.block_bytes(l).sum()) for l in rset] or [0])
         a = _solve(w, coef.profile, coef, rset, device_room=device_room,
-                   host_room=host - transient, ssd=ssd, ssd_room=ssd_room, keep=keep)
+                   host_room=host - transient, ssd=ssd, ssd_room=ssd_room, keep=keep,
+                   processes=processes, process_rooms=None if processes is None else
+                   _process_rooms(w, processes, rset, host))
         if a is None:
             continue
         key = tuple(c.tobytes() for c in a.activations + a.gradients) + tuple(
@@ -740,8 +836,7 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
             continue
         seen.add(key)
         base = predict(w, a, profile, 0, num_params)
-        leftover = max(host - base.memory.host, 0) if host < UNLIMITED else \
-            base.memory.ssd
+        leftover = _host_left(w, a, base.memory, host, processes)
         for cache in sorted({0, leftover if base.memory.ssd else 0}):
             p = predict(w, a, profile, cache, num_params)
             label = (f"recompute {sorted(rset)}" if rset else "store every layer") + \
@@ -754,9 +849,10 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
     # should never be predicted slower than a fixed policy that fits.
     for label, a in _uniform_candidates(w, ssd, recompute):
         m = predict(w, a, profile, 0, num_params).memory
-        if m.device > dev or m.host > host or m.ssd_needed > ssd_room:
+        if m.device > dev or not _fits_host(w, a, m, host, processes) or \
+                m.ssd_needed > ssd_room:
             continue
-        leftover = max(host - m.host, 0) if host < UNLIMITED else m.ssd
+        leftover = _host_left(w, a, m, host, processes)
         for cache in sorted({0, leftover if m.ssd else 0}):
             p = predict(w, a, profile, cache, num_params)
             candidates.append((label + (f", host cache {format_bytes(cache)}" if cache else ""),
@@ -766,12 +862,55 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
     if best is None:
         raise too_small()
     a, p, cache, rset = best
-    reasons = _reasons(w, a, p, dev, host, working_set, candidates)
+    shares = () if processes is None else host_shares(w, a, processes)
+    reasons = _reasons(w, a, p, dev, host, working_set, candidates,
+                       host_used=max((b + h for b, h in shares), default=None))
     return Plan(in_memory=False, num_parts=w.num_parts, assignment=a, prediction=p,
                 epoch_seconds=p.epoch_seconds, cache_bytes=int(cache), reasons=reasons,
                 device_budget=dev, host_budget=host, directory=directory, workload=w,
                 partitioned=partitioned, planning_seconds=time.perf_counter() - start,
-                alternatives=tuple(sorted(candidates, key=lambda c: c[1])))
+                alternatives=tuple(sorted(candidates, key=lambda c: c[1])),
+                processes=processes, host_shares=shares)
+
+
+def _process_rooms(w: Workload, processes, recomputed: frozenset, host: int) -> np.ndarray:
+    """``[Q]`` the host bytes each process's own host blocks may take: the host budget less
+    its recomputed layers' transient (two copies of its part of the largest) and the halo rows
+    it keeps of the others' blocks. Those are counted as `process_shares.halo_bytes` counts
+    them but with every gradient layer live at once: at least what it keeps (the same for up
+    to three executed layers), so that each share the plan predicts is within the budget. A
+    kept aggregation's halo rows are the program's (`_Program.per_process_memory`)."""
+    L = w.num_layers
+    widths = sum(w.widths[:L]) + sum(w.widths[1:L])
+    rooms = []
+    for q in range(processes.num_processes):
+        own = processes.own(q)
+        transient = 2 * max([int(w.block_bytes(l)[own].sum()) for l in recomputed] or [0])
+        halo = ITEMSIZE * int(processes.halo[q].sum()) * widths
+        rooms.append(host - transient - halo)
+    return np.array(rooms, np.float64)
+
+
+def _host_needs(w: Workload, a: Assignment, m, processes) -> list[int]:
+    """The host bytes the host budget holds for assignment ``a`` (its `Memory` ``m``): the
+    plan's, or over several processes (``processes``) each one's share
+    (`process_shares.host_shares`)."""
+    if processes is None:
+        return [m.host]
+    return [b + h for b, h in host_shares(w, a, processes)]
+
+
+def _fits_host(w: Workload, a: Assignment, m, host: int, processes) -> bool:
+    return max(_host_needs(w, a, m, processes)) <= host
+
+
+def _host_left(w: Workload, a: Assignment, m, host: int, processes) -> int:
+    """The host bytes assignment ``a`` leaves for the host cache within the host budget (over
+    several processes, every process's cache beside its share, summed); without a host
+    budget, the SSD bytes (a cache for every block)."""
+    if host >= UNLIMITED:
+        return m.ssd
+    return sum(max(host - need, 0) for need in _host_needs(w, a, m, processes))
 
 
 def plan_storages(w: Workload, profile, storages: Sequence[Storage] = (EXACT,),
@@ -853,11 +992,13 @@ def _least(fits: Callable[[int], bool], low: int, high: int) -> int:
     return high
 
 
-def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates) -> dict:
-    """A short why for every tensor group's fate."""
+def _reasons(w, a: Assignment, p: Prediction, dev, host, working_set, candidates,
+             host_used: Optional[int] = None) -> dict:
+    """A short why for every tensor group's fate. ``host_used``: the host bytes the budget
+    holds when they are not the plan's (over several processes, the largest share)."""
     m = p.memory
     room = dev - m.device  # device bytes no block has taken (the fullest device's)
-    host_full = host < UNLIMITED and m.host > 0.9 * host
+    host_full = host < UNLIMITED and (m.host if host_used is None else host_used) > 0.9 * host
     out = {}
     for name, by_layer in ((ACTIVATION, a.activations), (GRADIENT, a.gradients)):
         for l, codes in enumerate(by_layer):
@@ -911,7 +1052,8 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
              partitioner: Optional[Callable] = None, num_parts: Optional[int] = None,
              seed: int = 0, recompute: bool = True, progress: Callable = lambda msg: None,
              keep: bool = True, storages: Sequence[Storage] = (EXACT,),
-             devices: Optional[int] = None) -> Plan:
+             devices: Optional[int] = None,
+             device_processes: Optional[Sequence[int]] = None) -> Plan:
     """Plan a whole run of ``model`` on ``graph`` (raw; the model's normalisation is applied):
     the in-memory fast path if everything fits the device budget, otherwise the number of
     partitions (unless ``num_parts`` is given) and the fates with the fastest predicted epoch.
@@ -925,7 +1067,13 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
     devices by the profile's rates (`jgrind.plan.placement.place`, kept as the plan's
     ``placement``) and the device budget is held per device: each device's own partitions'
     device blocks beside its own working set. Partition counts start at K (at least 2); the
-    fast path on one device is not considered."""
+    fast path on one device is not considered.
+
+    With ``device_processes`` (``[K]``: the process driving each device, as
+    `jgrind.devices.ShardedOutOfCore` runs over several processes), the host budget is held
+    per process: each process's own partitions' host blocks beside the halo rows it keeps of
+    the others' (`jgrind.plan.process_shares`; the plan's ``processes`` and
+    ``host_shares``)."""
     partitioner = partitioner or label_propagation
     check_num_parts(num_parts, graph.num_nodes)
     dev = UNLIMITED if device_budget is None else int(device_budget)
@@ -936,6 +1084,7 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
         if int(devices) < 1:
             raise PlanError(f"devices={devices}: plan for 1 device or more")
         rates = Rates.of(profile)
+    split_processes = _several_processes(device_processes, devices)
     if devices is None and fits_in_memory(graph, model, device_budget, num_parts):
         w = _single_partition_workload(graph, model)
         seconds = in_memory_seconds(w, profile)
@@ -964,15 +1113,18 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
         progress(f"partitioning into {k} parts")
         pg = partition_graph(normalized, partitioner(normalized, k, seed=seed), num_parts=k)
         w = Workload.build(pg, model)
-        placement = None
+        placement, split = None, None
         if devices is not None:
             placement = place(pg, model, graph.num_features, int(devices), rates)
             w = w.on_devices(placement.device_of)
+            if split_processes:
+                split = process_split(pg, placement.device_of, device_processes)
         try:
             planned = plan_storages(w, profile, storages, device_budget=device_budget,
                                     host_budget=host_budget, directory=directory,
                                     ssd_free=ssd_free, recompute=recompute,
-                                    num_params=num_params, partitioned=pg, keep=keep)
+                                    num_params=num_params, partitioned=pg, keep=keep,
+                                    processes=split)
             plans.append(dataclasses.replace(planned, placement=placement))
             progress(f"{k} parts: predicted {plans[-1].epoch_seconds:.3g} s per epoch")
         except PlanError as err:
@@ -989,6 +1141,22 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
     alternatives = tuple((f"{p.num_parts} parts", p.epoch_seconds) for p in plans)
     return dataclasses.replace(best, alternatives=alternatives + best.alternatives,
                                in_memory_bytes=fast_bytes)
+
+
+def _several_processes(device_processes: Optional[Sequence[int]],
+                       devices: Optional[int]) -> bool:
+    """Whether ``device_processes`` (`plan_run`'s) names several processes; PlanError where
+    it does not name one process per device of ``devices``."""
+    if device_processes is None:
+        return False
+    processes = np.asarray(device_processes, np.int64).reshape(-1)
+    if devices is None or processes.size != int(devices):
+        raise PlanError(f"device_processes names the processes of {processes.size} devices; "
+                        f"the plan is for {devices or 'no'} devices: name one per device")
+    if processes.size and (processes.min() < 0 or np.any(np.bincount(processes) == 0)):
+        raise PlanError(f"device_processes {processes.tolist()}: number the processes 0, 1, "
+                        "... with each driving a device")
+    return int(processes.max(initial=0)) > 0
 
 
 def dense_parameter_count(widths) -> int:

@@ -34,7 +34,7 @@ from jgrind.plan.inventory import layer_widths
 __all__ = ["DeviceToDevice", "Link", "ShardedPrediction", "ThroughHost", "calibrate",
            "choose_exchanges", "device_peak_lines", "device_peaks", "device_plan_lines",
            "device_workloads", "links_for", "planned_routes", "predict_sharded", "predictions",
-           "print_devices_plan", "scaled_profile"]
+           "print_devices_plan", "process_share_lines", "scaled_profile"]
 
 # NVLink 4 (H100 and H200 SXM): 900 GB/s per GPU in both directions together, by the
 # specification; half of it each way. Not measured here: the lent machines have one GPU.
@@ -312,9 +312,9 @@ def planned_routes(plan, model, profile=None, links: Optional[Sequence[Link]] = 
 
 
 def device_plan_lines(plan, routes: Sequence) -> list[str]:
-    """An out-of-core plan over several devices for people: `device_peak_lines`, each model
-    layer's route and the predicted epoch."""
-    lines = device_peak_lines(plan)
+    """An out-of-core plan over several devices for people: `device_peak_lines`,
+    `process_share_lines`, each model layer's route and the predicted epoch."""
+    lines = device_peak_lines(plan) + process_share_lines(plan)
     lines.append("exchange per layer: " + "; ".join(
         f"layer {l} {route}" for l, route in enumerate(routes) if route is not None))
     lines.append(f"predicted epoch: {plan.epoch_seconds:.3g} s")
@@ -339,30 +339,61 @@ def device_peak_lines(plan) -> list[str]:
                      f"{format_bytes(tables + working)} (blocks {format_bytes(tables)} + "
                      f"working set {format_bytes(working)}) of the device budget "
                      f"{format_bytes(plan.device_budget)}")
+    every = " (every partition's blocks together)" if getattr(plan, "processes", None) \
+        is not None else ""
     lines.append(f"host: predicted peak {format_bytes(m.peak_host)}; SSD "
-                 f"{format_bytes(m.peak_ssd)}")
+                 f"{format_bytes(m.peak_ssd)}{every}")
+    return lines
+
+
+def process_share_lines(plan) -> list[str]:
+    """Each process's devices, partitions and predicted host share beside the host budget,
+    which holds each one's (`jgrind.plan.process_shares`), of a plan over several processes;
+    [] for a plan in one process."""
+    from jgrind.plan.cost import format_bytes
+    split = getattr(plan, "processes", None)
+    if split is None or plan.placement is None:
+        return []
+    lines = []
+    for q, (blocks, halo) in enumerate(plan.host_shares):
+        devices = np.flatnonzero(split.process_of_device == q)
+        parts = ", ".join(map(str, np.flatnonzero(split.process_of == q))) or "none"
+        lines.append(f"process {q}: devices {', '.join(map(str, devices))}; partitions "
+                     f"{parts}; predicted host share {format_bytes(blocks + halo)} (its "
+                     f"blocks {format_bytes(blocks)} + halo rows of other processes' blocks "
+                     f"{format_bytes(halo)}) of the host budget per process "
+                     f"{format_bytes(plan.host_budget)}")
     return lines
 
 
 def print_devices_plan(graph, model, profile, devices: int, device_budget, host_budget, *,
                        directory=None, num_parts=None, partitioner=None, seed: int = 0,
-                       storages=None) -> None:
+                       storages=None, num_processes: int = 1) -> None:
     """`jgrind plan --devices K`'s out-of-core part: the plan `auto` makes for K devices
     (`jgrind.plan.planner.plan_run` with ``devices``; the device budget per device), its
-    fates per tensor group and `device_plan_lines`; one line when no plan fits."""
+    fates per tensor group and `device_plan_lines`; one line when no plan fits. With
+    ``num_processes`` P > 1 the K devices are driven by P processes, K / P each in order (as
+    `jgrind launch` starts them), and the host budget is held per process."""
     from jgrind.plan.cost import format_bytes
     from jgrind.plan.fates import EXACT
     from jgrind.plan.planner import PlanError, plan_run
+    over = ""
+    device_processes = None
+    if num_processes > 1:
+        device_processes = np.repeat(np.arange(num_processes), devices // num_processes)
+        over = f" in {num_processes} processes"
     try:
         plan = plan_run(graph, model, profile, device_budget=device_budget,
                         host_budget=host_budget, directory=directory, num_parts=num_parts,
                         partitioner=partitioner, seed=seed, storages=storages or (EXACT,),
-                        devices=devices)
+                        devices=devices, device_processes=device_processes)
     except PlanError as err:
-        print(f"out of core on {devices} devices (--policy auto): no plan fits: {err}")
+        print(f"out of core on {devices} devices{over} (--policy auto): no plan fits: {err}")
         return
-    print(f"out of core on {devices} devices (--policy auto; the device budget holds each "
-          f"device's own blocks): {plan.num_parts} partitions, host cache "
+    held = "device's own blocks" + ("; the host budget each process's share"
+                                     if num_processes > 1 else "")
+    print(f"out of core on {devices} devices{over} (--policy auto; the device budget holds "
+          f"each {held}): {plan.num_parts} partitions, host cache "
           f"{format_bytes(plan.cache_bytes) if plan.cache_bytes else 'off'}")
     print("  fates: " + ", ".join(f"{row['tensor']} {row['fate']}" for row in plan.groups()))
     for line in device_plan_lines(plan, planned_routes(plan, model, profile)):
