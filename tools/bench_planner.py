@@ -40,6 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Optional
 
 import harness
 from harness import CONFIGS, MiB, Config, build_config
@@ -47,13 +48,28 @@ from harness import CONFIGS, MiB, Config, build_config
 FIXED = ("in_memory", "host_offload", "ssd_offload", "recompute")
 
 
-def time_epochs(executor, model, epochs: int) -> list[float]:
+def time_epochs(executor, model, epochs: int, sweeps: Optional[list] = None) -> list[float]:
+    """Seconds of ``epochs`` timed epochs after a compiling one. ``sweeps``: gets, per timed
+    epoch, the engine's measured ``(label, seconds)`` of every sweep (an out-of-core engine)."""
     import jax
     import optax
     training = harness.Training(executor, model, optax.adam(1e-3))
     key = jax.random.key(1)
-    # the first epoch compiles
-    return [training.epoch(jax.random.fold_in(key, e))[0] for e in range(epochs + 1)][1:]
+    times = []
+    for e in range(epochs + 1):
+        seconds = training.epoch(jax.random.fold_in(key, e))[0]
+        if e:  # the first epoch compiles
+            times.append(seconds)
+            if sweeps is not None:
+                sweeps.append(list(executor.sweep_seconds))
+    return times
+
+
+def sweep_rows(prediction, measured: list) -> list:
+    """``[label, predicted, measured]`` seconds of every sweep: ``measured`` is one epoch's
+    ``executor.sweep_seconds``, ``prediction`` the cost model's for its fates."""
+    return [[s.label, prediction.sweep_seconds(s), m]
+            for s, (label, m) in zip(prediction.sweeps, measured) if s.label == label]
 
 
 def train_auto(graph, model, cfg: Config, profile, store, epochs: int) -> dict:
@@ -162,13 +178,16 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
         ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=pg, store=store,
                        device_budget=cfg.device_budget, host_budget=cfg.host_budget)
         try:
+            pred = engine_prediction(ex, num_params, profile)
             if "predicted" not in record:  # as `jgrind.train` holds a fixed policy's run
-                pred = engine_prediction(ex, num_params, profile)
                 record["predicted"] = pred.epoch_seconds
                 record["predicted_memory"] = {"device": pred.memory.peak_device,
                                               "host": pred.memory.peak_host,
                                               "ssd": pred.memory.peak_ssd}
-            record["times"] += time_epochs(ex, model, epochs)
+            sweeps = []
+            record["times"] += time_epochs(ex, model, epochs, sweeps)
+            # each timed epoch's sweeps beside the model's: where a miss comes from
+            record.setdefault("sweeps", []).extend(sweep_rows(pred, m) for m in sweeps)
             acc = ex.store.accounts
             record["accounts"] = {"device": acc.peak_device, "host": acc.peak_host,
                                   "ssd": acc.peak_ssd}
@@ -202,6 +221,11 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
                  f"predicted {record['predicted_first']:.3f} s)"
                  if record.get("replanned") and record.get("times_first") else ""),
               flush=True)
+        if record.get("sweeps"):  # the fastest epoch's sweep furthest from its prediction
+            fastest = record["sweeps"][record["times"].index(record["measured"])]
+            label, p, m = max(fastest, key=lambda r: abs(r[2] - r[1]))
+            print(f"  {'':<13} furthest sweep: {label} measured {m:.3f} s, predicted "
+                  f"{p:.3f} s ({(m / p - 1) * 100 if p else 0:+.0f} %)", flush=True)
     return out
 
 
