@@ -33,7 +33,7 @@ from jgrind.datasets import split_per_seed
 from jgrind.plan.check import run_check
 from jgrind.plan.cost import format_bytes
 from jgrind.plan.report import format_plan, plan_line, plot_plan
-from jgrind.plan.sharded import device_peak_lines
+from jgrind.plan.sharded import device_peak_lines, process_share_lines
 from jgrind.plots import plot_memory, plot_training
 from jgrind.inference import load_checkpoint, predict
 from jgrind.metrics import check_metric, default_metric, evaluate, roc_auc_per_task
@@ -243,7 +243,7 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
     def planned(plan) -> None:
         if not plans:
             print(f"jgrind: {plan_line(plan)}", flush=True)
-            for line in device_peak_lines(plan):  # a plan over several devices
+            for line in plan_lines(plan, jax.process_index()):  # over several devices
                 print(f"jgrind: {line}", flush=True)
             # the peak resident memory counts from here: what training holds, not what
             # measuring the hardware profile or planning held before
@@ -340,11 +340,24 @@ def _run_holding(cfg: RunConfig, out: pathlib.Path, progress: bool) -> dict:
     if plans:
         with _whole(out / "plan.txt") as path:
             path.write_text("\n".join([format_plan(plans[0]),
-                                       *device_peak_lines(plans[0])]) + "\n")
+                                       *plan_lines(plans[0])]) + "\n")
         plot_plan(plans[0], out)
     with _whole(out / "summary.json") as path:
         path.write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def plan_lines(plan, process: Optional[int] = None) -> list[str]:
+    """What a run prints and writes (plan.txt) of its auto plan beside `plan_line`: over
+    several devices each device's predicted peak (`device_peak_lines`), and over several
+    processes each process's devices, partitions and predicted host share beside the host
+    budget per process, as `jgrind plan --devices K --num-processes P` prints them
+    (`process_share_lines`): only process ``process``'s where given (each process prints its
+    own), every process's where None."""
+    shares = process_share_lines(plan)
+    if process is not None and shares:
+        shares = shares[process:process + 1]
+    return device_peak_lines(plan) + shares
 
 
 @contextlib.contextmanager

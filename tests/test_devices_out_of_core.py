@@ -33,6 +33,11 @@ CASES = [("gcn", 2, 3, "host"), ("gcn", 4, 3, "ssd"), ("sage-res-ln", 2, 4, "ssd
          ("gcn", 2, 4, "grinnder"), ("gcn", 2, 3, "alternate")]
 GRINNDER_BUDGET = 110_000
 EPOCHS = 3
+# Host blocks in a lossy storage dtype on 2 devices of this one process, against in-memory
+# training and the same run in float32 (`LOSSY_BASE`, a case of `CASES`): the loader gathers a
+# step's input as stored words, which are decoded on the partition's device.
+LOSSY = ("bfloat16", "int8")
+LOSSY_BASE = ("gcn", 2, 3, "host")
 
 
 def _policy(fate: str, folder) -> dict:
@@ -76,6 +81,8 @@ def _run_cases(folder: str) -> dict:
         with ShardedOutOfCore(graph, model, optax.sgd(0.1), devices=k, num_parts=parts,
                               max_shapes=1, **_policy(fate, folder)) as ex:
             loss, grads = ex.loss_and_grad(params, key)
+            if (name, k, parts, fate) == LOSSY_BASE:
+                out["lossy"] = _lossy_storage(graph, model, params, key, grads)
             case = {"model": name, "devices": k, "parts": parts, "fate": fate,
                     "loss": float(loss), "reference": float(ref_loss),
                     "gradient_error": _gradient_error(grads, ref_grads),
@@ -100,6 +107,44 @@ def _run_cases(folder: str) -> dict:
             out["train"] = _steps_against_in_memory(graph, model, params, folder, k, parts)
     out["command_line"] = _command_line(folder)
     out["store_left"] = sorted(p.name for p in pathlib.Path(folder).iterdir())
+    return out
+
+
+def _lossy_storage(graph, model, params, key, float32_grads) -> list:
+    """`LOSSY_BASE` with its host blocks (activations and gradients) in each dtype of
+    `LOSSY`: the gradients' error against in-memory training as a share of the largest
+    gradient (`test_store_dtype.gradient_bound`'s measure), and against the float32 run."""
+    import jax
+    import optax
+
+    from helpers import reference
+    from jgrind.devices import ShardedOutOfCore
+    from jgrind.hostio import codecs
+    from jgrind.plan import policies
+    from test_store_dtype import _fan_in, gradient_bound
+
+    ref_loss, ref_grads = reference(graph, model).loss_and_grad(params, key)
+    ref, f32 = jax.tree.leaves(ref_grads), jax.tree.leaves(float32_grads)
+    scale = max(float(np.abs(np.asarray(r)).max()) for r in ref)
+    _, k, parts, _ = LOSSY_BASE
+    out = []
+    for name in LOSSY:
+        codec = codecs.by_name(name)
+        policy = policies.with_storage(policies.host_offload(), activations=codec,
+                                       gradients=codec)
+        with ShardedOutOfCore(graph, model, optax.sgd(0.1), devices=k, num_parts=parts,
+                              max_shapes=1, policy=policy) as ex:
+            loss, grads = ex.loss_and_grad(params, key)
+            got = [np.asarray(g) for g in jax.tree.leaves(grads)]
+            out.append({
+                "dtype": name, "loss": float(loss), "reference": float(ref_loss),
+                "error": max(float(np.abs(g - np.asarray(r)).max())
+                             for g, r in zip(got, ref)) / scale,
+                "bound": gradient_bound(codec, len(model.layers), _fan_in(graph)),
+                "from_float32": max(float(np.abs(g - np.asarray(r)).max())
+                                    for g, r in zip(got, f32)),
+                "tiers": sorted({f.value for f in ex.fates.values()}),
+                "stored_as": ex.store.accounts.storage})
     return out
 
 
@@ -171,6 +216,20 @@ def test_through_host_equals_device_to_device(four_devices):
         assert c["logits_error"] < 1e-4
 
 
+@pytest.mark.parametrize("dtype", LOSSY)
+def test_lossy_host_blocks_on_several_devices_of_one_process(four_devices, dtype):
+    """Host blocks in a lossy storage dtype on 2 devices of one process: every step's input
+    is gathered as stored words and decoded on its partition's device. The gradients are
+    within the dtype's bound of in-memory training (`test_store_dtype.gradient_bound`), and
+    not the float32 run's: the blocks really were stored lossy."""
+    (got,) = [c for c in four_devices["lossy"] if c["dtype"] == dtype]
+    assert "host" in got["tiers"] and "device" not in got["tiers"], got
+    assert dtype in got["stored_as"], got
+    assert got["error"] <= got["bound"], got
+    assert got["from_float32"] > 0, got
+    assert got["loss"] == pytest.approx(got["reference"], rel=got["bound"])
+
+
 def test_a_device_with_no_partition(four_devices):
     idle = [c for c in four_devices["cases"] if c["idle_devices"]]
     assert idle and all(c["gradient_error"] <= 1.0 for c in idle)
@@ -229,6 +288,31 @@ def test_train_from_the_command_line(four_devices):
     out = four_devices["command_line"]
     assert "device 1: partitions" in out and "halo exchange per epoch: " in out, out
     assert "peak stored blocks: device 0 bytes" in out, out
+
+
+def test_a_run_over_processes_prints_each_process_share():
+    """What `jgrind train --policy auto` prints and writes (plan.txt) of a plan over several
+    processes (`jgrind.experiment.plan_lines`): each process prints its own predicted host
+    share, the line `jgrind plan --devices K --num-processes P` prints for it; plan.txt
+    has every process's; a plan in one process has none."""
+    from helpers import community_graph
+    from jgrind import models
+    from jgrind.experiment import plan_lines
+    from jgrind.plan.planner import plan_run
+    from jgrind.plan.sharded import process_share_lines
+    from test_planner import fixed_profile
+    graph = community_graph(num_nodes=120)
+    model = models.gcn(graph.num_features, 8, graph.num_classes)
+    over = plan_run(graph, model, fixed_profile(), devices=2, device_processes=[0, 1])
+    shares = process_share_lines(over)
+    assert [line.split(":")[0] for line in shares] == ["process 0", "process 1"]
+    assert "predicted host share" in shares[1] and "host budget per process" in shares[1]
+    printed = plan_lines(over, 1)
+    assert shares[1] in printed and shares[0] not in printed
+    assert printed[0].startswith("device 0: partitions")  # after each device's peak
+    assert set(shares) <= set(plan_lines(over))
+    alone = plan_run(graph, model, fixed_profile(), devices=2)
+    assert not any(line.startswith("process ") for line in plan_lines(alone))
 
 
 def test_a_route_the_blocks_do_not_allow_is_refused():
