@@ -61,15 +61,25 @@ def time_epochs(executor, model, epochs: int, sweeps: Optional[list] = None) -> 
         if e:  # the first epoch compiles
             times.append(seconds)
             if sweeps is not None:
-                sweeps.append(list(executor.sweep_seconds))
+                sweeps.append((list(executor.sweep_seconds),
+                               list(getattr(executor.runner, "sweep_parts", []))))
     return times
 
 
-def sweep_rows(prediction, measured: list) -> list:
-    """``[label, predicted, measured]`` seconds of every sweep: ``measured`` is one epoch's
-    ``executor.sweep_seconds``, ``prediction`` the cost model's for its fates."""
-    return [[s.label, prediction.sweep_seconds(s), m]
-            for s, (label, m) in zip(prediction.sweeps, measured) if s.label == label]
+def sweep_rows(prediction, measured: tuple) -> list:
+    """``[label, predicted, measured, parts]`` of every sweep: ``measured`` is one epoch's
+    ``(executor.sweep_seconds, runner.sweep_parts)``, ``prediction`` the cost model's for its
+    fates; ``parts``: the model's compute, reads and writes seconds beside the engine's
+    (`jgrind.engine.timing.SweepTiming.parts`), where it timed them."""
+    seconds, parts = measured
+    rows = []
+    for i, (s, (label, m)) in enumerate(zip(prediction.sweeps, seconds)):
+        if s.label != label:
+            break
+        rows.append([label, prediction.sweep_seconds(s), m, {
+            "predicted": {"compute": s.compute, "reads": s.reads, "writes": s.writes},
+            "measured": parts[i] if i < len(parts) else None}])
+    return rows
 
 
 def train_auto(graph, model, cfg: Config, profile, store, epochs: int) -> dict:
@@ -223,7 +233,7 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
               flush=True)
         if record.get("sweeps"):  # the fastest epoch's sweep furthest from its prediction
             fastest = record["sweeps"][record["times"].index(record["measured"])]
-            label, p, m = max(fastest, key=lambda r: abs(r[2] - r[1]))
+            label, p, m, _ = max(fastest, key=lambda r: abs(r[2] - r[1]))
             print(f"  {'':<13} furthest sweep: {label} measured {m:.3f} s, predicted "
                   f"{p:.3f} s ({(m / p - 1) * 100 if p else 0:+.0f} %)", flush=True)
     return out
