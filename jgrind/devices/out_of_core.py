@@ -347,7 +347,7 @@ class ShardedOutOfCore:
         k = len(self.devices)
         processes = jax.process_count()
         if processes > 1:
-            _check_processes(self.devices, policy, exchange)
+            _check_processes(self.devices, exchange)
         asked = per_layer(exchange, len(model.layers), None)
         if getattr(getattr(policy, "io", None), "snapshots", False):
             raise ValueError("the naive policy (snapshots of step inputs) is not run over "
@@ -698,10 +698,10 @@ def _agree_on_partitions(saved, pg) -> None:
                     "partition assignment")
 
 
-def _check_processes(devices: list, policy, exchange) -> None:
+def _check_processes(devices: list, exchange) -> None:
     """One line (a ValueError; `ProcessError` for devices missing a process)
-    for what the out-of-core engine does not run over several processes (yet), before
-    anything is built."""
+    for what the out-of-core engine does not run over several processes, before anything is
+    built."""
     from jgrind.devices.processes import ProcessError
     missing = sorted(set(range(jax.process_count())) - {d.process_index for d in devices})
     if missing:
@@ -739,7 +739,6 @@ def _profile_of_process_zero(policy, directory: Optional[str]):
         raise ProcessError("process 0 could not load or measure the hardware profile that "
                            "auto plans with (its own output says why)")
     return Profile.from_json(json.loads(data.decode()))
-
 
 
 def through_host_policy():

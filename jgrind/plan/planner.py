@@ -340,23 +340,31 @@ class _Program:
     def u(self, l):
         return self.zi[l] + 4
 
+    # one block of `per_device` variables per device (from ``d0``) and per process (from
+    # ``p0``): each group's count, then each kept layer's, then the peak
+    def _in_block(self, start: int, i: int, slot: int) -> int:
+        return start + i * self.per_device + slot
+
+    def _kept_slot(self, l) -> int:
+        return len(self.groups) + self.kept_layers.index(l)
+
     def xd(self, g, d):
-        return self.d0 + d * self.per_device + self.gi[g]
+        return self._in_block(self.d0, d, self.gi[g])
 
     def yd(self, l, d):
-        return self.d0 + d * self.per_device + len(self.groups) + self.kept_layers.index(l)
+        return self._in_block(self.d0, d, self._kept_slot(l))
 
     def md(self, d):
-        return self.d0 + (d + 1) * self.per_device - 1
+        return self._in_block(self.d0, d, self.per_device - 1)
 
     def xq(self, g, q):
-        return self.p0 + q * self.per_device + self.gi[g]
+        return self._in_block(self.p0, q, self.gi[g])
 
     def yq(self, l, q):
-        return self.p0 + q * self.per_device + len(self.groups) + self.kept_layers.index(l)
+        return self._in_block(self.p0, q, self._kept_slot(l))
 
     def mq(self, q):
-        return self.p0 + (q + 1) * self.per_device - 1
+        return self._in_block(self.p0, q, self.per_device - 1)
 
     def add(self, entries: dict, lower: float, upper: float) -> None:
         """One constraint row: ``lower <= sum(v * var[key]) <= upper``."""

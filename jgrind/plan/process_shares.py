@@ -88,13 +88,10 @@ def halo_bytes(w: Workload, a: Assignment, rows: np.ndarray) -> int:
     at a time (all run where a layer's blocks are all on the SSD: its table is kept from
     epoch to epoch)."""
     L = w.num_layers
-
-    def kept(codes: np.ndarray) -> int:
-        return int(rows.sum())  # whatever the blocks' tiers (``codes``), the device's too
-    acts = sum(kept(a.activations[l]) * w.widths[l] for l in range(L))
-    aggregations = sum(kept(codes) * w.aggregated.get(l, 0)
-                       for l, codes in a.aggregations.items())
-    grads = {l: kept(a.gradients[l]) * w.widths[l] for l in range(1, L)}
+    kept = int(rows.sum())  # whatever the blocks' tiers, the device's too
+    acts = sum(kept * w.widths[l] for l in range(L))
+    aggregations = sum(kept * w.aggregated.get(l, 0) for l in a.aggregations)
+    grads = {l: kept * w.widths[l] for l in range(1, L)}
     whole = {l for l in grads if np.all(a.gradients[l] == S)}
 
     def live(l: int) -> int:
