@@ -1,6 +1,6 @@
-"""The host's cores in a sweep's price (`jgrind.plan.cost.HostCores`): a write-heavy sweep
-with short steps runs its reader and writer threads side by side; a sweep whose steps keep the
-cores busy does not get that."""
+"""The host's cores in a sweep's price (`jgrind.plan.cost.HostCores`): where the steps run on
+the host, the steps, the reader and the writer share its cores; a write-heavy sweep with short
+steps runs its two I/O threads side by side, a sweep whose steps keep the cores busy does not."""
 
 import pytest
 
@@ -14,23 +14,32 @@ def _sweep(compute, reads, writes):
 def test_short_steps_leave_the_cores_to_the_two_threads():
     two = HostCores(2, compute_on_host=True)
     s = _sweep(compute=0.5, reads=4.0, writes=7.0)
-    assert s.io_seconds(0.0) == pytest.approx(11.0)  # the threads' time, one after the other
-    # each thread on a core: the writes, plus the step's share of the cores
-    assert s.io_seconds(0.0, two) == pytest.approx(max(7.0, 11.0 / 2 + 0.5))
-    assert s.seconds(0.5, 0.0, two) < s.seconds(0.5, 0.0)
+    # the writer's own time: the reads and the steps fit beside it on the other core
+    assert s.seconds(0.5, 0.0, two) == pytest.approx(7.0)
+    assert s.seconds(0.5, 0.0) == pytest.approx(0.5 + 11.0 - 0.5 * 0.5)  # threads one by one
+    # all three spread over the cores once they outgrow the writer: (4 + 7) / 2 + 4
+    assert _sweep(4.0, 4.0, 7.0).seconds(0.5, 0.0, two) == pytest.approx(9.5)
 
 
-def test_steps_that_keep_the_cores_busy_leave_the_measured_share():
+def test_steps_that_keep_the_cores_busy_add_the_io_spread_over_the_cores():
+    """A step as long as the I/O, as the profile measures the overlap: the step keeps both
+    cores busy, and the I/O adds its work over the two cores, what the threads' form gives
+    there too at an overlap of 0.5 when reads do not run beside writes. The form reads no
+    overlap: the profile's is too noisy to price from."""
     two = HostCores(2, compute_on_host=True)
-    s = _sweep(compute=6.0, reads=3.0, writes=3.0)  # a step as long as the I/O, as measured
-    assert s.io_seconds(0.3, two) == pytest.approx(s.io_seconds(0.3))
-    assert s.io_seconds(0.3, two) == pytest.approx(6.0 - 0.3 * 3.0)
+    s = _sweep(compute=6.0, reads=3.0, writes=3.0)
+    assert s.seconds(0.5, 0.0, two) == pytest.approx(6.0 + 6.0 / 2)
+    assert s.seconds(0.5, 0.0, two) == pytest.approx(s.seconds(0.5, 0.0))
+    assert s.seconds(0.9, 0.7, two) == s.seconds(0.1, 0.0, two)
+    # one core: everything one after the other
+    assert _sweep(2.0, 1.0, 1.0).seconds(0.9, 0.9, HostCores(1, True)) == pytest.approx(4.0)
 
 
 def test_an_accelerators_steps_take_no_host_core():
     s = _sweep(compute=6.0, reads=3.0, writes=5.0)
-    assert s.io_seconds(0.0, HostCores(16, compute_on_host=False)) == pytest.approx(5.0)
-    assert s.io_seconds(0.0, HostCores(16, compute_on_host=True)) == pytest.approx(8 / 16 + 6.0)
+    sixteen = HostCores(16, compute_on_host=False)
+    assert s.io_seconds(0.0, sixteen) == pytest.approx(5.0)
+    assert s.seconds(0.5, 0.0, sixteen) == pytest.approx(6.0 + 5.0 - 0.5 * 5.0)
     assert s.io_seconds(0.0, HostCores(1, compute_on_host=False)) == pytest.approx(8.0)
 
 

@@ -140,9 +140,22 @@ CASES = ["unlimited", "device-tight", "ssd", "no-ssd-recompute"]
                          [(c, k, 0.5) for c in CASES for k in (True, False)]
                          + [("ssd", True, 1.0), ("ssd", True, 0.0)])
 def test_plan_is_optimal_against_brute_force(case, keep, parallel):
+    """On this machine's profile: the steps share the host's cores with the I/O threads, a
+    form the program holds exactly."""
+    _check_optimal(case, keep, fixed_profile(io_parallel=parallel))
+
+
+@pytest.mark.parametrize("case,parallel", [("device-tight", 0.5), ("ssd", 0.5), ("ssd", 0.0)])
+def test_plan_is_optimal_against_brute_force_on_an_accelerator(case, parallel):
+    """Steps on an accelerator: the threads' form and the cores' cap on the I/O, which the
+    planner takes in rounds (`jgrind.plan.planner.CAPPED_ROUNDS`)."""
+    machine = {**machine_fingerprint(), "backend": "gpu", "device_kind": "NVIDIA H200"}
+    _check_optimal(case, True, fixed_profile(io_parallel=parallel, machine=machine))
+
+
+def _check_optimal(case: str, keep: bool, profile) -> None:
     w, enumeration = brute_force_case()
     assert w.aggregated == {0: 16}  # layer 0 can keep its aggregation
-    profile = fixed_profile(io_parallel=parallel)
     stored = int(w.block_bytes(1).sum())
     ws = w.working_set()
     budgets = {"unlimited": (1 << 40, 1 << 40, False),
@@ -382,11 +395,13 @@ def test_narrow_weight_gradients_are_priced_at_the_contraction_rate():
 
 def test_a_sweeps_reads_and_writes_run_side_by_side():
     """The engine reads the next partition on one thread while another writes the last one:
-    a sweep's I/O is ``r + w - io_parallel * min(r, w)``, then overlapped with its compute."""
+    a sweep's I/O is ``r + w - io_parallel * min(r, w)``, then overlapped with its compute
+    (where the profile does not say the host's cores: `test_cost_host_cores` prices them)."""
     _, _, _, w = equal_parts_workload(num_parts=3)
     a = cost.uniform(w.num_parts, w.num_layers, [H] * w.num_layers, [H] * w.num_layers)
-    serial = predict(w, a, fixed_profile(overlap=0.0, io_parallel=0.0))
-    side_by_side = predict(w, a, fixed_profile(overlap=0.0, io_parallel=1.0))
+    unknown = {k: v for k, v in machine_fingerprint().items() if k != "cores"}
+    serial = predict(w, a, fixed_profile(overlap=0.0, io_parallel=0.0, machine=unknown))
+    side_by_side = predict(w, a, fixed_profile(overlap=0.0, io_parallel=1.0, machine=unknown))
     both = [s for s in serial.sweeps if s.reads > 0 and s.writes > 0]
     assert both  # forward sweeps write, backward sweeps accumulate
     for s in serial.sweeps:

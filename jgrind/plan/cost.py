@@ -20,8 +20,9 @@ the parts, in the schedule's order, for the plan's chart:
   hiding (overlap = 1), ``c + io`` with none (overlap = 0). The overlap factor is measured.
   The two threads also run beside each other: ``io = r + w - parallel * min(r, w)`` for the
   sweep's reads ``r`` and writes ``w`` (the profile's `io_parallel`, measured too), and no
-  longer than the host's cores need for them when the sweep's steps leave cores free
-  (`HostCores`).
+  longer than the host's cores need for them. Where the steps run on the host's cores too
+  (the CPU backend), the three threads share the cores instead: ``max(c, r, w, (r + w) /
+  cores + c)`` (`HostCores`).
 
 Every I/O term is linear in the tier indicators of the blocks (except the all-on-device fast
 paths, which the planner handles with one binary per tensor), which is what lets the planner
@@ -1390,15 +1391,19 @@ class Sweep:
         """The sweep's I/O time: reads and writes run on two threads, so ``parallel`` (the
         profile's `io_parallel`, measured beside a step as long as both) of the shorter side
         runs beside the longer. ``cores``: the host's cores, which bound it the other way:
-        when the step is short beside the I/O, the two threads have the cores to themselves
-        for the rest of the sweep and run side by side (`HostCores.io_bound`)."""
+        each thread on a core of its own (`HostCores.io_bound`)."""
         io = self.reads + self.writes - parallel * min(self.reads, self.writes)
         if cores is None:
             return io
-        return min(io, cores.io_bound(self.reads, self.writes, self.compute))
+        return min(io, cores.io_bound(self.reads, self.writes))
 
     def seconds(self, overlap: float, parallel: float,
                 cores: Optional["HostCores"] = None) -> float:
+        """The sweep's seconds. On an accelerator (or a host of unknown cores) the steps run
+        beside the I/O threads, ``overlap`` of the shorter hidden; where the steps run on the
+        host's cores too, the three threads share those cores (`HostCores.sweep_seconds`)."""
+        if cores is not None and cores.compute_on_host:
+            return cores.sweep_seconds(self.compute, self.reads, self.writes)
         io = self.io_seconds(parallel, cores)
         return self.compute + io - overlap * min(self.compute, io)
 
@@ -1408,24 +1413,31 @@ class HostCores:
     """The host cores a sweep's reader and writer threads share, and whether the step's
     compute shares them too (the CPU backend) or runs on an accelerator.
 
-    ``io_parallel`` is measured with a step as long as the reads and writes together running
-    beside them, and there the two threads hardly run side by side on two cores. A sweep
-    whose steps are short (a write-heavy backward: scatter-adds of halo gradients into SSD
-    blocks, next to a gather of the same size) leaves the cores to the two threads: on the
-    planner benchmark's ``ssd`` configuration (2 cores) its backward 1 wrote for 7.2 s and read
-    for 5.5 s in a 7.6 s sweep, where ``r + w`` (``io_parallel`` 0) priced 12 s."""
+    On the host, a sweep's three threads (the steps, the reader, the writer) each take at
+    least their own time, and together no less than their work spread over the cores, the
+    steps' ops running on every core: the sweep takes ``max(c, r, w, (r + w) / cores + c)``.
+    That one form covers both ends the profile and the engine show: beside steps as long as
+    the I/O, reads and writes hardly run side by side (the profile's `io_parallel` measures
+    0.00-0.33 there, and its overlap of one I/O thread with a step near 0.5 on two cores:
+    what the form gives); in a write-heavy backward whose steps are short, the two threads
+    have the cores to themselves (on the planner benchmark's ``ssd`` configuration, 2 cores,
+    backward 1 read for 4.0 s and wrote for 5.3 s inside a 5.4 s sweep, its steps' 1.2 s
+    hidden). It reads no measured overlap: the profile's spread 0.22-0.67 over one hour on
+    one machine, too noisy to price from (docs/planner.md, "The host's cores")."""
 
     count: int
     compute_on_host: bool
 
-    def io_bound(self, reads: float, writes: float, compute: float) -> float:
-        """The least I/O time the cores allow: each thread on a core of its own, and the
-        threads' work plus the step's (on the host: its ops run on every core) spread over
-        all of them."""
+    def sweep_seconds(self, compute: float, reads: float, writes: float) -> float:
+        """A sweep's seconds when its steps run on these cores (the class's form)."""
+        return max(compute, reads, writes, (reads + writes) / self.count + compute)
+
+    def io_bound(self, reads: float, writes: float) -> float:
+        """The least I/O time the cores allow: each thread on a core of its own, their work
+        spread over all the cores."""
         if self.count < 2:
             return reads + writes
-        busy = compute if self.compute_on_host else 0.0
-        return max(reads, writes, (reads + writes) / self.count + busy)
+        return max(reads, writes, (reads + writes) / self.count)
 
     @classmethod
     def of(cls, profile) -> Optional["HostCores"]:

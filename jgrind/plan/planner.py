@@ -7,12 +7,12 @@ The problem (see docs/planner.md for the derivation):
   SSD, and for each hidden activation layer whether it is recomputed instead (all blocks or
   none: recomputing a block needs the whole previous layer).
 * **Cost.** `jgrind.plan.cost`: a sweep's I/O is linear in those counts, its compute is fixed
-  once the recomputed layers are known, and its time ``c + io - overlap * min(c, io)``, with
-  ``io = r + w - parallel * min(r, w)`` for its reads and writes, is the maximum of four
-  linear functions. The epoch is the sum over sweeps. (The model also caps ``io`` by what the
-  host's cores allow when a sweep's steps are short, `jgrind.plan.cost.HostCores`: a minimum,
-  which the program leaves out, so it prices such sweeps no lower than ``io`` above; the
-  plan's reported prediction is the model's.)
+  once the recomputed layers are known, and its time is the maximum of four linear
+  functions: where the steps run on the host's cores, ``max(c, r, w, (r + w) / cores + c)``
+  for its reads and writes (`jgrind.plan.cost.HostCores`); on an accelerator
+  ``c + io - overlap * min(c, io)``, with ``io = r + w - parallel * min(r, w)``. The epoch is
+  the sum over sweeps. (On an accelerator the model also caps ``io`` by what the host's cores
+  allow, a minimum, which the program takes in rounds: `CAPPED_ROUNDS`.)
 * **Memory.** The store's own accounting: activation blocks for the whole epoch, gradient
   blocks two layers at a time, recomputed layers in a host transient, plus one partition's
   working set on the device. Linear in the counts.
@@ -60,9 +60,10 @@ from jgrind.plan.protocols import IOStrategy
 from jgrind.plan.schedule import epoch_schedule
 
 MAX_PARTS = 4096
-# Programs solved per recompute set and cache mode: the first prices every sweep's I/O as its
-# threads' time beside each other; each next one prices the sweeps whose I/O the host's cores
-# cap at the last solution (`HostCores`) by the cores' bound. Each round's plan is predicted no
+# Programs solved per recompute set and cache mode, when the steps run on an accelerator: the
+# first prices every sweep's I/O as its threads' time beside each other; each next one prices
+# the sweeps whose I/O the host's cores cap at the last solution (`HostCores`) by the cores'
+# bound. Each round's plan is predicted no
 # slower than the last's, and a choice that repeats ends it. (The minimum of the two prices as
 # one program needs a binary per sweep, which made planning 8x slower.)
 CAPPED_ROUNDS = 3
@@ -472,13 +473,21 @@ class _Program:
         return c, c_lin
 
     def _epigraph(self, s: int, reads, writes, c: float, c_lin: dict) -> None:
-        """``T_s >= c + (1-eta) io`` and ``T_s >= io + (1-eta) c``, where the sweep's I/O
-        ``io = r + w - par min(r, w) = max(r + (1-par) w, w + (1-par) r)`` for its reads r and
-        its writes w: four linear constraints, as T grows with io. ``reads`` and ``writes``
-        are ``({variable: seconds}, constant seconds)``. Where `capped` marks the sweep, ``io``
-        is instead what the host's cores allow, ``max(r, w, (r + w) / cores + busy c)``
-        (`HostCores.io_bound`): six constraints. The model prices the smaller of the two;
-        `_solve` picks each sweep's from the last solution."""
+        """The sweep's price as linear lower bounds on its epigraph ``T_s``. ``reads`` and
+        ``writes`` are ``({variable: seconds}, constant seconds)``, the compute ``c_lin`` and
+        ``c`` the same.
+
+        Where the steps run on the host's cores (`HostCores.sweep_seconds`): ``T_s >= c``,
+        ``r``, ``w`` and ``(r + w) / cores + c``, four constraints, exact. Elsewhere
+        ``T_s >= c + (1-eta) io`` and ``T_s >= io + (1-eta) c``, where the sweep's I/O
+        ``io = r + w - par min(r, w) = max(r + (1-par) w, w + (1-par) r)``: four
+        constraints, as T grows with io; where `capped` marks the sweep, ``io`` is instead
+        what the cores allow, ``max(r, w, (r + w) / cores)`` (`HostCores.io_bound`), six
+        constraints. The model prices the smaller of the two; `_solve` picks each sweep's
+        from the last solution."""
+        if self.cores is not None and self.cores.compute_on_host:
+            self._shared_cores(s, reads, writes, c, c_lin)
+            return
         eta, par = self.eta, self.par
         threads = []
         for (long, long_const), (short, short_const) in ((reads, writes), (writes, reads)):
@@ -489,14 +498,11 @@ class _Program:
         cores = []
         if self.cores is not None:
             (r, r_const), (wr, w_const) = reads, writes
-            busy = 1.0 if self.cores.compute_on_host else 0.0
             spread = {key: v / self.cores.count for key, v in r.items()}
             for key, v in wr.items():
                 _addto(spread, key, v / self.cores.count)
-            for key, v in c_lin.items():
-                _addto(spread, key, busy * v)
             cores = [(dict(r), r_const), (dict(wr), w_const),
-                     (spread, (r_const + w_const) / self.cores.count + busy * c)]
+                     (spread, (r_const + w_const) / self.cores.count)]
         self.io_forms.append((threads, cores, c, c_lin))
         forms = cores if self.capped is not None and self.capped[s] else threads
         for io, io_const in forms:
@@ -510,11 +516,25 @@ class _Program:
             self.add(first, c + (1 - eta) * io_const, np.inf)
             self.add(second, (1 - eta) * c + io_const, np.inf)
 
+    def _shared_cores(self, s: int, reads, writes, c: float, c_lin: dict) -> None:
+        """`_epigraph` where the steps, the reader and the writer share the host's cores."""
+        (r, r_const), (wr, w_const) = reads, writes
+        count = self.cores.count
+        used = {key: v / count for key, v in r.items()}
+        for key, v in wr.items():
+            _addto(used, key, v / count)
+        for key, v in c_lin.items():
+            _addto(used, key, v)
+        for terms, const in ((c_lin, c), (r, r_const), (wr, w_const),
+                             (used, (r_const + w_const) / count + c)):
+            self.add({self.t0 + s: 1.0, **{key: -v for key, v in terms.items()}}, const, np.inf)
+
     def capped_at(self, solution: np.ndarray) -> tuple[Optional[tuple], float]:
         """Per sweep, whether the cores' price of its I/O is the smaller at ``solution``, and
         the share of the epoch the cores' prices save there against the threads' everywhere
-        (None and 0 without `HostCores`)."""
-        if self.cores is None:
+        (None and 0 without `HostCores`, or where the steps share the cores: that price is
+        one exact form)."""
+        if self.cores is None or self.cores.compute_on_host:
             return None, 0.0
 
         def value(terms, const):

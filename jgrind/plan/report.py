@@ -108,8 +108,7 @@ def format_plan(plan: Plan) -> str:
               f"  host    {format_bytes(m.peak_host):>11}  (blocks and recomputed layers "
               f"{format_bytes(m.peak_host - m.host_cache)} + cache {format_bytes(m.host_cache)})",
               f"  ssd     {format_bytes(m.peak_ssd):>11}",
-              "", f"predicted epoch time: {plan.epoch_seconds:.3f} s "
-              f"(overlap factor {p.overlap:.2f}, reads beside writes {p.parallel:.2f})"]
+              "", f"predicted epoch time: {plan.epoch_seconds:.3f} s ({_sweep_form(p)})"]
     lines.append(f"  {'sweep':<13} {'compute s':>10} {'I/O s':>9} {'time s':>9}  moves")
     for s in p.sweeps:
         lines.append(f"  {s.label:<13} {s.compute:>10.4f} {p.io_seconds(s):>9.4f} "
@@ -120,6 +119,14 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"  {seconds:>10.4f}  {label}")
     lines.append(f"\nplanning took {plan.planning_seconds:.3f} s")
     return "\n".join(lines)
+
+
+def _sweep_form(p) -> str:
+    """How the prediction prices a sweep's compute beside its I/O (`Sweep.seconds`)."""
+    if p.cores is not None and p.cores.compute_on_host:
+        return (f"steps, reads and writes sharing the host's {p.cores.count} cores: "
+                "max(c, r, w, (r + w) / cores + c)")
+    return f"overlap factor {p.overlap:.2f}, reads beside writes {p.parallel:.2f}"
 
 
 def print_plan(plan: Plan) -> None:
