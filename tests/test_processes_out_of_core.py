@@ -558,5 +558,106 @@ def test_a_process_killed_mid_run_stops_the_other_with_one_line(tmp_path):
     assert stopped_after < 10 + 20, stopped_after  # (a busy machine: some seconds more)
 
 
+def _own_rows_process(coordinator: str, process_id: int, folder: str, scratch: str) -> dict:
+    """One of two processes of one CPU device training on the saved graph in ``folder`` with
+    contiguous partitions: what it read of the saved edges, and its losses and partitions."""
+    from jgrind.devices import processes
+    processes.start(coordinator, 2, process_id, timeout_s=60, heartbeat_timeout_s=30)
+    import jax
+    import optax
+
+    from jgrind.datasets import load
+    from jgrind.datasets.saved_arrays import SavedGraph
+    from jgrind.devices import ShardedOutOfCore
+    from jgrind.partition import partition_graph
+    from jgrind.partition.partitioners import contiguous
+    from jgrind.train import InMemory
+
+    out = {"process": jax.process_index(), "cases": []}
+    checks = jax.process_index() == 0  # the in-memory side runs in process 0 only
+    for name in ("gcn", "sage-res-ln"):
+        graph = SavedGraph.open(folder)
+        model = _models(graph.num_features, graph.num_classes)[name]
+        opt = optax.adam(0.01)
+        params = model.init(jax.random.key(0))
+        store = pathlib.Path(scratch) / f"{name}{process_id}"
+        with ShardedOutOfCore(graph, model, opt, devices=2, num_parts=4,
+                              partitioner=contiguous, max_shapes=1, **_policy("ssd", store)
+                              ) as ex:
+            pg = ex.engine.built.pg
+            case = {"model": name, "read": dict(graph.saved.read), "losses": [],
+                    "num_edges": graph.saved.num_edges,
+                    "process_of_part": [int(ex.devices[int(d)].process_index)
+                                        for d in ex.placement.device_of],
+                    "assignment": np.asarray(pg.assignment).tolist()}
+            ours, state = jax.tree.map(jax.numpy.array, params), opt.init(params)
+            for epoch in range(2):
+                ours, state, loss = ex.step(ours, state, jax.random.fold_in(
+                    jax.random.key(3), epoch))
+                case["losses"].append(float(loss))
+            case["params"] = [np.asarray(a).tolist() for a in jax.tree.leaves(ours)]
+            # every partition as the whole normalised graph's partitioning has it
+            whole = model.normalize(load(f"npy:{folder}"))
+            reference = partition_graph(whole, pg.assignment, num_parts=pg.num_parts)
+            case["same_partitions"] = all(
+                np.array_equal(a.owned, b.owned) and np.array_equal(a.halo, b.halo)
+                and np.array_equal(a.halo_owner, b.halo_owner)
+                and np.array_equal(a.halo_row, b.halo_row) and a.num_edges == b.num_edges
+                for a, b in zip(pg.partitions, reference.partitions))
+        if checks:
+            memory = InMemory(load(f"npy:{folder}"), model, opt)
+            ref, ref_state = jax.tree.map(jax.numpy.array, params), opt.init(params)
+            case["reference"] = []
+            for epoch in range(2):
+                ref, ref_state, loss = memory.step(ref, ref_state, jax.random.fold_in(
+                    jax.random.key(3), epoch))
+                case["reference"].append(float(loss))
+        out["cases"].append(case)
+    return out
+
+
+@pytest.fixture(scope="module")
+def own_rows_processes(tmp_path_factory):
+    """The saved graph and both processes' JSON (`_own_rows_process`), in process order."""
+    from jgrind import generators
+    from jgrind.datasets import save_graph
+    root = tmp_path_factory.mktemp("own_rows")
+    folder = save_graph(generators.csbm(num_nodes=600, num_features=8, avg_degree=6,
+                                        seed=2), root / "graph")
+    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+              "import test_processes_out_of_core as t; "
+              "print(json.dumps(t._own_rows_process(sys.argv[2], int(sys.argv[3]), "
+              "sys.argv[4], sys.argv[5])))")
+    return folder, _run_processes(
+        lambda coordinator, me: [sys.executable, "-c", script, str(HERE), coordinator,
+                                 str(me), str(folder), str(root)],
+        _environment(1), timeout=900)
+
+
+def test_each_process_reads_only_its_own_partitions_edges(own_rows_processes):
+    """On a saved graph with contiguous partitions, each process reads of the saved edges the
+    in-edges of its own partitions' rows only (counted by `SavedArrays.read`), learns the
+    other partitions' halos from their processes, and still trains as in memory."""
+    from jgrind.datasets.saved_arrays import SavedArrays
+    folder, results = own_rows_processes
+    saved = SavedArrays(folder)
+    saved_degree = np.diff(saved.indptr)
+    cases = {name: [next(c for c in r["cases"] if c["model"] == name) for r in results]
+             for name in ("gcn", "sage-res-ln")}
+    for name, (first, second) in cases.items():
+        assert first["losses"] == pytest.approx(first["reference"], rel=1e-5), name
+        assert second["losses"] == first["losses"] and second["params"] == first["params"]
+        process_of_part = np.array(first["process_of_part"])
+        assert sorted(set(process_of_part.tolist())) == [0, 1]
+        for process, case in enumerate((first, second)):
+            mine = process_of_part[np.array(case["assignment"])] == process
+            own_edges = int(saved_degree[mine].sum())
+            assert 0 < own_edges < saved.num_edges
+            # its own rows' in-edges, each once, and no other edge
+            assert case["read"].get("indices") == own_edges, (name, process, case["read"])
+            # every partition, the others' included, as the whole graph's partitioning
+            assert case["same_partitions"], (name, process)
+
+
 if __name__ == "__main__":
     print(__import__("json").dumps(_run_process(sys.argv[2], int(sys.argv[3]), sys.argv[4])))

@@ -24,10 +24,15 @@ edges to count, so the placement counts none (with one partition per device, the
 it only orders them).
 
 The out-of-core engine over several processes (`jgrind.devices.ShardedOutOfCore`) takes the
-same `SavedGraph` and reads less of it: its partitioning, placement and halo rows come from
-the whole CSR structure (`saved_structure`: ``indptr``, ``indices``, edge weights; the same
-in every process, as in one), and of the features only its own partitions' rows and the halo
-rows they read (`FeatureRows`): the features are the large part.
+same `SavedGraph`. With the same partitions (no edges read to cut them) a process places
+them by rows and in-edges (`degree_placement`), reads the in-edges of its own partitions'
+rows, normalised the same way (`normalized_rows`), and builds those partitions; of every
+other partition it holds its owned nodes, its halo and its edge count, which the process
+that runs it sends (`own_partitioned`: ``process_allgather`` of halo lists, not of edges), as
+the plan, the host shares and the halo exchange need them. Of the features it reads only
+its own partitions' rows and the halo rows they read (`FeatureRows`). Only where the
+partition reads edges (another partitioner, or `auto`) does it read the whole CSR structure
+(`saved_structure`: ``indptr``, ``indices``, edge weights).
 """
 
 from __future__ import annotations
@@ -43,12 +48,14 @@ from jgrind import transforms
 from jgrind.datasets.errors import DatasetError
 from jgrind.datasets.saved_arrays import SavedArrays, load_assignment
 from jgrind.devices.layout import DeviceShapes
-from jgrind.graph import _CHECKED_FEATURES, Graph
+from jgrind.graph import _CHECKED_FEATURES, Graph, freeze
+from jgrind.partition.partitioned import Partition, PartitionedGraph, partition_graph
 from jgrind.plan.exchange import ExchangePlan, device_rows
 from jgrind.plan.placement import Placement, Rates, partition_costs, place_partitions
 
-__all__ = ["FeatureRows", "LocalRows", "local_assignment", "local_layout", "saved_structure",
-           "SUPPORTED_MODELS"]
+__all__ = ["FeatureRows", "LocalRows", "OtherPartition", "degree_placement",
+           "local_assignment", "local_layout", "normalized_rows", "own_partitioned",
+           "saved_structure", "SUPPORTED_MODELS"]
 
 # the models whose normalisation has a row-wise form here
 SUPPORTED_MODELS = ("gcn", "sage", "gat")
@@ -145,40 +152,14 @@ def local_layout(saved: SavedArrays, model, devices: list, assignment: np.ndarra
         raise ValueError(f"process {me} drives none of the devices {devices}; every process "
                          "must hold some of the mesh")
 
-    # placement: by rows and in-edges (normalised: +1 for a self loop where the model adds one)
-    in_degree = np.diff(saved.indptr)
-    loops = 1 if model.name in ("gcn", "gat") else 0
-    parts = int(assignment.max(initial=-1)) + 1
-    owned = np.bincount(assignment, minlength=parts)
-    edges = np.bincount(assignment, weights=in_degree, minlength=parts).astype(np.int64) \
-        + loops * owned
-    sizes = [_PartitionSize(int(o), 0, int(e)) for o, e in zip(owned, edges)]
-    seconds, nbytes = partition_costs(_Partitions(sizes), model, saved.num_features, rates)
-    placement = Placement(num_devices=k, device_of=place_partitions(seconds, nbytes, k),
-                          seconds=seconds, nbytes=nbytes)
+    placement = degree_placement(saved, model, assignment, k, rates)
     device_of = placement.device_of[assignment].astype(np.int32)
     rows, local_index = device_rows(device_of, k)
 
     # this process's rows, their in-edges read and normalised
     my_rows = np.sort(np.concatenate([rows[d] for d in mine]))
-    indptr, indices, weight, edge_type = saved.edges_of(my_rows)
-    if edge_type is not None:
-        raise ValueError(f"{saved.folder} has typed edges; a process that reads only its "
-                         "own rows supports homogeneous graphs")
-    if model.name == "sage":
-        indptr, indices, weight = transforms.rows_without_self_loops(
-            my_rows, indptr, indices, weight, n)
-        weight = transforms.mean_norm_rows(indptr, weight)
-    elif model.name == "gat":
-        indptr, indices, weight = transforms.rows_with_self_loops(
-            my_rows, indptr, indices, None, num_nodes=n)
-    else:
-        indptr, indices, weight = transforms.rows_with_self_loops(
-            my_rows, indptr, indices, weight, num_nodes=n)
-        degree = _gather_rows(transforms.row_degrees(indptr, weight), my_rows, rows,
-                              process_of, n)
-        weight = transforms.gcn_norm_rows(my_rows, indptr, indices, weight, degree)
-        del degree
+    indptr, indices, weight = normalized_rows(saved, model, my_rows,
+                                              _process_rows(rows, process_of))
 
     # the exchange plan: readers list what they need, owners learn it by a collective
     plan = _exchange_plan(device_of, rows, local_index, mine, my_rows, indptr, indices,
@@ -203,6 +184,51 @@ def local_layout(saved: SavedArrays, model, devices: list, assignment: np.ndarra
     return placement, plan, shapes, local
 
 
+def degree_placement(saved: SavedArrays, model, assignment: np.ndarray, num_devices: int,
+                     rates: Optional[Rates] = None) -> Placement:
+    """The `Placement` of ``assignment``'s partitions on ``num_devices`` devices by their rows
+    and in-edges, both known from ``indptr`` (normalised: +1 for a self loop where the model
+    adds one); their halos would take every partition's edges to count, so it counts none."""
+    in_degree = np.diff(saved.indptr)
+    loops = 1 if model.name in ("gcn", "gat") else 0
+    parts = int(assignment.max(initial=-1)) + 1
+    owned = np.bincount(assignment, minlength=parts)
+    edges = np.bincount(assignment, weights=in_degree, minlength=parts).astype(np.int64) \
+        + loops * owned
+    sizes = [_PartitionSize(int(o), 0, int(e)) for o, e in zip(owned, edges)]
+    seconds, nbytes = partition_costs(_Partitions(sizes), model, saved.num_features, rates)
+    return Placement(num_devices=int(num_devices),
+                     device_of=place_partitions(seconds, nbytes, num_devices),
+                     seconds=seconds, nbytes=nbytes)
+
+
+def normalized_rows(saved: SavedArrays, model, my_rows: np.ndarray, every: list) -> tuple:
+    """``(indptr [len(my_rows) + 1], indices, edge_weight or None)``: the saved in-edges of
+    this process's rows ``my_rows`` (ascending), normalised as ``model.normalize`` normalises
+    the whole graph (`jgrind.transforms`' row-wise forms). ``every``: each process's rows,
+    ascending; GCN's symmetric weights need the degrees of the edges' sources, which their
+    owners count and every process gathers (``N`` float64, a collective)."""
+    n = saved.num_nodes
+    indptr, indices, weight, edge_type = saved.edges_of(my_rows)
+    if edge_type is not None:
+        raise ValueError(f"{saved.folder} has typed edges; a process that reads only its "
+                         "own rows supports homogeneous graphs")
+    if model.name == "sage":
+        indptr, indices, weight = transforms.rows_without_self_loops(
+            my_rows, indptr, indices, weight, n)
+        weight = transforms.mean_norm_rows(indptr, weight)
+    elif model.name == "gat":
+        indptr, indices, weight = transforms.rows_with_self_loops(
+            my_rows, indptr, indices, None, num_nodes=n)
+    else:
+        indptr, indices, weight = transforms.rows_with_self_loops(
+            my_rows, indptr, indices, weight, num_nodes=n)
+        degree = _gather_rows(transforms.row_degrees(indptr, weight), my_rows, every, n)
+        weight = transforms.gcn_norm_rows(my_rows, indptr, indices, weight, degree)
+        del degree
+    return indptr, indices, weight
+
+
 @dataclasses.dataclass(frozen=True)
 class _Partitions:
     partitions: list
@@ -211,9 +237,10 @@ class _Partitions:
 def saved_structure(graph) -> Graph:
     """The `Graph` of `SavedGraph` ``graph``'s whole CSR structure (``indptr``, ``indices``,
     edge weights, read into memory) with its labels and masks, for the out-of-core engine
-    over several processes: its partitioner and placement read every edge, so every process
-    cuts and places the same partitions. Its features are the `SavedGraph`'s untouched zero
-    pages, never the values: the engine reads those through `FeatureRows`."""
+    over several processes where the partition reads edges (a partitioner that reads them,
+    or `auto`): every process then cuts and places the same partitions. Its features are the
+    `SavedGraph`'s untouched zero pages, never the values: the engine reads those through
+    `FeatureRows`."""
     saved = graph.saved
     if saved.has("edge_type"):
         raise ValueError(f"{saved.folder} has typed edges; a process that reads only its "
@@ -228,6 +255,101 @@ def saved_structure(graph) -> Graph:
                      if saved.has("edge_weight") else None)
     finally:
         _CHECKED_FEATURES.reset(token)
+
+
+class _OwnRowsGraph(Graph):
+    """The normalised graph as one process of several holds it (`own_partitioned`): every
+    node's labels and masks, the in-edges of its own partitions' rows only (the other rows
+    empty), and ``num_edges`` the whole normalised graph's, which the plan prices."""
+
+    @property
+    def num_edges(self) -> int:
+        return getattr(self, "whole_edges", int(self.indices.size))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class OtherPartition(Partition):
+    """A partition another process runs, as this one knows it: its owned nodes (from the
+    assignment) and its halo (from its owner, `own_partitioned`), with no local CSR;
+    ``num_edges`` is its owner's count of its normalised in-edges. Everything the plan, the
+    placement and the halo exchange read of a partition that is not run here."""
+
+    edge_count: int = 0
+
+    @property
+    def num_edges(self) -> int:
+        return self.edge_count
+
+
+def own_partitioned(graph, model, assignment: np.ndarray,
+                    process_of_part: np.ndarray) -> PartitionedGraph:
+    """The `PartitionedGraph` of `SavedGraph` ``graph``'s normalised graph cut by
+    ``assignment``, as one process of several builds it for the out-of-core engine
+    (`jgrind.devices.ShardedOutOfCore`) reading only its own rows: the partitions it runs
+    (``process_of_part``, ``[P]``) built from their rows' in-edges (`normalized_rows`), and
+    every other partition an `OtherPartition`, its halo and edge count sent by the process
+    that runs it (`jax.experimental.multihost_utils.process_allgather`). Never reads another
+    process's rows' edges; every process ends with the same halos, sizes and plan inputs as
+    `jgrind.partition.partition_graph` of the whole normalised graph gives."""
+    saved = graph.saved
+    n = saved.num_nodes
+    parts = int(process_of_part.size)
+    me = jax.process_index()
+    count = max(int(process_of_part.max(initial=0)) + 1, jax.process_count())
+    process_of_node = np.asarray(process_of_part, np.int64)[assignment]
+    every = [np.flatnonzero(process_of_node == q) for q in range(count)]
+    my_rows = every[me]
+    indptr, indices, weight = normalized_rows(saved, model, my_rows, every)
+    per_node = np.zeros(n, np.int64)
+    per_node[my_rows] = np.diff(indptr)
+    whole_indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(per_node, out=whole_indptr[1:])
+    del per_node
+    whole_edges = int(_allgather(np.array([indices.size], np.int64)).sum())
+    token = _CHECKED_FEATURES.set(graph.features)  # zeros: nothing to scan
+    try:
+        structure = _OwnRowsGraph(
+            indptr=whole_indptr, indices=indices, features=graph.features,
+            labels=graph.labels, train_mask=graph.train_mask, val_mask=graph.val_mask,
+            test_mask=graph.test_mask, num_classes=graph.num_classes, name=graph.name,
+            edge_weight=weight)
+    finally:
+        _CHECKED_FEATURES.reset(token)
+    object.__setattr__(structure, "whole_edges", whole_edges)
+    del indptr, indices, weight
+    # the other processes' partitions are empty here (their rows hold no edges)
+    local = partition_graph(structure, assignment, num_parts=parts)
+    own = np.asarray(process_of_part) == me
+    # every partition's halo (owner, row in owner) and edge count, from the process running it
+    halo_sizes = np.array([p.num_halo if own[p.index] else 0 for p in local], np.int64)
+    edges = np.array([p.num_edges if own[p.index] else 0 for p in local], np.int64)
+    mine = [np.stack([np.asarray(p.halo_owner, np.int64), np.asarray(p.halo_row, np.int64)])
+            for p in local if own[p.index]]
+    halo_sizes, edges = _allgather(np.stack([halo_sizes, edges])).sum(axis=0)
+    lengths = [int(halo_sizes[np.asarray(process_of_part) == q].sum()) for q in range(count)]
+    width = max(lengths, default=0)
+    padded = np.zeros((2, width), np.int64)
+    flat = np.concatenate(mine + [np.zeros((2, 0), np.int64)], axis=1)
+    padded[:, :flat.shape[1]] = flat
+    gathered = _allgather(padded)  # [processes, 2, width]
+    order = local.order
+    partitions = list(local.partitions)
+    for q in range(count):
+        if q == me:
+            continue
+        at = 0
+        for p in np.flatnonzero(np.asarray(process_of_part) == q):
+            size = int(halo_sizes[p])
+            owner = gathered[q, 0, at:at + size].astype(np.int32)
+            row = gathered[q, 1, at:at + size].astype(np.int32)
+            at += size
+            stub = local.partitions[p]
+            partitions[p] = OtherPartition(
+                index=int(p), owned=stub.owned,
+                halo=freeze(order[local.offsets[owner] + row]), halo_owner=freeze(owner),
+                halo_row=freeze(row), indptr=stub.indptr, indices=stub.indices,
+                weight=stub.weight, edge_count=int(edges[p]))
+    return dataclasses.replace(local, partitions=tuple(partitions))
 
 
 class FeatureRows:
@@ -266,10 +388,10 @@ def _process_rows(rows: tuple, process_of: np.ndarray) -> list:
                                    or [np.zeros(0, np.int64)])) for p in range(count)]
 
 
-def _gather_rows(values: np.ndarray, my_rows: np.ndarray, rows: tuple,
-                 process_of: np.ndarray, n: int) -> np.ndarray:
-    """``[N]``: every process's ``values`` of its own rows (ascending), put in node order."""
-    every = _process_rows(rows, process_of)
+def _gather_rows(values: np.ndarray, my_rows: np.ndarray, every: list,
+                 n: int) -> np.ndarray:
+    """``[N]``: every process's ``values`` of its own rows (ascending; ``every``: each
+    process's rows), put in node order."""
     width = max((r.size for r in every), default=0)
     padded = np.zeros(width, values.dtype)
     padded[:my_rows.size] = values
@@ -324,9 +446,10 @@ def local_graph(cfg):
     (``contiguous``, or a saved assignment ``FILE.npy``); not with ``check_in_memory`` or
     ``row_normalize`` (both read the whole graph), a device budget without a policy (the
     choice of executor reads every edge) or a model other than gcn, sage or gat. With a
-    policy (out of core, `jgrind.devices.ShardedOutOfCore`) a process reads the whole CSR
-    structure and, of the features, its partitions' rows and their halo rows. Prints which
-    path it took."""
+    policy (out of core, `jgrind.devices.ShardedOutOfCore`) a process reads the in-edges of
+    its own partitions' rows (the whole CSR structure with ``--policy auto``, whose planner
+    partitions the graph) and, of the features, its partitions' rows and their halo rows.
+    Prints which path it took."""
     from jgrind.datasets.saved_arrays import SavedGraph
     from jgrind.devices import processes
     joined = processes.current()

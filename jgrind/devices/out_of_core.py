@@ -49,10 +49,16 @@ summed by the ``psum`` over the mesh of every process's devices, and every proce
 same update. A process pads only its own partitions and writes only their features, and
 reads from the graph the feature rows of other processes' partitions that its own read as
 halo. Given a saved graph (`jgrind.datasets.saved_arrays.SavedGraph`, as ``jgrind train
---dataset npy:FOLDER`` hands it to each of several processes), a process reads the whole CSR
-structure (the partitioner, the placement and the halo rows read every edge) and, of the
-features, only those rows (`jgrind.devices.local.FeatureRows`); every process checks that all
-cut the same partitions. Host and SSD blocks in a lossy storage dtype cross in their stored
+--dataset npy:FOLDER`` hands it to each of several processes) and a partition that needs no
+edges (`contiguous`, or a saved assignment ``FILE.npy``), a process reads ``indptr`` and the
+in-edges of its own partitions' rows only: the partitions are placed by their rows and
+in-edges (`jgrind.devices.local.degree_placement`), and what the plan and the exchange need
+of the other partitions (their halos and edge counts) their processes send
+(`jgrind.devices.local.own_partitioned`, a ``process_allgather``). With a partitioner that
+reads edges, or `auto` (whose planner partitions the graph), it reads the whole CSR structure
+(`jgrind.devices.local.saved_structure`). Of the features it reads only its partitions' rows
+and their halo rows (`jgrind.devices.local.FeatureRows`); every process checks that all cut
+the same partitions. Host and SSD blocks in a lossy storage dtype cross in their stored
 words, so a process reads another's rows as that one's own gathers do. Refused over several
 processes, in one line: ``exchange=DeviceToDevice()`` (between processes the rows cross by
 the collective, whatever a layer's route; the routes move rows between one process's devices).
@@ -83,7 +89,6 @@ from jgrind.engine.engine import OutOfCore
 from jgrind.engine.store import CODED_TIERS, TIERS, DeviceRows
 from jgrind.engine.sweeps import FROM_KEPT, Sweeps, adopted
 from jgrind.plan.cost import ITEMSIZE
-from jgrind.plan.exchange import exchange_plan
 from jgrind.executed.split import as_executed
 from jgrind.partition import partition_graph
 from jgrind.partition.partitioners import label_propagation
@@ -352,11 +357,19 @@ class ShardedOutOfCore:
         if getattr(getattr(policy, "io", None), "snapshots", False):
             raise ValueError("the naive policy (snapshots of step inputs) is not run over "
                              "devices; train it without devices=")
-        # a saved graph (`jgrind.devices.local.local_graph`): its whole structure, its
-        # features read as this process's partitions need them
-        graph, feature_rows, saved = _structure_and_features(graph)
         pg = engine_arguments.pop("partitioned", None)
         partitioner = engine_arguments.pop("partitioner", label_propagation)
+        # a saved graph (`jgrind.devices.local.local_graph`): the in-edges of this process's
+        # partitions' rows where the partition needs no edges, else its whole structure; its
+        # features read as this process's partitions need them
+        own_rows = processes > 1 and pg is None and not isinstance(policy, PlansRun) \
+            and _reads_own_rows(graph, model, partitioner)
+        if own_rows:
+            pg, placement, graph, feature_rows, saved = _own_partitions(
+                graph, model, partitioner, num_parts, self.devices, rates, placement)
+            num_parts = pg.num_parts
+        else:
+            graph, feature_rows, saved = _structure_and_features(graph)
         self.plan = None
         if isinstance(policy, PlansRun):  # `auto`: planned for these devices
             directory = None if engine_arguments.get("store") is None \
@@ -465,7 +478,7 @@ class ShardedOutOfCore:
         built.transfers.keep_device_rows = False
         self._params: dict = {}
         self._sum = _all_reduce(self.mesh)
-        self._count_exchange(model, graph)
+        self._count_exchange()
         self.process_exchange_minimum_per_epoch = 0 if self.process_tiers is None else \
             self._process_exchange_minimum()
         # per device, by the plan (a last device without partitions holds nothing)
@@ -502,19 +515,16 @@ class ShardedOutOfCore:
                           DeviceToDevice() if stored else ThroughHost())
         return tuple(routes)
 
-    def _count_exchange(self, model, graph) -> None:
+    def _count_exchange(self) -> None:
         """``exchange_bytes_per_epoch`` (and per route) from the schedule the engine runs, and
         the minimum."""
         built, pg = self.engine.built, self.engine.built.pg
-        device_of_node = self.placement.device_of[pg.assignment]
         crossing = 0  # halo rows a step reads from partitions on another device
         for part in pg.partitions:
             owners = np.asarray(part.halo_owner, np.int64)
             crossing += int(np.count_nonzero(self.placement.device_of[owners]
                                              != self.placement.device_of[part.index]))
-        normalized = model.normalize(graph)
-        distinct = int(exchange_plan(normalized.indptr, normalized.indices, device_of_node,
-                                     len(self.devices)).counts.sum())
+        distinct = _distinct_crossing(pg, self.placement.device_of)
         widths, local, origin = built.plan.widths, built.plan.local, built.executed.origin
         moved = {DEVICE_TO_DEVICE: 0, THROUGH_HOST: 0}
         minimum = 0
@@ -669,16 +679,78 @@ class ShardedOutOfCore:
 
 
 def _structure_and_features(graph):
-    """``(graph, feature_rows, saved)``: a `jgrind.datasets.saved_arrays.SavedGraph` (one
-    process of several reading only what its partitions need) as the `Graph` of its whole CSR
-    structure (`jgrind.devices.local.saved_structure`: the partitioner, the placement and the
-    halo rows read every edge, as one process's would), the reader of its feature rows and
-    its `SavedArrays`; any other graph as it is, with ``graph.features[rows]`` and None."""
+    """``(graph, feature_rows, saved)``: a `jgrind.datasets.saved_arrays.SavedGraph` whose
+    partition reads edges (`_reads_own_rows` is false: a partitioner that reads them, `auto`,
+    or a ready ``partitioned``) as the `Graph` of its whole CSR structure
+    (`jgrind.devices.local.saved_structure`), the reader of its feature rows and its
+    `SavedArrays`; any other graph as it is, with ``graph.features[rows]`` and None."""
     from jgrind.datasets.saved_arrays import SavedGraph
     if not isinstance(graph, SavedGraph):
         return graph, graph.features.__getitem__, None
     from jgrind.devices import local
     return local.saved_structure(graph), local.FeatureRows(graph.saved), graph.saved
+
+
+def _distinct_crossing(pg, device_of_part: np.ndarray) -> int:
+    """The distinct (row, reading device) pairs of ``pg`` whose row another device owns: what
+    `jgrind.plan.exchange.exchange_plan` counts from the normalised graph's edges, counted
+    from every partition's halo (a process reading only its own rows holds no other edges)."""
+    offsets = np.asarray(pg.offsets, np.int64)
+    device_of_part = np.asarray(device_of_part, np.int64)
+    total = 0
+    for device in np.unique(device_of_part):
+        keys = []
+        for part in pg.partitions:
+            if device_of_part[part.index] != device:
+                continue
+            owners = np.asarray(part.halo_owner, np.int64)
+            far = device_of_part[owners] != device
+            keys.append(offsets[owners[far]] + np.asarray(part.halo_row, np.int64)[far])
+        total += np.unique(np.concatenate(keys + [np.zeros(0, np.int64)])).size
+    return int(total)
+
+
+def _reads_own_rows(graph, model, partitioner) -> bool:
+    """Whether one process of several reads of `SavedGraph` ``graph`` only the in-edges of its
+    own partitions' rows (`_own_partitions`): the partition needs no edges (`contiguous`, or a
+    saved assignment) and ``model``'s normalisation has a row-wise form."""
+    from jgrind.datasets.saved_arrays import SavedGraph
+    from jgrind.devices import local
+    from jgrind.partition.partitioners import contiguous
+    if not isinstance(graph, SavedGraph) or model.name not in local.SUPPORTED_MODELS:
+        return False
+    return getattr(partitioner, "path", None) is not None \
+        or getattr(partitioner, "__wrapped__", partitioner) is contiguous
+
+
+def _own_partitions(graph, model, partitioner, num_parts, devices: list, rates, placement):
+    """``(partitioned, placement, graph, feature_rows, saved)`` of `SavedGraph` ``graph`` for
+    one process of several, reading of its edges only its own partitions' rows' in-edges: the
+    assignment without edges (`jgrind.devices.local.local_assignment`), checked the same in
+    every process before any other collective; the placement by rows and in-edges
+    (`jgrind.devices.local.degree_placement`) unless given; the `PartitionedGraph` of its own
+    partitions, the others' halos and sizes sent by their processes
+    (`jgrind.devices.local.own_partitioned`)."""
+    from jgrind.devices import local, processes
+    saved = graph.saved
+    executed = as_executed(model)[0]
+    model.check_fits(graph)
+    if saved.has("edge_type"):
+        raise ValueError(f"{saved.folder} has typed edges; a process that reads only its "
+                         "own rows supports homogeneous graphs")
+    assignment = local.local_assignment(saved, partitioner, num_parts, len(devices))
+    processes.agree(local.fingerprint(saved, assignment), "saved graph or partition assignment")
+    parts = int(assignment.max(initial=-1)) + 1
+    if placement is None:
+        placement = local.degree_placement(saved, executed, assignment, len(devices), rates)
+    elif placement.num_devices != len(devices) or placement.device_of.size != parts:
+        raise ValueError(f"placement places {placement.device_of.size} partitions on "
+                         f"{placement.num_devices} devices; this run has {len(devices)} "
+                         f"devices and {parts} partitions")
+    process_of_part = np.array([devices[int(d)].process_index for d in placement.device_of],
+                               np.int64)
+    pg = local.own_partitioned(graph, executed, assignment, process_of_part)
+    return pg, placement, pg.graph, local.FeatureRows(saved), saved
 
 
 def _agree_on_partitions(saved, pg) -> None:
