@@ -16,6 +16,7 @@ from typing import Optional
 import pytest
 
 from jgrind.devices import processes
+from test_devices import FAST_COMPILE
 
 # one process of the group: starts, agrees, then does what its argument says
 MEMBER = textwrap.dedent("""
@@ -58,8 +59,7 @@ def _group(tmp_path, then: str, count: int = 2, devices: int = 2, timeout_s: flo
 def _quick_environment(devices: int, **more) -> dict:
     """`_environment` with XLA's cheapest optimisation level (tests/conftest.py's flags): the
     runs compared are all compiled so, and most of a small run's time is compiling."""
-    return dict(_environment(devices), XLA_FLAGS="--xla_backend_optimization_level=0 "
-                "--xla_llvm_disable_expensive_passes=true", **more)
+    return dict(_environment(devices), XLA_FLAGS=FAST_COMPILE, **more)
 
 
 def _errors(stderr: str) -> list:
