@@ -659,5 +659,157 @@ def test_each_process_reads_only_its_own_partitions_edges(own_rows_processes):
             assert case["same_partitions"], (name, process)
 
 
+def _auto_budgets(folder) -> dict:
+    """What `_own_rows_auto_process` plans with, made here from the whole saved graph: the
+    profile's, a device budget of the devices' working sets (as planned and as the engine
+    pads them) and a host budget of 0.6 of the larger process's share of a plan with room to
+    spare, which sends some blocks to the SSD and keeps others in host RAM; and the
+    contiguous partitions and their placement the processes must make."""
+    from jgrind.datasets import load
+    from jgrind.datasets.saved_arrays import SavedArrays
+    from jgrind.devices import local
+    from jgrind.partition import partition_graph
+    from jgrind.partition.partitioners import contiguous
+    from jgrind.plan.cost import Workload
+    from jgrind.plan.placement import Rates
+    from jgrind.plan.planner import plan_run
+    from test_planner import fixed_profile
+    saved, graph = SavedArrays(folder), load(f"npy:{folder}")
+    model = _models(graph.num_features, graph.num_classes)["gcn"]
+    profile = fixed_profile()
+    assignment = local.local_assignment(saved, contiguous, 4, 2)
+    placement = local.degree_placement(saved, model, assignment, 2, Rates.of(profile))
+    pg = partition_graph(model.normalize(graph), assignment, num_parts=4)
+    placed = dict(partitioned=pg, placement=placement, devices=2, device_processes=[0, 1],
+                  recompute=False)
+    first = plan_run(graph, model, profile, **placed)
+    padded = Workload.build(pg, model, max_shapes=1).on_devices(
+        placement.device_of).device_working_sets()
+    working_set = int(max(*first.prediction.memory.device_working_sets, *padded))
+    roomy = plan_run(graph, model, profile, device_budget=working_set, host_budget=1 << 40,
+                     **placed)
+    host_budget = int(0.6 * max(b + h for b, h in roomy.host_shares))
+    return {"device_budget": working_set, "host_budget": host_budget,
+            "graph": graph, "model": model, "profile": profile, "placed": placed}
+
+
+def _own_rows_auto_process(coordinator: str, process_id: int, folder: str, scratch: str,
+                           device_budget: int, host_budget: int) -> dict:
+    """One of two processes of one CPU device training on the saved graph in ``folder`` with
+    contiguous partitions and `policies.auto` (no recomputation) under the given budgets,
+    each process with its own store: what it read of the saved edges, its plan, losses and
+    partitions."""
+    from jgrind.devices import processes
+    processes.start(coordinator, 2, process_id, timeout_s=60, heartbeat_timeout_s=30)
+    import jax
+    import optax
+
+    from jgrind.datasets import load
+    from jgrind.datasets.saved_arrays import SavedGraph
+    from jgrind.devices import ShardedOutOfCore
+    from jgrind.partition.partitioners import contiguous
+    from jgrind.plan import policies
+    from jgrind.plan.process_shares import plan_fingerprint
+    from jgrind.train import InMemory
+    from test_planner import fixed_profile
+
+    graph = SavedGraph.open(folder)
+    model = _models(graph.num_features, graph.num_classes)["gcn"]
+    opt = optax.adam(0.01)
+    params = model.init(jax.random.key(0))
+    store = pathlib.Path(scratch) / f"auto{process_id}"
+    store.mkdir(parents=True, exist_ok=True)
+    with ShardedOutOfCore(graph, model, opt, devices=2, num_parts=4, partitioner=contiguous,
+                          max_shapes=1, policy=policies.auto(profile=fixed_profile(),
+                                                             recompute=False),
+                          store=str(store), device_budget=device_budget,
+                          host_budget=host_budget) as ex:
+        out = {"process": jax.process_index(), "read": dict(graph.saved.read),
+               "fingerprint": plan_fingerprint(ex.plan),
+               "epoch_seconds": ex.plan.epoch_seconds, "num_parts": ex.plan.num_parts,
+               "plan_fates": sorted({f.value for f in ex.plan.fates().values()}),
+               "fates": sorted({f.value for f in ex.fates.values()}),
+               "device_of": np.asarray(ex.placement.device_of).tolist(),
+               "process_of_part": [int(ex.devices[int(d)].process_index)
+                                   for d in ex.placement.device_of],
+               "assignment": np.asarray(ex.engine.built.pg.assignment).tolist(),
+               "own_parts": len(ex.engine.runner.built.parts), "losses": []}
+        ours, state = jax.tree.map(jax.numpy.array, params), opt.init(params)
+        for epoch in range(2):
+            ours, state, loss = ex.step(ours, state, jax.random.fold_in(jax.random.key(3),
+                                                                        epoch))
+            out["losses"].append(float(loss))
+        out["params"] = [np.asarray(a).tolist() for a in jax.tree.leaves(ours)]
+    if jax.process_index() == 0:  # the in-memory side, once the reads are counted
+        memory = InMemory(load(f"npy:{folder}"), model, opt)
+        ref, ref_state = jax.tree.map(jax.numpy.array, params), opt.init(params)
+        out["reference"] = []
+        for epoch in range(2):
+            ref, ref_state, loss = memory.step(ref, ref_state, jax.random.fold_in(
+                jax.random.key(3), epoch))
+            out["reference"].append(float(loss))
+    return out
+
+
+@pytest.fixture(scope="module")
+def own_rows_auto_processes(tmp_path_factory):
+    """The saved graph (`own_rows_processes`'), the budgets (`_auto_budgets`) and both
+    processes' JSON (`_own_rows_auto_process`), in process order."""
+    from jgrind import generators
+    from jgrind.datasets import save_graph
+    root = tmp_path_factory.mktemp("own_rows_auto")
+    folder = save_graph(generators.csbm(num_nodes=600, num_features=8, avg_degree=6,
+                                        seed=2), root / "graph")
+    budgets = _auto_budgets(folder)
+    script = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+              "import test_processes_out_of_core as t; "
+              "print(json.dumps(t._own_rows_auto_process(sys.argv[2], int(sys.argv[3]), "
+              "sys.argv[4], sys.argv[5], int(sys.argv[6]), int(sys.argv[7]))))")
+    return folder, budgets, _run_processes(
+        lambda coordinator, me: [sys.executable, "-c", script, str(HERE), coordinator,
+                                 str(me), str(folder), str(root),
+                                 str(budgets["device_budget"]), str(budgets["host_budget"])],
+        _environment(1), timeout=900)
+
+
+def test_auto_over_processes_reads_only_its_own_partitions_edges(own_rows_auto_processes):
+    """`auto` over two processes on a saved graph with contiguous partitions: each process
+    reads of the saved edges the in-edges of its own partitions' rows only, both plan the
+    run over those partitions, the plan one process makes over the same partitions,
+    placement, profile and budgets (which keep some blocks in host RAM and send others to
+    the SSD), and it trains as in memory."""
+    from jgrind.datasets.saved_arrays import SavedArrays
+    from jgrind.plan.planner import plan_run
+    from jgrind.plan.process_shares import plan_fingerprint
+    folder, budgets, (first, second) = own_rows_auto_processes
+    saved = SavedArrays(folder)
+    saved_degree = np.diff(saved.indptr)
+    placed = budgets["placed"]
+    for process, got in enumerate((first, second)):
+        mine = np.array(got["process_of_part"])[np.array(got["assignment"])] == process
+        own_edges = int(saved_degree[mine].sum())
+        assert 0 < own_edges < saved.num_edges
+        # its own rows' in-edges, each once, and no other edge
+        assert got["read"].get("indices") == own_edges, (process, got["read"])
+        assert 0 < got["own_parts"] < 4
+    assert first["own_parts"] + second["own_parts"] == 4
+    # the partitions and placement the whole graph's would be, and the plan made over them
+    # in one process with the same profile and budgets
+    assert first["assignment"] == np.asarray(placed["partitioned"].assignment).tolist()
+    assert first["device_of"] == second["device_of"] \
+        == np.asarray(placed["placement"].device_of).tolist()
+    alone = plan_run(budgets["graph"], budgets["model"], budgets["profile"],
+                     device_budget=budgets["device_budget"],
+                     host_budget=budgets["host_budget"], directory=str(folder), **placed)
+    assert first["fingerprint"] == second["fingerprint"] == plan_fingerprint(alone)
+    assert first["epoch_seconds"] == second["epoch_seconds"] == alone.epoch_seconds
+    assert first["num_parts"] == 4
+    assert first["plan_fates"] == ["host", "ssd"] == second["plan_fates"]
+    for got in (first, second):
+        assert "host" in got["fates"] and "ssd" in got["fates"]
+    assert first["losses"] == pytest.approx(first["reference"], rel=1e-5)
+    assert second["losses"] == first["losses"] and second["params"] == first["params"]
+
+
 if __name__ == "__main__":
     print(__import__("json").dumps(_run_process(sys.argv[2], int(sys.argv[3]), sys.argv[4])))

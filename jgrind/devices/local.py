@@ -30,9 +30,10 @@ rows, normalised the same way (`normalized_rows`), and builds those partitions; 
 other partition it holds its owned nodes, its halo and its edge count, which the process
 that runs it sends (`own_partitioned`: ``process_allgather`` of halo lists, not of edges), as
 the plan, the host shares and the halo exchange need them. Of the features it reads only
-its own partitions' rows and the halo rows they read (`FeatureRows`). Only where the
-partition reads edges (another partitioner, or `auto`) does it read the whole CSR structure
-(`saved_structure`: ``indptr``, ``indices``, edge weights).
+its own partitions' rows and the halo rows they read (`FeatureRows`); with `auto` the
+planner plans over these partitions and this placement. Only where the partition reads edges
+(another partitioner) does it read the whole CSR structure (`saved_structure`: ``indptr``,
+``indices``, edge weights).
 """
 
 from __future__ import annotations
@@ -237,8 +238,8 @@ class _Partitions:
 def saved_structure(graph) -> Graph:
     """The `Graph` of `SavedGraph` ``graph``'s whole CSR structure (``indptr``, ``indices``,
     edge weights, read into memory) with its labels and masks, for the out-of-core engine
-    over several processes where the partition reads edges (a partitioner that reads them,
-    or `auto`): every process then cuts and places the same partitions. Its features are the
+    over several processes where the partition reads edges (a partitioner that reads them):
+    every process then cuts and places the same partitions. Its features are the
     `SavedGraph`'s untouched zero pages, never the values: the engine reads those through
     `FeatureRows`."""
     saved = graph.saved
@@ -447,9 +448,9 @@ def local_graph(cfg):
     ``row_normalize`` (both read the whole graph), a device budget without a policy (the
     choice of executor reads every edge) or a model other than gcn, sage or gat. With a
     policy (out of core, `jgrind.devices.ShardedOutOfCore`) a process reads the in-edges of
-    its own partitions' rows (the whole CSR structure with ``--policy auto``, whose planner
-    partitions the graph) and, of the features, its partitions' rows and their halo rows.
-    Prints which path it took."""
+    its own partitions' rows (with ``--policy auto`` too: it plans over those partitions, at
+    the count ``--parts`` or the assignment gives) and, of the features, its partitions' rows
+    and their halo rows. Prints which path it took."""
     from jgrind.datasets.saved_arrays import SavedGraph
     from jgrind.devices import processes
     joined = processes.current()

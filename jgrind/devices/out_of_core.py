@@ -54,9 +54,12 @@ edges (`contiguous`, or a saved assignment ``FILE.npy``), a process reads ``indp
 in-edges of its own partitions' rows only: the partitions are placed by their rows and
 in-edges (`jgrind.devices.local.degree_placement`), and what the plan and the exchange need
 of the other partitions (their halos and edge counts) their processes send
-(`jgrind.devices.local.own_partitioned`, a ``process_allgather``). With a partitioner that
-reads edges, or `auto` (whose planner partitions the graph), it reads the whole CSR structure
-(`jgrind.devices.local.saved_structure`). Of the features it reads only its partitions' rows
+(`jgrind.devices.local.own_partitioned`, a ``process_allgather``). With `auto` too: the
+planner plans over those partitions and that placement (`jgrind.plan.planner.plan_run`'s
+``partitioned``), at the count the assignment or ``num_parts`` gives (by default one per
+device; no search over counts, which would cut the graph by its edges), placed by rows and
+in-edges at the profile's rates. With a partitioner that reads edges it reads the whole CSR
+structure (`jgrind.devices.local.saved_structure`). Of the features it reads only its partitions' rows
 and their halo rows (`jgrind.devices.local.FeatureRows`); every process checks that all cut
 the same partitions. Host and SSD blocks in a lossy storage dtype cross in their stored
 words, so a process reads another's rows as that one's own gathers do. Refused over several
@@ -359,27 +362,34 @@ class ShardedOutOfCore:
                              "devices; train it without devices=")
         pg = engine_arguments.pop("partitioned", None)
         partitioner = engine_arguments.pop("partitioner", label_propagation)
+        plans = isinstance(policy, PlansRun)  # `auto`: planned for these devices
+        directory = None if engine_arguments.get("store") is None \
+            else str(engine_arguments["store"])
+        over = {}
+        if plans and processes > 1:  # every process plans with process 0's profile
+            over = {"profile": _profile_of_process_zero(policy, directory),
+                    "device_processes": [d.process_index for d in self.devices]}
         # a saved graph (`jgrind.devices.local.local_graph`): the in-edges of this process's
         # partitions' rows where the partition needs no edges, else its whole structure; its
-        # features read as this process's partitions need them
-        own_rows = processes > 1 and pg is None and not isinstance(policy, PlansRun) \
-            and _reads_own_rows(graph, model, partitioner)
+        # features read as this process's partitions need them. With `auto` the planner
+        # plans over those partitions and their placement (by rows and in-edges, at the
+        # profile's rates), at the count the assignment or ``num_parts`` gives.
+        own_rows = processes > 1 and pg is None and _reads_own_rows(graph, model, partitioner)
+        raw = graph
         if own_rows:
+            if plans and rates is None:
+                rates = Rates.of(over["profile"])
             pg, placement, graph, feature_rows, saved = _own_partitions(
                 graph, model, partitioner, num_parts, self.devices, rates, placement)
             num_parts = pg.num_parts
+            over.update(partitioned=pg, placement=placement)
         else:
             graph, feature_rows, saved = _structure_and_features(graph)
         self.plan = None
-        if isinstance(policy, PlansRun):  # `auto`: planned for these devices
-            directory = None if engine_arguments.get("store") is None \
-                else str(engine_arguments["store"])
-            over = {}
-            if processes > 1:  # every process plans with process 0's profile, per process
-                over = {"profile": _profile_of_process_zero(policy, directory),
-                        "device_processes": [d.process_index for d in self.devices]}
+        if plans:
             self.plan = policy.prepare(
-                graph, model, device_budget=engine_arguments.get("device_budget"),
+                raw if own_rows else graph, model,
+                device_budget=engine_arguments.get("device_budget"),
                 host_budget=engine_arguments.get("host_budget"), directory=directory,
                 partitioner=partitioner, num_parts=num_parts,
                 seed=engine_arguments.get("seed", 0), devices=k, **over)
@@ -680,8 +690,8 @@ class ShardedOutOfCore:
 
 def _structure_and_features(graph):
     """``(graph, feature_rows, saved)``: a `jgrind.datasets.saved_arrays.SavedGraph` whose
-    partition reads edges (`_reads_own_rows` is false: a partitioner that reads them, `auto`,
-    or a ready ``partitioned``) as the `Graph` of its whole CSR structure
+    partition reads edges (`_reads_own_rows` is false: a partitioner that reads them, or a
+    ready ``partitioned``) as the `Graph` of its whole CSR structure
     (`jgrind.devices.local.saved_structure`), the reader of its feature rows and its
     `SavedArrays`; any other graph as it is, with ``graph.features[rows]`` and None."""
     from jgrind.datasets.saved_arrays import SavedGraph

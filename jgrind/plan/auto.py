@@ -95,13 +95,15 @@ class Auto:
     def prepare(self, graph, model, *, device_budget=None, host_budget=None, directory=None,
                 partitioner=None, num_parts=None, seed: int = 0, progress=None,
                 devices: Optional[int] = None, device_processes=None,
-                profile: Optional[hw.Profile] = None) -> Plan:
+                profile: Optional[hw.Profile] = None, partitioned=None,
+                placement=None) -> Plan:
         """Plan a whole run (`jgrind.plan.planner.plan_run`); returns the `Plan`. With
         ``devices`` (K), for the out-of-core engine over K devices, the device budget held
         per device; with ``device_processes`` (``[K]`` the process of each device), over
         several processes, the host budget held per process. ``profile``: the profile to
         plan with instead of `load_profile`'s (over several processes, the one they all
-        plan with)."""
+        plan with). ``partitioned`` (and ``placement``): ready partitions to plan over, at
+        their count (`plan_run`'s)."""
         profile = profile if profile is not None else self.load_profile(directory)
         dev, host = self.budgets(device_budget, host_budget, profile)
         planned = plan_run(graph, model, profile, device_budget=dev, host_budget=host,
@@ -109,7 +111,8 @@ class Auto:
                            num_parts=num_parts, seed=seed, recompute=self.recompute,
                            progress=progress or (lambda msg: None),
                            keep=self.keep_aggregations, storages=self.storages(),
-                           devices=devices, device_processes=device_processes)
+                           devices=devices, device_processes=device_processes,
+                           partitioned=partitioned, placement=placement)
         if self.on_plan is not None:
             self.on_plan(planned)
         return planned

@@ -1081,7 +1081,8 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
              seed: int = 0, recompute: bool = True, progress: Callable = lambda msg: None,
              keep: bool = True, storages: Sequence[Storage] = (EXACT,),
              devices: Optional[int] = None,
-             device_processes: Optional[Sequence[int]] = None) -> Plan:
+             device_processes: Optional[Sequence[int]] = None,
+             partitioned=None, placement=None) -> Plan:
     """Plan a whole run of ``model`` on ``graph`` (raw; the model's normalisation is applied):
     the in-memory fast path if everything fits the device budget, otherwise the number of
     partitions (unless ``num_parts`` is given) and the fates with the fastest predicted epoch.
@@ -1101,8 +1102,19 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
     `jgrind.devices.ShardedOutOfCore` runs over several processes), the host budget is held
     per process: each process's own partitions' host blocks beside the halo rows it keeps of
     the others' (`jgrind.plan.process_shares`; the plan's ``processes`` and
-    ``host_shares``)."""
+    ``host_shares``).
+
+    ``partitioned``: a ready `PartitionedGraph` of the normalised graph to plan over (its
+    count only, no fast path, nothing partitioned here; ``graph`` gives the sizes), and with
+    ``devices`` optionally its ``placement``: what one process of several builds reading only
+    its own rows (`jgrind.devices.ShardedOutOfCore`), whose other partitions it knows by
+    their halos and edge counts alone."""
     partitioner = partitioner or label_propagation
+    if partitioned is not None:
+        if num_parts is not None and int(num_parts) != partitioned.num_parts:
+            raise PlanError(f"num_parts={num_parts} but the partitioned graph has "
+                            f"{partitioned.num_parts} partitions")
+        num_parts = partitioned.num_parts
     check_num_parts(num_parts, graph.num_nodes)
     dev = UNLIMITED if device_budget is None else int(device_budget)
     fast_bytes = in_memory_bytes(graph, model)
@@ -1113,7 +1125,8 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
             raise PlanError(f"devices={devices}: plan for 1 device or more")
         rates = Rates.of(profile)
     split_processes = _several_processes(device_processes, devices)
-    if devices is None and fits_in_memory(graph, model, device_budget, num_parts):
+    if devices is None and partitioned is None \
+            and fits_in_memory(graph, model, device_budget, num_parts):
         w = _single_partition_workload(graph, model)
         seconds = in_memory_seconds(w, profile)
         return Plan(in_memory=True, num_parts=1, assignment=None, prediction=None,
@@ -1122,7 +1135,7 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
                     host_budget=UNLIMITED if host_budget is None else int(host_budget),
                     directory=directory, workload=w, in_memory_bytes=fast_bytes,
                     alternatives=(("in-memory fast path", seconds),))
-    normalized = model.normalize(graph)
+    normalized = model.normalize(graph) if partitioned is None else None
     ssd_free = None
     if directory is not None:
         try:  # less what runs already using the directory will still write there
@@ -1138,22 +1151,27 @@ def plan_run(graph, model, profile, *, device_budget: Optional[int] = None,
             k = counts.pop(0)
         if k > min(MAX_PARTS, max(graph.num_nodes, 1)):
             break
-        progress(f"partitioning into {k} parts")
-        pg = partition_graph(normalized, partitioner(normalized, k, seed=seed), num_parts=k)
+        if partitioned is None:
+            progress(f"partitioning into {k} parts")
+            pg = partition_graph(normalized, partitioner(normalized, k, seed=seed),
+                                 num_parts=k)
+        else:
+            pg = partitioned
         w = Workload.build(pg, model)
-        placement, split = None, None
+        placed, split = None, None
         if devices is not None:
-            placement = place(pg, model, graph.num_features, int(devices), rates)
-            w = w.on_devices(placement.device_of)
+            placed = placement if placement is not None else \
+                place(pg, model, graph.num_features, int(devices), rates)
+            w = w.on_devices(placed.device_of)
             if split_processes:
-                split = process_split(pg, placement.device_of, device_processes)
+                split = process_split(pg, placed.device_of, device_processes)
         try:
             planned = plan_storages(w, profile, storages, device_budget=device_budget,
                                     host_budget=host_budget, directory=directory,
                                     ssd_free=ssd_free, recompute=recompute,
                                     num_params=num_params, partitioned=pg, keep=keep,
                                     processes=split)
-            plans.append(dataclasses.replace(planned, placement=placement))
+            plans.append(dataclasses.replace(planned, placement=placed))
             progress(f"{k} parts: predicted {plans[-1].epoch_seconds:.3g} s per epoch")
         except PlanError as err:
             errors.append(err)
