@@ -392,6 +392,34 @@ def test_the_planner_holds_the_host_budget_per_process():
                  host_budget=min(shares) // 4, **placed)
 
 
+def test_a_host_budget_below_a_process_halo_rows_is_refused_for_what_it_is(tmp_path):
+    """Over two processes with an SSD store, a host budget below the halo rows a process keeps
+    of the other's blocks fits no plan, however much the store holds: the refusal says so
+    (not that the store lacks space) and names a host budget that plans."""
+    import re
+    from jgrind.plan.planner import PlanError, plan_run
+    graph, model = _graph_and_model()
+    profile = _profile()
+    placed = dict(num_parts=PARTS, devices=2, device_processes=[0, 1])
+    on_devices = plan_run(graph, model, profile, device_budget=1 << 40, host_budget=1 << 40,
+                          **placed)
+    halo = min(h for _, h in on_devices.host_shares)
+    working_set = int(max(on_devices.prediction.memory.device_working_sets))
+    with pytest.raises(PlanError) as refused:
+        plan_run(graph, model, profile, device_budget=working_set, host_budget=halo // 2,
+                 directory=str(tmp_path), **placed)
+    line = str(refused.value)
+    assert "of the other processes' rows its partitions read" in line, line
+    assert "free space" not in line, line
+    enough = re.search(r"raise the host budget to at least ([0-9.]+) (KiB|MiB|GiB|bytes)", line)
+    assert enough, line
+    scale = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[enough.group(2)]
+    fits = plan_run(graph, model, profile, device_budget=working_set,
+                    host_budget=int(float(enough.group(1)) * scale) + 1,
+                    directory=str(tmp_path), **placed)
+    assert max(b + h for b, h in fits.host_shares) <= float(enough.group(1)) * scale + 1
+
+
 def test_plan_prints_each_process_share(capsys, tmp_path):
     """`jgrind plan --devices 2 --num-processes 2`: each process's devices, partitions and
     predicted host share beside the host budget per process; a process count that does not

@@ -826,6 +826,9 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
             except PlanError:
                 return False
             return True
+        halo = _halo_floor(given, processes, host)
+        if halo is not None:
+            return PlanError(_halo_too_large(given, processes, halo, dev, host, fits))
         return PlanError(_too_small(given, dev, host, ssd, recompute, fits))
 
     dev = UNLIMITED if device_budget is None else int(device_budget)
@@ -970,6 +973,33 @@ def _uniform_candidates(w: Workload, ssd: bool, recompute: bool):
         yield label, uniform(P, L, [code] * L, [code] * L)
     if L > 1 and recompute:
         yield "recompute all, rest host", uniform(P, L, [H] + [R] * (L - 1), [H] * L)
+
+
+def _halo_floor(w: Workload, processes, host: int) -> Optional[tuple[int, int]]:
+    """Over several processes, ``(process, bytes)`` of the process whose halo rows of the
+    others' blocks alone (`_process_rooms`) take more than the host budget ``host``: no
+    assignment of the blocks can fit then. None in one process, or when each fits."""
+    if processes is None:
+        return None
+    rooms = _process_rooms(w, processes, frozenset(), host)
+    if rooms.size == 0 or rooms.min() >= 0:
+        return None
+    q = int(np.argmin(rooms))
+    return q, int(host - rooms[q])
+
+
+def _halo_too_large(w: Workload, processes, halo: tuple, dev: int, host: int,
+                    fits: Callable[[int, int], bool]) -> str:
+    """Why no plan fits when a process's halo rows alone exceed the host budget, and a host
+    budget that fits (each figure stated one ``fits`` accepted)."""
+    q, need = halo
+    everything = need + sum(int(w.block_bytes(l).sum()) for l in range(w.num_layers))
+    enough = _least(lambda h: fits(dev, h), need + 1, max(everything, need + 1))
+    return (f"the host budget {format_bytes(host)} is below what process {q} of "
+            f"{processes.num_processes} keeps in host RAM of the other processes' rows its "
+            f"partitions read ({format_bytes(need)} with {w.num_parts} partitions), before "
+            f"any block of its own; raise the host budget to at least "
+            f"{format_minimum(enough)}, or use fewer processes")
 
 
 def _too_small(w: Workload, dev: int, host: int, ssd: bool, recompute: bool,
