@@ -31,6 +31,7 @@ from jgrind.config import (ConfigError, RunConfig, build_loss, build_model, buil
                            build_policy, load_graph, split_for)
 from jgrind.datasets import split_per_seed
 from jgrind.plan.check import run_check
+from jgrind.plan.budgets import UNLIMITED
 from jgrind.plan.cost import format_bytes
 from jgrind.plan.report import format_plan, plan_line, plot_plan
 from jgrind.plan.sharded import device_peak_lines, process_share_lines
@@ -414,6 +415,14 @@ def devices_line(devices: dict) -> str:
         line += (f"\nhalo exchange between processes per epoch: {crossed['sent'] / 2**20:.2f} "
                  f"MiB sent by this process, minimum {crossed['minimum'] / 2**20:.2f} MiB "
                  f"({ratio:.2f}x)")
+    share = devices.get("host_share")
+    if share is not None:  # out of core over several processes: this one's host blocks
+        f = format_bytes
+        budget = "no host budget" if share["budget"] >= UNLIMITED else \
+            f"of the host budget per process {f(share['budget'])}"
+        line += (f"\nprocess {share['process']}'s host share (its blocks and the halo rows it "
+                 f"keeps of the others'), measured peak / predicted: {f(share['measured'])} / "
+                 f"{f(share['predicted'])}, {budget}")
     if devices.get("device_peaks") is not None:  # out of core: each device's blocks
         line += "\ndevice blocks at their peak, measured / predicted: " + ", ".join(
             f"device {d} {measured / 2**20:.2f} / {predicted / 2**20:.2f} MiB"

@@ -464,7 +464,7 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
                 "between_processes": None if getattr(executor, "row_exchange", None) is None
                 else {"sent": executor.process_exchange_bytes_per_epoch,
                       "minimum": executor.process_exchange_minimum_per_epoch},
-                **_device_peaks(executor)}
+                **_device_peaks(executor), **_host_share(executor, memory)}
             try:
                 if owned_executor and executor is not None and hasattr(executor, "close"):
                     executor.close()  # removes the run's SSD files, also on error
@@ -490,6 +490,20 @@ def _device_peaks(executor) -> dict:
             "predicted_device_peaks": [int(b) for b in executor.predicted_device_peaks],
             "device_working_sets": [int(b) for b in executor.device_working_sets],
             "device_budget": int(executor.engine.built.device_budget)}
+
+
+def _host_share(executor, memory: Optional[dict]) -> dict:
+    """This process's share of the host budget in an out-of-core run over several processes
+    (`jgrind.devices.ShardedOutOfCore.predicted_host_shares`: its own host blocks and the halo
+    rows it keeps of the others'), predicted and measured (its store's host peak), beside the
+    budget per process; {} for any other run."""
+    shares = getattr(executor, "predicted_host_shares", None)
+    if shares is None:
+        return {}
+    me = jax.process_index()
+    return {"host_share": {"process": me, "predicted": int(shares[me]),
+                           "measured": int((memory or {}).get("peak_host", 0)),
+                           "budget": int(executor.engine.built.host_budget)}}
 
 
 # model selection: a score per evaluated epoch, higher is better

@@ -140,7 +140,11 @@ def _resumed(ex, graph, model, optimizer, folder: pathlib.Path) -> dict:
             "losses": [r["loss"] for r in straight.history],
             "resumed_losses": [r["loss"] for r in resumed.history],
             "lines": [line for line in devices_line(resumed.devices).splitlines()
-                      if "between processes" in line]}
+                      if "between processes" in line],
+            "share_line": [line for line in devices_line(resumed.devices).splitlines()
+                           if "host share" in line],
+            "host_share": resumed.devices.get("host_share"),
+            "predicted_shares": [int(b) for b in ex.predicted_host_shares]}
 
 
 def _host_budget_per_process(graph, model, host_case: dict) -> dict:
@@ -379,6 +383,19 @@ def test_train_prints_the_bytes_each_process_sent_beside_the_minimum(two_process
         assert got["resume"]["lines"] == [f"halo exchange between processes per epoch: "
                                           f"{sent:.2f} MiB sent by this process, minimum "
                                           f"{sent:.2f} MiB (1.00x)"]
+
+
+def test_train_prints_each_process_host_share_beside_its_prediction(two_processes):
+    """A named policy over processes (no plan object) says this process's share of the host
+    budget: its store's host peak beside the engine's predicted share."""
+    for me, got in enumerate(_cases(two_processes, "host")):
+        share = got["resume"]["host_share"]
+        assert share["process"] == me
+        assert share["predicted"] == got["resume"]["predicted_shares"][me] > 0
+        assert 0 < share["measured"] <= share["predicted"]
+        [line] = got["resume"]["share_line"]
+        assert line.startswith(f"process {me}'s host share (its blocks and the halo rows "), line
+        assert "measured peak / predicted: " in line, line
 
 
 def test_without_the_exchange_the_loss_is_wrong(two_processes):
