@@ -602,16 +602,12 @@ def _own_rows_process(coordinator: str, process_id: int, folder: str, scratch: s
                               partitioner=contiguous, max_shapes=1, **_policy("ssd", store)
                               ) as ex:
             pg = ex.engine.built.pg
-            case = {"model": name, "read": dict(graph.saved.read), "losses": [],
+            case = {"model": name, "read": dict(graph.saved.read),
                     "num_edges": graph.saved.num_edges,
                     "process_of_part": [int(ex.devices[int(d)].process_index)
                                         for d in ex.placement.device_of],
                     "assignment": np.asarray(pg.assignment).tolist()}
-            ours, state = jax.tree.map(jax.numpy.array, params), opt.init(params)
-            for epoch in range(2):
-                ours, state, loss = ex.step(ours, state, jax.random.fold_in(
-                    jax.random.key(3), epoch))
-                case["losses"].append(float(loss))
+            ours, case["losses"] = _two_epochs(ex.step, params, opt)
             case["params"] = [np.asarray(a).tolist() for a in jax.tree.leaves(ours)]
             # every partition as the whole normalised graph's partitioning has it
             whole = model.normalize(load(f"npy:{folder}"))
@@ -623,14 +619,20 @@ def _own_rows_process(coordinator: str, process_id: int, folder: str, scratch: s
                 for a, b in zip(pg.partitions, reference.partitions))
         if checks:
             memory = InMemory(load(f"npy:{folder}"), model, opt)
-            ref, ref_state = jax.tree.map(jax.numpy.array, params), opt.init(params)
-            case["reference"] = []
-            for epoch in range(2):
-                ref, ref_state, loss = memory.step(ref, ref_state, jax.random.fold_in(
-                    jax.random.key(3), epoch))
-                case["reference"].append(float(loss))
+            _, case["reference"] = _two_epochs(memory.step, params, opt)
         out["cases"].append(case)
     return out
+
+
+def _two_epochs(step, params, opt) -> tuple:
+    """The parameters and the losses of two training steps of ``step`` (an executor's) from
+    ``params``, with the keys every run here uses."""
+    import jax
+    ours, state, losses = jax.tree.map(jax.numpy.array, params), opt.init(params), []
+    for epoch in range(2):
+        ours, state, loss = step(ours, state, jax.random.fold_in(jax.random.key(3), epoch))
+        losses.append(float(loss))
+    return ours, losses
 
 
 @pytest.fixture(scope="module")
@@ -750,21 +752,12 @@ def _own_rows_auto_process(coordinator: str, process_id: int, folder: str, scrat
                "process_of_part": [int(ex.devices[int(d)].process_index)
                                    for d in ex.placement.device_of],
                "assignment": np.asarray(ex.engine.built.pg.assignment).tolist(),
-               "own_parts": len(ex.engine.runner.built.parts), "losses": []}
-        ours, state = jax.tree.map(jax.numpy.array, params), opt.init(params)
-        for epoch in range(2):
-            ours, state, loss = ex.step(ours, state, jax.random.fold_in(jax.random.key(3),
-                                                                        epoch))
-            out["losses"].append(float(loss))
+               "own_parts": len(ex.engine.runner.built.parts)}
+        ours, out["losses"] = _two_epochs(ex.step, params, opt)
         out["params"] = [np.asarray(a).tolist() for a in jax.tree.leaves(ours)]
     if jax.process_index() == 0:  # the in-memory side, once the reads are counted
         memory = InMemory(load(f"npy:{folder}"), model, opt)
-        ref, ref_state = jax.tree.map(jax.numpy.array, params), opt.init(params)
-        out["reference"] = []
-        for epoch in range(2):
-            ref, ref_state, loss = memory.step(ref, ref_state, jax.random.fold_in(
-                jax.random.key(3), epoch))
-            out["reference"].append(float(loss))
+        _, out["reference"] = _two_epochs(memory.step, params, opt)
     return out
 
 
