@@ -17,6 +17,7 @@ def test_short_steps_leave_the_cores_to_the_two_threads():
     # the writer's own time: the reads and the steps fit beside it on the other core
     assert s.seconds(0.5, 0.0, two) == pytest.approx(7.0)
     assert s.seconds(0.5, 0.0) == pytest.approx(0.5 + 11.0 - 0.5 * 0.5)  # threads one by one
+    assert s.io_seconds(0.0, two) == pytest.approx(7.0)  # the I/O threads' own time
     # all three spread over the cores once they outgrow the writer: (4 + 7) / 2 + 4
     assert _sweep(4.0, 4.0, 7.0).seconds(0.5, 0.0, two) == pytest.approx(9.5)
 

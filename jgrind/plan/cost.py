@@ -1391,7 +1391,10 @@ class Sweep:
         """The sweep's I/O time: reads and writes run on two threads, so ``parallel`` (the
         profile's `io_parallel`, measured beside a step as long as both) of the shorter side
         runs beside the longer. ``cores``: the host's cores, which bound it the other way:
-        each thread on a core of its own (`HostCores.io_bound`)."""
+        each thread on a core of its own (`HostCores.io_bound`); where the steps share them
+        too, that bound is the I/O's time (the share is not read: `HostCores`)."""
+        if cores is not None and cores.compute_on_host:
+            return cores.io_bound(self.reads, self.writes)
         io = self.reads + self.writes - parallel * min(self.reads, self.writes)
         if cores is None:
             return io
