@@ -54,9 +54,9 @@ from jgrind.partition.partitioned import Partition, PartitionedGraph, partition_
 from jgrind.plan.exchange import ExchangePlan, device_rows
 from jgrind.plan.placement import Placement, Rates, partition_costs, place_partitions
 
-__all__ = ["FeatureRows", "LocalRows", "OtherPartition", "degree_placement",
-           "local_assignment", "local_layout", "normalized_rows", "own_partitioned",
-           "saved_structure", "SUPPORTED_MODELS"]
+__all__ = ["FeatureRows", "LocalRows", "OtherPartition", "check_homogeneous",
+           "degree_placement", "local_assignment", "local_layout", "normalized_rows",
+           "own_partitioned", "saved_structure", "SUPPORTED_MODELS"]
 
 # the models whose normalisation has a row-wise form here
 SUPPORTED_MODELS = ("gcn", "sage", "gat")
@@ -185,6 +185,14 @@ def local_layout(saved: SavedArrays, model, devices: list, assignment: np.ndarra
     return placement, plan, shapes, local
 
 
+def check_homogeneous(saved: SavedArrays) -> None:
+    """ValueError, in one line, for a saved graph with typed edges: a process reads only its
+    own rows of homogeneous graphs."""
+    if saved.has("edge_type"):
+        raise ValueError(f"{saved.folder} has typed edges; a process that reads only its "
+                         "own rows supports homogeneous graphs")
+
+
 def degree_placement(saved: SavedArrays, model, assignment: np.ndarray, num_devices: int,
                      rates: Optional[Rates] = None) -> Placement:
     """The `Placement` of ``assignment``'s partitions on ``num_devices`` devices by their rows
@@ -210,10 +218,8 @@ def normalized_rows(saved: SavedArrays, model, my_rows: np.ndarray, every: list)
     ascending; GCN's symmetric weights need the degrees of the edges' sources, which their
     owners count and every process gathers (``N`` float64, a collective)."""
     n = saved.num_nodes
-    indptr, indices, weight, edge_type = saved.edges_of(my_rows)
-    if edge_type is not None:
-        raise ValueError(f"{saved.folder} has typed edges; a process that reads only its "
-                         "own rows supports homogeneous graphs")
+    check_homogeneous(saved)
+    indptr, indices, weight, _ = saved.edges_of(my_rows)
     if model.name == "sage":
         indptr, indices, weight = transforms.rows_without_self_loops(
             my_rows, indptr, indices, weight, n)
@@ -243,9 +249,7 @@ def saved_structure(graph) -> Graph:
     `SavedGraph`'s untouched zero pages, never the values: the engine reads those through
     `FeatureRows`."""
     saved = graph.saved
-    if saved.has("edge_type"):
-        raise ValueError(f"{saved.folder} has typed edges; a process that reads only its "
-                         "own rows supports homogeneous graphs")
+    check_homogeneous(saved)
     token = _CHECKED_FEATURES.set(graph.features)  # zeros: nothing to scan
     try:
         return Graph(indptr=saved.indptr, indices=saved.whole("indices"),

@@ -59,9 +59,9 @@ planner plans over those partitions and that placement (`jgrind.plan.planner.pla
 ``partitioned``), at the count the assignment or ``num_parts`` gives (by default one per
 device; no search over counts, which would cut the graph by its edges), placed by rows and
 in-edges at the profile's rates. With a partitioner that reads edges it reads the whole CSR
-structure (`jgrind.devices.local.saved_structure`). Of the features it reads only its partitions' rows
-and their halo rows (`jgrind.devices.local.FeatureRows`); every process checks that all cut
-the same partitions. Host and SSD blocks in a lossy storage dtype cross in their stored
+structure (`jgrind.devices.local.saved_structure`). Of the features it reads only its
+partitions' rows and their halo rows (`jgrind.devices.local.FeatureRows`); every process
+checks that all cut the same partitions. Host and SSD blocks in a lossy storage dtype cross in their stored
 words, so a process reads another's rows as that one's own gathers do. Refused over several
 processes, in one line: ``exchange=DeviceToDevice()`` (between processes the rows cross by
 the collective, whatever a layer's route; the routes move rows between one process's devices).
@@ -745,9 +745,7 @@ def _own_partitions(graph, model, partitioner, num_parts, devices: list, rates, 
     saved = graph.saved
     executed = as_executed(model)[0]
     model.check_fits(graph)
-    if saved.has("edge_type"):
-        raise ValueError(f"{saved.folder} has typed edges; a process that reads only its "
-                         "own rows supports homogeneous graphs")
+    local.check_homogeneous(saved)
     assignment = local.local_assignment(saved, partitioner, num_parts, len(devices))
     processes.agree(local.fingerprint(saved, assignment), "saved graph or partition assignment")
     parts = int(assignment.max(initial=-1)) + 1
