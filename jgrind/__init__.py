@@ -13,6 +13,12 @@ from jgrind.graph import Graph, GraphError, from_edges
 from jgrind.plan import Fate, TensorInfo, policies
 from jgrind.train import TrainResult, Trials, run_trials, train
 from jgrind.inference import load_checkpoint, predict
+from jgrind.engine import machinery as _machinery
+from jgrind.plan import profile as _profile
+
+# every profile measured measures the engine's own cost per step by running it
+# (`jgrind.plan.profile.use_machinery`: the plan layer cannot import the engine)
+_profile.use_machinery(_machinery.measure)
 
 __version__ = "0.1.0"
 

@@ -153,6 +153,52 @@ def test_plan_is_optimal_against_brute_force_on_an_accelerator(case, parallel):
     _check_optimal(case, True, fixed_profile(io_parallel=parallel, machine=machine))
 
 
+# the engine's own cost per step (`jgrind.engine.machinery`), long enough to bound the small
+# workload's sweeps and to make its SSD calls cost more than their bytes
+MACHINERY = dict(machinery_forward=2e-4, machinery_top=4e-4, machinery_backward=3e-4,
+                 machinery_params=2e-4, machinery_ssd_call=4e-4)
+
+
+@pytest.mark.parametrize("case,backend", [(c, b) for c in ("device-tight", "ssd")
+                                          for b in ("cpu", "gpu")])
+def test_plan_is_optimal_against_brute_force_with_the_engines_own_step_cost(case, backend):
+    """With the engine's own cost per step measured, a sweep takes at least its steps' sum
+    and each call on an SSD block adds to it: the program holds that bound exactly, the
+    backward's calls on ``H_l`` only where it does not keep ``Z_l`` (``v_l``)."""
+    machine = {**machine_fingerprint(), "backend": backend, "device_kind": "x"}
+    profile = fixed_profile(machine=machine, **MACHINERY)
+    _check_optimal(case, True, profile)
+    w, _ = brute_force_case()
+    prediction = plan(w, profile, device_budget=1 << 40, host_budget=1 << 40).prediction
+    bound = [s for s in prediction.sweeps if prediction.sweep_seconds(s) == s.machinery]
+    assert bound, "the engine's own cost bounds no sweep: the test checks nothing"
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_program_prices_the_engines_own_step_cost_as_the_model(keep):
+    """The program's epoch (its sweeps' epigraphs at the optimum) is the cost model's for the
+    assignment it chose, the engine's own cost per step and per SSD call included: without
+    those rows the program would price the SSD plan's narrow sweeps at their kernels."""
+    from jgrind.plan.planner import _Coefficients, _Program
+    w, _ = brute_force_case()
+    profile = fixed_profile(**MACHINERY)
+    stored = int(w.block_bytes(1).sum())
+    program = _Program(w, profile, _Coefficients(w, profile), frozenset(), keep)
+    program.one_tier_per_block()
+    program.sweep_times()
+    program.memory(w.working_set() + stored // 3 - w.working_set(), stored, True, 1 << 40)
+    counts = program.solve(True)
+    assert counts is not None
+    a = program.assignment(counts)
+    assert any(np.any(c == S) for c in a.activations + a.gradients)
+    prediction = predict(w, a, profile)
+    epigraphs = program.solution[program.t0:program.t0 + len(program.order)]
+    assert sum(prediction.sweep_seconds(s) for s in prediction.sweeps) == \
+        pytest.approx(float(epigraphs.sum()), rel=5e-4)
+    assert any(s.machinery > 0 and prediction.sweep_seconds(s) == s.machinery
+               for s in prediction.sweeps)
+
+
 def _check_optimal(case: str, keep: bool, profile) -> None:
     w, enumeration = brute_force_case()
     assert w.aggregated == {0: 16}  # layer 0 can keep its aggregation

@@ -1,16 +1,23 @@
-"""Replay sweep prices on recorded runs: each fixed policy's epoch under two forms of a sweep's
+"""Replay sweep prices on recorded runs: each fixed policy's epoch under forms of a sweep's
 price, from the model's own compute, reads and writes per sweep that
 ``tools/bench_planner.py accuracy --json FILE`` records for every timed epoch.
 
     python tools/replay_sweeps.py experiments/results/planner/accuracy-2026-11-28-run-ac.json
+    python tools/replay_sweeps.py FILE... --engine-step 1.6,2.35,2.46,1.65,0.37
 
 Forms (`jgrind.plan.cost.Sweep.seconds`):
 
 * ``threads``: the form the planner used on the host until e09f96d: ``c + io - overlap
   min(c, io)``, with ``io = r + w - io_parallel min(r, w)`` capped by the cores at
   ``max(r, w, (r + w) / cores + c)`` (which counted the steps twice);
-* ``cores``: the current host form, ``max(c, r, w, (r + w) / cores + c)``
-  (`jgrind.plan.cost.HostCores`).
+* ``cores``: the host form from e09f96d, ``max(c, r, w, (r + w) / cores + c)``;
+* ``engine``: the current host form, with the engine's own work for the steps ``e``:
+  ``max(c, r, w, e, (r + w + e) / cores + c)`` (`jgrind.plan.cost.HostCores`). A run
+  recorded with it keeps its ``e`` per sweep; for an older recording, ``--engine-step`` gives
+  the figures in ms (forward, top, backward, first layer's backward, per SSD call: the
+  profile's ``machinery_*``), ``e`` is worked out per sweep (every table counted as an SSD
+  call where the sweep's measured I/O touched the SSD tier) and the recorded compute loses
+  the ``sweep_step`` per step that ``e`` replaces.
 
 Each run's epoch is its recorded prediction less its recorded sweeps plus the replayed ones,
 held against its fastest timed epoch (the sweeps replayed are that epoch's). Prints one line per
@@ -40,10 +47,35 @@ def _cores(parts: dict, overlap: float, parallel: float, cores: int) -> float:
     return sweep.seconds(overlap, parallel, HostCores(cores, compute_on_host=True))
 
 
-FORMS = {"threads": _threads, "cores": _cores}
+def _engine(parts: dict, overlap: float, parallel: float, cores: int) -> float:
+    sweep = Sweep("", 0, "", parts["compute"], parts["reads"], parts["writes"], (),
+                  machinery=parts.get("machinery", 0.0))
+    return sweep.seconds(overlap, parallel, HostCores(cores, compute_on_host=True))
 
 
-def replay(paths: list) -> dict:
+FORMS = {"threads": _threads, "cores": _cores, "engine": _engine}
+KINDS = ("forward", "top", "backward", "params")
+TABLES = {"forward": 2, "top": 2, "backward": 3, "params": 2}  # a 3-layer GCN's step's calls
+
+
+def _with_engine_step(row: list, steps: int, layers: int, sweep_step: float,
+                      figures: dict) -> dict:
+    """A recorded sweep's predicted parts with the engine's own work ``e``, worked out from
+    ``figures`` where the recording has none."""
+    parts = dict(row[3]["predicted"])
+    if "machinery" in parts or not figures:
+        return parts
+    kind, layer = row[0].split()
+    kind = "forward" if kind != "backward" else \
+        "top" if int(layer) == layers - 1 else "backward" if int(layer) >= 1 else "params"
+    on_ssd = any("ssd" in row[3]["measured"][side] for side in ("reads", "writes"))
+    calls = TABLES[kind] if on_ssd else 0
+    parts["machinery"] = steps * (figures[kind] + calls * figures["ssd_call"])
+    parts["compute"] = max(0.0, parts["compute"] - steps * sweep_step)
+    return parts
+
+
+def replay(paths: list, figures: dict = None) -> dict:
     errors = {form: [] for form in FORMS}
     for path in paths:
         with open(path) as f:
@@ -59,9 +91,14 @@ def replay(paths: list) -> dict:
                 sweeps = run["sweeps"][run["times"].index(measured)]
                 rest = run["predicted"] - sum(row[1] for row in sweeps)
                 line = f"{cfg['config']['name']:<13} {policy:<13} measured {measured:7.3f} s"
+                steps = run.get("num_parts") or cfg["plan"]["num_parts"]
+                engine = [_with_engine_step(row, steps, cfg["config"]["layers"],
+                                            profile["sweep_step"], figures or {})
+                          for row in sweeps]
                 for form, price in FORMS.items():
-                    epoch = rest + sum(price(row[3]["predicted"], overlap, parallel, cores)
-                                       for row in sweeps)
+                    epoch = rest + sum(price(parts if form == "engine" else row[3]["predicted"],
+                                             overlap, parallel, cores)
+                                       for row, parts in zip(sweeps, engine))
                     errors[form].append(epoch / measured - 1)
                     line += f"  {form} {epoch:7.3f} s ({100 * (epoch / measured - 1):+4.0f} %)"
                 print(line)
@@ -75,7 +112,17 @@ def replay(paths: list) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", nargs="+", help="bench_planner.py accuracy --json files")
-    replay(parser.parse_args().json)
+    parser.add_argument("--engine-step", help="for recordings without the engine's own work "
+                        "per step: forward,top,backward,params,ssd_call in ms")
+    args = parser.parse_args()
+    figures = None
+    if args.engine_step:
+        values = [float(v) / 1e3 for v in args.engine_step.split(",")]
+        if len(values) != 5:
+            parser.error("--engine-step takes five figures: forward,top,backward,params,"
+                         "ssd_call (ms)")
+        figures = dict(zip(KINDS + ("ssd_call",), values))
+    replay(args.json, figures)
 
 
 if __name__ == "__main__":

@@ -88,7 +88,10 @@ def check_epoch(prediction, measured_sweeps: Sequence[tuple[str, float]],
                    for (label, p), (_, m) in zip(predicted, measured_sweeps))
     parts = ()
     if len(measured_parts) == len(sweeps):
-        parts = tuple({"predicted": {name: float(getattr(s, name, 0.0)) for name in PARTS},
+        # the engine's own work for the steps is kept too (`Sweep.machinery`): it has no
+        # measured counterpart of its own, being in the measured compute and I/O both
+        parts = tuple({"predicted": {name: float(getattr(s, name, 0.0))
+                                     for name in PARTS + ("machinery",)},
                        "measured": measured}
                       for s, measured in zip(prediction.sweeps, measured_parts))
     return EpochCheck(epoch, float(prediction.epoch_seconds), float(epoch_seconds), sweeps,

@@ -856,7 +856,36 @@ def _step(w: Workload, profile, layer: int, kind: str,
                              masked=masked and not top,
                              memory_passes=TOP_PASSES if top else None, input_passes=passes)
     active = w.owned > 0
-    return _Priced((np.where(active, t + profile.sweep_step, 0.0),))
+    # the engine's own cost per step: inside the compute as the trivial pipeline's where the
+    # engine's was not measured, else the sweep's lower bound (`sweep_machinery`)
+    fixed = 0.0 if measured_machinery(profile) else profile.sweep_step
+    return _Priced((np.where(active, t + fixed, 0.0),))
+
+
+def measured_machinery(profile) -> bool:
+    """Whether ``profile`` has the engine's own cost per step (`jgrind.engine.machinery`)."""
+    return getattr(profile, "machinery_forward", 0.0) > 0.0
+
+
+def machinery_kind(w: Workload, kind: str, layer: int) -> str:
+    """The engine's kind of step of a sweep (``kind``: forward, recompute or backward) of
+    ``layer``, as `jgrind.engine.machinery` measures them."""
+    if kind != "backward":
+        return "forward"
+    if layer == w.num_layers - 1:
+        return "top"
+    return "backward" if layer >= 1 else "params"
+
+
+def sweep_machinery(w: Workload, profile, kind: str, layer: int,
+                    ssd_calls: np.ndarray) -> np.ndarray:
+    """``[P]`` the engine's own seconds for every partition's step of a sweep: the profile's
+    per step of its kind, and per call on an SSD block (``ssd_calls[p]``: the sweep's tables
+    whose block ``p`` is on SSD); zeros where the profile did not measure them."""
+    if not measured_machinery(profile):
+        return np.zeros(w.num_parts)
+    step = getattr(profile, f"machinery_{machinery_kind(w, kind, layer)}")
+    return np.where(w.owned > 0, step + profile.machinery_ssd_call * ssd_calls, 0.0)
 
 
 def backward_kind(w: Workload, layer: int, kept: bool) -> str:
@@ -1386,6 +1415,10 @@ class Sweep:
     part_writes: np.ndarray = dataclasses.field(default=None, compare=False)   # [P]
     to_device: int = 0      # bytes handed to the device, and read back on the host: what
     to_host: int = 0        # crosses the link on a GPU (`jgrind.engine.store.Accounts`)
+    # the engine's own seconds for the sweep's steps (`sweep_machinery`), in total and per
+    # partition: the sweep takes no less, however little it computes and moves
+    machinery: float = 0.0
+    part_machinery: np.ndarray = dataclasses.field(default=None, compare=False)  # [P]
 
     def io_seconds(self, parallel: float, cores: Optional["HostCores"] = None) -> float:
         """The sweep's I/O time: reads and writes run on two threads, so ``parallel`` (the
@@ -1404,11 +1437,13 @@ class Sweep:
                 cores: Optional["HostCores"] = None) -> float:
         """The sweep's seconds. On an accelerator (or a host of unknown cores) the steps run
         beside the I/O threads, ``overlap`` of the shorter hidden; where the steps run on the
-        host's cores too, the three threads share those cores (`HostCores.sweep_seconds`)."""
+        host's cores too, the three threads share those cores with the engine's own work for
+        the steps (``machinery``, `HostCores.sweep_seconds`). Never less than that work: a
+        sweep of small steps is bound by their dispatch, hand-offs and table calls."""
         if cores is not None and cores.compute_on_host:
-            return cores.sweep_seconds(self.compute, self.reads, self.writes)
+            return cores.sweep_seconds(self.compute, self.reads, self.writes, self.machinery)
         io = self.io_seconds(parallel, cores)
-        return self.compute + io - overlap * min(self.compute, io)
+        return max(self.compute + io - overlap * min(self.compute, io), self.machinery)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1431,9 +1466,14 @@ class HostCores:
     count: int
     compute_on_host: bool
 
-    def sweep_seconds(self, compute: float, reads: float, writes: float) -> float:
-        """A sweep's seconds when its steps run on these cores (the class's form)."""
-        return max(compute, reads, writes, (reads + writes) / self.count + compute)
+    def sweep_seconds(self, compute: float, reads: float, writes: float,
+                      machinery: float = 0.0) -> float:
+        """A sweep's seconds when its steps run on these cores (the class's form), with the
+        engine's own work for the steps, ``machinery`` (`Sweep.machinery`): the Python of its
+        three threads, which take turns on the interpreter (so no less than its sum) and
+        occupy a core while they run (so it joins the reads and writes on the cores)."""
+        return max(compute, reads, writes, machinery,
+                   (reads + writes + machinery) / self.count + compute)
 
     def io_bound(self, reads: float, writes: float) -> float:
         """The least I/O time the cores allow: each thread on a core of its own, their work
@@ -1814,7 +1854,11 @@ def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
     moves = []
     link = {"to_device": 0, "to_host": 0}
 
-    def charge(priced: _Priced, side: str, move: str) -> None:
+    ssd_calls = np.zeros(w.num_parts)  # per partition: its step's calls on SSD blocks
+
+    def charge(priced: _Priced, side: str, move: str, codes: np.ndarray) -> None:
+        nonlocal ssd_calls
+        ssd_calls = ssd_calls + (np.asarray(codes) == S)
         totals[side] += priced.total()
         parts[side] += priced.parts(order)
         moves.append(move)
@@ -1824,42 +1868,44 @@ def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
     if kind == "backward" and l in a.kept:  # reads Z_l instead of regathering H_l
         z = a.aggregations[l]
         charge(_read_block(w, profile, l, z, cache, w.aggregated[l], verified=True), "reads",
-               f"reload Z_{l} from {_tiers_named(z)}")
+               f"reload Z_{l} from {_tiers_named(z)}", z)
     else:
         acts_in = a.activations[l]
         charge(_gather(w, profile, l, acts_in, cache, reread=l in read_once), "reads",
-               f"gather H_{l} from {_tiers_named(acts_in)}")
+               f"gather H_{l} from {_tiers_named(acts_in)}", acts_in)
         read_once.add(l)
     if kind in ("forward", "recompute"):
         out = a.activations[l + 1]
         charge(_write(w, profile, l + 1, out), "writes",
                f"{'recompute' if kind == 'recompute' else 'offload'} H_{l + 1} "
-               f"to {_tiers_named(out)}")
+               f"to {_tiers_named(out)}", out)
         read_once.discard(l + 1)
         if kind == "forward" and l in a.kept:
             z = a.aggregations[l]
             charge(_write(w, profile, l, z, w.aggregated[l]), "writes",
-                   f"offload Z_{l} to {_tiers_named(z)}")
+                   f"offload Z_{l} to {_tiers_named(z)}", z)
         step = _step(w, profile, l, "forward")
     else:
         if l < w.num_layers - 1:
             g_up = a.gradients[l + 1]
             # G_{l+1} blocks written whole (by a node-wise layer) carry a checksum
             charge(_read_block(w, profile, l + 1, g_up, cache, verified=w.local(l + 1)),
-                   "reads", f"reload G_{l + 1} from {_tiers_named(g_up)}")
+                   "reads", f"reload G_{l + 1} from {_tiers_named(g_up)}", g_up)
         else:  # the top step's labels and loss weights load with its input
             link["to_device"] += int(np.sum(np.where(w.owned > 0, w.pad_out, 0))
                                      * w.label_row_bytes)
         if l >= 1:
             g = a.gradients[l]
             charge(_accumulate(w, profile, l, g), "writes",
-                   f"accumulate G_{l} in {_tiers_named(g)}")
+                   f"accumulate G_{l} in {_tiers_named(g)}", g)
         # the layer above makes this layer's output masks only if it regathers
         step = _step(w, profile, l, backward_kind(w, l, l in a.kept), masked=l + 1 not in a.kept)
+    machinery = sweep_machinery(w, profile, kind, l, ssd_calls)
     return Sweep(label=f"{kind} {l}", layer=l, kind=kind, compute=step.total(),
                  moves=tuple(moves), partitions=tuple(order.tolist()),
                  part_compute=step.parts()[order], part_reads=parts["reads"][order],
-                 part_writes=parts["writes"][order], **totals, **link)
+                 part_writes=parts["writes"][order], **totals, **link,
+                 machinery=float(machinery.sum()), part_machinery=machinery[order])
 
 
 # The whole-graph training steps `jgrind profile` times (`Profile.fused_steps`): a GCN with

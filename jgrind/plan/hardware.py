@@ -17,7 +17,7 @@ from typing import Any, Optional
 from jgrind.hostio import allocator, host_memory
 from jgrind.hostio.rows import threads as row_threads
 
-PROFILE_VERSION = 22  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 23  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.hostio.rows` (take, add, store), not `x[i] += v`
@@ -56,6 +56,8 @@ PROFILE_VERSION = 22  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                     22: the device-tier call on a table of a layer's width and length
 #                         (`jgrind.plan.measure.DEVICE_CALL_ROWS`), which XLA splits across
 #                         threads as it does the engine's, not an 8-wide one it runs on one
+#                     23: the engine's own cost per partition step (`machinery_*`), measured by
+#                         running it (`jgrind.engine.machinery`): a sweep's lower bound
 
 _MIB = 2**20
 
@@ -77,7 +79,9 @@ _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "sweep_step", "gat
                  "cached_read_bw", "cached_write_bw", "cached_latency", "read_call_overhead",
                  "update_call_overhead", "overlap", "io_parallel", "checksum_bw",
                  "contraction_bw", "link_to_device_bw", "link_to_host_bw",
-                 "pageable_to_host_bw", "device_call", "cached_take", "cache_lookup")
+                 "pageable_to_host_bw", "device_call", "cached_take", "cache_lookup",
+                 "machinery_forward", "machinery_top", "machinery_backward",
+                 "machinery_params", "machinery_ssd_call")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
                "to_device_small_bytes")
 
@@ -157,6 +161,18 @@ class Profile:
     # 0 in profiles made by hand
     cached_take: float = 0.0
     cache_lookup: float = 0.0
+    # seconds per partition step that the engine itself takes, measured by running it on a
+    # workload with next to no data (`jgrind.engine.machinery`): a forward step, the top
+    # layer's fused step, a backward step with an input gradient, the first layer's (weight
+    # gradients only), with host blocks; and what each table call on an SSD block adds. A
+    # sweep takes at least its steps' sum (`jgrind.plan.cost.Sweep.machinery`). 0 where not
+    # measured (profiles made by hand, or measured without the engine): the cost model then
+    # charges `sweep_step` per step inside the compute instead
+    machinery_forward: float = 0.0
+    machinery_top: float = 0.0
+    machinery_backward: float = 0.0
+    machinery_params: float = 0.0
+    machinery_ssd_call: float = 0.0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -206,6 +222,13 @@ class Profile:
             ("step latency", f"{self.step_latency * 1e3:.3f} ms"),
             ("sweep step", f"{self.sweep_step * 1e3:.3f} ms (per partition step, beyond "
                            "compute and I/O)"),
+            ("engine step", (f"{self.machinery_forward * 1e3:.3f} ms forward, "
+                             f"{self.machinery_top * 1e3:.3f} ms top, "
+                             f"{self.machinery_backward * 1e3:.3f} ms backward, "
+                             f"{self.machinery_params * 1e3:.3f} ms first layer's backward; "
+                             f"+{self.machinery_ssd_call * 1e3:.3f} ms per SSD call "
+                             "(the engine's own, per partition step)")
+             if self.machinery_forward else "not measured"),
             ("device call", f"{self.device_call * 1e3:.3f} ms (a device-tier block write, "
                             "row take or row add)" if self.device_call else "not measured"),
             ("cached halo owner", f"{self.cached_take * 1e6:.1f} us from a cached block, "

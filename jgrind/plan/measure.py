@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -90,7 +90,8 @@ _QUICK = _Sizes(matmul=(1024, 128), matmul_chain=4, contraction=(10_000, 64, 8),
 
 
 def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
-            progress: bool = False) -> Profile:
+            progress: bool = False,
+            machinery: Optional[Callable[[pathlib.Path], dict]] = None) -> Profile:
     """Measure this machine; the SSD figures on the disk that holds ``directory`` (default: the
     system temporary directory; pass the store directory the SSD tier will use).
 
@@ -98,6 +99,11 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     tests). ``progress`` prints one line per figure to stderr. Its temporary file is removed
     whatever happens. Measure on an otherwise idle machine: a concurrent job lowers the compute
     figures, and the profile is reused by later runs.
+
+    ``machinery``: ``directory -> {"forward", "top", "backward", "params", "ssd_call"}``, the
+    engine's own seconds per partition step, measured by running it
+    (`jgrind.engine.machinery.measure`, which `jgrind.plan.profile.measure` passes: this layer
+    cannot import the engine); None leaves them unmeasured. Not run when ``quick``.
     """
     root = _check_directory(directory)
     sizes = _QUICK if quick else _FULL
@@ -182,6 +188,11 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     finally:
         os.close(fd)
         pathlib.Path(name).unlink(missing_ok=True)
+    steps = {} if machinery is None or quick else machinery(root)
+    if steps:
+        report(f"engine step {steps['forward'] * 1e3:.3f} ms forward, {steps['top'] * 1e3:.3f} "
+               f"ms top, {steps['backward'] * 1e3:.3f} ms backward, {steps['params'] * 1e3:.3f} "
+               f"ms first layer's; +{steps['ssd_call'] * 1e3:.3f} ms per SSD call")
 
     return Profile(
         version=PROFILE_VERSION, machine=machine_fingerprint(),
@@ -201,6 +212,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         update_call_overhead=update_call, overlap=overlap, io_parallel=io_parallel,
         checksum_bw=checksum_bw, codec_bw=codec_bw,
         fused_steps=fused_steps,
+        **{f"machinery_{kind}": float(seconds) for kind, seconds in steps.items()},
         device_free=_device_free(jax.devices()[0]),
         host_free=host_memory.available(),
         ssd_free=int(shutil.disk_usage(root).free),

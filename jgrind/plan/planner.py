@@ -49,8 +49,9 @@ from jgrind.plan.cost import (ITEMSIZE, Assignment, HostCores, Prediction, Workl
                               accumulate_seconds,
                               backward_kind, fit_masks, format_bytes, format_minimum,
                               fullest_working_set, gather_seconds, in_memory_seconds,
-                              least_device_budget, predict, read_block_seconds, step_seconds,
-                              uniform, with_page_cache, write_seconds)
+                              least_device_budget, machinery_kind, measured_machinery, predict,
+                              read_block_seconds, step_seconds, uniform, with_page_cache,
+                              write_seconds)
 from jgrind.plan.execution import fits_in_memory, in_memory_bytes
 from jgrind.plan.fates import (ACTIVATION, AGGREGATION, EXACT, FATES, GRADIENT, D, Fate, H, R,
                                S, Storage, TensorInfo)
@@ -278,7 +279,8 @@ class _Program:
     Variables, in order: for each stored tensor group ``g``, its blocks per tier ``x[g, D/H/S]``
     and the fast-path binary ``z[g]`` (every block on the device); for each layer whose
     aggregation may be kept, ``Z_l``'s blocks per tier ``y[l, D/H/S]``, the keep binary
-    ``k[l]`` and the gather ``u[l]`` paid when not kept; ``q[l] = k[l] k[l+1]`` where a
+    ``k[l]``, the gather ``u[l]`` paid when not kept and ``H_l``'s SSD blocks ``v[l]`` it
+    gathers from then (the engine's calls on them, `_sweep_machinery`); ``q[l] = k[l] k[l+1]`` where a
     sweep's compute needs that product; one epigraph ``T[s]`` per sweep (the objective is
     their sum); the device and host peaks ``m_dev``, ``m_host``. On several devices
     (`Workload.device_of`), per device ``d``: each group's device blocks among ``d``'s
@@ -298,9 +300,9 @@ class _Program:
         self.order = epoch_schedule(L, recomputed=recomputed).order()
         self.kept_layers = sorted(w.aggregated) if keep else []
         self.n_x = 4 * len(self.groups)
-        # y_D, y_H, y_S, k, u of each kept layer
-        self.zi = {l: self.n_x + 5 * i for i, l in enumerate(self.kept_layers)}
-        self.n_y = self.n_x + 5 * len(self.kept_layers)
+        # y_D, y_H, y_S, k, u, v of each kept layer
+        self.zi = {l: self.n_x + 6 * i for i, l in enumerate(self.kept_layers)}
+        self.n_y = self.n_x + 6 * len(self.kept_layers)
         pairs = [l for l in self.kept_layers if l + 1 in self.zi and w.masked(l)]
         self.qi = {l: self.n_y + i for i, l in enumerate(pairs)}
         self.t0 = self.n_y + len(pairs)
@@ -340,6 +342,9 @@ class _Program:
 
     def u(self, l):
         return self.zi[l] + 4
+
+    def v(self, l):
+        return self.zi[l] + 5
 
     # one block of `per_device` variables per device (from ``d0``) and per process (from
     # ``p0``): each group's count, then each kept layer's, then the peak
@@ -395,7 +400,49 @@ class _Program:
         for s, (kind, l) in enumerate(self.order):
             reads, writes, read_const, write_const = self._sweep_io(kind, l)
             c, c_lin = self._sweep_compute(kind, l)
-            self._epigraph(s, (reads, read_const), (writes, write_const), c, c_lin)
+            machinery = self._sweep_machinery(kind, l)
+            terms, const = machinery
+            if terms or const:
+                self.add({self.t0 + s: 1.0, **{key: -v for key, v in terms.items()}}, const,
+                         np.inf)
+            self._epigraph(s, (reads, read_const), (writes, write_const), c, c_lin, machinery)
+
+    def _sweep_machinery(self, kind: str, l: int):
+        """The engine's own seconds for the sweep's steps, a lower bound on ``T_s``
+        (`jgrind.plan.cost.sweep_machinery`): a constant per step and ``{variable: seconds}``
+        per SSD block of the tables it calls on, as ``({variable: seconds}, constant)``;
+        nothing where the profile has no such figures.
+        A backward sweep that may keep ``Z_l`` gathers from ``H_l``'s SSD blocks only if it
+        does not keep it: ``v_l >= x[H_l, S] - P k_l``."""
+        w, profile = self.w, self.profile
+        if not measured_machinery(profile):
+            return {}, 0.0
+        active = int(np.sum(w.owned > 0))
+        step = getattr(profile, f"machinery_{machinery_kind(w, kind, l)}")
+        per_block = profile.machinery_ssd_call * active / self.P
+        terms: dict = {}
+
+        def calls_on(group) -> None:
+            if group in self.gi:
+                _addto(terms, self.x(group, S), per_block)
+        if kind == "backward" and l in self.zi:
+            if (ACTIVATION, l) in self.gi:
+                self.add({self.v(l): 1.0, self.x((ACTIVATION, l), S): -1.0,
+                          self.k(l): float(self.P)}, 0.0, np.inf)
+                _addto(terms, self.v(l), per_block)
+            _addto(terms, self.y(l, S), per_block)
+        else:
+            calls_on((ACTIVATION, l))
+        if kind in ("forward", "recompute"):
+            calls_on((ACTIVATION, l + 1))
+            if kind == "forward" and l in self.zi:
+                _addto(terms, self.y(l, S), per_block)
+        else:
+            if l < w.num_layers - 1:
+                calls_on((GRADIENT, l + 1))
+            if l >= 1:
+                calls_on((GRADIENT, l))
+        return terms, step * active
 
     def _sweep_io(self, kind: str, l: int):
         """The sweep's reads and writes, each as ``{variable: seconds}`` and the constant
@@ -472,13 +519,14 @@ class _Program:
             c = step_seconds(w, profile, l, backward_kind(w, l, False))
         return c, c_lin
 
-    def _epigraph(self, s: int, reads, writes, c: float, c_lin: dict) -> None:
+    def _epigraph(self, s: int, reads, writes, c: float, c_lin: dict, machinery) -> None:
         """The sweep's price as linear lower bounds on its epigraph ``T_s``. ``reads`` and
         ``writes`` are ``({variable: seconds}, constant seconds)``, the compute ``c_lin`` and
-        ``c`` the same.
+        ``c`` the same, and so is ``machinery``, the engine's own work for the steps
+        (`_sweep_machinery`; its own bound ``T_s >= m`` is added by `sweep_times`).
 
         Where the steps run on the host's cores (`HostCores.sweep_seconds`): ``T_s >= c``,
-        ``r``, ``w`` and ``(r + w) / cores + c``, four constraints, exact. Elsewhere
+        ``r``, ``w`` and ``(r + w + m) / cores + c``, four constraints, exact. Elsewhere
         ``T_s >= c + (1-eta) io`` and ``T_s >= io + (1-eta) c``, where the sweep's I/O
         ``io = r + w - par min(r, w) = max(r + (1-par) w, w + (1-par) r)``: four
         constraints, as T grows with io; where `capped` marks the sweep, ``io`` is instead
@@ -486,7 +534,7 @@ class _Program:
         constraints. The model prices the smaller of the two; `_solve` picks each sweep's
         from the last solution."""
         if self.cores is not None and self.cores.compute_on_host:
-            self._shared_cores(s, reads, writes, c, c_lin)
+            self._shared_cores(s, reads, writes, c, c_lin, machinery)
             return
         eta, par = self.eta, self.par
         threads = []
@@ -516,17 +564,18 @@ class _Program:
             self.add(first, c + (1 - eta) * io_const, np.inf)
             self.add(second, (1 - eta) * c + io_const, np.inf)
 
-    def _shared_cores(self, s: int, reads, writes, c: float, c_lin: dict) -> None:
-        """`_epigraph` where the steps, the reader and the writer share the host's cores."""
-        (r, r_const), (wr, w_const) = reads, writes
+    def _shared_cores(self, s: int, reads, writes, c: float, c_lin: dict, machinery) -> None:
+        """`_epigraph` where the steps, the reader and the writer share the host's cores with
+        the engine's own work for the steps."""
+        (r, r_const), (wr, w_const), (m, m_const) = reads, writes, machinery
         count = self.cores.count
         used = {key: v / count for key, v in r.items()}
-        for key, v in wr.items():
+        for key, v in list(wr.items()) + list(m.items()):
             _addto(used, key, v / count)
         for key, v in c_lin.items():
             _addto(used, key, v)
         for terms, const in ((c_lin, c), (r, r_const), (wr, w_const),
-                             (used, (r_const + w_const) / count + c)):
+                             (used, (r_const + w_const + m_const) / count + c)):
             self.add({self.t0 + s: 1.0, **{key: -v for key, v in terms.items()}}, const, np.inf)
 
     def capped_at(self, solution: np.ndarray) -> tuple[Optional[tuple], float]:

@@ -30,6 +30,7 @@ from jgrind.plan.hardware import (PROFILE_VERSION, OlderProfileError, Profile, P
 
 __all__ = ["PROFILE_VERSION", "OlderProfileError", "Profile", "ProfileError", "default_path",
            "load", "load_current", "load_or_measure", "machine_fingerprint", "measure", "save",
+           "use_machinery",
            "with_current_free_memory"]
 
 _ADVICE = "run `jgrind profile` to re-measure"
@@ -202,5 +203,22 @@ def _where(directory: str | os.PathLike) -> str:
 def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
             progress: bool = False) -> Profile:
     """A fresh profile of this machine (`jgrind.plan.measure.measure`, which see); the SSD
-    figures on the disk that holds ``directory``."""
-    return measuring.measure(directory, quick=quick, progress=progress)
+    figures on the disk that holds ``directory``, the engine's own cost per step by the
+    probe `use_machinery` installed."""
+    return measuring.measure(directory, quick=quick, progress=progress,
+                             machinery=_machinery_probe)
+
+
+# The engine's probe of its own cost per partition step (`jgrind.engine.machinery.measure`).
+# This layer cannot import the engine, which imports it: the package installs the probe
+# when it is imported (``jgrind/__init__.py``), as the engine's own measurement of itself.
+_machinery_probe: Optional[Callable] = None
+
+
+def use_machinery(probe: Optional[Callable]) -> None:
+    """Measure the engine's own cost per partition step with ``probe`` (``directory ->
+    figures``, see `jgrind.plan.measure.measure`) in every profile measured from now on;
+    None: leave it unmeasured (the cost model then charges the trivial pipeline's
+    `sweep_step`)."""
+    global _machinery_probe
+    _machinery_probe = probe

@@ -109,10 +109,11 @@ def format_plan(plan: Plan) -> str:
               f"{format_bytes(m.peak_host - m.host_cache)} + cache {format_bytes(m.host_cache)})",
               f"  ssd     {format_bytes(m.peak_ssd):>11}",
               "", f"predicted epoch time: {plan.epoch_seconds:.3f} s ({_sweep_form(p)})"]
-    lines.append(f"  {'sweep':<13} {'compute s':>10} {'I/O s':>9} {'time s':>9}  moves")
+    lines.append(f"  {'sweep':<13} {'compute s':>10} {'I/O s':>9} {'engine s':>9} "
+                 f"{'time s':>9}  moves")
     for s in p.sweeps:
         lines.append(f"  {s.label:<13} {s.compute:>10.4f} {p.io_seconds(s):>9.4f} "
-                     f"{p.sweep_seconds(s):>9.4f}  {'; '.join(s.moves)}")
+                     f"{s.machinery:>9.4f} {p.sweep_seconds(s):>9.4f}  {'; '.join(s.moves)}")
     if plan.alternatives:
         lines += ["", "candidates considered (predicted s per epoch):"]
         for label, seconds in plan.alternatives[:12]:
@@ -123,10 +124,15 @@ def format_plan(plan: Plan) -> str:
 
 def _sweep_form(p) -> str:
     """How the prediction prices a sweep's compute beside its I/O (`Sweep.seconds`)."""
+    engine = any(s.machinery for s in p.sweeps)
     if p.cores is not None and p.cores.compute_on_host:
+        if engine:
+            return (f"steps, reads, writes and the engine's own work e sharing the host's "
+                    f"{p.cores.count} cores: max(c, r, w, e, (r + w + e) / cores + c)")
         return (f"steps, reads and writes sharing the host's {p.cores.count} cores: "
                 "max(c, r, w, (r + w) / cores + c)")
-    return f"overlap factor {p.overlap:.2f}, reads beside writes {p.parallel:.2f}"
+    return (f"overlap factor {p.overlap:.2f}, reads beside writes {p.parallel:.2f}"
+            + ("; at least the engine's own work e" if engine else ""))
 
 
 def print_plan(plan: Plan) -> None:

@@ -1,0 +1,117 @@
+"""What the engine itself costs a partition step, measured by running it on a workload with
+next to no data: part of the cost model's price of a sweep (`jgrind.plan.cost.Sweep`).
+
+A partition step is more than its kernels and its bytes: the main thread dispatches the
+step's programs and hands its inputs and outputs over; the loader routes, gathers and puts
+them; the writer reads the output back and stores it; each table call goes through the
+store's Python. On the CPU backend those threads also take turns on the interpreter. On the
+planner benchmark's 256-partition configurations this came to 1.6-3.3 ms a step, against the
+0.97 ms of the profile's trivial pipeline (`jgrind.plan.measure._sweep_step`), and narrow
+sweeps took twice their price. Rather than model the pieces, this runs the engine: a
+three-layer GCN over `PARTS` partitions of a few nodes each, once with every block in host
+RAM and once with every block on the SSD store, their epochs taken in turns (the per-step
+time of one engine varied by a third from epoch to epoch on the test machine, and drifts with
+the machine's load: taking turns puts the drift into both), and reads each sweep's wall time.
+
+The figures (`jgrind.plan.hardware.Profile`): seconds per step of a forward sweep, of the
+top layer's fused step, of a backward step with an input gradient, and of the first layer's
+(weight gradients only), with host blocks; and the seconds each table call on an SSD block
+adds to a step (the SSD run's excess over the host run, per SSD call).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import jax
+import numpy as np
+import optax
+
+from jgrind.engine.engine import OutOfCore
+from jgrind.generators import csbm
+from jgrind.models.model import gcn
+from jgrind.plan import policies
+from jgrind.plan.schedule import BACKWARD, LABELS
+
+__all__ = ["EPOCHS", "PARTS", "measure"]
+
+PARTS = 64        # partitions: enough steps per sweep for a stable per-step figure (64,
+#                   128 and 256 gave the same figures within their noise)
+ROWS = 32         # nodes per partition: kernels and bytes next to nothing
+WIDTH = 8         # features, hidden and classes
+LAYERS = 3
+EPOCHS = 7        # timed epochs of each engine, after one that compiles; medians are kept
+
+
+def measure(directory: Optional[str | os.PathLike] = None, *, parts: int = PARTS,
+            epochs: int = EPOCHS) -> dict:
+    """``{"forward", "top", "backward", "params", "ssd_call"}``: seconds per partition step
+    of each kind of sweep with host blocks, and per table call on an SSD block beyond a host
+    one. ``directory``: where the SSD run's store goes (the disk the profile measures)."""
+    graph = csbm(parts * ROWS, num_classes=WIDTH, num_features=WIDTH, avg_degree=10.0,
+                 seed=0)
+    model = gcn(WIDTH, WIDTH, WIDTH, num_layers=LAYERS, dropout=0.5)
+    store = str(directory) if directory is not None else None
+    with OutOfCore(graph, model, optax.sgd(0.0), policy=policies.host_offload(),
+                   num_parts=parts) as host, \
+            OutOfCore(graph, model, optax.sgd(0.0), policy=policies.ssd_offload(store or "."),
+                      num_parts=parts, store=store) as ssd:
+        runs = [_Timed(host, model), _Timed(ssd, model)]
+        for epoch in range(epochs + 1):  # the first compiles
+            for run in runs:
+                run.epoch(timed=epoch > 0)
+        on_host, on_ssd = (run.per_step() for run in runs)
+    figures = {kind: float(np.median(steps)) for kind, steps in _by_kind(on_host).items()}
+    excess = sum(on_ssd[label][0] - seconds for label, (seconds, _) in on_host.items())
+    calls = sum(n for _, n in on_host.values())
+    figures["ssd_call"] = max(0.0, excess / calls)
+    return figures
+
+
+class _Timed:
+    """One engine's epochs, each sweep's seconds kept."""
+
+    def __init__(self, engine: OutOfCore, model):
+        self.engine = engine
+        self.params = model.init(jax.random.key(0))
+        self.opt_state = engine.optimizer.init(self.params)
+        self.seconds: dict = {}
+        self.epochs = 0
+
+    def epoch(self, timed: bool) -> None:
+        self.params, self.opt_state, loss = self.engine.step(
+            self.params, self.opt_state, jax.random.key(self.epochs))
+        jax.block_until_ready(loss)
+        self.epochs += 1
+        if timed:
+            for label, seconds in self.engine.sweep_seconds:
+                self.seconds.setdefault(label, []).append(seconds)
+
+    def per_step(self) -> dict:
+        """``{sweep label: (median seconds per step, stored-table calls per step)}``."""
+        calls = {f"{s.kind} {s.layer}": _calls(s)
+                 for s in self.engine.built.plan.schedule.sweeps}
+        steps = sum(1 for p in self.engine.parts if p.num_out > 0) or 1
+        return {label: (float(np.median(seconds)) / steps, calls[label])
+                for label, seconds in self.seconds.items()}
+
+
+def _calls(sweep) -> int:
+    """Stored tables a step of ``sweep`` reads or writes (the labels are not a table)."""
+    return sum(1 for t in sweep.reads + sweep.writes if t.name != LABELS)
+
+
+def _by_kind(measured: dict) -> dict:
+    """Per-step seconds of the sweeps by the cost model's kind of step
+    (`jgrind.plan.cost.machinery_kind`)."""
+    kinds: dict = {"forward": [], "top": [], "backward": [], "params": []}
+    for label, (seconds, _) in measured.items():
+        kind, layer = label.split()
+        if kind != BACKWARD:
+            kinds["forward"].append(seconds)
+        elif int(layer) == LAYERS - 1:
+            kinds["top"].append(seconds)
+        else:
+            kinds["backward" if int(layer) >= 1 else "params"].append(seconds)
+    return kinds

@@ -1,0 +1,85 @@
+"""The engine's own cost per partition step (`jgrind.engine.machinery`): measured by running
+the engine, installed in every profile measured, and priced per step and per SSD call."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import jgrind
+from jgrind.engine import machinery
+from jgrind.plan import measure as measuring, profile as profiles
+from jgrind.plan.cost import D, H, S, Assignment, predict
+
+from test_planner import MACHINERY, brute_force_case, fixed_profile
+
+
+def test_the_engine_measures_its_own_cost_per_step(tmp_path):
+    figures = machinery.measure(tmp_path, parts=16, epochs=2)
+    assert set(figures) == {"forward", "top", "backward", "params", "ssd_call"}
+    for kind in ("forward", "top", "backward", "params"):
+        # a step dispatches programs and hands data between three threads: well over 50 us,
+        # and under a second for 32 nodes
+        assert 5e-5 < figures[kind] < 1.0, (kind, figures[kind])
+    assert figures["ssd_call"] >= 0.0
+    assert not list(tmp_path.iterdir())  # the SSD run's store is gone
+
+
+def test_every_profile_measured_runs_the_engines_probe(monkeypatch, tmp_path):
+    """The plan layer cannot import the engine: the package installs the probe
+    (``jgrind/__init__.py``), and the profile's measurement passes it on."""
+    assert jgrind.plan.profile._machinery_probe is machinery.measure
+    seen = {}
+
+    def fake_measure(directory, *, quick, progress, machinery):
+        seen["machinery"] = machinery
+        return "a profile"
+    monkeypatch.setattr(measuring, "measure", fake_measure)
+    assert profiles.measure(tmp_path) == "a profile"
+    assert seen["machinery"] is machinery.measure
+
+
+@pytest.mark.measures_profile
+def test_a_measured_profile_keeps_the_figures(monkeypatch, tmp_path):
+    """`jgrind.plan.measure.measure` puts the probe's figures in the profile, and a profile
+    made without them prices `sweep_step` inside each step's compute instead."""
+    figures = {"forward": 1e-3, "top": 2e-3, "backward": 3e-3, "params": 4e-3,
+               "ssd_call": 5e-4}
+    quick = measuring.measure(tmp_path, quick=True, machinery=lambda d: figures)
+    assert quick.machinery_forward == 0.0  # quick skips the probe (tests, a few seconds)
+    monkeypatch.setattr(measuring, "_FULL", measuring._QUICK)
+    full = measuring.measure(tmp_path, machinery=lambda d: figures)
+    assert (full.machinery_forward, full.machinery_top, full.machinery_backward,
+            full.machinery_params, full.machinery_ssd_call) == (1e-3, 2e-3, 3e-3, 4e-3, 5e-4)
+    assert profiles.Profile.from_json(full.to_json()) == full
+    assert "engine step" in full.format() and "not measured" not in \
+        [line for line in full.format().splitlines() if "engine step" in line][0]
+
+
+def test_a_sweep_is_priced_its_steps_and_ssd_calls():
+    """Each active step costs the profile's figure for its kind, plus one SSD call's for each
+    table of the sweep whose block is on SSD; the steps' compute then leaves out the trivial
+    pipeline's `sweep_step`, which the figure replaces."""
+    w, _ = brute_force_case()
+    P = w.num_parts
+    with_steps = fixed_profile(**MACHINERY)
+    without = fixed_profile()
+    half = np.array([S, H, S][:P], np.int8)
+    a = Assignment((np.full(P, D, np.int8), half), (np.full(P, D, np.int8), half), {})
+    sweeps = {s.label: s for s in predict(w, a, with_steps).sweeps}
+    plain = {s.label: s for s in predict(w, a, without).sweeps}
+    active = int(np.sum(w.owned > 0))
+    ssd_blocks = int(np.sum(half[w.owned > 0] == S))
+    # forward 0 gathers H_0 (device) and writes H_1 (two blocks on SSD)
+    assert sweeps["forward 0"].machinery == pytest.approx(
+        active * MACHINERY["machinery_forward"] + ssd_blocks * MACHINERY["machinery_ssd_call"])
+    # the top layer's backward gathers H_1 and adds into G_1: two calls per SSD block
+    assert sweeps["backward 1"].machinery == pytest.approx(
+        active * MACHINERY["machinery_top"] + 2 * ssd_blocks * MACHINERY["machinery_ssd_call"])
+    assert sweeps["backward 0"].machinery == pytest.approx(
+        active * MACHINERY["machinery_params"] + ssd_blocks * MACHINERY["machinery_ssd_call"])
+    for label, s in sweeps.items():
+        assert plain[label].machinery == 0.0
+        assert plain[label].compute == pytest.approx(s.compute + active * without.sweep_step)
+    unmeasured = dataclasses.replace(with_steps, machinery_forward=0.0)
+    assert all(s.machinery == 0.0 for s in predict(w, a, unmeasured).sweeps)
