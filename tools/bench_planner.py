@@ -77,7 +77,8 @@ def sweep_rows(prediction, measured: tuple) -> list:
         if s.label != label:
             break
         rows.append([label, prediction.sweep_seconds(s), m, {
-            "predicted": {"compute": s.compute, "reads": s.reads, "writes": s.writes},
+            "predicted": {"compute": s.compute, "reads": s.reads, "writes": s.writes,
+                          "machinery": s.machinery},
             "measured": parts[i] if i < len(parts) else None}])
     return rows
 

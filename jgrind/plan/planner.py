@@ -405,7 +405,7 @@ class _Program:
             if terms or const:
                 self.add({self.t0 + s: 1.0, **{key: -v for key, v in terms.items()}}, const,
                          np.inf)
-            self._epigraph(s, (reads, read_const), (writes, write_const), c, c_lin, machinery)
+            self._epigraph(s, (reads, read_const), (writes, write_const), c, c_lin)
 
     def _sweep_machinery(self, kind: str, l: int):
         """The engine's own seconds for the sweep's steps, a lower bound on ``T_s``
@@ -519,14 +519,14 @@ class _Program:
             c = step_seconds(w, profile, l, backward_kind(w, l, False))
         return c, c_lin
 
-    def _epigraph(self, s: int, reads, writes, c: float, c_lin: dict, machinery) -> None:
+    def _epigraph(self, s: int, reads, writes, c: float, c_lin: dict) -> None:
         """The sweep's price as linear lower bounds on its epigraph ``T_s``. ``reads`` and
         ``writes`` are ``({variable: seconds}, constant seconds)``, the compute ``c_lin`` and
-        ``c`` the same, and so is ``machinery``, the engine's own work for the steps
-        (`_sweep_machinery`; its own bound ``T_s >= m`` is added by `sweep_times`).
+        ``c`` the same. (The engine's own work for the steps bounds ``T_s`` too:
+        `sweep_times` adds that row, `_sweep_machinery`.)
 
         Where the steps run on the host's cores (`HostCores.sweep_seconds`): ``T_s >= c``,
-        ``r``, ``w`` and ``(r + w + m) / cores + c``, four constraints, exact. Elsewhere
+        ``r``, ``w`` and ``(r + w) / cores + c``, four constraints, exact. Elsewhere
         ``T_s >= c + (1-eta) io`` and ``T_s >= io + (1-eta) c``, where the sweep's I/O
         ``io = r + w - par min(r, w) = max(r + (1-par) w, w + (1-par) r)``: four
         constraints, as T grows with io; where `capped` marks the sweep, ``io`` is instead
@@ -534,7 +534,7 @@ class _Program:
         constraints. The model prices the smaller of the two; `_solve` picks each sweep's
         from the last solution."""
         if self.cores is not None and self.cores.compute_on_host:
-            self._shared_cores(s, reads, writes, c, c_lin, machinery)
+            self._shared_cores(s, reads, writes, c, c_lin)
             return
         eta, par = self.eta, self.par
         threads = []
@@ -564,18 +564,17 @@ class _Program:
             self.add(first, c + (1 - eta) * io_const, np.inf)
             self.add(second, (1 - eta) * c + io_const, np.inf)
 
-    def _shared_cores(self, s: int, reads, writes, c: float, c_lin: dict, machinery) -> None:
-        """`_epigraph` where the steps, the reader and the writer share the host's cores with
-        the engine's own work for the steps."""
-        (r, r_const), (wr, w_const), (m, m_const) = reads, writes, machinery
+    def _shared_cores(self, s: int, reads, writes, c: float, c_lin: dict) -> None:
+        """`_epigraph` where the steps, the reader and the writer share the host's cores."""
+        (r, r_const), (wr, w_const) = reads, writes
         count = self.cores.count
         used = {key: v / count for key, v in r.items()}
-        for key, v in list(wr.items()) + list(m.items()):
+        for key, v in wr.items():
             _addto(used, key, v / count)
         for key, v in c_lin.items():
             _addto(used, key, v)
         for terms, const in ((c_lin, c), (r, r_const), (wr, w_const),
-                             (used, (r_const + w_const + m_const) / count + c)):
+                             (used, (r_const + w_const) / count + c)):
             self.add({self.t0 + s: 1.0, **{key: -v for key, v in terms.items()}}, const, np.inf)
 
     def capped_at(self, solution: np.ndarray) -> tuple[Optional[tuple], float]:
