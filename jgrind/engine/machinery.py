@@ -22,6 +22,7 @@ adds to a step (the SSD run's excess over the host run, per SSD call).
 from __future__ import annotations
 
 import os
+import tempfile
 from typing import Optional
 
 import jax
@@ -48,14 +49,15 @@ def measure(directory: Optional[str | os.PathLike] = None, *, parts: int = PARTS
             epochs: int = EPOCHS) -> dict:
     """``{"forward", "top", "backward", "params", "ssd_call"}``: seconds per partition step
     of each kind of sweep with host blocks, and per table call on an SSD block beyond a host
-    one. ``directory``: where the SSD run's store goes (the disk the profile measures)."""
+    one. ``directory``: where the SSD run's store goes (the disk the profile measures;
+    default the system's temporary folder)."""
     graph = csbm(parts * ROWS, num_classes=WIDTH, num_features=WIDTH, avg_degree=10.0,
                  seed=0)
     model = gcn(WIDTH, WIDTH, WIDTH, num_layers=LAYERS, dropout=0.5)
-    store = str(directory) if directory is not None else None
+    store = str(directory) if directory is not None else tempfile.gettempdir()
     with OutOfCore(graph, model, optax.sgd(0.0), policy=policies.host_offload(),
                    num_parts=parts) as host, \
-            OutOfCore(graph, model, optax.sgd(0.0), policy=policies.ssd_offload(store or "."),
+            OutOfCore(graph, model, optax.sgd(0.0), policy=policies.ssd_offload(store),
                       num_parts=parts, store=store) as ssd:
         runs = [_Timed(host, model), _Timed(ssd, model)]
         for epoch in range(epochs + 1):  # the first compiles
