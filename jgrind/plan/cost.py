@@ -1415,10 +1415,9 @@ class Sweep:
     part_writes: np.ndarray = dataclasses.field(default=None, compare=False)   # [P]
     to_device: int = 0      # bytes handed to the device, and read back on the host: what
     to_host: int = 0        # crosses the link on a GPU (`jgrind.engine.store.Accounts`)
-    # the engine's own seconds for the sweep's steps (`sweep_machinery`), in total and per
-    # partition: the sweep takes no less, however little it computes and moves
+    # the engine's own seconds for the sweep's steps (`sweep_machinery`): the sweep takes no
+    # less, however little it computes and moves
     machinery: float = 0.0
-    part_machinery: np.ndarray = dataclasses.field(default=None, compare=False)  # [P]
 
     def io_seconds(self, parallel: float, cores: Optional["HostCores"] = None) -> float:
         """The sweep's I/O time: reads and writes run on two threads, so ``parallel`` (the
@@ -1907,7 +1906,7 @@ def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
                  moves=tuple(moves), partitions=tuple(order.tolist()),
                  part_compute=step.parts()[order], part_reads=parts["reads"][order],
                  part_writes=parts["writes"][order], **totals, **link,
-                 machinery=float(machinery.sum()), part_machinery=machinery[order])
+                 machinery=float(machinery.sum()))
 
 
 # The whole-graph training steps `jgrind profile` times (`Profile.fused_steps`): a GCN with

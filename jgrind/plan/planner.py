@@ -280,8 +280,8 @@ class _Program:
     and the fast-path binary ``z[g]`` (every block on the device); for each layer whose
     aggregation may be kept, ``Z_l``'s blocks per tier ``y[l, D/H/S]``, the keep binary
     ``k[l]``, the gather ``u[l]`` paid when not kept and ``H_l``'s SSD blocks ``v[l]`` it
-    gathers from then (the engine's calls on them, `_sweep_machinery`); ``q[l] = k[l] k[l+1]`` where a
-    sweep's compute needs that product; one epigraph ``T[s]`` per sweep (the objective is
+    gathers from then (the engine's calls on them, `_sweep_machinery`); ``q[l] = k[l]
+    k[l+1]`` where a sweep's compute needs that product; one epigraph ``T[s]`` per sweep (the objective is
     their sum); the device and host peaks ``m_dev``, ``m_host``. On several devices
     (`Workload.device_of`), per device ``d``: each group's device blocks among ``d``'s
     partitions ``x_d[g]`` (and ``y_d[l]`` of each kept layer) and ``d``'s gradient peak
@@ -400,8 +400,7 @@ class _Program:
         for s, (kind, l) in enumerate(self.order):
             reads, writes, read_const, write_const = self._sweep_io(kind, l)
             c, c_lin = self._sweep_compute(kind, l)
-            machinery = self._sweep_machinery(kind, l)
-            terms, const = machinery
+            terms, const = self._sweep_machinery(kind, l)
             if terms or const:
                 self.add({self.t0 + s: 1.0, **{key: -v for key, v in terms.items()}}, const,
                          np.inf)
