@@ -245,6 +245,8 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
         on their partition's device (`jgrind.devices.ShardedOutOfCore`; default policy
         `host_offload` with the aggregations kept on the host,
         `jgrind.devices.out_of_core.through_host_policy`; the device budget is per device).
+        With a device budget alone, in memory on the devices while it holds their programs,
+        else the planner's fates and per-layer routes (`jgrind.devices.choose`).
       ready: called once everything is set up and checked (the executor with its budgets and
         store, a resumed checkpoint), before the log is opened and the first epoch runs; what
         fails before it is a bad argument, and nothing has been written. (`jgrind train`

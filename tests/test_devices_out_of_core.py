@@ -357,14 +357,19 @@ def test_the_planner_chooses_the_route_of_every_layer():
     assert chosen((host,)) == (ThroughHost(), ThroughHost())
 
 
-def test_a_device_budget_alone_chooses_the_route():
+def test_a_device_budget_alone_chooses_the_route(monkeypatch, tmp_path):
     """``devices`` with only a device budget: every row on its device while the devices'
-    programs fit it (`Sharded`), else through host memory (`ShardedOutOfCore`)."""
+    programs fit it (`Sharded`), else the planner's fates under it (`ShardedOutOfCore` with
+    `auto`, pricing with the saved profile; tests/test_devices_plan.py has the per-layer mix
+    this gives on two devices)."""
     import optax
 
     from helpers import community_graph
     from jgrind import models
+    from jgrind.plan import profile as hw
     from jgrind.train import make_executor
+    from test_planner import fixed_profile
+    monkeypatch.setenv("JGRIND_PROFILE", str(hw.save(fixed_profile(), tmp_path / "p.json")))
     graph = community_graph(num_nodes=600)  # the whole program's peak: 314 KiB
     model = models.gcn(graph.num_features, 8, graph.num_classes)
     roomy = make_executor(graph, model, optax.sgd(0.1), devices=1, num_parts=4,
@@ -373,7 +378,8 @@ def test_a_device_budget_alone_chooses_the_route():
     with make_executor(graph, model, optax.sgd(0.1), devices=1, num_parts=4,
                        device_budget=2**18) as tight:
         assert type(tight).__name__ == "ShardedOutOfCore"
-        assert {f.value for f in tight.fates.values()} == {"host"}
+        assert tight.plan is not None and not tight.plan.in_memory
+        assert tight.plan.prediction.memory.device <= 2**18
 
 
 if __name__ == "__main__":

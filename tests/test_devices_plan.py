@@ -67,9 +67,10 @@ def _run_cases(folder: str) -> dict:
     graph, model = _graph_and_model()
     out = {"devices": len(jax.devices()), "seconds": {}}
     for name, case in (("fixed", _fixed_policy), ("auto", _auto), ("train", _train),
-                       ("command_line", _command_line)):
+                       ("command_line", _command_line), ("chosen", _chosen)):
         start = time.process_time()
-        out[name] = case(folder) if name == "command_line" else case(graph, model)
+        out[name] = case(folder) if name == "command_line" else \
+            case(graph, model, folder) if name == "chosen" else case(graph, model)
         out["seconds"][name] = time.process_time() - start
     return out
 
@@ -187,6 +188,34 @@ def _command_line(folder: str) -> dict:
     return {"printed": printed.getvalue(), "device_peaks": summary.get("device_peaks")}
 
 
+def _chosen(graph, model, folder: str) -> dict:
+    """Two devices and a device budget alone (no policy, `jgrind.devices.choose`), under the
+    auto runs' budget, which the devices' whole programs exceed: the executor, its routes per
+    layer and its loss and gradients against the in-memory computation."""
+    import os
+
+    import jax
+    import optax
+
+    from helpers import reference
+    from jgrind.plan import profile as hw
+    from jgrind.train import make_executor
+    os.environ["JGRIND_PROFILE"] = str(hw.save(_profile(), pathlib.Path(folder) / "chosen.json"))
+    budget = _auto_budget(graph, model)
+    params = model.init(jax.random.key(0))
+    key = jax.random.key(42)
+    ref_loss, ref_grads = reference(graph, model).loss_and_grad(params, key)
+    with make_executor(graph, model, optax.sgd(0.1), devices=2, num_parts=PARTS,
+                       device_budget=budget) as ex:
+        loss, grads = ex.loss_and_grad(params, key)
+        return {"executor": type(ex).__name__, "loss": float(loss),
+                "reference": float(ref_loss),
+                "gradient_error": _gradient_error(grads, ref_grads),
+                "routes": [str(r) for r in ex.exchanges if r is not None],
+                "predicted": [int(b) for b in ex.predicted_device_peaks],
+                "working_sets": [int(b) for b in ex.device_working_sets], "budget": budget}
+
+
 @pytest.fixture(scope="module")
 def two_devices(tmp_path_factory):
     folder = tmp_path_factory.mktemp("devices_plan")
@@ -257,6 +286,19 @@ def test_train_from_the_command_line_records_the_peaks(two_devices):
     peaks = got["device_peaks"]
     assert len(peaks["device_peaks"]) == len(peaks["predicted_device_peaks"]) == 2
     assert all(m <= p for m, p in zip(peaks["device_peaks"], peaks["predicted_device_peaks"]))
+
+
+def test_a_device_budget_alone_mixes_the_routes_per_layer(two_devices):
+    """Several devices and a device budget, no policy, where the devices' whole programs do
+    not fit: the planner keeps what the budget holds on the devices, so layer 0 exchanges
+    device to device and layer 1 through host memory (not every layer through the host), with
+    the in-memory loss and gradients."""
+    got = two_devices["chosen"]
+    assert got["executor"] == "ShardedOutOfCore"
+    assert got["routes"] == ["device to device", "through host memory"], got["routes"]
+    assert got["loss"] == pytest.approx(got["reference"], rel=1e-5)
+    assert got["gradient_error"] <= 1.0
+    assert all(p + w <= got["budget"] for p, w in zip(got["predicted"], got["working_sets"]))
 
 
 # -- the planner alone -------------------------------------------------------------------------

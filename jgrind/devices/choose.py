@@ -3,8 +3,11 @@ out-of-core engine's host tier.
 
 `choose` places the partitions as `Sharded` would and asks the planner for every layer's
 route (`jgrind.plan.sharded.choose_exchanges`): device to device while the devices' whole
-programs fit the per-device budget (`Sharded`, on the same partitions), else through host
-memory (`ShardedOutOfCore` with its `through_host_policy`, under the same budget).
+programs fit the per-device budget (`Sharded`, on the same partitions). Where they do not,
+the planner chooses per tensor, and so per layer, under the same budget (`ShardedOutOfCore`
+with `jgrind.plan.auto`): the layers whose blocks it keeps on the devices exchange device to
+device, the others through host memory (FlexGNN's G2G / G2H choice per layer), instead of
+sending every layer through host memory because the whole does not fit.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from typing import Callable, Optional
 
 from jgrind.devices.exchange import DeviceToDevice
 from jgrind.devices.executor import Sharded, resolve_devices
-from jgrind.devices.out_of_core import ShardedOutOfCore, through_host_policy
+from jgrind.devices.out_of_core import ShardedOutOfCore
 from jgrind.partition import partition_graph
 from jgrind.partition.partitioners import label_propagation
+from jgrind.plan import policies
 from jgrind.plan.exchange import exchange_plan
 from jgrind.plan.placement import place
 from jgrind.plan.sharded import choose_exchanges
@@ -25,9 +29,10 @@ __all__ = ["choose"]
 
 def choose(graph, model, optimizer, *, devices, device_budget: int,
            num_parts: Optional[int] = None, partitioner: Optional[Callable] = None,
-           split: int = 0, loss: Optional[Callable] = None, seed: int = 0):
+           split: int = 0, loss: Optional[Callable] = None, seed: int = 0, profile=None):
     """`Sharded` or `ShardedOutOfCore` (see the module docstring); ``device_budget`` is per
-    device."""
+    device. ``profile``: the hardware profile the planner prices with where the whole does not
+    fit (default: `jgrind.plan.profile.load_or_measure`'s, measured once and kept)."""
     k = len(resolve_devices(devices))
     partitioner = label_propagation if partitioner is None else partitioner
     if getattr(partitioner, "num_parts", None) is not None and num_parts is None:
@@ -45,4 +50,4 @@ def choose(graph, model, optimizer, *, devices, device_budget: int,
                        loss=loss, exchange=routes)
     return ShardedOutOfCore(graph, model, optimizer, devices=devices, num_parts=parts,
                             partitioner=partitioner, split=split, loss=loss, seed=seed,
-                            policy=through_host_policy(), device_budget=device_budget)
+                            policy=policies.auto(profile=profile), device_budget=device_budget)
