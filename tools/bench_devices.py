@@ -21,6 +21,14 @@ of one device each (`jgrind.devices.processes.launch`), each reading only its ow
 folder (`Sharded.from_saved`), beside one process that loads the saved graph and trains it
 alone in memory (`jgrind.train.InMemory`). Each prints its
 peak resident memory (``ru_maxrss``, `harness.peak_rss`) and epoch time.
+
+    python tools/bench_devices.py --processes 2 --out-of-core
+
+does the same out of core: the processes run `jgrind.devices.ShardedOutOfCore` (each its own
+host tier, the halo rows crossing by the collective), the one alone `jgrind.engine.OutOfCore`,
+both with the policy a run over several devices takes when none is named (`host_offload`,
+aggregations kept on the host: `jgrind.devices.out_of_core.through_host_policy`) and the same
+saved partitions, so that the host tiers, not only the graph and the work, are split.
 """
 
 from __future__ import annotations
@@ -61,49 +69,76 @@ def run_child(path: str, devices: int, parts: int, epochs: int, hidden: int) -> 
     return out
 
 
-def run_alone(folder: str, epochs: int, hidden: int) -> dict:
-    """One process: the saved graph loaded whole, trained in memory on one device."""
+def _out_of_core(assignment: str) -> dict:
+    """The out-of-core arguments of ``--out-of-core``'s runs (see the module docstring)."""
+    from jgrind.datasets.saved_arrays import saved_assignment
+    from jgrind.devices.out_of_core import through_host_policy
+    return {"policy": through_host_policy(), "store": tempfile.mkdtemp(prefix="bench-devices-"),
+            "partitioner": saved_assignment(assignment)}
+
+
+def run_alone(folder: str, assignment: str, epochs: int, hidden: int,
+              out_of_core: bool = False) -> dict:
+    """One process: the saved graph loaded whole, trained in memory on one device (out of
+    core with ``out_of_core``, on ``assignment``'s partitions)."""
     import jax
     import optax
 
     from jgrind.datasets.stored import load_saved
-    from jgrind.train import InMemory
+    from jgrind.train import InMemory, make_executor
     graph = load_saved(folder)
     model = harness.gcn(graph.num_features, graph.num_classes, hidden)
     optimizer = optax.adam(0.01)
-    training = harness.Training(InMemory(graph, model, optimizer), model, optimizer)
+    executor = make_executor(graph, model, optimizer, **_out_of_core(assignment)) \
+        if out_of_core else InMemory(graph, model, optimizer)
+    training = harness.Training(executor, model, optimizer)
     built = harness.peak_rss()
     times = [training.epoch(jax.random.key(e))[0] for e in range(epochs + 1)]
-    return {"epoch_seconds": min(times[1:]), "compile_epoch": times[0],
-            "peak_rss_gib": harness.peak_rss() / 2**30, "built_rss_gib": built / 2**30}
+    out = {"epoch_seconds": min(times[1:]), "compile_epoch": times[0],
+           "peak_rss_gib": harness.peak_rss() / 2**30, "built_rss_gib": built / 2**30,
+           "loss": float(training.epoch(jax.random.key(epochs + 1))[1])}
+    if out_of_core:
+        out["peak_host_gib"] = executor.store.accounts.peak_host / 2**30
+    return out
 
 
 def run_local(folder: str, assignment: str, epochs: int, hidden: int, coordinator: str,
-              processes: int, process_id: int) -> dict:
-    """One of ``processes``: its own rows of the saved graph, one device."""
+              processes: int, process_id: int, out_of_core: bool = False) -> dict:
+    """One of ``processes``: its own rows of the saved graph, one device (out of core with
+    ``out_of_core``: its own host tier)."""
     from jgrind.devices import processes as joined
     joined.start(coordinator, processes, process_id)
     import jax
     import optax
 
-    from jgrind.datasets.saved_arrays import saved_assignment
+    from jgrind.datasets.saved_arrays import SavedGraph, saved_assignment
     from jgrind.devices import Sharded
+    from jgrind.train import make_executor
     optimizer = optax.adam(0.01)
     meta = json.loads(open(os.path.join(folder, "graph.json")).read())
     model = harness.gcn(meta["num_features"], meta["num_classes"], hidden)
-    executor = Sharded.from_saved(folder, model, optimizer, devices=processes,
-                                  partitioner=saved_assignment(assignment))
+    if out_of_core:
+        saved = SavedGraph.open(folder)
+        executor = make_executor(saved, model, optimizer, devices=processes,
+                                 **_out_of_core(assignment))
+    else:
+        executor = Sharded.from_saved(folder, model, optimizer, devices=processes,
+                                      partitioner=saved_assignment(assignment))
     training = harness.Training(executor, model, optimizer)
     built = harness.peak_rss()
     times = [training.epoch(jax.random.key(e))[0] for e in range(epochs + 1)]
+    out = {"process": jax.process_index(), "epoch_seconds": min(times[1:]),
+           "compile_epoch": times[0], "peak_rss_gib": harness.peak_rss() / 2**30,
+           "built_rss_gib": built / 2**30, "loss": float(training.epoch(
+               jax.random.key(epochs + 1))[1])}
+    if out_of_core:
+        return {**out, "peak_host_gib": executor.store.accounts.peak_host / 2**30,
+                "read": dict(saved.saved.read)}
     mine = [d for d, dev in enumerate(executor.devices)
             if dev.process_index == jax.process_index()]
-    return {"process": jax.process_index(), "epoch_seconds": min(times[1:]),
-            "compile_epoch": times[0], "peak_rss_gib": harness.peak_rss() / 2**30,
-            "built_rss_gib": built / 2**30, "slot_rows": executor.exchange.slot_rows,
+    return {**out, "slot_rows": executor.exchange.slot_rows,
             "rows": int(sum(executor.exchange.rows[d].size for d in mine)),
-            "read": executor.graph.saved.read, "loss": float(training.epoch(
-                jax.random.key(epochs + 1))[1])}
+            "read": executor.graph.saved.read}
 
 
 def measure_processes(args) -> None:
@@ -119,6 +154,9 @@ def measure_processes(args) -> None:
     assignment = harness.partition(graph, harness.gcn(graph.num_features, graph.num_classes,
                                                       args.hidden), args.parts).assignment
     common = ["--epochs", str(args.epochs), "--hidden", str(args.hidden)]
+    if args.out_of_core:
+        common.append("--out-of-core")
+        results["out_of_core"] = True
     with tempfile.TemporaryDirectory() as tmp:
         folder = str(save_graph(graph, os.path.join(tmp, "graph")))
         parts = os.path.join(tmp, "parts.npy")
@@ -126,10 +164,11 @@ def measure_processes(args) -> None:
         del graph, assignment
         env = dict(os.environ)
         env.pop("XLA_FLAGS", None)
-        alone = harness.run_child([sys.executable, __file__, "--alone", folder, *common],
+        alone = harness.run_child([sys.executable, __file__, "--alone", folder, parts, *common],
                                   "one process alone", env)
         results["alone"] = alone
-        print(f"{'one process, in memory':>26}: peak RSS {alone['peak_rss_gib']:.2f} GiB "
+        how = "out of core" if args.out_of_core else "in memory"
+        print(f"{'one process, ' + how:>26}: peak RSS {alone['peak_rss_gib']:.2f} GiB "
               f"({alone['built_rss_gib']:.2f} GiB before the first epoch), epoch "
               f"{alone['epoch_seconds']:.2f} s", flush=True)
         # `jgrind launch`'s library function, in a child whose output (each line prefixed
@@ -150,9 +189,13 @@ def measure_processes(args) -> None:
             print(f"{'process %d of %d, own rows' % (r['process'], args.processes):>26}: peak "
                   f"RSS {r['peak_rss_gib']:.2f} GiB ({ratio:.2f}x one alone; "
                   f"{r['built_rss_gib']:.2f} GiB before the first epoch), epoch "
-                  f"{r['epoch_seconds']:.2f} s; {r['rows']:,} rows, read "
-                  f"{r['read'].get('indices', 0):,} edges and {r['read']['features']:,} "
-                  "feature rows", flush=True)
+                  f"{r['epoch_seconds']:.2f} s; "
+                  + (f"{r['rows']:,} rows, " if "rows" in r else
+                     f"host tier peak {r['peak_host_gib']:.2f} GiB (alone "
+                     f"{alone['peak_host_gib']:.2f}), loss {r['loss']:.6f} (alone "
+                     f"{alone['loss']:.6f}), ")
+                  + f"read {r['read'].get('indices', 0):,} edges and "
+                  f"{r['read'].get('features', 0):,} feature rows", flush=True)
     harness.write_json(args.json, results)
 
 
@@ -168,7 +211,9 @@ def main() -> None:
                    help="measure the peak RSS of P processes each reading its own rows of the "
                    "saved graph, beside one process training it alone")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # PATH DEVICES
-    p.add_argument("--alone", help=argparse.SUPPRESS)  # FOLDER
+    p.add_argument("--out-of-core", action="store_true",
+                   help="with --processes: train out of core (host tiers split too)")
+    p.add_argument("--alone", nargs=2, help=argparse.SUPPRESS)  # FOLDER PARTS
     p.add_argument("--launch", nargs=3, help=argparse.SUPPRESS)  # FOLDER PARTS PROCESSES
     p.add_argument("--local", nargs=2, help=argparse.SUPPRESS)  # FOLDER PARTS
     p.add_argument("--coordinator", help=argparse.SUPPRESS)
@@ -176,17 +221,19 @@ def main() -> None:
     p.add_argument("--process-id", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.alone:
-        print(json.dumps(run_alone(args.alone, args.epochs, args.hidden)))
+        print(json.dumps(run_alone(*args.alone, args.epochs, args.hidden, args.out_of_core)))
         return
     if args.local:
         print(json.dumps(run_local(*args.local, args.epochs, args.hidden, args.coordinator,
-                                   args.num_processes, args.process_id)), flush=True)
+                                   args.num_processes, args.process_id, args.out_of_core)),
+              flush=True)
         return
     if args.launch:
         from jgrind.devices import processes
         folder, parts, count = args.launch
         raise SystemExit(processes.launch(
-            ["--local", folder, parts, "--epochs", str(args.epochs), "--hidden", str(args.hidden)],
+            ["--local", folder, parts, "--epochs", str(args.epochs), "--hidden", str(args.hidden)]
+            + (["--out-of-core"] if args.out_of_core else []),
             int(count), program=(sys.executable, __file__)))
     if args.processes:
         print(f"# {harness.command()}\n# {harness.machine()}")
