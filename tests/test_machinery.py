@@ -16,12 +16,12 @@ from test_planner import MACHINERY, brute_force_case, fixed_profile
 
 def test_the_engine_measures_its_own_cost_per_step(tmp_path):
     figures = machinery.measure(tmp_path, parts=16, epochs=2)
-    assert set(figures) == {"forward", "top", "backward", "params", "ssd_call"}
+    assert set(figures) == {"forward", "top", "backward", "params", "ssd_call", "device_mix"}
     for kind in ("forward", "top", "backward", "params"):
         # a step dispatches programs and hands data between three threads: well over 50 us,
         # and under a second for 32 nodes
         assert 5e-5 < figures[kind] < 1.0, (kind, figures[kind])
-    assert figures["ssd_call"] >= 0.0
+    assert figures["ssd_call"] >= 0.0 and figures["device_mix"] >= 0.0
     assert not list(tmp_path.iterdir())  # the SSD run's store is gone
 
 
@@ -44,16 +44,53 @@ def test_a_measured_profile_keeps_the_figures(monkeypatch, tmp_path):
     """`jgrind.plan.measure.measure` puts the probe's figures in the profile, and a profile
     made without them prices `sweep_step` inside each step's compute instead."""
     figures = {"forward": 1e-3, "top": 2e-3, "backward": 3e-3, "params": 4e-3,
-               "ssd_call": 5e-4}
+               "ssd_call": 5e-4, "device_mix": 6e-4}
     quick = measuring.measure(tmp_path, quick=True, machinery=lambda d: figures)
     assert quick.machinery_forward == 0.0  # quick skips the probe (tests, a few seconds)
     monkeypatch.setattr(measuring, "_FULL", measuring._QUICK)
     full = measuring.measure(tmp_path, machinery=lambda d: figures)
     assert (full.machinery_forward, full.machinery_top, full.machinery_backward,
-            full.machinery_params, full.machinery_ssd_call) == (1e-3, 2e-3, 3e-3, 4e-3, 5e-4)
+            full.machinery_params, full.machinery_ssd_call, full.machinery_device_mix) == \
+        (1e-3, 2e-3, 3e-3, 4e-3, 5e-4, 6e-4)
     assert profiles.Profile.from_json(full.to_json()) == full
     assert "engine step" in full.format() and "not measured" not in \
         [line for line in full.format().splitlines() if "engine step" in line][0]
+
+
+def test_a_halo_call_on_a_table_split_with_the_device_costs_the_engines_figure():
+    """A gather of ``H_l`` or a scatter-add into ``G_l`` whose table has blocks both on the
+    device and off it adds the probe's figure to every active step of its sweep; a table all
+    on the device or all off it adds nothing."""
+    w, _ = brute_force_case()
+    P = w.num_parts
+    profile = fixed_profile(**MACHINERY)
+    none = dataclasses.replace(profile, machinery_device_mix=0.0)
+    split = np.array([D, H, S][:P], np.int8)
+    host, device = np.full(P, H, np.int8), np.full(P, D, np.int8)
+    active = int(np.sum(w.owned > 0))
+    per_step = MACHINERY["machinery_device_mix"] * active
+
+    def extra(a):
+        return {s.label: s.machinery - n.machinery for s, n in
+                zip(predict(w, a, profile).sweeps, predict(w, a, none).sweeps)}
+    got = extra(Assignment((split, host), (device, split), {}))
+    # H_0 is split: forward 0 and backward 0 gather it; G_1 is split: the top adds into it
+    assert got == pytest.approx({"forward 0": per_step, "backward 1": per_step,
+                                 "backward 0": per_step})
+    got = extra(Assignment((device, host), (device, device), {}))
+    assert got == pytest.approx({"forward 0": 0.0, "backward 1": 0.0, "backward 0": 0.0})
+
+
+def test_the_probe_splits_a_table_between_the_device_and_host_ram():
+    """The probe's third run has every `machinery.MIX_EVERY`-th partition's activation and
+    gradient blocks on the device and the others in host RAM, so its halo calls are the
+    split tables' ones the figure is for."""
+    from jgrind.plan.fates import AGGREGATION, GRADIENT, Fate, TensorInfo
+    fates = [machinery._device_and_host(TensorInfo(GRADIENT, 1, p, (4, 8), "float32", 128))
+             for p in range(2 * machinery.MIX_EVERY)]
+    assert fates.count(Fate.DEVICE) == 2 and fates.count(Fate.HOST) == len(fates) - 2
+    assert machinery._device_and_host(
+        TensorInfo(AGGREGATION, 0, 0, (4, 8), "float32", 128)) is Fate.RECOMPUTE
 
 
 def test_a_sweep_is_priced_its_steps_and_ssd_calls():

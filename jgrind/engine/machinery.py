@@ -15,8 +15,14 @@ the machine's load: taking turns puts the drift into both), and reads each sweep
 
 The figures (`jgrind.plan.hardware.Profile`): seconds per step of a forward sweep, of the
 top layer's fused step, of a backward step with an input gradient, and of the first layer's
-(weight gradients only), with host blocks; and the seconds each table call on an SSD block
-adds to a step (the SSD run's excess over the host run, per SSD call).
+(weight gradients only), with host blocks; the seconds each table call on an SSD block adds
+to a step (the SSD run's excess over the host run, per SSD call); and the seconds a halo call
+(a gather of a layer's input, a scatter-add of its input gradient) adds when its table has
+some blocks on the device and the others in host RAM (a third run with every `MIX_EVERY`-th
+partition's blocks on the device: its excess over the host run, per halo call). Such a call
+reads the device's rows back beside the host ones, waiting for the device's queue each time:
+on the test machine about a millisecond a step, where a table all on the device costs next to
+nothing more than one all in host RAM.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from jgrind.engine.engine import OutOfCore
 from jgrind.generators import csbm
 from jgrind.models.model import gcn
 from jgrind.plan import policies
-from jgrind.plan.schedule import BACKWARD, LABELS
+from jgrind.plan.fates import AGGREGATION, Fate
+from jgrind.plan.schedule import ACTIVATIONS, BACKWARD, GRADIENTS, LABELS
 
 __all__ = ["EPOCHS", "PARTS", "measure"]
 
@@ -43,14 +50,17 @@ ROWS = 32         # nodes per partition: kernels and bytes next to nothing
 WIDTH = 8         # features, hidden and classes
 LAYERS = 3
 EPOCHS = 7        # timed epochs of each engine, after one that compiles; medians are kept
+MIX_EVERY = 8     # the mixed run's blocks on the device: every 8th partition's, so that
+#                   nearly every step's halo reads some of them, and most own blocks are not
 
 
 def measure(directory: Optional[str | os.PathLike] = None, *, parts: int = PARTS,
             epochs: int = EPOCHS) -> dict:
-    """``{"forward", "top", "backward", "params", "ssd_call"}``: seconds per partition step
-    of each kind of sweep with host blocks, and per table call on an SSD block beyond a host
-    one. ``directory``: where the SSD run's store goes (the disk the profile measures;
-    default the system's temporary folder)."""
+    """``{"forward", "top", "backward", "params", "ssd_call", "device_mix"}``: seconds per
+    partition step of each kind of sweep with host blocks, per table call on an SSD block
+    beyond a host one, and per halo call on a table split between the device and host RAM
+    beyond an all-host one. ``directory``: where the SSD run's store goes (the disk the
+    profile measures; default the system's temporary folder)."""
     graph = csbm(parts * ROWS, num_classes=WIDTH, num_features=WIDTH, avg_degree=10.0,
                  seed=0)
     model = gcn(WIDTH, WIDTH, WIDTH, num_layers=LAYERS, dropout=0.5)
@@ -58,17 +68,30 @@ def measure(directory: Optional[str | os.PathLike] = None, *, parts: int = PARTS
     with OutOfCore(graph, model, optax.sgd(0.0), policy=policies.host_offload(),
                    num_parts=parts) as host, \
             OutOfCore(graph, model, optax.sgd(0.0), policy=policies.ssd_offload(store),
-                      num_parts=parts, store=store) as ssd:
-        runs = [_Timed(host, model), _Timed(ssd, model)]
+                      num_parts=parts, store=store) as ssd, \
+            OutOfCore(graph, model, optax.sgd(0.0), policy=_device_and_host,
+                      num_parts=parts) as mixed:
+        runs = [_Timed(host, model), _Timed(ssd, model), _Timed(mixed, model)]
         for epoch in range(epochs + 1):  # the first compiles
             for run in runs:
                 run.epoch(timed=epoch > 0)
-        on_host, on_ssd = (run.per_step() for run in runs)
+        on_host, on_ssd, on_both = (run.per_step() for run in runs)
     figures = {kind: float(np.median(steps)) for kind, steps in _by_kind(on_host).items()}
-    excess = sum(on_ssd[label][0] - seconds for label, (seconds, _) in on_host.items())
-    calls = sum(n for _, n in on_host.values())
+    excess = sum(on_ssd[label][0] - seconds for label, (seconds, *_) in on_host.items())
+    calls = sum(n for _, n, _ in on_host.values())
     figures["ssd_call"] = max(0.0, excess / calls)
+    excess = sum(on_both[label][0] - seconds for label, (seconds, _, _) in on_host.items())
+    calls = sum(n for _, _, n in on_host.values())
+    figures["device_mix"] = max(0.0, excess / calls)
     return figures
+
+
+def _device_and_host(info) -> Fate:
+    """The mixed run's policy: every `MIX_EVERY`-th partition's activation and gradient
+    blocks on the device, the others' in host RAM; no aggregation kept."""
+    if info.name == AGGREGATION:
+        return Fate.RECOMPUTE
+    return Fate.DEVICE if info.partition % MIX_EVERY == 0 else Fate.HOST
 
 
 class _Timed:
@@ -91,11 +114,12 @@ class _Timed:
                 self.seconds.setdefault(label, []).append(seconds)
 
     def per_step(self) -> dict:
-        """``{sweep label: (median seconds per step, stored-table calls per step)}``."""
-        calls = {f"{s.kind} {s.layer}": _calls(s)
+        """``{sweep label: (median seconds per step, stored-table calls per step, halo calls
+        per step)}``."""
+        calls = {f"{s.kind} {s.layer}": (_calls(s), _halo_calls(s))
                  for s in self.engine.built.plan.schedule.sweeps}
         steps = sum(1 for p in self.engine.parts if p.num_out > 0) or 1
-        return {label: (float(np.median(seconds)) / steps, calls[label])
+        return {label: (float(np.median(seconds)) / steps, *calls[label])
                 for label, seconds in self.seconds.items()}
 
 
@@ -104,11 +128,18 @@ def _calls(sweep) -> int:
     return sum(1 for t in sweep.reads + sweep.writes if t.name != LABELS)
 
 
+def _halo_calls(sweep) -> int:
+    """Halo calls of a step of ``sweep`` (the GCN's layers all aggregate): its input's gather,
+    and in backward its input gradient's scatter-add."""
+    return sum(1 for t in sweep.reads if t.name == ACTIVATIONS) + \
+        (sweep.kind == BACKWARD) * sum(1 for t in sweep.writes if t.name == GRADIENTS)
+
+
 def _by_kind(measured: dict) -> dict:
     """Per-step seconds of the sweeps by the cost model's kind of step
     (`jgrind.plan.cost.machinery_kind`)."""
     kinds: dict = {"forward": [], "top": [], "backward": [], "params": []}
-    for label, (seconds, _) in measured.items():
+    for label, (seconds, *_) in measured.items():
         kind, layer = label.split()
         if kind != BACKWARD:
             kinds["forward"].append(seconds)

@@ -878,14 +878,30 @@ def machinery_kind(w: Workload, kind: str, layer: int) -> str:
 
 
 def sweep_machinery(w: Workload, profile, kind: str, layer: int,
-                    ssd_calls: np.ndarray) -> np.ndarray:
+                    ssd_calls: np.ndarray, mixed_calls: int = 0) -> np.ndarray:
     """``[P]`` the engine's own seconds for every partition's step of a sweep: the profile's
-    per step of its kind, and per call on an SSD block (``ssd_calls[p]``: the sweep's tables
-    whose block ``p`` is on SSD); zeros where the profile did not measure them."""
+    per step of its kind, per call on an SSD block (``ssd_calls[p]``: the sweep's tables
+    whose block ``p`` is on SSD), and per halo call on a table split between the device and
+    other tiers (``mixed_calls``, `mixed_halo_call`); zeros where the profile did not measure
+    them."""
     if not measured_machinery(profile):
         return np.zeros(w.num_parts)
     step = getattr(profile, f"machinery_{machinery_kind(w, kind, layer)}")
-    return np.where(w.owned > 0, step + profile.machinery_ssd_call * ssd_calls, 0.0)
+    mixed = getattr(profile, "machinery_device_mix", 0.0) * mixed_calls
+    return np.where(w.owned > 0, step + profile.machinery_ssd_call * ssd_calls + mixed, 0.0)
+
+
+def mixed_halo_call(w: Workload, layer: int, codes: np.ndarray) -> bool:
+    """Whether a gather of ``H_layer`` (or a scatter-add into ``G_layer``) reads halo rows from
+    a table with some blocks on the device and some off it: the device tier's takes (adds)
+    are then read back (sent) beside the host rows, each waiting for the device's queue, in
+    every step whose halo touches a device block. Priced per step of the sweep as if every
+    halo did (on the graphs the planner is measured on, nearly every partition reads from
+    nearly every other), so the planner's program holds it with one binary per table."""
+    if w.local(layer):
+        return False
+    on_device = np.asarray(codes) == D
+    return bool(on_device.any() and not on_device.all())
 
 
 def backward_kind(w: Workload, layer: int, kept: bool) -> str:
@@ -1856,6 +1872,7 @@ def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
     link = {"to_device": 0, "to_host": 0}
 
     ssd_calls = np.zeros(w.num_parts)  # per partition: its step's calls on SSD blocks
+    mixed_calls = 0  # halo calls on tables split between the device and other tiers
 
     def charge(priced: _Priced, side: str, move: str, codes: np.ndarray) -> None:
         nonlocal ssd_calls
@@ -1874,6 +1891,7 @@ def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
         acts_in = a.activations[l]
         charge(_gather(w, profile, l, acts_in, cache, reread=l in read_once), "reads",
                f"gather H_{l} from {_tiers_named(acts_in)}", acts_in)
+        mixed_calls += mixed_halo_call(w, l, acts_in)
         read_once.add(l)
     if kind in ("forward", "recompute"):
         out = a.activations[l + 1]
@@ -1899,9 +1917,10 @@ def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
             g = a.gradients[l]
             charge(_accumulate(w, profile, l, g), "writes",
                    f"accumulate G_{l} in {_tiers_named(g)}", g)
+            mixed_calls += mixed_halo_call(w, l, g)
         # the layer above makes this layer's output masks only if it regathers
         step = _step(w, profile, l, backward_kind(w, l, l in a.kept), masked=l + 1 not in a.kept)
-    machinery = sweep_machinery(w, profile, kind, l, ssd_calls)
+    machinery = sweep_machinery(w, profile, kind, l, ssd_calls, mixed_calls)
     return Sweep(label=f"{kind} {l}", layer=l, kind=kind, compute=step.total(),
                  moves=tuple(moves), partitions=tuple(order.tolist()),
                  part_compute=step.parts()[order], part_reads=parts["reads"][order],

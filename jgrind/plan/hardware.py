@@ -17,7 +17,7 @@ from typing import Any, Optional
 from jgrind.hostio import allocator, host_memory
 from jgrind.hostio.rows import threads as row_threads
 
-PROFILE_VERSION = 23  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 24  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.hostio.rows` (take, add, store), not `x[i] += v`
@@ -58,6 +58,9 @@ PROFILE_VERSION = 23  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                         threads as it does the engine's, not an 8-wide one it runs on one
 #                     23: the engine's own cost per partition step (`machinery_*`), measured by
 #                         running it (`jgrind.engine.machinery`): a sweep's lower bound
+#                     24: what a gather or a scatter-add of halo rows costs the engine when
+#                         its table has blocks both on the device and off it
+#                         (`machinery_device_mix`)
 
 _MIB = 2**20
 
@@ -81,7 +84,7 @@ _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "sweep_step", "gat
                  "contraction_bw", "link_to_device_bw", "link_to_host_bw",
                  "pageable_to_host_bw", "device_call", "cached_take", "cache_lookup",
                  "machinery_forward", "machinery_top", "machinery_backward",
-                 "machinery_params", "machinery_ssd_call")
+                 "machinery_params", "machinery_ssd_call", "machinery_device_mix")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
                "to_device_small_bytes")
 
@@ -173,6 +176,10 @@ class Profile:
     machinery_backward: float = 0.0
     machinery_params: float = 0.0
     machinery_ssd_call: float = 0.0
+    # what a step's gather or scatter-add of halo rows adds when its table's blocks are some
+    # on the device and some off it (the device tier's takes and adds read back beside the
+    # host rows: each waits for the device's queue, where an all-device table's stays there)
+    machinery_device_mix: float = 0.0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -226,7 +233,9 @@ class Profile:
                              f"{self.machinery_top * 1e3:.3f} ms top, "
                              f"{self.machinery_backward * 1e3:.3f} ms backward, "
                              f"{self.machinery_params * 1e3:.3f} ms first layer's backward; "
-                             f"+{self.machinery_ssd_call * 1e3:.3f} ms per SSD call "
+                             f"+{self.machinery_ssd_call * 1e3:.3f} ms per SSD call, "
+                             f"+{self.machinery_device_mix * 1e3:.3f} ms per halo call on a "
+                             "table split between the device and other tiers "
                              "(the engine's own, per partition step)")
              if self.machinery_forward else "not measured"),
             ("device call", f"{self.device_call * 1e3:.3f} ms (a device-tier block write, "

@@ -100,8 +100,8 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     whatever happens. Measure on an otherwise idle machine: a concurrent job lowers the compute
     figures, and the profile is reused by later runs.
 
-    ``machinery``: ``directory -> {"forward", "top", "backward", "params", "ssd_call"}``, the
-    engine's own seconds per partition step, measured by running it
+    ``machinery``: ``directory -> {"forward", "top", "backward", "params", "ssd_call",
+    "device_mix"}``, the engine's own seconds per partition step, measured by running it
     (`jgrind.engine.machinery.measure`, which `jgrind.plan.profile.measure` passes: this layer
     cannot import the engine); None leaves them unmeasured. Not run when ``quick``.
     """
@@ -192,7 +192,9 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     if steps:
         report(f"engine step {steps['forward'] * 1e3:.3f} ms forward, {steps['top'] * 1e3:.3f} "
                f"ms top, {steps['backward'] * 1e3:.3f} ms backward, {steps['params'] * 1e3:.3f} "
-               f"ms first layer's; +{steps['ssd_call'] * 1e3:.3f} ms per SSD call")
+               f"ms first layer's; +{steps['ssd_call'] * 1e3:.3f} ms per SSD call, "
+               f"+{steps['device_mix'] * 1e3:.3f} ms per halo call on a table split between "
+               "the device and other tiers")
 
     return Profile(
         version=PROFILE_VERSION, machine=machine_fingerprint(),

@@ -315,7 +315,18 @@ class _Program:
         self.split = processes
         self.Q = 0 if processes is None else processes.num_processes
         self.p0 = self.d0 + self.K * self.per_device
-        self.n = self.p0 + self.Q * self.per_device
+        # the tables whose halo calls cost more split between the device and other tiers
+        # (`jgrind.plan.cost.mixed_halo_call`): per table its binary ``a[g]`` (a block on the
+        # device) and ``mix[g] >= a[g] - z[g]``; per kept layer whose gather is one of them,
+        # ``wm[l] >= mix[H_l] - k[l]`` (the gather happens only when Z_l is not kept)
+        self.mix0 = self.p0 + self.Q * self.per_device
+        mixing = measured_machinery(profile) and \
+            getattr(profile, "machinery_device_mix", 0.0) > 0.0
+        self.mixable = [g for g in self.groups if mixing and not w.local(g[1])]
+        self.mi = {g: self.mix0 + 2 * i for i, g in enumerate(self.mixable)}
+        self.wmi = {l: self.mix0 + 2 * len(self.mixable) + i for i, l in
+                    enumerate(l for l in self.kept_layers if (ACTIVATION, l) in self.mi)}
+        self.n = self.mix0 + 2 * len(self.mixable) + len(self.wmi)
         # which price bounds each sweep's I/O (`_epigraph`): 1 where the host's cores cap it
         # (`HostCores`), 0 (and None: everywhere) where the threads' time beside each other
         self.cores = HostCores.of(profile)
@@ -345,6 +356,12 @@ class _Program:
 
     def v(self, l):
         return self.zi[l] + 5
+
+    def a(self, g):
+        return self.mi[g]
+
+    def mix(self, g):
+        return self.mi[g] + 1
 
     # one block of `per_device` variables per device (from ``d0``) and per process (from
     # ``p0``): each group's count, then each kept layer's, then the peak
@@ -394,6 +411,11 @@ class _Program:
             self.add({q: 1, k(l): -1, k(l + 1): -1}, -1, np.inf)
             self.add({q: 1, k(l): -1}, -np.inf, 0)
             self.add({q: 1, k(l + 1): -1}, -np.inf, 0)
+        for g in self.mixable:  # a table with a device block; split unless all are
+            self.add({self.a(g): P, x(g, D): -1}, 0, np.inf)
+            self.add({self.mix(g): 1, self.a(g): -1, z(g): 1}, 0, np.inf)
+        for l, wm in self.wmi.items():
+            self.add({wm: 1, self.mix((ACTIVATION, l)): -1, k(l): 1}, 0, np.inf)
 
     def sweep_times(self) -> None:
         """Each sweep's epigraph ``T_s`` bounded below by the sweep's time."""
@@ -412,26 +434,36 @@ class _Program:
         per SSD block of the tables it calls on, as ``({variable: seconds}, constant)``;
         nothing where the profile has no such figures.
         A backward sweep that may keep ``Z_l`` gathers from ``H_l``'s SSD blocks only if it
-        does not keep it: ``v_l >= x[H_l, S] - P k_l``."""
+        does not keep it: ``v_l >= x[H_l, S] - P k_l``. A gather or scatter-add on a table
+        split between the device and other tiers adds its figure per step (``mix[g]``;
+        ``wm[l]`` for a gather that keeping ``Z_l`` saves)."""
         w, profile = self.w, self.profile
         if not measured_machinery(profile):
             return {}, 0.0
         active = int(np.sum(w.owned > 0))
         step = getattr(profile, f"machinery_{machinery_kind(w, kind, l)}")
         per_block = profile.machinery_ssd_call * active / self.P
+        per_mixed = getattr(profile, "machinery_device_mix", 0.0) * active
         terms: dict = {}
 
         def calls_on(group) -> None:
             if group in self.gi:
                 _addto(terms, self.x(group, S), per_block)
+
+        def halo_call_on(group) -> None:
+            if group in self.mi:
+                _addto(terms, self.mix(group), per_mixed)
         if kind == "backward" and l in self.zi:
             if (ACTIVATION, l) in self.gi:
                 self.add({self.v(l): 1.0, self.x((ACTIVATION, l), S): -1.0,
                           self.k(l): float(self.P)}, 0.0, np.inf)
                 _addto(terms, self.v(l), per_block)
+            if l in self.wmi:
+                _addto(terms, self.wmi[l], per_mixed)
             _addto(terms, self.y(l, S), per_block)
         else:
             calls_on((ACTIVATION, l))
+            halo_call_on((ACTIVATION, l))
         if kind in ("forward", "recompute"):
             calls_on((ACTIVATION, l + 1))
             if kind == "forward" and l in self.zi:
@@ -441,6 +473,7 @@ class _Program:
                 calls_on((GRADIENT, l + 1))
             if l >= 1:
                 calls_on((GRADIENT, l))
+                halo_call_on((GRADIENT, l))
         return terms, step * active
 
     def _sweep_io(self, kind: str, l: int):
@@ -718,6 +751,9 @@ class _Program:
             for l in self.kept_layers:
                 upper[self.yd(l, d)] = on_device
                 integrality[self.yd(l, d)] = 1
+        for g in self.mixable:
+            upper[self.a(g)] = 1
+            integrality[self.a(g)] = 1
         for q in range(self.Q):
             in_process = int(np.sum(self.split.own(q)))
             for g in self.groups:
@@ -738,7 +774,8 @@ class _Program:
         if self.K:
             self.device_counts = solution[self.d0:self.p0].reshape(self.K, self.per_device)
         if self.Q:
-            self.process_counts = solution[self.p0:].reshape(self.Q, self.per_device)
+            self.process_counts = solution[self.p0:self.mix0].reshape(self.Q,
+                                                                      self.per_device)
         return solution[:self.n_y]
 
     def assignment(self, counts: np.ndarray) -> Assignment:
