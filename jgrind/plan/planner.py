@@ -288,7 +288,9 @@ class _Program:
     ``m_d``, so the device budget holds each device's own blocks. Over several processes
     (``processes``, a `jgrind.plan.process_shares.ProcessSplit`), per process ``q`` the
     same for its host blocks: ``x_q[g]``, ``y_q[l]`` and ``m_q``, so the host budget holds
-    each process's own blocks."""
+    each process's own blocks. Last, where the profile prices halo calls on a table split
+    between the device and other tiers (``machinery_device_mix``): per such table ``a[g]``
+    and ``mix[g]``, and per kept layer gathering one ``wm[l]`` (see ``__init__``)."""
 
     def __init__(self, w: Workload, profile, coef: _Coefficients, recomputed: frozenset,
                  keep: bool, capped: Optional[tuple] = None, processes=None):
