@@ -200,6 +200,36 @@ def test_program_prices_the_engines_own_step_cost_as_the_model(keep):
                for s in prediction.sweeps)
 
 
+def test_a_kept_aggregation_spares_its_layers_split_gather_in_the_program():
+    """Backward 0 reads a kept ``Z_0`` instead of gathering ``H_0``: with ``H_0`` split between
+    the device and host RAM, the program charges that gather's halo-call cost only where
+    ``Z_0`` is not kept (``wm_0``), as the model does. Forced to keep ``Z_0`` with one ``H_0``
+    block on the device, its epigraphs equal the model's epoch; charging the gather anyway
+    would price the sweep above it."""
+    from jgrind.plan.fates import ACTIVATION
+    from jgrind.plan.planner import _Coefficients, _Program
+    w, _ = brute_force_case()
+    profile = fixed_profile(**MACHINERY)
+    program = _Program(w, profile, _Coefficients(w, profile), frozenset(), True)
+    program.one_tier_per_block()
+    program.sweep_times()
+    program.memory(1 << 40, 1 << 40, False, 0)
+    h0 = (ACTIVATION, 0)
+    program.add({program.x(h0, D): 1}, 1, 1)
+    program.add({program.x(h0, H): 1}, w.num_parts - 1, w.num_parts - 1)
+    program.add({program.k(0): 1}, 1, 1)
+    counts = program.solve(False)
+    assert counts is not None
+    a = program.assignment(counts)
+    assert 0 in a.kept and np.sum(a.activations[0] == D) == 1
+    prediction = predict(w, a, profile)
+    epigraphs = program.solution[program.t0:program.t0 + len(program.order)]
+    assert sum(prediction.sweep_seconds(s) for s in prediction.sweeps) == \
+        pytest.approx(float(epigraphs.sum()), rel=5e-4)
+    backward_0 = next(s for s in prediction.sweeps if s.label == "backward 0")
+    assert prediction.sweep_seconds(backward_0) == backward_0.machinery  # the bound binds
+
+
 def _check_optimal(case: str, keep: bool, profile) -> None:
     w, enumeration = brute_force_case()
     assert w.aggregated == {0: 16}  # layer 0 can keep its aggregation
