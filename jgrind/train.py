@@ -634,6 +634,8 @@ def _make_executor(graph: Graph, model: GNN, optimizer, *, split: int = 0, polic
         check_policy(policy)
     if num_parts is not None:
         whole_number(num_parts, "num_parts (None: 4, or the planner's choice)")
+    elif getattr(partitioner, "num_parts", None) is not None:
+        num_parts = partitioner.num_parts  # a saved assignment's own count, on every path
     if devices is not None:
         out_of_core = [name for name, value in (("policy", policy), ("store", store),
                                                 ("device_budget", device_budget),

@@ -191,6 +191,27 @@ def test_two_processes_train_a_saved_graph_through_the_command_line(tmp_path):
     assert info["test"] == pytest.approx(summary["test"][0])
 
 
+def test_a_saved_assignment_sets_the_partition_count_on_one_device_too(tmp_path):
+    """`make_executor` with a saved assignment and no ``num_parts``: the out-of-core engine on
+    one device takes the file's partitions and their count (it took its default of 4 and
+    refused the file's 3)."""
+    import optax
+
+    from helpers import csbm_graph
+    from jgrind import models
+    from jgrind.datasets.saved_arrays import saved_assignment
+    from jgrind.plan import policies
+    from jgrind.train import make_executor
+    graph = csbm_graph()
+    path = tmp_path / "parts.npy"
+    np.save(path, (np.arange(graph.num_nodes) % 3).astype(np.int32))
+    model = models.gcn(graph.num_features, 16, graph.num_classes, num_layers=2)
+    with make_executor(graph, model, optax.sgd(0.1), policy=policies.host_offload(),
+                       partitioner=saved_assignment(path)) as ex:
+        assert ex.pg.num_parts == 3
+        np.testing.assert_array_equal(ex.pg.assignment, np.arange(graph.num_nodes) % 3)
+
+
 def test_a_saved_assignment_partitions_the_whole_graph_path_too(tmp_path):
     """`--partitioner FILE.npy` outside the process-local path: `Sharded` takes the file's
     partitions (and their count); a count that differs is refused in one line."""

@@ -73,9 +73,8 @@ def _out_of_core(assignment: str) -> dict:
     """The out-of-core arguments of ``--out-of-core``'s runs (see the module docstring)."""
     from jgrind.datasets.saved_arrays import saved_assignment
     from jgrind.devices.out_of_core import through_host_policy
-    partitioner = saved_assignment(assignment)
     return {"policy": through_host_policy(), "store": tempfile.mkdtemp(prefix="bench-devices-"),
-            "partitioner": partitioner, "num_parts": partitioner.num_parts}
+            "partitioner": saved_assignment(assignment)}
 
 
 def run_alone(folder: str, assignment: str, epochs: int, hidden: int,
