@@ -21,8 +21,9 @@ to a step (the SSD run's excess over the host run, per SSD call); and the second
 some blocks on the device and the others in host RAM (a third run with every `MIX_EVERY`-th
 partition's blocks on the device: its excess over the host run, per halo call). Such a call
 reads the device's rows back beside the host ones, waiting for the device's queue each time:
-on the test machine 0.5-1.1 ms a step (tables 1 in 64 to half on the device), where tables all
-on the device cost what tables all in host RAM do.
+on the test machine 0.6-1.0 ms a step (tables 1 in 64 to half on the device,
+tools/bench_split_tables.py), where tables all on the device cost what tables all in host RAM
+do.
 """
 
 from __future__ import annotations
