@@ -78,16 +78,17 @@ def _words(ex, name: str, l: int) -> int:
 
 
 def _boundaries(ex) -> int:
-    """Floats per crossing row that an epoch's schedule moves: a layer's input after every
-    sweep that writes it, its gradient after every sweep that scatter-adds it."""
+    """Floats per crossing row that an epoch's schedule moves: a layer's input (above the
+    features) before every sweep that gathers it, its gradient after every sweep that
+    scatter-adds it."""
     from jgrind.plan.fates import ACTIVATION, GRADIENT
-    from jgrind.plan.schedule import BACKWARD
+    from jgrind.plan.schedule import ACTIVATIONS, BACKWARD
     plan = ex.engine.built.plan
     total = 0
     for sweep in plan.schedule.sweeps:
         l = sweep.layer
-        if sweep.kind != BACKWARD and l + 1 < plan.num_layers and not plan.local[l + 1]:
-            total += _words(ex, ACTIVATION, l + 1)
+        total += sum(_words(ex, ACTIVATION, t.layer) for t in sweep.reads
+                     if t.name == ACTIVATIONS and t.layer >= 1 and not plan.local[t.layer])
         if sweep.kind == BACKWARD and l >= 1 and not plan.local[l]:
             total += _words(ex, GRADIENT, l)
     return total
@@ -276,6 +277,9 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
                                   for r in jax.tree.leaves(exact))
                 ours, ours_state, loss = ex.step(ours, ours_state, key)
                 case["losses"].append(float(loss))
+                # the tables of which other processes' rows are held between epochs
+                case["held"] = sorted({key for key, tiers in ex.process_tiers.of_table.items()
+                                       if any(t.holds_remote for t in tiers if t.live)})
                 if checks:
                     ref, ref_state, ref_loss = memory.step(ref, ref_state, key)
                     case["reference"].append(float(ref_loss))
@@ -296,8 +300,9 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
             if fate == "host":
                 case["resume"] = _resumed(ex, graph, model, opt,
                                           pathlib.Path(folder) / f"checkpoints{process_id}")
-                # the forward exchange switched off: the halo rows are stale
-                ex.row_exchange.rows = lambda *args: None
+                # the forward exchange switched off: the halo rows are zeros
+                ex.row_exchange.rows = lambda name, layer, width: [
+                    tier._remote_rows() for tier in ex.process_tiers.tiers((name, layer))]
                 case["loss_without_exchange"] = float(ex.loss_and_grad(params, key)[0])
                 if checks:
                     case["loss_with_exchange"] = float(memory.loss_and_grad(params, key)[0])
@@ -342,6 +347,15 @@ def test_training_over_two_processes_equals_in_memory(two_processes, fate):
     assert all(0 < s < PARTS for s in shares) and sum(shares) == PARTS
 
 
+def test_each_process_keeps_the_others_rows_only_while_a_sweep_needs_them(two_processes):
+    """Between epochs a process holds of the other's blocks only the features' halo rows:
+    each layer's input rows were freed after the sweep that gathered them, each gradient's
+    once sent to its owner, and a kept aggregation never had any."""
+    for fate in ("host", "ssd", "device", "bfloat16"):
+        for got in _cases(two_processes, fate):
+            assert got["held"] == [["activation", 0]], (fate, got["held"])
+
+
 def test_halo_rows_cross_between_the_processes_and_are_counted(two_processes):
     for fate in ("host", "ssd", "device", "bfloat16"):
         got = _cases(two_processes, fate)
@@ -350,7 +364,7 @@ def test_halo_rows_cross_between_the_processes_and_are_counted(two_processes):
         assert sum(g["exchanged"] for g in got) == got[0]["expected"] == got[1]["expected"]
         assert all(g["exchanged"] > 0 for g in got)
         # the least: every crossing row once forward and once back (host: what is sent; the
-        # SSD policy recomputes the aggregations, and sends the rows again for that)
+        # SSD policy recomputes the aggregations, and brings the rows again for that)
         assert all(g["exchanged"] >= g["minimum"] > 0 for g in got)
         if fate in ("host", "bfloat16"):
             assert all(g["exchanged"] == g["minimum"] for g in got)

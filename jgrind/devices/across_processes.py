@@ -6,16 +6,23 @@ partitions, their placement over the devices of all processes, the same fates) a
 the steps of the partitions placed on its own devices. Its tables keep its own partitions'
 blocks in their tiers (its own devices, host RAM, its own SSD folder, recomputed rows), and of
 every other process's blocks only the rows its own partitions read as halo (`ProcessTiers`:
-one small host array per table and tier, `ProcessDeviceTier` for the device tier). Those are
-the rows that cross:
+one small host array per table and tier, `ProcessDeviceTier` for the device tier), and those
+only while a sweep needs them. Those are the rows that cross:
 
-* Forward: once a sweep has written a layer's rows (`RowExchange.rows`, at the layer boundary
-  the schedule gives), every process sends the rows of its blocks that another process's
-  partitions read as halo, and writes those it receives where its gathers find them.
+* Forward: before a sweep gathers a layer's input (`RowExchange.rows`, from the sweep's input
+  loader: a forward sweep, a backward sweep that regathers, a recomputation), every process
+  sends the rows of its blocks that another process's partitions read as halo, and writes
+  those it receives where its gathers find them; once the sweep is done they are freed
+  (`RowExchange.drop`). A backward sweep that regathers the layer brings them again.
 * Backward: a step's input gradient is scatter-added as on one process; the rows of halo
-  nodes owned by another process's partitions add up in that table's remote rows, and once
-  the sweep is done (`RowExchange.gradients`) they are sent to the owner and added into its
-  rows there, before the sweep below reads them.
+  nodes owned by another process's partitions add up in that table's remote rows (made when
+  the first one arrives), and once the sweep is done (`RowExchange.gradients`) they are sent
+  to the owner, added into its rows there before the sweep below reads them, and freed here.
+
+So a process keeps of the others' rows at most the features' (read once from the graph, kept
+all run), one layer's input and one layer's gradient: not every table's for the whole epoch
+(`jgrind.plan.process_shares.halo_bytes` counts it so). A kept aggregation is never gathered
+across partitions: it has no remote rows.
 
 Both are one ``all_to_all`` under `jax.shard_map` over a mesh of one device per process (gloo
 on the CPU, NCCL on GPUs), of a ``[processes, rows, words]`` buffer padded to the most rows
@@ -195,19 +202,51 @@ class ProcessTier:
         wanted, rows = wanted[keep], rows[keep]
         self._remote_src = np.asarray(blocks.start, np.int64)[wanted] + rows  # ascending
         self._remote_block = wanted
-        self.remote = np.zeros((wanted.size, blocks.words), np.float32)
+        # made when rows arrive or gradients are first added, freed once the sweep that
+        # needs them is done (`drop_remote`)
+        self._remote: Optional[np.ndarray] = None
+        self._remote_lock = threading.Lock()
         self._charge = shared.charge
-        self._charge(host=self.remote.nbytes)
         self._splits: dict = {}
         self.live = True
         self.run.register(self)
 
     def __getattr__(self, name):  # the inner tier's own attributes (``file``, ``array``)
-        if name in ("inner", "__setstate__"):
+        if name in ("inner", "_remote", "__setstate__"):
             raise AttributeError(name)
         if self.inner is None:
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+    # -- the other processes' rows ----------------------------------------------------------
+    @property
+    def remote(self) -> np.ndarray:
+        """The other processes' rows this tier keeps, for a gather: brought by the exchange
+        before the sweep that reads them."""
+        if self._remote is None:
+            raise RuntimeError(f"{self.blocks.name} {self.blocks.layer}: a step reads rows of "
+                               "another process's partition before the exchange brought them")
+        return self._remote
+
+    def _remote_rows(self) -> np.ndarray:
+        """The remote rows, made (zeros, charged to the host account) if they are not held:
+        for rows arriving, or gradients adding up."""
+        with self._remote_lock:
+            if self._remote is None:
+                self._remote = np.zeros((self._remote_src.size, self.blocks.words), np.float32)
+                self._charge(host=self._remote.nbytes)
+            return self._remote
+
+    @property
+    def holds_remote(self) -> bool:
+        return self._remote is not None
+
+    def drop_remote(self) -> None:
+        """Free the remote rows (until rows arrive or gradients add up again)."""
+        with self._remote_lock:
+            if self._remote is not None:
+                self._charge(host=-self._remote.nbytes)
+                self._remote = None
 
     # -- rows ---------------------------------------------------------------------------------
     def _split(self, rows: TierRows):
@@ -283,7 +322,7 @@ class ProcessTier:
         # halo rows come from `ProcessTiers.read_halo_rows`): keep the rows read as halo
         at = np.flatnonzero(self._remote_block == block)
         if at.size:
-            self.remote[at] = self.stored(np.asarray(values)[self._remote_src[at]
+            self._remote_rows()[at] = self.stored(np.asarray(values)[self._remote_src[at]
                                                              - int(self.blocks.start[block])])
 
     def read_block(self, block: int, into: Optional[np.ndarray] = None) -> np.ndarray:
@@ -315,10 +354,11 @@ class ProcessTier:
         if remote is None:
             return
         dst, at = remote  # rows of one scatter-add are distinct
+        held = self._remote_rows()
         if self.codec.lossy:
-            self.remote[at] = self.stored(self.values(self.remote[at]) + values[dst])
+            held[at] = self.stored(self.values(held[at]) + values[dst])
         else:
-            self.remote[at] += values[dst]
+            held[at] += values[dst]
 
     def hold(self, blocks: tuple):
         if self.inner is None:
@@ -328,7 +368,7 @@ class ProcessTier:
     def zero_lazily(self) -> None:
         if self.inner is not None:
             self.inner.zero_lazily()
-        self.remote[:] = 0.0
+        self.drop_remote()  # zeros again once made
 
     def materialize(self) -> None:
         if self.inner is not None:
@@ -342,7 +382,7 @@ class ProcessTier:
         if self.inner is not None:
             self.inner.free()
         if self.live:
-            self._charge(host=-self.remote.nbytes)
+            self.drop_remote()
             self.live = False
 
     def close(self) -> None:
@@ -377,11 +417,15 @@ class ProcessTier:
 
     def set_remote(self, blocks: np.ndarray, rows: np.ndarray, words: np.ndarray) -> None:
         """The remote rows ``(blocks, rows)`` = stored ``words`` (their first columns)."""
-        self.remote[self._remote_positions(blocks, rows)] = words[:, :self.blocks.words]
+        self._remote_rows()[self._remote_positions(blocks, rows)] = \
+            words[:, :self.blocks.words]
 
     def take_remote(self, blocks: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """The stored words of remote rows ``(blocks, rows)``."""
-        return self.remote[self._remote_positions(blocks, rows)]
+        """The stored words of remote rows ``(blocks, rows)``: zeros where none are held
+        (no gradient was added to them)."""
+        if self._remote is None:
+            return np.zeros((blocks.size, self.blocks.words), np.float32)
+        return self._remote[self._remote_positions(blocks, rows)]
 
 
 class ProcessDeviceTier(ProcessTier):
@@ -446,7 +490,7 @@ class ProcessDeviceTier(ProcessTier):
             return
         if mine.size:
             self.inner.add_taken_on_device(_tier_rows(0, mine, inner_src, owner, 0), values)
-        self.remote[positions] += np.asarray(jax.device_get(values))[far]
+        self._remote_rows()[positions] += np.asarray(jax.device_get(values))[far]
 
     def add_taken_on_device(self, rows: TierRows, values: jax.Array) -> None:
         """``self[rows.src] += values[rows.dst]``, as `add_on_device`."""
@@ -454,7 +498,7 @@ class ProcessDeviceTier(ProcessTier):
         if inner is not None:
             self.inner.add_taken_on_device(inner, values)
         if remote is not None:
-            self.remote[remote[1]] += np.asarray(jax.device_get(values))[remote[0]]
+            self._remote_rows()[remote[1]] += np.asarray(jax.device_get(values))[remote[0]]
 
 
 def _on(array: jax.Array, device: jax.Device) -> jax.Array:
@@ -536,8 +580,8 @@ class RowExchange:
         return np.zeros((self.halo.count, self._length, words), np.float32)
 
     def rows(self, name: str, layer: int, width: int) -> None:
-        """After a sweep wrote table ``(name, layer)``: every process's rows that others read
-        as halo, sent to them and kept in their remote rows."""
+        """Before a sweep gathers table ``(name, layer)``: every process's rows that others
+        read as halo, sent to them and kept in their remote rows (until `drop`)."""
         tiers = self.tiers.tiers((name, layer))
         send = self._buffer(tiers, width)
         for to in range(self.halo.count):
@@ -568,6 +612,8 @@ class RowExchange:
             for tier, at in _by_tier(tiers, blocks):
                 send[owner][at, :tier.blocks.words] = tier.take_remote(blocks[at], rows[at])
                 self.moved += at.size * tier.blocks.words * 4
+        for tier in tiers:  # sent: this table's next backward sweep adds up from zeros
+            tier.drop_remote()
         got = self._all_to_all(send)
         for reader in range(self.halo.count):
             if reader == self.me:
@@ -575,6 +621,13 @@ class RowExchange:
             blocks, rows = self.halo.sent(reader)
             for tier, at in _by_tier(tiers, blocks):
                 tier.add_own(blocks[at], rows[at], got[reader][at])
+
+
+    def drop(self, name: str, layer: int) -> None:
+        """Free the remote rows of table ``(name, layer)``: the sweep that gathered them is
+        done."""
+        for tier in self.tiers.tiers((name, layer)):
+            tier.drop_remote()
 
 
 def _by_tier(tiers, blocks: np.ndarray):

@@ -41,10 +41,10 @@ Several processes (`jax.distributed`, `jgrind.devices.processes`): every process
 same plan, schedule and placement over the devices of all of them, and runs the steps of the
 partitions placed on its own devices only. Its device, host, SSD and recompute tiers hold its
 own partitions' blocks (a device block on its partition's device), and of the others' only
-the rows its partitions read as halo, in host memory (the host budget holds that share,
-`jgrind.engine.build.process_host_need`); at each layer boundary
-those rows, and the halo gradients going back, cross between the processes by one
-``all_to_all`` (`jgrind.devices.across_processes`). The weight gradients and the loss are
+the rows its partitions read as halo, in host memory, while a sweep needs them (the host budget holds
+that share, `jgrind.engine.build.process_host_need`): before a sweep gathers a layer's input
+those rows cross between the processes by one ``all_to_all``, and after a backward sweep the
+halo gradients go back by another (`jgrind.devices.across_processes`). The weight gradients and the loss are
 summed by the ``psum`` over the mesh of every process's devices, and every process applies the
 same update. A process pads only its own partitions and writes only their features, and
 reads from the graph the feature rows of other processes' partitions that its own read as
@@ -237,25 +237,42 @@ class _PlacedSweeps(Sweeps):
         self.device_of_part = device_of_part
         self.device_tiers = device_tiers
         self.row_exchange = row_exchange
+        self._halo_held: set = set()  # layers whose other processes' rows are here now
         self._blocks: dict = {}
         # the engine keeps every block's structure on the (first) device when it fits: here
         # each is kept on its own partition's device instead
         self._keep_blocks = bool(built.blocks)
         built.blocks.clear()
 
-    # the layer boundaries: with several processes, the rows a sweep wrote that another
-    # process's partitions read as halo cross to it once the sweep is done
+    # With several processes, the rows of a layer's input that another process's partitions
+    # read as halo cross to it before a sweep gathers them (the input loader: every process
+    # makes it once per sweep, in the schedule's order, so all run the same collectives), and
+    # are freed after that sweep: a later sweep that regathers brings them again. A process
+    # then holds one layer's rows of the others at a time, not every layer's all epoch. The
+    # features' rows are read from the graph once, and kept.
+    def input_loader(self, l: int, table, snapshot=None, stage: bool = True, timing=None):
+        plan = self.built.plan
+        if self.row_exchange is not None and l >= 1 and not plan.local[l] \
+                and l not in self._halo_held:
+            self.row_exchange.rows(ACTIVATION, l, plan.widths[l])
+            self._halo_held.add(l)
+        return super().input_loader(l, table, snapshot, stage, timing)
+
+    def _drop_halo(self, l: int) -> None:
+        if l in self._halo_held:
+            self.row_exchange.drop(ACTIVATION, l)
+            self._halo_held.discard(l)
+
     def forward(self, params, l: int, key, variant: Variant = Variant.FORWARD,
                 evaluation: bool = False) -> None:
         super().forward(params, l, key, variant, evaluation)
-        plan = self.built.plan
-        if self.row_exchange is not None and l + 1 < plan.num_layers \
-                and not plan.local[l + 1]:
-            self.row_exchange.rows(ACTIVATION, l + 1, plan.widths[l + 1])
+        self._drop_halo(l)  # read
+        self._drop_halo(l + 1)  # rewritten: rows held from before (a prediction's) are stale
 
     def backward(self, params, l: int, variant: Variant, key, upper, lower, loss, acc,
                  masks):
         out = super().backward(params, l, variant, key, upper, lower, loss, acc, masks)
+        self._drop_halo(l)
         if self.row_exchange is not None and lower is not None \
                 and not self.built.plan.local[l]:
             self.row_exchange.gradients(GRADIENT, l, self.built.plan.widths[l])

@@ -426,10 +426,10 @@ def process_host_need(plan: BoundPlan, pg: PartitionedGraph,
     ``own_parts`` (`jgrind.devices.ShardedOutOfCore`). ``blocks``: `memory`'s host bytes for
     those partitions' blocks alone, at the plan's fates. ``halo``: the float32 rows of other
     processes' blocks that those partitions read as halo, which the process keeps in host RAM
-    for every table, whatever its blocks' tiers, the device's included
-    (`jgrind.devices.across_processes.ProcessTier`'s ``remote``), for as long as the table is
-    held: activations and kept aggregations all run, gradients two layers at a time (all run
-    where a layer's are all on the SSD, whose table is kept from epoch to epoch)."""
+    whatever the blocks' tiers, the device's included
+    (`jgrind.devices.across_processes.ProcessTier`'s ``remote``), while a sweep needs them:
+    the features' all run, one layer's input and one layer's gradient at a time
+    (`jgrind.plan.process_shares.halo_bytes`)."""
     mine, halo = _process_share(plan, pg, own_parts)
     return int(mine.host), halo
 
@@ -442,8 +442,7 @@ def _process_share(plan: BoundPlan, pg: PartitionedGraph,
     own[np.asarray(list(own_parts), np.int64)] = True
     assignment = Assignment.from_fates(plan.fates, plan.num_layers, plan.num_parts)
     return (process_shares.own_memory(plan.workload, assignment, own),
-            process_shares.halo_bytes(plan.workload, assignment,
-                                      process_shares.halo_rows_read(pg, own)))
+            process_shares.halo_bytes(plan.workload, process_shares.halo_rows_read(pg, own)))
 
 
 # How much more padding (input rows, edges) `shape_count` accepts for fewer shapes, as a

@@ -45,7 +45,7 @@ from jgrind.hostio import disk_space
 from jgrind.partition import partition_graph
 from jgrind.partition.partitioners import label_propagation
 from jgrind.plan.budgets import UNLIMITED
-from jgrind.plan.cost import (ITEMSIZE, Assignment, HostCores, Prediction, Workload,
+from jgrind.plan.cost import (Assignment, HostCores, Prediction, Workload,
                               accumulate_seconds,
                               backward_kind, fit_masks, format_bytes, format_minimum,
                               fullest_working_set, gather_seconds, in_memory_seconds,
@@ -56,7 +56,7 @@ from jgrind.plan.execution import fits_in_memory, in_memory_bytes
 from jgrind.plan.fates import (ACTIVATION, AGGREGATION, EXACT, FATES, GRADIENT, D, Fate, H, R,
                                S, Storage, TensorInfo)
 from jgrind.plan.inventory import layer_widths
-from jgrind.plan.process_shares import host_shares, process_split
+from jgrind.plan.process_shares import halo_bytes, host_shares, process_split
 from jgrind.plan.protocols import IOStrategy
 from jgrind.plan.schedule import epoch_schedule
 
@@ -700,9 +700,8 @@ class _Program:
     def per_process_memory(self, rooms: np.ndarray) -> None:
         """Each process's host blocks, within its room: the counts per process add up to
         the group's host blocks, each process's blocks are priced at its largest (in their
-        storage dtype), and the halo rows it keeps of a kept aggregation take room when the
-        aggregation is kept (the other halo rows are in ``rooms`` already)."""
-        w, L, x, y, k = self.w, self.w.num_layers, self.x, self.y, self.k
+        storage dtype; the halo rows it keeps of the others' are in ``rooms`` already)."""
+        w, L, x, y = self.w, self.w.num_layers, self.x, self.y
         xq, yq, mq = self.xq, self.yq, self.mq
         for g in self.groups:
             self.add({x(g, H): 1, **{xq(g, q): -1 for q in range(self.Q)}}, 0, 0)
@@ -710,14 +709,12 @@ class _Program:
             self.add({y(l, H): 1, **{yq(l, q): -1 for q in range(self.Q)}}, 0, 0)
         for q in range(self.Q):
             members = self.split.own(q)
-            halo = ITEMSIZE * int(self.split.halo[q].sum())
 
             def most(name: str, l: int) -> float:
                 return float(np.max(w.stored_bytes(name, l)[members], initial=0))
             self.add({**{xq((ACTIVATION, l), q): most(ACTIVATION, l) for l in range(L)
                          if (ACTIVATION, l) in self.gi},
                       **{yq(l, q): most(AGGREGATION, l) for l in self.kept_layers},
-                      **{k(l): halo * w.aggregated[l] for l in self.kept_layers},
                       mq(q): 1}, -np.inf, float(rooms[q]))
             for l in range(1, L):
                 entries = {mq(q): 1, xq((GRADIENT, l), q): -most(GRADIENT, l)}
@@ -993,17 +990,12 @@ def plan(w: Workload, profile, *, device_budget: Optional[int] = None,
 def _process_rooms(w: Workload, processes, recomputed: frozenset, host: int) -> np.ndarray:
     """``[Q]`` the host bytes each process's own host blocks may take: the host budget less
     its recomputed layers' transient (two copies of its part of the largest) and the halo rows
-    it keeps of the others' blocks. Those are counted as `process_shares.halo_bytes` counts
-    them but with every gradient layer live at once: at least what it keeps (the same for up
-    to three executed layers), so that each share the plan predicts is within the budget. A
-    kept aggregation's halo rows are the program's (`_Program.per_process_memory`)."""
-    L = w.num_layers
-    widths = sum(w.widths[:L]) + sum(w.widths[1:L])
+    it keeps of the others' blocks (`process_shares.halo_bytes`: the same for any assignment)."""
     rooms = []
     for q in range(processes.num_processes):
         own = processes.own(q)
         transient = 2 * max([int(w.block_bytes(l)[own].sum()) for l in recomputed] or [0])
-        halo = ITEMSIZE * int(processes.halo[q].sum()) * widths
+        halo = halo_bytes(w, processes.halo[q])
         rooms.append(host - transient - halo)
     return np.array(rooms, np.float64)
 

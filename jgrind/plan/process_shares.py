@@ -4,12 +4,12 @@ Over several processes (`jgrind.devices.ShardedOutOfCore` under `jax.distributed
 process builds the same plan over every partition, runs only the steps of the partitions on
 its own devices, and its host tier holds its own partitions' host blocks (at the plan's
 fates, two gradient layers at a time, as `jgrind.plan.cost.memory` accounts them) and, of the
-other processes' blocks, the float32 rows its partitions read as halo, for every table
-whatever its blocks' tiers (`jgrind.devices.across_processes`: a device table's arrive in host
-memory too). The host budget holds each process's share, not the whole plan's host bytes: the
-planner constrains every process's share (`jgrind.plan.planner`), the engine checks this
-process's and sizes its host cache by what the share leaves (`jgrind.engine.build`), and
-``jgrind plan --num-processes P`` prints them.
+other processes' blocks, the float32 rows its partitions read as halo, while a sweep needs
+them, whatever the blocks' tiers (`jgrind.devices.across_processes`: a device table's arrive
+in host memory too; `halo_bytes`). The host budget holds each process's share, not the
+whole plan's host bytes: the planner constrains every process's share (`jgrind.plan.planner`),
+the engine checks this process's and sizes its host cache by what the share leaves
+(`jgrind.engine.build`), and ``jgrind plan --num-processes P`` prints them.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from typing import Optional
 import numpy as np
 
 from jgrind.plan.cost import ITEMSIZE, Assignment, Memory, Workload, memory
-from jgrind.plan.fates import S
 
-__all__ = ["ProcessSplit", "host_shares", "halo_bytes", "halo_rows_read", "own_memory",
-           "plan_fingerprint", "process_split"]
+__all__ = ["ProcessSplit", "host_shares", "halo_bytes", "halo_floats", "halo_rows_read",
+           "own_memory", "plan_fingerprint", "process_split"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -80,31 +79,29 @@ def own_memory(w: Workload, a: Assignment, own: np.ndarray) -> Memory:
     return memory(mine, a)
 
 
-def halo_bytes(w: Workload, a: Assignment, rows: np.ndarray) -> int:
-    """Host bytes of the halo rows ``rows`` (``[P]``, `halo_rows_read`) that a process keeps
-    of other processes' blocks, in float32: of every table, whatever the tiers of its blocks
-    (a device table's halo rows from other processes are kept in host memory too, where the
-    collective brings them), activations and kept aggregations all run, gradients two layers
-    at a time (all run where a layer's blocks are all on the SSD: its table is kept from
-    epoch to epoch)."""
-    L = w.num_layers
-    kept = int(rows.sum())  # whatever the blocks' tiers, the device's too
-    acts = sum(kept * w.widths[l] for l in range(L))
-    aggregations = sum(kept * w.aggregated.get(l, 0) for l in a.aggregations)
-    grads = {l: kept * w.widths[l] for l in range(1, L)}
-    whole = {l for l in grads if np.all(a.gradients[l] == S)}
+def halo_floats(w: Workload) -> int:
+    """Floats per halo row that a process keeps at most of other processes' blocks at once:
+    the features' (read from the graph once, kept all run), and above them one layer's input
+    (brought before the sweep that gathers it, freed after) beside one layer's gradient (its
+    rows add up during a backward sweep, and are freed once sent to their owner). A kept
+    aggregation is never gathered across partitions: none of its rows are kept."""
+    above = max((w.widths[l] for l in range(1, w.num_layers)), default=0)
+    return int(w.widths[0] + 2 * above)
 
-    def live(l: int) -> int:
-        return 0 if l in whole else grads.get(l, 0)
-    pairs = max([live(l) + live(l + 1) for l in grads] or [0])
-    return ITEMSIZE * int(acts + aggregations + sum(grads[l] for l in whole) + pairs)
+
+def halo_bytes(w: Workload, rows: np.ndarray) -> int:
+    """Host bytes of the halo rows ``rows`` (``[P]``, `halo_rows_read`) that a process keeps
+    of other processes' blocks, in float32 (`halo_floats` per row), whatever the tiers of
+    their blocks: a device table's halo rows from other processes are kept in host memory
+    too, where the collective brings them."""
+    return ITEMSIZE * int(rows.sum()) * halo_floats(w)
 
 
 def host_shares(w: Workload, a: Assignment, split: ProcessSplit) -> tuple:
     """``((blocks, halo), ...)`` the host bytes of every process of ``split`` at assignment
     ``a``: its own partitions' blocks (`own_memory`'s host bytes) and the halo rows it keeps
     of the others' (`halo_bytes`). The host budget holds each one's sum."""
-    return tuple((int(own_memory(w, a, split.own(q)).host), halo_bytes(w, a, split.halo[q]))
+    return tuple((int(own_memory(w, a, split.own(q)).host), halo_bytes(w, split.halo[q]))
                  for q in range(split.num_processes))
 
 
