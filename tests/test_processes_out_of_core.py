@@ -232,9 +232,12 @@ def _run_process(coordinator: str, process_id: int, folder: str) -> dict:
     import jax
     import optax
 
-    from jgrind.devices import ShardedOutOfCore
+    from jgrind.devices import ShardedOutOfCore, across_processes
     from jgrind.train import InMemory
 
+    # every exchange in several collectives of a few rows (this graph's whole tables cross
+    # in one of the default size): the chunks' rows must land where they belong
+    across_processes.CHUNK_BYTES = 4096
     graph = _graph()
     built = _models(graph.num_features, graph.num_classes)
     mine = pathlib.Path(folder) / f"process{process_id}"

@@ -24,10 +24,12 @@ all run), one layer's input and one layer's gradient: not every table's for the 
 (`jgrind.plan.process_shares.halo_bytes` counts it so). A kept aggregation is never gathered
 across partitions: it has no remote rows.
 
-Both are one ``all_to_all`` under `jax.shard_map` over a mesh of one device per process (gloo
-on the CPU, NCCL on GPUs), of a ``[processes, rows, words]`` buffer padded to the most rows
-any pair of processes sends; a row crosses as its tier stores it (a lossy storage dtype's
-words, `ProcessTier`). The bytes that cross are counted (``moved``: the real rows;
+Both are ``all_to_all``s under `jax.shard_map` over a mesh of one device per process (gloo
+on the CPU, NCCL on GPUs), of ``[processes, rows, words]`` buffers: the rows any pair of
+processes sends, in chunks of at most `CHUNK_BYTES` per buffer (the last one padded), so that
+the buffers in flight (the send buffer, the collective's input and output) stay small beside
+the tables; a row crosses as its tier stores it (a lossy storage dtype's words,
+`ProcessTier`). The bytes that cross are counted (``moved``: the real rows;
 ``moved_padded``: the collective's buffers). The features need no exchange: each process
 writes its own partitions' blocks and reads, from the graph, the halo rows of other
 processes' blocks that its partitions read (`ProcessTiers.read_halo_rows`); from a saved
@@ -52,6 +54,12 @@ __all__ = ["HaloRows", "ProcessDeviceTier", "ProcessTier", "ProcessTiers", "RowE
            "collective", "halo_rows"]
 
 _AXIS = "processes"
+
+# The most bytes of one collective's send buffer (every process's slot): the exchange's
+# buffers in flight are three of these, where one buffer of a whole 256-wide table's crossing
+# rows (about 100k on the 1M-node graph in two processes) took 200 MiB each. A collective
+# of a few MiB costs the link what a larger one does, plus well under a millisecond.
+CHUNK_BYTES = 16 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -547,7 +555,7 @@ class RowExchange:
         self.devices = list(devices)
         self.me = self.halo.me
         self._device = self.devices[self.me]
-        self._length = max(1, self.halo.most_rows)
+        self._length = self.halo.most_rows
         self._mesh = Mesh(np.array(self.devices), (_AXIS,))
         self._sharding = NamedSharding(self._mesh, P(_AXIS))
 
@@ -573,54 +581,61 @@ class RowExchange:
         return collective("the halo exchange", lambda: np.asarray(
             self._swap(stacked).addressable_data(0))[0].view(np.float32))
 
-    def _buffer(self, tiers: list, width: int) -> np.ndarray:
-        """The send buffer of a table of ``width`` whose tiers are ``tiers``: as wide as
-        the widest stored row (the same tiers in every process: the same buffer)."""
+    def _chunks(self, tiers: list, width: int):
+        """``(start, send buffer)`` of each chunk of the rows a table of ``width`` whose tiers
+        are ``tiers`` sends: a zeroed ``[processes, rows, words]`` buffer for the crossing
+        rows at positions ``start ..`` of every pair's list, as wide as the widest stored
+        row. The same tiers and lists in every process: the same chunks, and one program."""
         words = max([t.blocks.words for t in tiers], default=width)
-        return np.zeros((self.halo.count, self._length, words), np.float32)
+        count = self.halo.count
+        rows = max(1, min(self._length, CHUNK_BYTES // (count * words * 4)))
+        for start in range(0, self._length, rows):
+            yield start, np.zeros((count, rows, words), np.float32)
+
+    @staticmethod
+    def _chunk(pair: tuple, start: int, rows: int) -> tuple:
+        blocks, at = pair
+        return blocks[start:start + rows], at[start:start + rows]
 
     def rows(self, name: str, layer: int, width: int) -> None:
         """Before a sweep gathers table ``(name, layer)``: every process's rows that others
         read as halo, sent to them and kept in their remote rows (until `drop`)."""
         tiers = self.tiers.tiers((name, layer))
-        send = self._buffer(tiers, width)
-        for to in range(self.halo.count):
-            if to == self.me:
-                continue
-            blocks, rows = self.halo.sent(to)
-            for tier, at in _by_tier(tiers, blocks):
-                tier.read_own(blocks[at], rows[at], send[to], at)
-                self.moved += at.size * tier.blocks.words * 4
-        got = self._all_to_all(send)
-        for sender in range(self.halo.count):
-            if sender == self.me:
-                continue
-            blocks, rows = self.halo.received(sender)
-            for tier, at in _by_tier(tiers, blocks):
-                tier.set_remote(blocks[at], rows[at], got[sender][at])
+        others = [q for q in range(self.halo.count) if q != self.me]
+        for start, send in self._chunks(tiers, width):
+            n = send.shape[1]
+            for to in others:
+                blocks, rows = self._chunk(self.halo.sent(to), start, n)
+                for tier, at in _by_tier(tiers, blocks):
+                    tier.read_own(blocks[at], rows[at], send[to], at)
+                    self.moved += at.size * tier.blocks.words * 4
+            got = self._all_to_all(send)
+            for sender in others:
+                blocks, rows = self._chunk(self.halo.received(sender), start, n)
+                for tier, at in _by_tier(tiers, blocks):
+                    tier.set_remote(blocks[at], rows[at], got[sender][at])
 
     def gradients(self, name: str, layer: int, width: int) -> None:
         """After a backward sweep scatter-added into table ``(name, layer)``: the halo rows'
         partial gradients this process holds for other processes' blocks, sent to their
         owners and added into their rows there."""
         tiers = self.tiers.tiers((name, layer))
-        send = self._buffer(tiers, width)
-        for owner in range(self.halo.count):
-            if owner == self.me:
-                continue
-            blocks, rows = self.halo.received(owner)
-            for tier, at in _by_tier(tiers, blocks):
-                send[owner][at, :tier.blocks.words] = tier.take_remote(blocks[at], rows[at])
-                self.moved += at.size * tier.blocks.words * 4
+        others = [q for q in range(self.halo.count) if q != self.me]
+        for start, send in self._chunks(tiers, width):
+            n = send.shape[1]
+            for owner in others:
+                blocks, rows = self._chunk(self.halo.received(owner), start, n)
+                for tier, at in _by_tier(tiers, blocks):
+                    send[owner][at, :tier.blocks.words] = tier.take_remote(blocks[at],
+                                                                           rows[at])
+                    self.moved += at.size * tier.blocks.words * 4
+            got = self._all_to_all(send)
+            for reader in others:
+                blocks, rows = self._chunk(self.halo.sent(reader), start, n)
+                for tier, at in _by_tier(tiers, blocks):
+                    tier.add_own(blocks[at], rows[at], got[reader][at])
         for tier in tiers:  # sent: this table's next backward sweep adds up from zeros
             tier.drop_remote()
-        got = self._all_to_all(send)
-        for reader in range(self.halo.count):
-            if reader == self.me:
-                continue
-            blocks, rows = self.halo.sent(reader)
-            for tier, at in _by_tier(tiers, blocks):
-                tier.add_own(blocks[at], rows[at], got[reader][at])
 
 
     def drop(self, name: str, layer: int) -> None:
