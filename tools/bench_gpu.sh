@@ -28,6 +28,10 @@
 #                                # each traced (about 250 s in all)
 #   bash tools/bench_gpu.sh 10   # target 5: the first and later epochs with the engine's
 #                                # compile efforts quick (default) and full, cache empty (~300 s)
+#   bash tools/bench_gpu.sh 11   # issue 41, target 2: host_offload's bytes and epochs with
+#                                # blocks stored in float32, bfloat16 and int8 (~300 s)
+#   bash tools/bench_gpu.sh 12   # issue 38, target 5: the multi-device and multi-process
+#                                # tests with one GPU (~400 s)
 #
 # The limits come from the H100 and H200 runs (docs/results-history.md, section 8): an out-of-core
 # run's first epoch compiled for 80-113 s; host_offload's epochs took 6.4-8.5 s before the
@@ -134,7 +138,17 @@ case "${1:-1}" in
         --policy host --parts 8 --epochs 4 --compile-effort quick
     run 200 effort-full python3 tools/trace_epoch.py --rmat 1000000 10000000 \
         --policy host --parts 8 --epochs 4 --compile-effort full ;;
+11) # issue 41, target 2 on a GPU: the blocks are encoded on the device before they cross, so
+    # the link carries bfloat16 or int8; on CPU-2 the conversions cost 1.29-1.44x float32's epoch
+    # and saved nothing (no link). Bytes per epoch and epoch times, one graph partitioned once
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    run 420 store-dtype python3 tools/bench_store_dtype.py --rmat 1000000 10000000 --parts 8 \
+        --epochs 2 --runs host --dtypes float32,bfloat16,int8 --json "$OUT/store-dtype.json" ;;
+12) # issue 38, target 5: with one GPU, the device tests compile the GPU collectives' path (a
+    # one-device mesh); the cases that force CPU devices or start processes run beside it
+    run 500 device-tests python3 -m pytest -q -x -p no:cacheprovider tests/test_devices.py \
+        tests/test_devices_out_of_core.py tests/test_processes_out_of_core.py ;;
 *)
-    echo "usage: bash tools/bench_gpu.sh 0|1|2|3|4|5|6|7|8|9|10" >&2
+    echo "usage: bash tools/bench_gpu.sh 0|1|2|...|12" >&2
     exit 2 ;;
 esac
