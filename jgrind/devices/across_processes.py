@@ -600,43 +600,41 @@ class RowExchange:
     def rows(self, name: str, layer: int, width: int) -> None:
         """Before a sweep gathers table ``(name, layer)``: every process's rows that others
         read as halo, sent to them and kept in their remote rows (until `drop`)."""
-        tiers = self.tiers.tiers((name, layer))
-        others = [q for q in range(self.halo.count) if q != self.me]
-        for start, send in self._chunks(tiers, width):
-            n = send.shape[1]
-            for to in others:
-                blocks, rows = self._chunk(self.halo.sent(to), start, n)
-                for tier, at in _by_tier(tiers, blocks):
-                    tier.read_own(blocks[at], rows[at], send[to], at)
-                    self.moved += at.size * tier.blocks.words * 4
-            got = self._all_to_all(send)
-            for sender in others:
-                blocks, rows = self._chunk(self.halo.received(sender), start, n)
-                for tier, at in _by_tier(tiers, blocks):
-                    tier.set_remote(blocks[at], rows[at], got[sender][at])
+        def pack(tier, blocks, rows, slot, at):
+            tier.read_own(blocks, rows, slot, at)
+        self._exchange(self.tiers.tiers((name, layer)), width, self.halo.sent, pack,
+                       self.halo.received, lambda tier, *received: tier.set_remote(*received))
 
     def gradients(self, name: str, layer: int, width: int) -> None:
         """After a backward sweep scatter-added into table ``(name, layer)``: the halo rows'
         partial gradients this process holds for other processes' blocks, sent to their
         owners and added into their rows there."""
+        def pack(tier, blocks, rows, slot, at):
+            slot[at, :tier.blocks.words] = tier.take_remote(blocks, rows)
         tiers = self.tiers.tiers((name, layer))
-        others = [q for q in range(self.halo.count) if q != self.me]
-        for start, send in self._chunks(tiers, width):
-            n = send.shape[1]
-            for owner in others:
-                blocks, rows = self._chunk(self.halo.received(owner), start, n)
-                for tier, at in _by_tier(tiers, blocks):
-                    send[owner][at, :tier.blocks.words] = tier.take_remote(blocks[at],
-                                                                           rows[at])
-                    self.moved += at.size * tier.blocks.words * 4
-            got = self._all_to_all(send)
-            for reader in others:
-                blocks, rows = self._chunk(self.halo.sent(reader), start, n)
-                for tier, at in _by_tier(tiers, blocks):
-                    tier.add_own(blocks[at], rows[at], got[reader][at])
+        self._exchange(tiers, width, self.halo.received, pack, self.halo.sent,
+                       lambda tier, *received: tier.add_own(*received))
         for tier in tiers:  # sent: this table's next backward sweep adds up from zeros
             tier.drop_remote()
 
+    def _exchange(self, tiers: list, width: int, going, pack, coming, unpack) -> None:
+        """One table's crossing rows, chunk by chunk (`_chunks`): for every other process q,
+        ``pack(tier, blocks, rows, slot, at)`` puts the rows ``going(q)`` lists into q's slot
+        of the send buffer, and after the collective ``unpack(tier, blocks, rows, words)``
+        takes the rows ``coming(q)`` lists from what q sent."""
+        others = [q for q in range(self.halo.count) if q != self.me]
+        for start, send in self._chunks(tiers, width):
+            n = send.shape[1]
+            for q in others:
+                blocks, rows = self._chunk(going(q), start, n)
+                for tier, at in _by_tier(tiers, blocks):
+                    pack(tier, blocks[at], rows[at], send[q], at)
+                    self.moved += at.size * tier.blocks.words * 4
+            got = self._all_to_all(send)
+            for q in others:
+                blocks, rows = self._chunk(coming(q), start, n)
+                for tier, at in _by_tier(tiers, blocks):
+                    unpack(tier, blocks[at], rows[at], got[q][at])
 
     def drop(self, name: str, layer: int) -> None:
         """Free the remote rows of table ``(name, layer)``: the sweep that gathered them is
