@@ -41,12 +41,12 @@ Several processes (`jax.distributed`, `jgrind.devices.processes`): every process
 same plan, schedule and placement over the devices of all of them, and runs the steps of the
 partitions placed on its own devices only. Its device, host, SSD and recompute tiers hold its
 own partitions' blocks (a device block on its partition's device), and of the others' only
-the rows its partitions read as halo, in host memory, while a sweep needs them (the host budget holds
-that share, `jgrind.engine.build.process_host_need`): before a sweep gathers a layer's input
-those rows cross between the processes by one ``all_to_all``, and after a backward sweep the
-halo gradients go back by another (`jgrind.devices.across_processes`). The weight gradients and the loss are
-summed by the ``psum`` over the mesh of every process's devices, and every process applies the
-same update. A process pads only its own partitions and writes only their features, and
+the rows its partitions read as halo, in host memory, while a sweep needs them (the host
+budget holds that share, `jgrind.engine.build.process_host_need`): before a sweep gathers a
+layer's input those rows cross between the processes by ``all_to_all``, and after a backward
+sweep the halo gradients go back the same way (`jgrind.devices.across_processes`). The weight
+gradients and the loss are summed by the ``psum`` over the mesh of every process's devices,
+and every process applies the same update. A process pads only its own partitions and writes only their features, and
 reads from the graph the feature rows of other processes' partitions that its own read as
 halo. Given a saved graph (`jgrind.datasets.saved_arrays.SavedGraph`, as ``jgrind train
 --dataset npy:FOLDER`` hands it to each of several processes) and a partition that needs no
