@@ -26,16 +26,6 @@ import harness
 from harness import CONFIGS, build_config, planner_config
 
 
-def _best(run, repeats: int = 5) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def _kernel_seconds(profiled: cProfile.Profile) -> float:
     """Seconds spent in the native row kernel's caller (`jgrind.hostio.rows._in_parts`)."""
     stats = pstats.Stats(profiled).stats
@@ -59,6 +49,7 @@ def main() -> None:
     from jgrind.engine import OutOfCore
     from jgrind.hostio.rows import take_rows
     from jgrind.plan import policies
+    from jgrind.plan.measure import _best_seconds  # the profile's own timer
     cfg = planner_config(args.config)
     graph, model = build_config(cfg)
     optimizer = optax.adam(1e-3)
@@ -106,7 +97,7 @@ def main() -> None:
         def gather_all():
             for part in built.parts:
                 load_input(part)
-        seconds = _best(gather_all, 3)
+        seconds = _best_seconds(gather_all, 3)
         profiled = cProfile.Profile()
         profiled.enable()
         gather_all()
@@ -128,7 +119,7 @@ def main() -> None:
         def take_all():
             for rows in sets:
                 take_rows(table, rows, out=out, dst=dst)
-        per_row = _best(take_all) / len(sets) / picked
+        per_row = _best_seconds(take_all, 5) / len(sets) / picked
         priced = "" if profile is None else (
             f"; priced {(profile.gather_row_seconds + width * 4 / profile.gather_bw) * 1e9:.0f}"
             " ns")
