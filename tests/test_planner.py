@@ -292,7 +292,9 @@ def test_predicted_memory_matches_the_store_accounts(tmp_path, keep):
     graph, model, pg, w = equal_parts_workload(num_parts=4, num_layers=3)
     profile = fixed_profile()
     stored = sum(int(w.block_bytes(l).sum()) for l in range(w.num_layers))
-    dev, host = w.working_set() + stored // 4, stored // 2
+    # host RAM for a quarter of the blocks: regathering from SSD costs enough that the plan
+    # keeps some aggregations when allowed
+    dev, host = w.working_set() + stored // 4, stored // 4
     the_plan = plan(w, profile, device_budget=dev, host_budget=host, directory=str(tmp_path),
                     keep=keep)
     assert bool(the_plan.assignment.aggregations) == keep  # this plan keeps some when allowed

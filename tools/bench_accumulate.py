@@ -113,11 +113,10 @@ def main() -> None:
         seconds = _best_seconds(add_all, 3)
         price = accumulate_parts(w, rates, layer, codes).sum()
         in_ssd = codes == S
-        calls, span_rows = ssd_span_reads(w, width, in_ssd)
-        active = w.owned > 0
-        own = np.where(active & in_ssd, w.owned, 0)
-        span = int((span_rows + own).sum()) * width * ITEMSIZE
-        priced_calls = int((calls + in_ssd).sum())
+        calls, span_rows = ssd_span_reads(w, width, in_ssd, with_own=True)
+        own = np.where(in_ssd, w.owned, 0)
+        span = int(span_rows.sum()) * width * ITEMSIZE
+        priced_calls = int(calls.sum())
         print(f"G_{layer} ({width} wide, {int(in_ssd.sum())} of {w.num_parts} blocks on SSD): "
               f"every partition's adds alone {seconds:.3f} s, priced {price:.3f} s", flush=True)
         print(f"  made {counted['ssd_read_ops']:,} reads and {counted['ssd_write_ops']:,} "

@@ -214,6 +214,9 @@ class Workload:
     relations: int = 0
     label_row_bytes: int = LABEL_ROW_BYTES
     device_of: Optional[np.ndarray] = None
+    # the halos' spans over a layer's SSD file when all its blocks are in it
+    # (`HaloSpans.file_spans`); None: spans are counted per owner block only
+    spans: Optional["HaloSpans"] = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def num_parts(self) -> int:
@@ -290,7 +293,7 @@ class Workload:
             pad_in=np.array([shape(p, 1) for p in parts], np.int64),
             pad_edges=np.array([shape(p, 2) for p in parts], np.int64),
             halo=spans.halo, ssd_calls=SpanTables(spans, row_words, 0),
-            ssd_rows=SpanTables(spans, row_words, 1),
+            ssd_rows=SpanTables(spans, row_words, 1), spans=spans,
             needs_edges=model.needs_edges,
             needs_adjacency=model.needs_adjacency, num_nodes=pg.graph.num_nodes,
             num_edges=pg.graph.num_edges, aggregated=aggregation_widths(model),
@@ -340,9 +343,50 @@ class Workload:
         """``[P]`` int64: how many of every partition's halo owners are not ``members``."""
         return _summed(self._has_halo, ~members, self._owner_counts)
 
-    def ssd_spans_in(self, words: int, members: np.ndarray) -> tuple:
+    def ssd_spans_in(self, words: int, members: np.ndarray, with_own: bool = False) -> tuple:
         """``([P] read calls, [P] rows read)`` of `ssd_calls` and `ssd_rows` summed over the
-        owner blocks ``members``, as `halo_rows_in`."""
+        owner blocks ``members``, as `halo_rows_in`; ``with_own``: a scatter-add's, whose own
+        rows in a member block are moved with its halo rows.
+
+        The tables count each owner block's spans apart; a file of several blocks runs spans
+        on across their boundaries and cuts long ones into pieces (`HaloSpans.file_spans`).
+        So the halo's counts are scaled by what the file of every block makes against what
+        the owners' tables sum to, over all partitions: a gather sweep's totals are then exact
+        with every block on SSD (the planner's uniform tiers), and stay linear in the blocks'
+        tiers and alike for alike blocks, as the planner's program needs them; a scatter-add's
+        too, but where pieces cut a span that its own block joins."""
+        members = np.asarray(members, bool)
+        calls, rows = self._pair_spans_in(words, members)
+        if with_own:
+            calls = calls + members
+            rows = rows + np.where(self.owned > 0, self.owned * members, 0)
+        if self.spans is None or not members.any():
+            return calls, rows
+        call_scale, row_scale = self._file_scales(words, with_own)
+        return calls * call_scale, rows * row_scale
+
+    def _file_scales(self, words: int, with_own: bool) -> tuple:
+        """``(calls, rows)``: the file's over the owner tables' sums, over every partition
+        with every block a member (1 where the tables count none)."""
+        key = (words, with_own)
+        if key not in self._scales:
+            every = np.ones(self.num_parts, bool)
+            calls, rows = self._pair_spans_in(words, every)
+            row = words * ITEMSIZE
+            file_calls, file_rows, own_calls, own_rows = self.spans.file_totals(
+                max(1, COALESCE_BYTES // row), max(1, SPAN_PIECE_BYTES // row))
+            if with_own:
+                calls, rows = calls + every, rows + self.owned
+                file_calls, file_rows = file_calls + own_calls, file_rows + own_rows
+            self._scales[key] = tuple(f / float(t.sum()) if t.sum() else 1.0
+                                      for f, t in ((file_calls, calls), (file_rows, rows)))
+        return self._scales[key]
+
+    @functools.cached_property
+    def _scales(self) -> dict:
+        return {}
+
+    def _pair_spans_in(self, words: int, members: np.ndarray) -> tuple:
         if words not in self._ssd_totals:
             tables = (self.ssd_calls[words], self.ssd_rows[words])
             self._ssd_totals[words] = [(t.astype(np.float64), _frozen(t.sum(1, dtype=np.int64)))
@@ -537,6 +581,8 @@ class HaloSpans:
     partitions' rows at once. ``halo``: ``[P, P]`` halo rows of partition p owned by q."""
 
     def __init__(self, parts, P: int):
+        self._parts = parts  # for `file_spans`, which reads their halos again when asked
+        self._merged: dict = {}
         sizes = [int(np.size(part.halo_owner)) for part in parts]
         n = sum(sizes)
         # (partition, owner) pairs as one index into the [P, P] tables
@@ -564,6 +610,8 @@ class HaloSpans:
         inner = np.flatnonzero(same & (step > 1))
         self._breaks, self._apart = pair[inner], step[inner]
         self._tables: dict = {}
+        # every (partition, owner) pair's first and last halo row, for `file_totals`
+        self._bounds = (pair[firsts], row[firsts], row[lasts])
 
     def tables(self, gap: int) -> tuple:
         """``(calls [P, P], rows [P, P])``: the read calls and rows read (gaps included) of
@@ -576,6 +624,73 @@ class HaloSpans:
             self._tables[gap] = (calls.astype(np.int32).reshape(P, P),
                                  (self._extent - skipped).reshape(P, P))
         return self._tables[gap]
+
+    def file_spans(self, gap: int, piece: int, with_own: bool) -> tuple:
+        """``([P] calls, [P] rows)``: the read calls and rows read (gaps included) of every
+        partition's halo rows (``with_own``: and its own block's, as a scatter-add moves them)
+        when every block is in the layer's SSD file, in block order: rows of adjacent blocks
+        less than ``gap + 1`` rows apart run on in one span, and every span is read in pieces
+        of at most ``piece`` rows as the native span loops cut them (`_file_spans`). `tables`
+        counts each owner block apart, which is exact for a file of one block and counts too
+        many calls where blocks are narrower than the gap (the top layer's few classes:
+        65,541 priced against 1,309 made, docs/results-history.md, section 7)."""
+        key = (gap, piece, with_own)
+        if key not in self._merged:
+            if with_own not in self._merged:
+                self._merged[with_own] = _file_rows(self._parts, self.P, with_own)
+            self._merged[key] = tuple(_frozen(a) for a in _file_spans(
+                *self._merged[with_own], self.P, gap, piece))
+        return self._merged[key]
+
+    def file_totals(self, gap: int, piece: int) -> tuple:
+        """``(calls, rows, own calls, own rows)``: `file_spans` of the halo rows summed over
+        the partitions, and what the own blocks add to them in a scatter-add. Worked out from
+        the owner pairs' `tables` and their first and last rows (a span runs on from one
+        owner's block into the next where the last's last row and the next's first lie
+        close), and the halo's row by row (`file_spans`) only where a run of such spans could
+        outgrow a piece; an own block's joins to its neighbours are counted as if no piece
+        cut them."""
+        key = ("totals", gap, piece)
+        if key not in self._merged:
+            self._merged[key] = self._pair_totals(gap, piece)
+        return self._merged[key]
+
+    def _pair_totals(self, gap: int, piece: int) -> tuple:
+        P = self.P
+        owned = np.zeros(P, np.int64)
+        owned[[p.index for p in self._parts]] = [p.num_owned for p in self._parts]
+        offset = np.concatenate(([0], np.cumsum(owned)))
+        mine = np.flatnonzero(owned)
+        ids, first, last = self._bounds
+        if not ids.size:
+            return 0, 0, int(mine.size), int(owned.sum())
+        lo, hi, who = first + offset[ids % P], last + offset[ids % P], ids // P
+        apart = lo[1:] - hi[:-1]
+        joined = (who[1:] == who[:-1]) & (apart <= gap + 1)
+        runs = np.flatnonzero(np.concatenate(([True], ~joined)))  # owners joined end to end
+        run_ends = np.append(runs[1:], ids.size) - 1
+        if np.any(hi[run_ends] - lo[runs] + 1 > piece):  # a run that pieces may cut
+            calls, rows = (int(t.sum()) for t in self.file_spans(gap, piece, False))
+        else:
+            calls_of, rows_of = (t.reshape(-1) for t in self.tables(gap))
+            calls = int(calls_of[ids].sum()) - int(joined.sum())
+            rows = int(rows_of[ids].sum()) + int(np.sum((apart - 1)[joined]))
+        # each own block, between its partition's owners below and above it: joined to
+        # either where they lie close, and no longer a gap where they were joined across it
+        at = np.searchsorted(ids, mine * P + mine)   # the first owner above it, if any
+        below, above = np.maximum(at - 1, 0), np.minimum(at, ids.size - 1)
+        has_below = (at > 0) & (who[below] == mine)
+        has_above = (at < ids.size) & (who[above] == mine)
+        start, end = offset[mine], offset[mine] + owned[mine] - 1
+        to_below = has_below & (start - hi[below] <= gap + 1)
+        to_above = has_above & (lo[above] - end <= gap + 1)
+        pair = np.minimum(below, max(apart.size - 1, 0))  # the join of the two, if any
+        across = has_below & has_above & (joined[pair] if apart.size else False)
+        own_calls = int(mine.size - to_below.sum() - to_above.sum() + np.sum(across))
+        own_rows = int(owned.sum() + np.sum((start - hi[below] - 1)[to_below])
+                       + np.sum((lo[above] - end - 1)[to_above])
+                       - np.sum((apart[pair] - 1)[across]) if apart.size else owned.sum())
+        return calls, rows, own_calls, own_rows
 
 
 class SpanTables(collections.abc.Mapping):
@@ -597,6 +712,71 @@ class SpanTables(collections.abc.Mapping):
 
     def __len__(self) -> int:
         return len(self._words)
+
+
+def _file_rows(parts, P: int, with_own: bool) -> tuple:
+    """``(who, start, end)``: every row range a partition wants of a layer's SSD file holding
+    every block in block order, sorted by partition and start: a halo row is one row, the own
+    block (``with_own``) all of its rows."""
+    owned = np.zeros(P, np.int64)
+    owned[[p.index for p in parts]] = [p.num_owned for p in parts]
+    offset = np.concatenate(([0], np.cumsum(owned)))
+    sizes = [int(np.size(p.halo_owner)) for p in parts]
+    who = np.repeat(np.array([p.index for p in parts], np.int64), sizes)
+    if sum(sizes):
+        start = np.concatenate([offset[np.asarray(p.halo_owner, np.int64)]
+                                + np.asarray(p.halo_row, np.int64) for p in parts])
+    else:
+        start = np.zeros(0, np.int64)
+    stride = int(offset[-1]) + 1
+    key = who * stride + start
+    if key.size and not np.all(key[1:] > key[:-1]):  # (partitioning makes them sorted)
+        order = np.argsort(key, kind="stable")
+        who, start, key = who[order], start[order], key[order]
+    end = start + 1
+    if with_own:  # each own block among its partition's halo rows
+        mine = np.flatnonzero(owned)
+        at = np.searchsorted(key, mine * stride + offset[mine])
+        who, start = np.insert(who, at, mine), np.insert(start, at, offset[mine])
+        end = np.insert(end, at, offset[mine] + owned[mine])
+    return who, start, end
+
+
+def _file_spans(who: np.ndarray, start: np.ndarray, end: np.ndarray, P: int, gap: int,
+                piece: int) -> tuple:
+    """`HaloSpans.file_spans` of the ranges of `_file_rows`: a span breaks where the next range
+    starts more than ``gap`` rows after the last ended. As the native span loops do
+    (`jgrind/_kernels/spans.cc`), a span longer than ``piece`` rows is read from its first row
+    in pieces of rows less than ``piece`` past the piece's first, the next piece starting at
+    the next row wanted."""
+    calls, rows = np.zeros(P, np.int64), np.zeros(P, np.int64)
+    if not who.size:
+        return calls, rows
+    new = np.ones(who.size, bool)
+    new[1:] = (who[1:] != who[:-1]) | (start[1:] - end[:-1] > gap)
+    firsts = np.flatnonzero(new)
+    lasts = np.append(firsts[1:], who.size) - 1
+    lo, hi, owner = start[firsts], end[lasts], who[firsts]
+    short = hi - lo <= piece
+    calls += np.bincount(owner[short], minlength=P)
+    rows += np.bincount(owner[short], (hi - lo)[short], minlength=P).astype(np.int64)
+    # long spans, a piece of each at a time, on keys ordered across partitions
+    first, last = firsts[~short], lasts[~short]
+    stride = int(end.max()) + piece + 1
+    key_start, key_end = who * stride + start, who * stride + end
+    at, base = start[first], who[first] * stride
+    while first.size:
+        stop = at + piece  # rows at or past it start the next piece
+        # the span's last range begun before it (a later span of the partition may follow)
+        inside = np.minimum(np.searchsorted(key_start, base + stop, side="left") - 1, last)
+        calls += np.bincount(who[first], minlength=P)
+        rows += np.bincount(who[first], np.minimum(end[inside], stop) - at,
+                            minlength=P).astype(np.int64)
+        nxt = np.searchsorted(key_end, base + stop, side="right")  # first range ending past
+        more = nxt <= last
+        first, last, base, stop, nxt = first[more], last[more], base[more], stop[more], nxt[more]
+        at = np.maximum(start[nxt], stop)
+    return calls, rows
 
 
 def _halo_spans(parts, P: int, gaps: Sequence[int]) -> tuple:
@@ -1026,11 +1206,13 @@ def _routes_within(w: Workload, members: np.ndarray) -> np.ndarray:
     return members & (w.owners_outside(members) == 0)
 
 
-def ssd_span_reads(w: Workload, words: int, in_ssd: np.ndarray) -> tuple:
+def ssd_span_reads(w: Workload, words: int, in_ssd: np.ndarray,
+                   with_own: bool = False) -> tuple:
     """``([P] read calls, [P] rows read)`` of every partition's halo rows in the SSD blocks
     ``in_ssd`` (``[P]`` bool), read as coalesced spans (`COALESCE_BYTES`) of rows ``words``
-    4-byte words wide (the stored width: `Workload.ssd_calls`)."""
-    return w.ssd_spans_in(words, in_ssd)
+    4-byte words wide (the stored width: `Workload.ssd_calls`); ``with_own``: with its own
+    rows in an SSD block, as a scatter-add moves them (`Workload.ssd_spans_in`)."""
+    return w.ssd_spans_in(words, in_ssd, with_own)
 
 
 def _ssd_read(nbytes, calls, profile):
@@ -1397,9 +1579,8 @@ def _accumulate(w: Workload, profile, layer: int, codes: np.ndarray,
             seconds += 1.5 * own / profile.copy_bw + (nbytes - own) / profile.scatter_add_bw \
                 + (rows - own_rows) * profile.scatter_add_row_seconds
         else:
-            calls, span_rows = ssd_span_reads(w, srow // ITEMSIZE, codes == S)
-            calls = calls + mine
-            span = (span_rows + np.where(active, w.owned * mine, 0)) * srow
+            calls, span_rows = ssd_span_reads(w, srow // ITEMSIZE, codes == S, with_own=True)
+            span = span_rows * srow
             seconds += (span / profile.ssd_read_bw + span / profile.ssd_write_bw
                         + calls * (2 * profile.ssd_latency + profile.update_call_overhead)
                         + 2 * nbytes / profile.gather_bw + nbytes * (decode + encode))
