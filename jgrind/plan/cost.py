@@ -281,12 +281,13 @@ class Workload:
         # rows of every width in every storage dtype, in 4-byte words (float32's: the width)
         row_words = sorted({make().words(w) for w in widths[:-1] for make in
                             codecs.NAMES.values()})
-        spans = HaloSpans(parts, P)
+        owned = np.array([p.num_owned for p in parts], np.int64)
+        spans = HaloSpans(parts, P, owned)
         shape = lambda p, i: shapes.get(p.index, (0, 0, 0))[i]  # noqa: E731
         return cls(
             widths=tuple(widths),
             layers=tuple(model.layers),
-            owned=np.array([p.num_owned for p in parts], np.int64),
+            owned=owned,
             inputs=np.array([p.num_inputs for p in parts], np.int64),
             edges=np.array([p.num_edges for p in parts], np.int64),
             pad_out=np.array([shape(p, 0) for p in parts], np.int64),
@@ -580,9 +581,14 @@ class HaloSpans:
     `jgrind.engine.ssd` reads them in, gaps of up to ``gap`` rows merged (`tables`). All
     partitions' rows at once. ``halo``: ``[P, P]`` halo rows of partition p owned by q."""
 
-    def __init__(self, parts, P: int):
-        self._parts = parts  # for `file_spans`, which reads their halos again when asked
-        self._merged: dict = {}
+    def __init__(self, parts, P: int, owned: Optional[np.ndarray] = None):
+        # for `file_spans` (with ``owned``, the rows of every block: the file's layout), which
+        # reads the halos again when asked (no other partition data)
+        self._halos = [(p.index, p.halo_owner, p.halo_row) for p in parts]
+        self._owned = None if owned is None else np.asarray(owned, np.int64)
+        self._rows: dict = {}     # with_own -> `_file_rows`
+        self._spans: dict = {}    # (gap, piece, with_own) -> `file_spans`
+        self._totals: dict = {}   # (gap, piece) -> `file_totals`
         sizes = [int(np.size(part.halo_owner)) for part in parts]
         n = sum(sizes)
         # (partition, owner) pairs as one index into the [P, P] tables
@@ -635,12 +641,12 @@ class HaloSpans:
         many calls where blocks are narrower than the gap (the top layer's few classes:
         65,541 priced against 1,309 made, docs/results-history.md, section 7)."""
         key = (gap, piece, with_own)
-        if key not in self._merged:
-            if with_own not in self._merged:
-                self._merged[with_own] = _file_rows(self._parts, self.P, with_own)
-            self._merged[key] = tuple(_frozen(a) for a in _file_spans(
-                *self._merged[with_own], self.P, gap, piece))
-        return self._merged[key]
+        if key not in self._spans:
+            if with_own not in self._rows:
+                self._rows[with_own] = _file_rows(self._halos, self._owned, with_own)
+            self._spans[key] = tuple(_frozen(a) for a in _file_spans(
+                *self._rows[with_own], self.P, gap, piece))
+        return self._spans[key]
 
     def file_totals(self, gap: int, piece: int) -> tuple:
         """``(calls, rows, own calls, own rows)``: `file_spans` of the halo rows summed over
@@ -650,23 +656,29 @@ class HaloSpans:
         close), and the halo's row by row (`file_spans`) only where a run of such spans could
         outgrow a piece; an own block's joins to its neighbours are counted as if no piece
         cut them."""
-        key = ("totals", gap, piece)
-        if key not in self._merged:
-            self._merged[key] = self._pair_totals(gap, piece)
-        return self._merged[key]
+        if (gap, piece) not in self._totals:
+            self._totals[gap, piece] = self._pair_totals(gap, piece)
+        return self._totals[gap, piece]
+
+    @functools.cached_property
+    def _pair_rows(self) -> tuple:
+        """``(lo, hi, who, same, apart)`` of every owner pair in file order: its first and
+        last row in the file, its partition, whether the next pair is the same partition's,
+        and the rows from its last to the next pair's first."""
+        ids, first, last = self._bounds
+        block_start = np.concatenate(([0], np.cumsum(self._owned)))[ids % self.P]
+        lo, hi, who = first + block_start, last + block_start, ids // self.P
+        return lo, hi, who, who[1:] == who[:-1], lo[1:] - hi[:-1]
 
     def _pair_totals(self, gap: int, piece: int) -> tuple:
-        P = self.P
-        owned = np.zeros(P, np.int64)
-        owned[[p.index for p in self._parts]] = [p.num_owned for p in self._parts]
+        P, owned = self.P, self._owned
         offset = np.concatenate(([0], np.cumsum(owned)))
         mine = np.flatnonzero(owned)
-        ids, first, last = self._bounds
+        ids = self._bounds[0]
         if not ids.size:
             return 0, 0, int(mine.size), int(owned.sum())
-        lo, hi, who = first + offset[ids % P], last + offset[ids % P], ids // P
-        apart = lo[1:] - hi[:-1]
-        joined = (who[1:] == who[:-1]) & (apart <= gap + 1)
+        lo, hi, who, same, apart = self._pair_rows
+        joined = same & (apart <= gap + 1)
         runs = np.flatnonzero(np.concatenate(([True], ~joined)))  # owners joined end to end
         run_ends = np.append(runs[1:], ids.size) - 1
         if np.any(hi[run_ends] - lo[runs] + 1 > piece):  # a run that pieces may cut
@@ -684,12 +696,15 @@ class HaloSpans:
         start, end = offset[mine], offset[mine] + owned[mine] - 1
         to_below = has_below & (start - hi[below] <= gap + 1)
         to_above = has_above & (lo[above] - end <= gap + 1)
-        pair = np.minimum(below, max(apart.size - 1, 0))  # the join of the two, if any
-        across = has_below & has_above & (joined[pair] if apart.size else False)
-        own_calls = int(mine.size - to_below.sum() - to_above.sum() + np.sum(across))
+        across = np.zeros(mine.size, bool)  # the two joined across it
+        parted = 0
+        if apart.size:
+            pair = np.minimum(below, apart.size - 1)
+            across = has_below & has_above & joined[pair]
+            parted = int(np.sum((apart[pair] - 1)[across]))
+        own_calls = int(mine.size - to_below.sum() - to_above.sum() + across.sum())
         own_rows = int(owned.sum() + np.sum((start - hi[below] - 1)[to_below])
-                       + np.sum((lo[above] - end - 1)[to_above])
-                       - np.sum((apart[pair] - 1)[across]) if apart.size else owned.sum())
+                       + np.sum((lo[above] - end - 1)[to_above])) - parted
         return calls, rows, own_calls, own_rows
 
 
@@ -714,18 +729,18 @@ class SpanTables(collections.abc.Mapping):
         return len(self._words)
 
 
-def _file_rows(parts, P: int, with_own: bool) -> tuple:
+def _file_rows(halos: list, owned: np.ndarray, with_own: bool) -> tuple:
     """``(who, start, end)``: every row range a partition wants of a layer's SSD file holding
     every block in block order, sorted by partition and start: a halo row is one row, the own
-    block (``with_own``) all of its rows."""
-    owned = np.zeros(P, np.int64)
-    owned[[p.index for p in parts]] = [p.num_owned for p in parts]
+    block (``with_own``) all of its rows. ``halos``: ``(index, halo_owner, halo_row)`` of every
+    partition; ``owned``: ``[P]`` rows of every block."""
     offset = np.concatenate(([0], np.cumsum(owned)))
-    sizes = [int(np.size(p.halo_owner)) for p in parts]
-    who = np.repeat(np.array([p.index for p in parts], np.int64), sizes)
+    sizes = [int(np.size(halo_owner)) for _, halo_owner, _ in halos]
+    who = np.repeat(np.array([index for index, _, _ in halos], np.int64), sizes)
     if sum(sizes):
-        start = np.concatenate([offset[np.asarray(p.halo_owner, np.int64)]
-                                + np.asarray(p.halo_row, np.int64) for p in parts])
+        start = np.concatenate([offset[np.asarray(halo_owner, np.int64)]
+                                + np.asarray(halo_row, np.int64)
+                                for _, halo_owner, halo_row in halos])
     else:
         start = np.zeros(0, np.int64)
     stride = int(offset[-1]) + 1
