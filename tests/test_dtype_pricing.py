@@ -174,11 +174,11 @@ def test_spans_over_a_file_of_every_block_are_the_stores(width, piece, gap, tmp_
     """With every block of a table on SSD (its file holds them all, in block order), a
     gather's halo rows and a scatter-add's own and halo rows are read in spans that run on
     across adjacent blocks where their rows are closer than the gap, and long spans in
-    pieces: the calls and bytes the workload predicts for a gather sweep are the ones the
-    store makes (spread over partitions as the owners' tables spread them), and a
-    scatter-add's nearly so. (Counted per owner block, 8-wide rows
-    of 16 blocks narrower than the gap took several times the calls; the top layer's classes
-    on the planner benchmark's host-tight configuration: 65,541 priced, 1,309 made.)"""
+    pieces: the calls and bytes the workload predicts for a sweep are the ones the store
+    makes (spread over partitions as the owners' tables spread them), a scatter-add's unless
+    a piece cuts a span its own block joins. (Counted per owner block, 8-wide rows of 16
+    blocks narrower than the gap took several times the calls; the top layer's classes on the
+    planner benchmark's host-tight configuration: 65,541 priced, 1,309 made.)"""
     from jgrind.engine import ssd
     monkeypatch.setattr(ssd, "SCRATCH_BYTES", piece)
     monkeypatch.setattr(cost, "SPAN_PIECE_BYTES", piece)
