@@ -189,6 +189,9 @@ class Workload:
         several devices (`jgrind.plan.placement`): the device tier is then held per device,
         each device's own partitions' device blocks and its own working set
         (`device_working_sets`, `memory`); None: one device holds them all.
+      spans: the `HaloSpans` behind ``ssd_calls`` and ``ssd_rows``, whose spans over a file of
+        every block scale them (`ssd_spans_in`); None (a workload made by hand): the tables
+        as they are.
     """
 
     widths: tuple
@@ -214,8 +217,6 @@ class Workload:
     relations: int = 0
     label_row_bytes: int = LABEL_ROW_BYTES
     device_of: Optional[np.ndarray] = None
-    # the halos' spans over a layer's SSD file when all its blocks are in it
-    # (`HaloSpans.file_spans`); None: spans are counted per owner block only
     spans: Optional["HaloSpans"] = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
