@@ -38,6 +38,26 @@ jax.config.update("jax_compilation_cache_dir", _COMPILED)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+# -- XLA's threads on a share of the cores per xdist worker ---------------------------------------
+# XLA splits an op over every core its threads may run on: with two workers on two cores, each
+# op of one waits for its shard that shares a core with the other worker. XLA's threads start
+# with its backend and keep the cores their thread had then: each worker starts its backend on
+# its share (every n-th core), then takes every core back for this thread, so that the processes
+# tests start (two-process runs, `jgrind launch`, subprocess cases) and the engine's I/O threads
+# run where they did. Pinned whole, a worker ran tests/test_engine.py in 159 s of test time
+# against 201 s, but a pair of processes started from it took 25-35 % longer.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKER.startswith("gw") and _WORKERS > 1 and hasattr(os, "sched_setaffinity"):
+    _EVERY_CORE = sorted(os.sched_getaffinity(0))
+    if len(_EVERY_CORE) >= _WORKERS:
+        os.sched_setaffinity(0, _EVERY_CORE[int(_WORKER[2:]) % _WORKERS::_WORKERS])
+        try:
+            jax.devices()
+        finally:
+            os.sched_setaffinity(0, _EVERY_CORE)
+
+
 # -- real datasets (../shared/datasets or $JGRIND_DATA) ------------------------------------------
 # Tests that need the real files take `data_root` (the folder) or `data_file` (checks that given
 # files exist). Without the data they skip, unless JGRIND_REQUIRE_DATA=1 (CI), where they fail.

@@ -17,7 +17,11 @@ Forms (`jgrind.plan.cost.Sweep.seconds`):
   the figures in ms (forward, top, backward, first layer's backward, per SSD call: the
   profile's ``machinery_*``), ``e`` is worked out per sweep (every table counted as an SSD
   call where the sweep's measured I/O touched the SSD tier) and the recorded compute loses
-  the ``sweep_step`` per step that ``e`` replaces.
+  the ``sweep_step`` per step that ``e`` replaces;
+* ``contended``: ``max(e, c + max(r, w))``, the steps and the I/O threads slowing each other
+  down fully while both run (on two cores, each op split over both waits for its shard on the
+  core an I/O thread shares). Not the planner's form: replayed on runs AE-AH it put fewer runs
+  within 25 % than ``engine`` (docs/results-history.md, "One form for every sweep?").
 
 Each run's epoch is its recorded prediction less its recorded sweeps plus the replayed ones,
 held against its fastest timed epoch (the sweeps replayed are that epoch's). Prints one line per
@@ -53,7 +57,12 @@ def _engine(parts: dict, overlap: float, parallel: float, cores: int) -> float:
     return sweep.seconds(overlap, parallel, HostCores(cores, compute_on_host=True))
 
 
-FORMS = {"threads": _threads, "cores": _cores, "engine": _engine}
+def _contended(parts: dict, overlap: float, parallel: float, cores: int) -> float:
+    c, r, w = parts["compute"], parts["reads"], parts["writes"]
+    return max(parts.get("machinery", 0.0), c + max(r, w))
+
+
+FORMS = {"threads": _threads, "cores": _cores, "engine": _engine, "contended": _contended}
 KINDS = ("forward", "top", "backward", "params")
 TABLES = {"forward": 2, "top": 2, "backward": 3, "params": 2}  # a 3-layer GCN's step's calls
 
@@ -96,7 +105,8 @@ def replay(paths: list, figures: dict = None) -> dict:
                                             profile["sweep_step"], figures or {})
                           for row in sweeps]
                 for form, price in FORMS.items():
-                    epoch = rest + sum(price(parts if form == "engine" else row[3]["predicted"],
+                    epoch = rest + sum(price(parts if form in ("engine", "contended")
+                                             else row[3]["predicted"],
                                              overlap, parallel, cores)
                                        for row, parts in zip(sweeps, engine))
                     errors[form].append(epoch / measured - 1)
@@ -104,7 +114,7 @@ def replay(paths: list, figures: dict = None) -> dict:
                 print(line)
     for form, e in errors.items():
         e = np.abs(np.array(e))
-        print(f"{form:<8} {int(np.sum(e <= MARGIN))} of {e.size} within {100 * MARGIN:.0f} %, "
+        print(f"{form:<9} {int(np.sum(e <= MARGIN))} of {e.size} within {100 * MARGIN:.0f} %, "
               f"mean error {100 * e.mean():.1f} %, largest {100 * e.max():.0f} %")
     return errors
 
