@@ -63,7 +63,8 @@ def main() -> None:
             f"{name} {values[-1]:.2f}" for name, values in figures.items()), flush=True)
         time.sleep(args.pause)
     print("spread (largest / smallest): " + ", ".join(
-        f"{name} {max(v) / min(v):.2f}x ({min(v):.2f}-{max(v):.2f})" for name, v in figures.items()))
+        f"{name} {max(v) / min(v):.2f}x ({min(v):.2f}-{max(v):.2f})"
+        for name, v in figures.items()))
 
 
 if __name__ == "__main__":
