@@ -221,7 +221,8 @@ def test_halo_spans_are_the_per_partition_counts(shuffled):
         owner = rng.choice([q for q in range(P) if q != p], n)
         row = rng.choice(500, n, replace=False)  # unique rows: (owner, row) pairs unique
         order = rng.permutation(n) if shuffled else np.lexsort((row, owner))
-        parts.append(types.SimpleNamespace(index=int(p), halo_owner=owner[order].astype(np.int32),
+        parts.append(types.SimpleNamespace(index=int(p), num_owned=500,
+                                           halo_owner=owner[order].astype(np.int32),
                                            halo_row=row[order].astype(np.int32)))
     got, want = cost._halo_spans(parts, P, gaps), reference_halo_spans(parts, P, gaps)
     assert np.array_equal(got[0], want[0]) and got[0].dtype == want[0].dtype

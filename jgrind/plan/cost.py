@@ -282,13 +282,12 @@ class Workload:
         # rows of every width in every storage dtype, in 4-byte words (float32's: the width)
         row_words = sorted({make().words(w) for w in widths[:-1] for make in
                             codecs.NAMES.values()})
-        owned = np.array([p.num_owned for p in parts], np.int64)
-        spans = HaloSpans(parts, P, owned)
+        spans = HaloSpans(parts, P)
         shape = lambda p, i: shapes.get(p.index, (0, 0, 0))[i]  # noqa: E731
         return cls(
             widths=tuple(widths),
             layers=tuple(model.layers),
-            owned=owned,
+            owned=np.array([p.num_owned for p in parts], np.int64),
             inputs=np.array([p.num_inputs for p in parts], np.int64),
             edges=np.array([p.num_edges for p in parts], np.int64),
             pad_out=np.array([shape(p, 0) for p in parts], np.int64),
@@ -582,11 +581,12 @@ class HaloSpans:
     `jgrind.engine.ssd` reads them in, gaps of up to ``gap`` rows merged (`tables`). All
     partitions' rows at once. ``halo``: ``[P, P]`` halo rows of partition p owned by q."""
 
-    def __init__(self, parts, P: int, owned: Optional[np.ndarray] = None):
-        # for `file_spans` (with ``owned``, the rows of every block: the file's layout), which
-        # reads the halos again when asked (no other partition data)
+    def __init__(self, parts, P: int):
+        # for `file_spans`, which reads the halos again when asked, and the rows of every
+        # block by partition index (the file's layout); no other partition data
         self._halos = [(p.index, p.halo_owner, p.halo_row) for p in parts]
-        self._owned = None if owned is None else np.asarray(owned, np.int64)
+        self._owned = np.zeros(P, np.int64)
+        self._owned[[p.index for p in parts]] = [p.num_owned for p in parts]
         self._rows: dict = {}     # with_own -> `_file_rows`
         self._spans: dict = {}    # (gap, piece, with_own) -> `file_spans`
         self._totals: dict = {}   # (gap, piece) -> `file_totals`
