@@ -49,6 +49,18 @@ def test_the_planner_benchmark_trains_auto_through_train(tmp_path, monkeypatch):
     assert len(run["times_first"]) == len(run["times"]) == 5  # 3 reviewed, 2 after, kept
     assert run["predicted"] == run["predicted_first"] > 0
     assert run["accounts"]["host"] == run["predicted_memory"]["host"]
+    # every epoch held against the plan's own prediction keeps its sweeps, for the replay
+    # (the epochs after the review are held against a re-priced one: not kept)
+    assert 1 <= len(run["sweeps_first"]) <= len(run["times_first"])
+    epoch = run["sweeps_first"][0]
+    assert epoch["seconds"] in run["times_first"]
+    labels = [row[0] for row in epoch["sweeps"]]
+    assert labels[0] == "forward 0" and labels[-1] == "backward 0"
+    assert {"compute", "reads", "writes", "machinery"} <= set(epoch["sweeps"][0][3]["predicted"])
+    import replay_sweeps
+    recorded = list(replay_sweeps._recorded({"auto": {"rounds": [run]}}))
+    assert [r[0] for r in recorded] == ["auto 1 first plan"]
+    assert recorded[0][2] == min(e["seconds"] for e in run["sweeps_first"])
 
 
 def _unit_profile(**unit):

@@ -118,7 +118,27 @@ def train_auto(graph, model, cfg: Config, profile, store, epochs: int) -> dict:
             "predicted": last[0]["predicted_seconds"], "times": [r["seconds"] for r in last],
             "predicted_memory": peaks,
             "accounts": {t: memory.get(f"peak_{t}", 0) for t in ("device", "host", "ssd")},
-            "num_parts": plans[0].num_parts}
+            "num_parts": plans[0].num_parts,
+            # every checked epoch's sweeps beside the plan's own prediction (as a fixed
+            # policy's `sweeps`), so that `tools/replay_sweeps.py` replays the plans auto
+            # chose too; a kept plan's epochs after its review are checked against a re-priced
+            # prediction, so only the epochs before it are kept for it
+            "sweeps_first": _checked_sweeps(first, first[0]["predicted_seconds"]),
+            "sweeps": _checked_sweeps(last, last[0]["predicted_seconds"])}
+
+
+def _checked_sweeps(records: list, predicted: float) -> list:
+    """``[{"seconds", "sweeps": [label, predicted, measured, parts]}]`` of the checked epochs
+    in ``records`` (`jgrind.train.train`'s history) held against the prediction ``predicted``
+    (the plan's own, not a review's re-priced one), in `sweep_rows`' form."""
+    out = []
+    for r in records:
+        if r["predicted_seconds"] != predicted or "sweep_parts" not in r:
+            continue
+        out.append({"seconds": r["seconds"], "sweeps": [
+            [label, p, m, parts] for (label, p, m), parts
+            in zip(r["sweep_seconds"], r["sweep_parts"])]})
+    return out
 
 
 def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:

@@ -22,9 +22,17 @@ Forms (`jgrind.plan.cost.Sweep.seconds`):
   down fully while both run (on two cores, each op split over both waits for its shard on the
   core an I/O thread shares). Not the planner's form: replayed on runs AE-AH it put fewer runs
   within 25 % than ``engine`` (docs/results-history.md, "One form for every sweep?").
+* ``main_adds``: ``max(c + e, r, w, (r + w) / cores + c)``, the engine's own work and the
+  steps' kernels one after the other on the main thread; ``main_adds_all`` with ``e`` in the
+  cores' share too; ``half``: ``max(c + e / cores, r, w, e, (r + w + e) / cores + c)``. Not
+  the planner's forms: on the fixed policies of runs AE-AI they put 41, 29 and 41 of 55 runs
+  within 25 % against 46 for ``engine`` (docs/results-history.md, "Auto's plans, sweep by
+  sweep").
 
 Each run's epoch is its recorded prediction less its recorded sweeps plus the replayed ones,
-held against its fastest timed epoch (the sweeps replayed are that epoch's). Prints one line per
+held against its fastest timed epoch (the sweeps replayed are that epoch's). Recordings since
+run AJ keep ``auto``'s sweeps too: each round's first plan (the epochs held against the plan's
+own prediction) and, where it re-planned, its last plan, replayed as rows of their own. Prints one line per
 run and, per form, how many runs fall within 25 % and the mean absolute error.
 """
 
@@ -62,7 +70,23 @@ def _contended(parts: dict, overlap: float, parallel: float, cores: int) -> floa
     return max(parts.get("machinery", 0.0), c + max(r, w))
 
 
-FORMS = {"threads": _threads, "cores": _cores, "engine": _engine, "contended": _contended}
+def _main_adds(parts: dict, overlap: float, parallel: float, cores: int) -> float:
+    c, r, w, e = parts["compute"], parts["reads"], parts["writes"], parts.get("machinery", 0.0)
+    return max(c + e, r, w, (r + w) / cores + c)
+
+
+def _main_adds_all(parts: dict, overlap: float, parallel: float, cores: int) -> float:
+    c, r, w, e = parts["compute"], parts["reads"], parts["writes"], parts.get("machinery", 0.0)
+    return max(c + e, r, w, (r + w) / cores + c + e)
+
+
+def _half(parts: dict, overlap: float, parallel: float, cores: int) -> float:
+    c, r, w, e = parts["compute"], parts["reads"], parts["writes"], parts.get("machinery", 0.0)
+    return max(c + e / cores, r, w, e, (r + w + e) / cores + c)
+
+
+FORMS = {"threads": _threads, "cores": _cores, "engine": _engine, "contended": _contended,
+         "main_adds": _main_adds, "main_adds_all": _main_adds_all, "half": _half}
 KINDS = ("forward", "top", "backward", "params")
 TABLES = {"forward": 2, "top": 2, "backward": 3, "params": 2}  # a 3-layer GCN's step's calls
 
@@ -84,6 +108,27 @@ def _with_engine_step(row: list, steps: int, layers: int, sweep_step: float,
     return parts
 
 
+def _recorded(runs: dict):
+    """``(policy, run, measured, sweeps, predicted)`` of every recorded run's fastest epoch:
+    a fixed policy's, and each round of ``auto``'s (its first plan's, and its last plan's
+    where it re-planned) where the recording has them (`bench_planner.train_auto`)."""
+    for policy, run in runs.items():
+        if policy == "auto":
+            for i, rnd in enumerate(run.get("rounds", [])):
+                plans = [("first plan", rnd.get("sweeps_first"), rnd["predicted_first"])]
+                if rnd.get("replanned"):
+                    plans.append(("re-planned", rnd.get("sweeps"), rnd["predicted"]))
+                for which, epochs, predicted in plans:
+                    if epochs:
+                        fastest = min(epochs, key=lambda e: e["seconds"])
+                        yield (f"auto {i + 1} {which}", rnd, fastest["seconds"],
+                               fastest["sweeps"], predicted)
+        elif run.get("sweeps"):
+            measured = min(run["times"])
+            yield (policy, run, measured, run["sweeps"][run["times"].index(measured)],
+                   run["predicted"])
+
+
 def replay(paths: list, figures: dict = None) -> dict:
     errors = {form: [] for form in FORMS}
     for path in paths:
@@ -93,19 +138,15 @@ def replay(paths: list, figures: dict = None) -> dict:
             profile = cfg["profile"]
             overlap, parallel = profile["overlap"], profile["io_parallel"]
             cores = int(profile.get("machine", {}).get("cores") or 1)
-            for policy, run in cfg["runs"].items():
-                if not run.get("sweeps"):
-                    continue
-                measured = min(run["times"])
-                sweeps = run["sweeps"][run["times"].index(measured)]
-                rest = run["predicted"] - sum(row[1] for row in sweeps)
-                line = f"{cfg['config']['name']:<13} {policy:<13} measured {measured:7.3f} s"
+            for policy, run, measured, sweeps, predicted in _recorded(cfg["runs"]):
+                rest = predicted - sum(row[1] for row in sweeps)
+                line = f"{cfg['config']['name']:<13} {policy:<22} measured {measured:7.3f} s"
                 steps = run.get("num_parts") or cfg["plan"]["num_parts"]
                 engine = [_with_engine_step(row, steps, cfg["config"]["layers"],
                                             profile["sweep_step"], figures or {})
                           for row in sweeps]
                 for form, price in FORMS.items():
-                    epoch = rest + sum(price(parts if form in ("engine", "contended")
+                    epoch = rest + sum(price(parts if form not in ("threads", "cores")
                                              else row[3]["predicted"],
                                              overlap, parallel, cores)
                                        for row, parts in zip(sweeps, engine))
