@@ -56,15 +56,19 @@ def test_the_profile_says_its_cores():
 
 def test_the_engines_own_work_bounds_the_sweep():
     """The engine's own work for the steps (`Sweep.machinery`): the three threads' Python,
-    which take turns on the interpreter, so the sweep takes no less than it; it overlaps
-    the kernels and the bytes moved."""
+    which take turns on the interpreter, so the sweep takes no less than it; on the host's
+    cores the kernels run after it, not beside it; it overlaps the bytes moved."""
     two = HostCores(2, compute_on_host=True)
     narrow = Sweep("backward 3", 3, "backward", 0.05, 0.1, 0.1, (), machinery=0.5)
-    assert narrow.seconds(0.5, 0.0, two) == pytest.approx(0.5)  # bound by the engine's work
-    busy = Sweep("forward 1", 1, "forward", 0.3, 0.4, 0.1, (), machinery=0.3)
-    assert busy.seconds(0.5, 0.0, two) == pytest.approx((0.4 + 0.1) / 2 + 0.3)
+    assert narrow.seconds(0.5, 0.0, two) == pytest.approx(0.05 + 0.5)  # the steps alone
+    assert narrow.engine_bound(two) == pytest.approx(0.55)
+    busy = Sweep("forward 1", 1, "forward", 0.3, 0.4, 0.1, (), machinery=0.05)
+    assert busy.seconds(0.5, 0.0, two) == pytest.approx((0.4 + 0.1) / 2 + 0.3)  # the cores
+    io_bound = Sweep("forward 1", 1, "forward", 0.1, 0.9, 0.1, (), machinery=0.3)
+    assert io_bound.seconds(0.5, 0.0, two) == pytest.approx(0.9)  # the bytes hide it
     # on an accelerator the steps take no host core: the work is a lower bound only
     sixteen = HostCores(16, compute_on_host=False)
+    assert narrow.engine_bound(sixteen) == pytest.approx(0.5)
     assert narrow.seconds(0.5, 0.0, sixteen) == pytest.approx(0.5)
     assert busy.seconds(0.5, 0.0, sixteen) == busy.seconds(0.5, 0.0, sixteen)
     assert Sweep("forward 1", 1, "forward", 0.3, 0.4, 0.1, ()).seconds(0.5, 0.0, sixteen) \

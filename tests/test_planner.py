@@ -19,7 +19,7 @@ from jgrind import models
 from jgrind.engine import OutOfCore
 from jgrind.partition import partition_graph
 from jgrind.plan import Fate, cost, policies
-from jgrind.plan.cost import D, H, R, S, Assignment, Workload, memory, predict
+from jgrind.plan.cost import D, H, R, S, Assignment, HostCores, Workload, memory, predict
 from jgrind.plan.planner import PlanError, plan, plan_run
 from jgrind.plan.profile import PROFILE_VERSION, Profile, machine_fingerprint, save
 from jgrind.plan.report import format_plan, plot_plan
@@ -171,7 +171,9 @@ def test_plan_is_optimal_against_brute_force_with_the_engines_own_step_cost(case
     _check_optimal(case, True, profile)
     w, _ = brute_force_case()
     prediction = plan(w, profile, device_budget=1 << 40, host_budget=1 << 40).prediction
-    bound = [s for s in prediction.sweeps if prediction.sweep_seconds(s) == s.machinery]
+    cores = HostCores.of(profile)
+    bound = [s for s in prediction.sweeps
+             if s.machinery > 0 and prediction.sweep_seconds(s) == s.engine_bound(cores)]
     assert bound, "the engine's own cost bounds no sweep: the test checks nothing"
 
 
@@ -196,7 +198,8 @@ def test_program_prices_the_engines_own_step_cost_as_the_model(keep):
     epigraphs = program.solution[program.t0:program.t0 + len(program.order)]
     assert sum(prediction.sweep_seconds(s) for s in prediction.sweeps) == \
         pytest.approx(float(epigraphs.sum()), rel=5e-4)
-    assert any(s.machinery > 0 and prediction.sweep_seconds(s) == s.machinery
+    cores = HostCores.of(profile)
+    assert any(s.machinery > 0 and prediction.sweep_seconds(s) == s.engine_bound(cores)
                for s in prediction.sweeps)
 
 
@@ -227,7 +230,8 @@ def test_a_kept_aggregation_spares_its_layers_split_gather_in_the_program():
     assert sum(prediction.sweep_seconds(s) for s in prediction.sweeps) == \
         pytest.approx(float(epigraphs.sum()), rel=5e-4)
     backward_0 = next(s for s in prediction.sweeps if s.label == "backward 0")
-    assert prediction.sweep_seconds(backward_0) == backward_0.machinery  # the bound binds
+    # the bound binds
+    assert prediction.sweep_seconds(backward_0) == backward_0.engine_bound(HostCores.of(profile))
 
 
 def _check_optimal(case: str, keep: bool, profile) -> None:

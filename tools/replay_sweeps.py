@@ -12,28 +12,28 @@ Forms (`jgrind.plan.cost.Sweep.seconds`):
   ``max(r, w, (r + w) / cores + c)`` (which counted the steps twice);
 * ``cores``: the host form from e09f96d, ``max(c, r, w, (r + w) / cores + c)``;
 * ``engine``: the current host form, with the engine's own work for the steps ``e``:
-  ``max(c, r, w, e, (r + w + e) / cores + c)`` (`jgrind.plan.cost.HostCores`). A run
-  recorded with it keeps its ``e`` per sweep; for an older recording, ``--engine-step`` gives
-  the figures in ms (forward, top, backward, first layer's backward, per SSD call: the
-  profile's ``machinery_*``), ``e`` is worked out per sweep (every table counted as an SSD
-  call where the sweep's measured I/O touched the SSD tier) and the recorded compute loses
-  the ``sweep_step`` per step that ``e`` replaces;
+  ``max(c + e, r, w, (r + w) / cores + c)`` (`jgrind.plan.cost.HostCores`): the steps'
+  kernels after the engine's work, not beside it. A run recorded with it keeps its ``e`` per
+  sweep; for an older recording, ``--engine-step`` gives the figures in ms (forward, top,
+  backward, first layer's backward, per SSD call: the profile's ``machinery_*``), ``e`` is
+  worked out per sweep (every table counted as an SSD call where the sweep's measured I/O
+  touched the SSD tier) and the recorded compute loses the ``sweep_step`` per step that ``e``
+  replaces;
+* ``beside``: the host form until run AJ, the kernels beside the engine's work:
+  ``max(c, r, w, e, (r + w) / cores + c)``;
 * ``contended``: ``max(e, c + max(r, w))``, the steps and the I/O threads slowing each other
   down fully while both run (on two cores, each op split over both waits for its shard on the
   core an I/O thread shares). Not the planner's form: replayed on runs AE-AH it put fewer runs
-  within 25 % than ``engine`` (docs/results-history.md, "One form for every sweep?").
-* ``main_adds``: ``max(c + e, r, w, (r + w) / cores + c)``, the engine's own work and the
-  steps' kernels one after the other on the main thread; ``main_adds_all`` with ``e`` in the
-  cores' share too; ``half``: ``max(c + e / cores, r, w, e, (r + w + e) / cores + c)``. Not
-  the planner's forms: on the fixed policies of runs AE-AI they put 41, 29 and 41 of 55 runs
-  within 25 % against 46 for ``engine`` (docs/results-history.md, "Auto's plans, sweep by
-  sweep").
+  within 25 % than ``beside`` (docs/results-history.md, "One form for every sweep?").
+* ``main_adds_all``: ``max(c + e, r, w, (r + w) / cores + c + e)``, ``e`` in the cores'
+  share too; ``half``: ``max(c + e / cores, r, w, e, (r + w + e) / cores + c)``. Not the
+  planner's forms (docs/results-history.md, "The kernels after the engine's own work").
 
 Each run's epoch is its recorded prediction less its recorded sweeps plus the replayed ones,
 held against its fastest timed epoch (the sweeps replayed are that epoch's). Recordings since
 run AJ keep ``auto``'s sweeps too: each round's first plan (the epochs held against the plan's
-own prediction) and, where it re-planned, its last plan, replayed as rows of their own. Prints one line per
-run and, per form, how many runs fall within 25 % and the mean absolute error.
+own prediction) and, where it re-planned, its last plan, replayed as rows of their own. Prints
+one line per run and, per form, how many runs fall within 25 % and the mean absolute error.
 """
 
 import argparse
@@ -70,9 +70,9 @@ def _contended(parts: dict, overlap: float, parallel: float, cores: int) -> floa
     return max(parts.get("machinery", 0.0), c + max(r, w))
 
 
-def _main_adds(parts: dict, overlap: float, parallel: float, cores: int) -> float:
+def _beside(parts: dict, overlap: float, parallel: float, cores: int) -> float:
     c, r, w, e = parts["compute"], parts["reads"], parts["writes"], parts.get("machinery", 0.0)
-    return max(c + e, r, w, (r + w) / cores + c)
+    return max(c, r, w, e, (r + w) / cores + c)
 
 
 def _main_adds_all(parts: dict, overlap: float, parallel: float, cores: int) -> float:
@@ -85,8 +85,8 @@ def _half(parts: dict, overlap: float, parallel: float, cores: int) -> float:
     return max(c + e / cores, r, w, e, (r + w + e) / cores + c)
 
 
-FORMS = {"threads": _threads, "cores": _cores, "engine": _engine, "contended": _contended,
-         "main_adds": _main_adds, "main_adds_all": _main_adds_all, "half": _half}
+FORMS = {"threads": _threads, "cores": _cores, "beside": _beside, "engine": _engine,
+         "contended": _contended, "main_adds_all": _main_adds_all, "half": _half}
 KINDS = ("forward", "top", "backward", "params")
 TABLES = {"forward": 2, "top": 2, "backward": 3, "params": 2}  # a 3-layer GCN's step's calls
 

@@ -22,7 +22,8 @@ the parts, in the schedule's order, for the plan's chart:
   sweep's reads ``r`` and writes ``w`` (the profile's `io_parallel`, measured too), and no
   longer than the host's cores need for them. Where the steps run on the host's cores too
   (the CPU backend), the three threads share the cores instead: ``max(c, r, w, (r + w) /
-  cores + c)`` (`HostCores`).
+  cores + c)``, and the kernels run after the engine's own work for the steps ``e``, not
+  beside it: ``c + e`` (`HostCores`).
 
 Every I/O term is linear in the tier indicators of the blocks (except the all-on-device fast
 paths, which the planner handles with one binary per tensor), which is what lets the planner
@@ -1657,6 +1658,14 @@ class Sweep:
         io = self.io_seconds(parallel, cores)
         return max(self.compute + io - overlap * min(self.compute, io), self.machinery)
 
+    def engine_bound(self, cores: Optional["HostCores"] = None) -> float:
+        """The least the sweep takes for its steps alone: the engine's own work for them
+        (``machinery``) and, where the steps run on the host's cores, their kernels after it
+        (`HostCores.sweep_seconds`); on an accelerator the kernels run beside it."""
+        if cores is not None and cores.compute_on_host:
+            return self.compute + self.machinery
+        return self.machinery
+
 
 @dataclasses.dataclass(frozen=True)
 class HostCores:
@@ -1681,13 +1690,17 @@ class HostCores:
     def sweep_seconds(self, compute: float, reads: float, writes: float,
                       machinery: float = 0.0) -> float:
         """A sweep's seconds when its steps run on these cores (the class's form), and no
-        less than the engine's own work for the steps, ``machinery`` (`Sweep.machinery`):
-        mostly the Python of its three threads, which take turns on the interpreter. That
-        work overlaps the kernels and the bytes moved (the reads' and writes' prices hold
-        their threads' per-row work already): replayed on 33 recorded runs, adding it to the
-        cores' share over-priced them by 9 % on average, bounding with it alone by -1 %
-        (docs/planner.md, "The engine's own work for the steps")."""
-        return max(compute, reads, writes, machinery, (reads + writes) / self.count + compute)
+        less than the engine's own work for the steps, ``machinery`` (`Sweep.machinery`),
+        followed by their kernels: that work (mostly the Python of its three threads, which
+        take turns on the interpreter) does not run beside the kernels, which take every
+        core. On the probe's own graph made 64 to 256 features wide (600-row partitions,
+        host blocks), the sweeps whose kernels were priced at 0.4-4.2 ms a step took their
+        kernels plus the engine's work within 20 %, against 1.3-2x the larger of the two
+        (docs/planner.md, "The engine's own work for the steps"). It overlaps the bytes
+        moved (the reads' and writes' prices hold their threads' per-row work already):
+        adding it to the cores' share too over-priced the recorded runs (9 % on average on
+        33 runs, `tools/replay_sweeps.py`'s ``main_adds_all``)."""
+        return max(compute + machinery, reads, writes, (reads + writes) / self.count + compute)
 
     def io_bound(self, reads: float, writes: float) -> float:
         """The least I/O time the cores allow: each thread on a core of its own, their work

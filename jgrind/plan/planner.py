@@ -426,8 +426,14 @@ class _Program:
             c, c_lin = self._sweep_compute(kind, l)
             terms, const = self._sweep_machinery(kind, l)
             if terms or const:
-                self.add({self.t0 + s: 1.0, **{key: -v for key, v in terms.items()}}, const,
-                         np.inf)
+                bound = {self.t0 + s: 1.0, **{key: -v for key, v in terms.items()}}
+                if self.cores is not None and self.cores.compute_on_host:
+                    # the kernels run after the engine's work, not beside it
+                    # (`Sweep.engine_bound`)
+                    for key, v in c_lin.items():
+                        _addto(bound, key, -v)
+                    const += c
+                self.add(bound, const, np.inf)
             self._epigraph(s, (reads, read_const), (writes, write_const), c, c_lin)
 
     def _sweep_machinery(self, kind: str, l: int):

@@ -37,7 +37,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from jgrind.plan.check import PLAN_MARGIN
-from jgrind.plan.cost import Prediction, predict
+from jgrind.plan.cost import HostCores, Prediction, predict
 from jgrind.plan.planner import plan as plan_for
 
 __all__ = ["MAX_REPLANS", "REPLAN_GAIN", "REVIEW_EPOCHS", "Calibration", "Replan", "Replanner",
@@ -98,9 +98,11 @@ def _parts(prediction: Prediction, w, a, profile, cache: int, num_params: int) -
     io = sum(s.reads + s.writes for s in prediction.sweeps)
     fast_ssd = predict(w, a, Calibration(ssd=1e-6).profile(profile), cache, num_params)
     ssd = max(0.0, io - sum(s.reads + s.writes for s in fast_ssd.sweeps))
-    # the measured compute is the sweeps' time the I/O did not hold up: the steps' kernels,
-    # or the engine's own time for them where that is longer (`Sweep.machinery`)
-    return {"compute": sum(max(s.compute, s.machinery) for s in prediction.sweeps),
+    # the measured compute is the sweeps' time the I/O did not hold up: the steps' kernels
+    # and the engine's own time for them (`Sweep.engine_bound`: after it on the host's
+    # cores, the longer of the two on an accelerator)
+    cores = HostCores.of(profile)
+    return {"compute": sum(max(s.compute, s.engine_bound(cores)) for s in prediction.sweeps),
             "memory": io - ssd, "ssd": ssd}
 
 
