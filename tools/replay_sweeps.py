@@ -27,7 +27,7 @@ Forms (`jgrind.plan.cost.Sweep.seconds`):
   within 25 % than ``beside`` (docs/results-history.md, "One form for every sweep?").
 * ``main_adds_all``: ``max(c + e, r, w, (r + w) / cores + c + e)``, ``e`` in the cores'
   share too; ``half``: ``max(c + e / cores, r, w, e, (r + w + e) / cores + c)``. Not the
-  planner's forms (docs/results-history.md, "The kernels after the engine's own work").
+  planner's forms (docs/results-history.md, "Run AJ, and auto's plans sweep by sweep").
 
 Each run's epoch is its recorded prediction less its recorded sweeps plus the replayed ones,
 held against its fastest timed epoch (the sweeps replayed are that epoch's). Recordings since
