@@ -1697,9 +1697,10 @@ class HostCores:
         host blocks), the sweeps whose kernels were priced at 0.4-4.2 ms a step took their
         kernels plus the engine's work within 20 %, against 1.3-2x the larger of the two
         (docs/planner.md, "The engine's own work for the steps"). It overlaps the bytes
-        moved (the reads' and writes' prices hold their threads' per-row work already):
-        adding it to the cores' share too over-priced the recorded runs (9 % on average on
-        33 runs, `tools/replay_sweeps.py`'s ``main_adds_all``)."""
+        moved (the reads' and writes' prices hold their threads' per-row work already): in
+        the cores' share as well it over-priced the recorded runs (``(r + w + e) / cores +
+        c``: 9 % on average on run AE; with ``c + e`` beside it, `tools/replay_sweeps.py`'s
+        ``main_adds_all``, 29 of the 55 fixed-policy runs of AE-AI within 25 %)."""
         return max(compute + machinery, reads, writes, (reads + writes) / self.count + compute)
 
     def io_bound(self, reads: float, writes: float) -> float:
