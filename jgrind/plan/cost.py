@@ -1693,10 +1693,11 @@ class HostCores:
         less than the engine's own work for the steps, ``machinery`` (`Sweep.machinery`),
         followed by their kernels: that work (mostly the Python of its three threads, which
         take turns on the interpreter) does not run beside the kernels, which take every
-        core. On the probe's own graph made 64 to 256 features wide (600-row partitions,
-        host blocks), the sweeps whose kernels were priced at 0.4-4.2 ms a step took their
-        kernels plus the engine's work within 20 %, against 1.3-2x the larger of the two
-        (docs/planner.md, "The engine's own work for the steps"). It overlaps the bytes
+        core. On the probe's own graph made 128 and 256 features wide (600-row partitions,
+        host blocks; `tools/probe_engine_widths.py`), the sweeps whose kernels were priced at
+        0.9-4.2 ms a step took -9 to +21 % of their kernels plus the engine's work, and 9-47 %
+        more than the larger of the two (docs/planner.md, "The engine's own work for the
+        steps"). It overlaps the bytes
         moved (the reads' and writes' prices hold their threads' per-row work already): in
         the cores' share as well it over-priced the recorded runs (``(r + w + e) / cores +
         c``: 9 % on average on run AE; with ``c + e`` beside it, `tools/replay_sweeps.py`'s
