@@ -189,3 +189,36 @@ def test_a_review_calibrates_to_the_median_epoch_not_an_outlier():
     assert review.plan is None and review.record["epochs"] == [1, 2, 3]
     assert abs(review.record["calibration"]["compute"] - 1) < 1e-6
     assert not replanner.due and not replanner.seen
+
+
+def test_a_review_counts_the_engines_own_work_in_the_measured_compute_on_the_host():
+    """On the host's cores a sweep's measured compute (the main thread's time outside its I/O
+    waits) is its kernels *and* the engine's own work for its steps, one after the other
+    (`Sweep.engine_bound`). Epochs measured exactly as the plan prices them calibrate the
+    compute by 1; counting only the larger of the two would read the engine's work as slow
+    kernels and scale the compute up."""
+    from test_planner import MACHINERY
+    from jgrind.plan.cost import HostCores
+    from jgrind.plan.profile import machine_fingerprint
+    graph, model = _small()
+    machine = {**machine_fingerprint(), "cores": 2, "backend": "cpu"}
+    # the engine's work per step about as long as the small graph's kernels
+    profile = fixed_profile(machine=machine, **{k: v / 50 for k, v in MACHINERY.items()})
+    plan = plan_run(graph, model, profile, device_budget=_device_floor(graph, model),
+                    host_budget=1 << 30, num_parts=4)
+    p = plan.prediction
+    cores = HostCores.of(profile)
+    assert cores.compute_on_host
+    # both parts weigh in what the sweeps measure: the test checks something
+    kernels, engine = (sum(s.compute for s in p.sweeps), sum(s.machinery for s in p.sweeps))
+    assert 0.3 < engine / kernels < 3
+    replanner = Replanner(plan, profile, 0)
+    for epoch in (1, 2, 3):
+        sweeps = [(s.label, p.sweep_seconds(s)) for s in p.sweeps]
+        parts = [{"compute": s.engine_bound(cores), "reads": {"host": s.reads},
+                  "writes": {"host": s.writes}, "read_wait": 0.0, "write_wait": 0.0}
+                 for s in p.sweeps]
+        replanner.observe(check_epoch(p, sweeps, p.epoch_seconds, epoch=epoch,
+                                      measured_parts=parts), parts)
+    review = replanner.review()
+    assert review.record["calibration"]["compute"] == pytest.approx(1.0, abs=1e-3)
