@@ -2,7 +2,7 @@
 price, from the model's own compute, reads and writes per sweep that
 ``tools/bench_planner.py accuracy --json FILE`` records for every timed epoch.
 
-    python tools/replay_sweeps.py experiments/results/planner/accuracy-2026-11-28-run-ac.json
+    python tools/replay_sweeps.py experiments/results/planner/accuracy-2026-11-29-run-a{j,k,l}.json
     python tools/replay_sweeps.py FILE... --engine-step 1.6,2.35,2.46,1.65,0.37
 
 Forms (`jgrind.plan.cost.Sweep.seconds`):
@@ -11,8 +11,10 @@ Forms (`jgrind.plan.cost.Sweep.seconds`):
   min(c, io)``, with ``io = r + w - io_parallel min(r, w)`` capped by the cores at
   ``max(r, w, (r + w) / cores + c)`` (which counted the steps twice);
 * ``cores``: the host form from e09f96d, ``max(c, r, w, (r + w) / cores + c)``;
-* ``engine``: the current host form, with the engine's own work for the steps ``e``:
-  ``max(c + e, r, w, (r + w) / cores + c)`` (`jgrind.plan.cost.HostCores`): the steps'
+* ``alone``: the current host form (`jgrind.plan.cost.HostCores`), the kernels on every
+  core and the rest around them: ``c + max(e, r, w, (e + r + w) / cores)``;
+* ``engine``: the host form from 399c209 until ``alone``, with the engine's own work for the
+  steps ``e``: ``max(c + e, r, w, (r + w) / cores + c)``: the steps'
   kernels after the engine's work, not beside it. A run recorded with it keeps its ``e`` per
   sweep; for an older recording, ``--engine-step`` gives the figures in ms (forward, top,
   backward, first layer's backward, per SSD call: the profile's ``machinery_*``), ``e`` is
@@ -55,11 +57,16 @@ def _threads(parts: dict, overlap: float, parallel: float, cores: int) -> float:
 
 
 def _cores(parts: dict, overlap: float, parallel: float, cores: int) -> float:
-    sweep = Sweep("", 0, "", parts["compute"], parts["reads"], parts["writes"], ())
-    return sweep.seconds(overlap, parallel, HostCores(cores, compute_on_host=True))
+    c, r, w = parts["compute"], parts["reads"], parts["writes"]
+    return max(c, r, w, (r + w) / cores + c)
 
 
 def _engine(parts: dict, overlap: float, parallel: float, cores: int) -> float:
+    c, r, w, e = parts["compute"], parts["reads"], parts["writes"], parts.get("machinery", 0.0)
+    return max(c + e, r, w, (r + w) / cores + c)
+
+
+def _alone(parts: dict, overlap: float, parallel: float, cores: int) -> float:
     sweep = Sweep("", 0, "", parts["compute"], parts["reads"], parts["writes"], (),
                   machinery=parts.get("machinery", 0.0))
     return sweep.seconds(overlap, parallel, HostCores(cores, compute_on_host=True))
@@ -86,7 +93,8 @@ def _half(parts: dict, overlap: float, parallel: float, cores: int) -> float:
 
 
 FORMS = {"threads": _threads, "cores": _cores, "beside": _beside, "engine": _engine,
-         "contended": _contended, "main_adds_all": _main_adds_all, "half": _half}
+         "contended": _contended, "main_adds_all": _main_adds_all, "half": _half,
+         "alone": _alone}
 KINDS = ("forward", "top", "backward", "params")
 TABLES = {"forward": 2, "top": 2, "backward": 3, "params": 2}  # a 3-layer GCN's step's calls
 

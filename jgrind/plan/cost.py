@@ -21,9 +21,9 @@ the parts, in the schedule's order, for the plan's chart:
   The two threads also run beside each other: ``io = r + w - parallel * min(r, w)`` for the
   sweep's reads ``r`` and writes ``w`` (the profile's `io_parallel`, measured too), and no
   longer than the host's cores need for them. Where the steps run on the host's cores too
-  (the CPU backend), the three threads share the cores instead: ``max(c, r, w, (r + w) /
-  cores + c)``, and the kernels run after the engine's own work for the steps ``e``, not
-  beside it: ``c + e`` (`HostCores`).
+  (the CPU backend), the kernels take every core while they run, and the rest (the engine's
+  own work for the steps ``e``, the reads and the writes) shares the cores around them:
+  ``c + max(e, r, w, (e + r + w) / cores)`` (`HostCores`).
 
 Every I/O term is linear in the tier indicators of the blocks (except the all-on-device fast
 paths, which the planner handles with one binary per tensor), which is what lets the planner
@@ -1672,37 +1672,35 @@ class HostCores:
     """The host cores a sweep's reader and writer threads share, and whether the step's
     compute shares them too (the CPU backend) or runs on an accelerator.
 
-    On the host, a sweep's three threads (the steps, the reader, the writer) each take at
-    least their own time, and together no less than their work spread over the cores, the
-    steps' ops running on every core: the sweep takes ``max(c, r, w, (r + w) / cores + c)``.
-    That one form covers both ends the profile and the engine show: beside steps as long as
-    the I/O, reads and writes hardly run side by side (the profile's `io_parallel` measures
-    0.00-0.33 there, and its overlap of one I/O thread with a step near 0.5 on two cores:
-    what the form gives); in a write-heavy backward whose steps are short, the two threads
-    have the cores to themselves (on the planner benchmark's ``ssd`` configuration, 2 cores,
-    backward 1 read for 4.0 s and wrote for 5.3 s inside a 5.4 s sweep, its steps' 1.2 s
-    hidden). It reads no measured overlap: the profile's spread 0.22-0.67 over one hour on
-    one machine, too noisy to price from (docs/planner.md, "The host's cores")."""
+    On the host, a step's kernels take every core while they run (XLA's CPU backend splits
+    each op over all of them), and nothing else gets far beside them: the engine's own work
+    for the steps (mostly the Python of its three threads, which take turns on the
+    interpreter), the reader's gathers and the writer's stores and scatter-adds run in the
+    time around the kernels, each on a core of its own at most and all of them together
+    spread over the cores. A sweep takes ``c + max(e, r, w, (e + r + w) / cores)``.
+
+    What this rests on (docs/planner.md, "The host's cores"): the engine probe's own
+    workload made 128 and 256 features wide ran its sweeps at -9 to +21 % of their kernels
+    plus the engine's work, 9-47 % over the larger of the two (`tools/probe_engine_widths.py`);
+    deep-sage's scatter-adds into an SSD gradient took 1.11-1.25 s a sweep alone against
+    1.255 s priced, and 1.58-1.80 s on the writer thread inside the epoch, where the sweep's
+    kernels are priced at 0.3 s (`tools/bench_accumulate.py`). Replayed on the 80 runs
+    recorded with their own sweeps (runs AJ-AL, `tools/replay_sweeps.py`, ``alone``): 62
+    within 25 %, mean error -0.1 %, largest 41 %, against 55, -7.1 % and 51 % for ``max(c +
+    e, r, w, (r + w) / cores + c)``, the form until then, whose I/O ran beside the kernels.
+    It reads no measured overlap: the profile's spread 0.22-0.67 over one hour on one
+    machine, too noisy to price from."""
 
     count: int
     compute_on_host: bool
 
     def sweep_seconds(self, compute: float, reads: float, writes: float,
                       machinery: float = 0.0) -> float:
-        """A sweep's seconds when its steps run on these cores (the class's form), and no
-        less than the engine's own work for the steps, ``machinery`` (`Sweep.machinery`),
-        followed by their kernels: that work (mostly the Python of its three threads, which
-        take turns on the interpreter) does not run beside the kernels, which take every
-        core. On the probe's own graph made 128 and 256 features wide (600-row partitions,
-        host blocks; `tools/probe_engine_widths.py`), the sweeps whose kernels were priced at
-        0.9-4.2 ms a step took -9 to +21 % of their kernels plus the engine's work, and 9-47 %
-        more than the larger of the two (docs/planner.md, "The engine's own work for the
-        steps"). It overlaps the bytes
-        moved (the reads' and writes' prices hold their threads' per-row work already): in
-        the cores' share as well it over-priced the recorded runs (``(r + w + e) / cores +
-        c``: 9 % on average on run AE; with ``c + e`` beside it, `tools/replay_sweeps.py`'s
-        ``main_adds_all``, 29 of the 55 fixed-policy runs of AE-AI within 25 %)."""
-        return max(compute + machinery, reads, writes, (reads + writes) / self.count + compute)
+        """A sweep's seconds when its steps run on these cores (the class's form): its
+        kernels ``compute``, then the engine's own work for the steps ``machinery``
+        (`Sweep.machinery`), the reads and the writes around them."""
+        return compute + max(machinery, reads, writes,
+                             (machinery + reads + writes) / self.count)
 
     def io_bound(self, reads: float, writes: float) -> float:
         """The least I/O time the cores allow: each thread on a core of its own, their work

@@ -8,8 +8,9 @@ The problem (see docs/planner.md for the derivation):
   none: recomputing a block needs the whole previous layer).
 * **Cost.** `jgrind.plan.cost`: a sweep's I/O is linear in those counts, its compute is fixed
   once the recomputed layers are known, and its time is the maximum of four linear
-  functions: where the steps run on the host's cores, ``max(c, r, w, (r + w) / cores + c)``
-  for its reads and writes (`jgrind.plan.cost.HostCores`); on an accelerator
+  functions: where the steps run on the host's cores, ``c + max(e, r, w, (e + r + w) /
+  cores)`` for its reads, writes and the engine's own work for its steps
+  (`jgrind.plan.cost.HostCores`); on an accelerator
   ``c + io - overlap * min(c, io)``, with ``io = r + w - parallel * min(r, w)``. The epoch is
   the sum over sweeps. (On an accelerator the model also caps ``io`` by what the host's cores
   allow, a minimum, which the program takes in rounds: `CAPPED_ROUNDS`.)
@@ -425,15 +426,14 @@ class _Program:
             reads, writes, read_const, write_const = self._sweep_io(kind, l)
             c, c_lin = self._sweep_compute(kind, l)
             terms, const = self._sweep_machinery(kind, l)
+            if self.cores is not None and self.cores.compute_on_host:
+                # the kernels, then the engine's work beside the I/O (`HostCores`)
+                self._shared_cores(s, (reads, read_const), (writes, write_const), c, c_lin,
+                                   (terms, const))
+                continue
             if terms or const:
-                bound = {self.t0 + s: 1.0, **{key: -v for key, v in terms.items()}}
-                if self.cores is not None and self.cores.compute_on_host:
-                    # the kernels run after the engine's work, not beside it
-                    # (`Sweep.engine_bound`)
-                    for key, v in c_lin.items():
-                        _addto(bound, key, -v)
-                    const += c
-                self.add(bound, const, np.inf)
+                self.add({self.t0 + s: 1.0, **{key: -v for key, v in terms.items()}},
+                         const, np.inf)
             self._epigraph(s, (reads, read_const), (writes, write_const), c, c_lin)
 
     def _sweep_machinery(self, kind: str, l: int):
@@ -565,17 +565,13 @@ class _Program:
         ``c`` the same. (The engine's own work for the steps bounds ``T_s`` too:
         `sweep_times` adds that row, `_sweep_machinery`.)
 
-        Where the steps run on the host's cores (`HostCores.sweep_seconds`): ``T_s >= c``,
-        ``r``, ``w`` and ``(r + w) / cores + c``, four constraints, exact. Elsewhere
+        Where the steps run on the host's cores, `_shared_cores` instead. Elsewhere
         ``T_s >= c + (1-eta) io`` and ``T_s >= io + (1-eta) c``, where the sweep's I/O
         ``io = r + w - par min(r, w) = max(r + (1-par) w, w + (1-par) r)``: four
         constraints, as T grows with io; where `capped` marks the sweep, ``io`` is instead
         what the cores allow, ``max(r, w, (r + w) / cores)`` (`HostCores.io_bound`), six
         constraints. The model prices the smaller of the two; `_solve` picks each sweep's
         from the last solution."""
-        if self.cores is not None and self.cores.compute_on_host:
-            self._shared_cores(s, reads, writes, c, c_lin)
-            return
         eta, par = self.eta, self.par
         threads = []
         for (long, long_const), (short, short_const) in ((reads, writes), (writes, reads)):
@@ -604,18 +600,23 @@ class _Program:
             self.add(first, c + (1 - eta) * io_const, np.inf)
             self.add(second, (1 - eta) * c + io_const, np.inf)
 
-    def _shared_cores(self, s: int, reads, writes, c: float, c_lin: dict) -> None:
-        """`_epigraph` where the steps, the reader and the writer share the host's cores."""
-        (r, r_const), (wr, w_const) = reads, writes
+    def _shared_cores(self, s: int, reads, writes, c: float, c_lin: dict, machinery) -> None:
+        """The sweep's price where the steps, the reader and the writer share the host's cores
+        (`HostCores.sweep_seconds`): ``T_s >= c + e``, ``c + r``, ``c + w`` and ``c + (e + r +
+        w) / cores``, four constraints, exact; ``machinery``: the engine's own work ``e``
+        (`_sweep_machinery`), ``({variable: seconds}, constant seconds)`` as the others."""
+        (r, r_const), (wr, w_const), (e, e_const) = reads, writes, machinery
         count = self.cores.count
-        used = {key: v / count for key, v in r.items()}
-        for key, v in wr.items():
-            _addto(used, key, v / count)
-        for key, v in c_lin.items():
-            _addto(used, key, v)
-        for terms, const in ((c_lin, c), (r, r_const), (wr, w_const),
-                             (used, (r_const + w_const) / count + c)):
-            self.add({self.t0 + s: 1.0, **{key: -v for key, v in terms.items()}}, const, np.inf)
+        spread = {}
+        for terms in (r, wr, e):
+            for key, v in terms.items():
+                _addto(spread, key, v / count)
+        for terms, const in ((e, e_const), (r, r_const), (wr, w_const),
+                             (spread, (r_const + w_const + e_const) / count)):
+            bound = {self.t0 + s: 1.0}
+            for key, v in (*terms.items(), *c_lin.items()):
+                _addto(bound, key, -v)
+            self.add(bound, const + c, np.inf)
 
     def capped_at(self, solution: np.ndarray) -> tuple[Optional[tuple], float]:
         """Per sweep, whether the cores' price of its I/O is the smaller at ``solution``, and

@@ -127,11 +127,11 @@ def _sweep_form(p) -> str:
     engine = any(s.machinery for s in p.sweeps)
     if p.cores is not None and p.cores.compute_on_host:
         if engine:
-            return (f"steps, reads and writes sharing the host's {p.cores.count} cores, the "
-                    "kernels after the engine's own work e: max(c + e, r, w, (r + w) / cores "
-                    "+ c)")
-        return (f"steps, reads and writes sharing the host's {p.cores.count} cores: "
-                "max(c, r, w, (r + w) / cores + c)")
+            return (f"the kernels on all of the host's {p.cores.count} cores, the engine's "
+                    "own work e, reads and writes around them: c + max(e, r, w, (e + r + w) "
+                    "/ cores)")
+        return (f"the kernels on all of the host's {p.cores.count} cores, reads and writes "
+                "around them: c + max(r, w, (r + w) / cores)")
     return (f"overlap factor {p.overlap:.2f}, reads beside writes {p.parallel:.2f}"
             + ("; at least the engine's own work e" if engine else ""))
 
