@@ -8,8 +8,9 @@ The rule (docs/planner.md, "Re-planning"):
    when the run ends sooner, the profile is *calibrated* to their median (`median_epoch`:
    every sweep's parts, sweep by sweep and part by part): the cost model's compute, its
    host/device I/O and its SSD I/O are each scaled by measured over predicted, summed over
-   the sweeps' parts (`jgrind.engine.timing`), and the overlap of I/O with compute is fitted
-   to the measured sweeps' total. One epoch is too noisy to plan from: the main job's first
+   the sweeps' parts (`jgrind.engine.timing`; where the steps run on the host's cores, an I/O
+   thread's seconds less the share of its sweep the kernels held the cores, `kernel_shares`),
+   and the overlap of I/O with compute is fitted to the measured sweeps' total. One epoch is too noisy to plan from: the main job's first
    timed epoch took 0.237, 0.235 and 0.354 s in three runs of the same plan.
 2. With that profile the current plan is priced again, and the planner plans again over the
    same partitions, budgets and store (`jgrind.plan.planner.plan`).
@@ -106,16 +107,34 @@ def _parts(prediction: Prediction, w, a, profile, cache: int, num_params: int) -
             "memory": io - ssd, "ssd": ssd}
 
 
-def measured_parts(sweep_parts: Sequence[dict]) -> dict:
+def measured_parts(sweep_parts: Sequence[dict],
+                   kernel_shares: Optional[Sequence[float]] = None) -> dict:
     """An epoch's measured compute, host/device I/O and SSD I/O seconds, summed over its
-    sweeps (`jgrind.engine.runner.Runner.sweep_parts`)."""
+    sweeps (`jgrind.engine.runner.Runner.sweep_parts`). ``kernel_shares``: per sweep, the
+    share of its time the steps' kernels held the host's cores (`kernel_shares`); that
+    share of each I/O thread's time stood still behind them, and is not its own work."""
     out = {"compute": 0.0, "memory": 0.0, "ssd": 0.0}
-    for parts in sweep_parts:
+    for i, parts in enumerate(sweep_parts):
         out["compute"] += parts["compute"]
+        own = 1.0 - (kernel_shares[i] if kernel_shares is not None else 0.0)
         for side in ("reads", "writes"):
             for tier, seconds in parts[side].items():
-                out["ssd" if tier == "ssd" else "memory"] += seconds
+                out["ssd" if tier == "ssd" else "memory"] += own * seconds
     return out
+
+
+def kernel_shares(prediction: Prediction, sweep_seconds: Sequence[float],
+                  cores: Optional[HostCores]) -> Optional[list]:
+    """Per sweep, the share of its measured ``sweep_seconds`` that the steps' kernels take
+    where they run on the host's cores (`HostCores`: nothing else gets far beside them), or
+    None where they do not, or the sweeps do not match. An I/O thread spread over the sweep
+    stands still that share of its time, so its measured seconds are its own work over one
+    less the share: the form prices the work alone, after the kernels."""
+    if cores is None or not cores.compute_on_host or \
+            len(sweep_seconds) != len(prediction.sweeps):
+        return None
+    return [min(1.0, s.compute / t) if t > 0 else 0.0
+            for s, t in zip(prediction.sweeps, sweep_seconds)]
 
 
 def calibrate(base, w, a, cache: int, num_params: int, sweep_parts: Sequence[dict],
@@ -124,12 +143,14 @@ def calibrate(base, w, a, cache: int, num_params: int, sweep_parts: Sequence[dic
     ``w`` is predicted as measured: each part's total as the epoch's ``sweep_parts``, the
     sweeps' total as ``sweep_seconds``. Returns it, the calibrated profile and the
     prediction. A part the model or the measurement puts at nothing keeps its factor."""
-    measured = measured_parts(sweep_parts)
+    cores = HostCores.of(base)
     factors = {"compute": 1.0, "memory": 1.0, "ssd": 1.0}
     for _ in range(_ITERATIONS):
         profile = Calibration(**factors).profile(base)
         prediction = predict(w, a, profile, cache, num_params)
         predicted = _parts(prediction, w, a, profile, cache, num_params)
+        measured = measured_parts(sweep_parts,
+                                  kernel_shares(prediction, sweep_seconds, cores))
         for part in factors:
             if predicted[part] > 1e-12 and measured[part] > 0:
                 factors[part] *= measured[part] / predicted[part]
