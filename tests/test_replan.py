@@ -99,17 +99,20 @@ def _device_floor(graph, model) -> int:
     return int(Workload.build(pg, model).working_set() * 1.05)
 
 
-def _as_measured(p, profile, slow: float = 1.0, ssd_writes: float = 0.0) -> list:
+def _as_measured(p, profile, slow: float = 1.0, ssd_writes: float = 0.0,
+                 sweep_scale: float = 1.0) -> list:
     """Every sweep's parts as the engine times them when it runs ``slow`` times the plan's
     own prices (`jgrind.engine.timing`): the main thread's compute is the kernels and the
     engine's own work for them; on the host's cores an I/O thread's seconds hold the share
     of its sweep that the kernels held the cores (`jgrind.plan.replan.kernel_shares`).
-    ``ssd_writes``: seconds of SSD writes added to every sweep."""
+    ``ssd_writes``: seconds of SSD writes added to every sweep; ``sweep_scale``: the sweeps
+    measured that much longer than priced, by time no part shows."""
     from jgrind.plan.cost import HostCores
     from jgrind.plan.replan import kernel_shares
     cores = HostCores.of(profile)
-    shares = kernel_shares(p, [p.sweep_seconds(s) for s in p.sweeps], cores) \
-        or [0.0] * len(p.sweeps)
+    seconds = [sweep_scale * p.sweep_seconds(s) for s in p.sweeps]
+    main = [{"compute": max(s.compute, s.engine_bound(cores))} for s in p.sweeps]
+    shares = kernel_shares(p, main, seconds, cores) or [0.0] * len(p.sweeps)
     parts = []
     for s, q in zip(p.sweeps, shares):
         writes = {"host": slow * s.writes / (1 - q)}
@@ -268,3 +271,30 @@ def test_a_review_on_the_host_reads_the_io_threads_work_without_the_kernels_time
     assert calibration.memory == pytest.approx(1.0, rel=1e-3)
     assert calibration.compute == pytest.approx(1.0, rel=1e-3)
     assert repriced.epoch_seconds == pytest.approx(p.epoch_seconds, rel=1e-2)
+
+
+def test_a_review_holds_the_run_against_what_its_sweeps_measured():
+    """Parts measured as priced but every sweep 1.2x its price: time that no part of the form
+    holds (the main job's reviews on the host re-priced its plan 20 % under the epochs they
+    reviewed). The review keeps it as a residual on every sweep: the plan re-priced at what
+    the reviewed epochs measured, the new plan priced with the same residual, and the plan
+    kept, as it would be without the residual."""
+    graph, model = _small()
+    profile = fixed_profile()
+    plan = plan_run(graph, model, profile, device_budget=_device_floor(graph, model),
+                    host_budget=1 << 30, num_parts=4)
+    p = plan.prediction
+    parts = _as_measured(p, profile, sweep_scale=1.2)
+    sweeps = [(s.label, 1.2 * p.sweep_seconds(s)) for s in p.sweeps]
+    measured = sum(t for _, t in sweeps) + p.update_seconds
+    check = check_epoch(p, sweeps, measured, epoch=1, measured_parts=parts)
+    calibration, _, repriced = calibrate(profile, plan.workload, plan.assignment,
+                                         plan.cache_bytes, 0, parts, [t for _, t in sweeps])
+    assert calibration.residual == pytest.approx(1.2, rel=1e-2)
+    assert abs(calibration.compute - 1) < 1e-3 and abs(calibration.memory - 1) < 1e-3
+    assert repriced.epoch_seconds == pytest.approx(measured, rel=1e-2)
+    review = Replanner(plan, profile, 0).review(check, parts)
+    assert review.plan is None
+    assert review.record["repriced_seconds"] == pytest.approx(measured, rel=1e-2)
+    # the same plan planned again carries the residual too: it is priced as re-priced
+    assert review.record["new_predicted_seconds"] == pytest.approx(measured, rel=1e-2)

@@ -1934,11 +1934,14 @@ class Prediction:
     parallel: float         # share of a sweep's reads and writes that run side by side
 
     cores: Optional[HostCores] = None  # the host's cores: `Sweep.io_seconds`
+    # measured over priced sweeps that a review of a run's epochs found left once its parts
+    # were calibrated (`jgrind.plan.replan.calibrate`): time that no part of the form holds
+    residual: float = 1.0
 
     def sweep_seconds(self, sweep: Sweep, overlap: Optional[float] = None) -> float:
         """``sweep``'s seconds, at ``overlap`` instead of the profile's when given."""
-        return sweep.seconds(self.overlap if overlap is None else overlap, self.parallel,
-                             self.cores)
+        return self.residual * sweep.seconds(self.overlap if overlap is None else overlap,
+                                             self.parallel, self.cores)
 
     def io_seconds(self, sweep: Sweep) -> float:
         return sweep.io_seconds(self.parallel, self.cores)

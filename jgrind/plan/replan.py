@@ -9,7 +9,7 @@ The rule (docs/planner.md, "Re-planning"):
    every sweep's parts, sweep by sweep and part by part): the cost model's compute, its
    host/device I/O and its SSD I/O are each scaled by measured over predicted, summed over
    the sweeps' parts (`jgrind.engine.timing`; where the steps run on the host's cores, an I/O
-   thread's seconds less the share of its sweep the kernels held the cores, `kernel_shares`),
+   thread's seconds less the share of its sweep the kernels took, `kernel_shares`),
    and the overlap of I/O with compute is fitted to the measured sweeps' total. One epoch is too noisy to plan from: the main job's first
    timed epoch took 0.237, 0.235 and 0.354 s in three runs of the same plan.
 2. With that profile the current plan is priced again, and the planner plans again over the
@@ -42,7 +42,7 @@ from jgrind.plan.cost import HostCores, Prediction, predict
 from jgrind.plan.planner import plan as plan_for
 
 __all__ = ["MAX_REPLANS", "REPLAN_GAIN", "REVIEW_EPOCHS", "Calibration", "Replan", "Replanner",
-           "calibrate", "median_epoch"]
+           "calibrate", "kernel_shares", "median_epoch", "with_residual"]
 
 MAX_REPLANS = 3
 # The least predicted gain that re-plans after a slow epoch: a rebuild recompiles the steps.
@@ -75,6 +75,9 @@ class Calibration:
     memory: float = 1.0
     ssd: float = 1.0
     overlap: Optional[float] = None
+    # the measured sweeps over the calibrated ones: what the parts' factors and the overlap
+    # leave (`jgrind.plan.cost.Prediction.residual`)
+    residual: float = 1.0
 
     def profile(self, base):
         """``base`` (a `jgrind.plan.hardware.Profile`) with these factors applied."""
@@ -123,18 +126,26 @@ def measured_parts(sweep_parts: Sequence[dict],
     return out
 
 
-def kernel_shares(prediction: Prediction, sweep_seconds: Sequence[float],
-                  cores: Optional[HostCores]) -> Optional[list]:
-    """Per sweep, the share of its measured ``sweep_seconds`` that the steps' kernels take
+def kernel_shares(prediction: Prediction, sweep_parts: Sequence[dict],
+                  sweep_seconds: Sequence[float], cores: Optional[HostCores]) -> Optional[list]:
+    """Per sweep, the share of its measured ``sweep_seconds`` that the steps' kernels took
     where they run on the host's cores (`HostCores`: nothing else gets far beside them), or
-    None where they do not, or the sweeps do not match. An I/O thread spread over the sweep
-    stands still that share of its time, so its measured seconds are its own work over one
-    less the share: the form prices the work alone, after the kernels."""
+    None where they do not, or the sweeps do not match. The kernels' time is the sweep's
+    measured compute (the main thread's time outside its waits: kernels and the engine's own
+    work) in the share ``prediction`` gives the kernels of the two; read from the
+    measurement, not from a calibrated price, so that the calibration's factors do not move
+    it. An I/O thread spread over the sweep stands still that share of its time, so its
+    measured seconds are its own work over one less the share: the form prices the work
+    alone, after the kernels."""
     if cores is None or not cores.compute_on_host or \
-            len(sweep_seconds) != len(prediction.sweeps):
+            not (len(sweep_seconds) == len(sweep_parts) == len(prediction.sweeps)):
         return None
-    return [min(1.0, s.compute / t) if t > 0 else 0.0
-            for s, t in zip(prediction.sweeps, sweep_seconds)]
+    shares = []
+    for s, parts, t in zip(prediction.sweeps, sweep_parts, sweep_seconds):
+        main = s.compute + s.machinery
+        kernels = parts["compute"] * s.compute / main if main > 0 else 0.0
+        shares.append(min(1.0, kernels / t) if t > 0 else 0.0)
+    return shares
 
 
 def calibrate(base, w, a, cache: int, num_params: int, sweep_parts: Sequence[dict],
@@ -143,23 +154,42 @@ def calibrate(base, w, a, cache: int, num_params: int, sweep_parts: Sequence[dic
     ``w`` is predicted as measured: each part's total as the epoch's ``sweep_parts``, the
     sweeps' total as ``sweep_seconds``. Returns it, the calibrated profile and the
     prediction. A part the model or the measurement puts at nothing keeps its factor."""
-    cores = HostCores.of(base)
+    measured = measured_parts(sweep_parts, kernel_shares(
+        predict(w, a, base, cache, num_params), sweep_parts, sweep_seconds, HostCores.of(base)))
     factors = {"compute": 1.0, "memory": 1.0, "ssd": 1.0}
     for _ in range(_ITERATIONS):
         profile = Calibration(**factors).profile(base)
         prediction = predict(w, a, profile, cache, num_params)
         predicted = _parts(prediction, w, a, profile, cache, num_params)
-        measured = measured_parts(sweep_parts,
-                                  kernel_shares(prediction, sweep_seconds, cores))
         for part in factors:
             if predicted[part] > 1e-12 and measured[part] > 0:
                 factors[part] *= measured[part] / predicted[part]
     profile = Calibration(**factors).profile(base)
     prediction = predict(w, a, profile, cache, num_params)
     overlap = _fit_overlap(prediction, float(sum(sweep_seconds)))
-    calibration = Calibration(**factors, overlap=overlap)
+    prediction = dataclasses.replace(prediction, overlap=overlap)
+    # the parts can each equal what was measured while the sweeps (the form's maxima over
+    # them) add up to less: on the host's cores the main job's reviews re-priced its plan
+    # 20 % under the epochs they reviewed. The rest scales every sweep, of this plan and of
+    # the plans priced with this calibration, so that the run is held against what it ran
+    priced = sum(prediction.sweep_seconds(s) for s in prediction.sweeps)
+    measured = float(sum(sweep_seconds))
+    residual = measured / priced if priced > 0 and measured > 0 else 1.0
+    calibration = Calibration(**factors, overlap=overlap, residual=residual)
     profile = calibration.profile(base)
-    return calibration, profile, dataclasses.replace(prediction, overlap=overlap)
+    return calibration, profile, dataclasses.replace(prediction, residual=residual)
+
+
+def with_residual(plan, residual: float):
+    """``plan`` (a `jgrind.plan.planner.Plan`) with its sweeps scaled by ``residual``
+    (`Calibration.residual`), its predicted epoch with them."""
+    p = plan.prediction
+    if p is None or residual == 1.0:
+        return plan
+    sweeps = sum(p.sweep_seconds(s) for s in p.sweeps)
+    scaled = dataclasses.replace(p, residual=p.residual * residual)
+    return dataclasses.replace(plan, prediction=scaled,
+                               epoch_seconds=plan.epoch_seconds + (residual - 1.0) * sweeps)
 
 
 def _fit_overlap(prediction: Prediction, measured: float) -> float:
@@ -250,6 +280,7 @@ class Replanner:
                        ssd_free=self.ssd_free, recompute=self.recompute,
                        num_params=self.num_params, partitioned=old.partitioned,
                        keep=self.keep)
+        new = with_residual(new, calibration.residual)
         slow = check.deviation > self.margin
         missed = abs(check.deviation) > self.margin
         faster = new.epoch_seconds < (1.0 - self.margin) * repriced.epoch_seconds
