@@ -41,10 +41,15 @@ def _params(result):
     return jax.tree.leaves(result.params)
 
 
-def test_a_wrong_plan_is_replaced_and_the_parameters_stay_exact(tmp_path):
+def test_a_wrong_plan_is_replaced_and_the_parameters_stay_exact(tmp_path, monkeypatch):
     """The first plan (SSD, from a profile that has it faster than RAM) re-plans after the
     median of epochs 1-3; after 6 epochs the parameters equal those of the same run without
-    re-planning and of in-memory training."""
+    re-planning and of in-memory training. On this small graph the steps hold most of each
+    sweep, so the plan off SSD is predicted only 4-6 % faster once the calibration counts the
+    I/O without the kernels' share (a loaded machine made it 4.5 %): any gain re-plans here,
+    which the rule's own threshold is tested for elsewhere."""
+    from jgrind.plan import replan
+    monkeypatch.setattr(replan, "REPLAN_GAIN", 0.0)
     graph, model = _small()
     kwargs = dict(epochs=6, num_parts=4, host_budget=1 << 30, progress=False)
     printed = io.StringIO()
