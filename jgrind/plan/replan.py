@@ -9,9 +9,11 @@ The rule (docs/planner.md, "Re-planning"):
    every sweep's parts, sweep by sweep and part by part): the cost model's compute, its
    host/device I/O and its SSD I/O are each scaled by measured over predicted, summed over
    the sweeps' parts (`jgrind.engine.timing`; where the steps run on the host's cores, an I/O
-   thread's seconds less the share of its sweep the kernels took, `kernel_shares`),
-   and the overlap of I/O with compute is fitted to the measured sweeps' total. One epoch is too noisy to plan from: the main job's first
-   timed epoch took 0.237, 0.235 and 0.354 s in three runs of the same plan.
+   thread's seconds less the share of its sweep the kernels took, `kernel_shares`), the
+   overlap of I/O with compute is fitted to the measured sweeps' total, and what is left
+   between the sweeps as priced and as measured scales every sweep (`Calibration.residual`).
+   One epoch is too noisy to plan from: the main job's first timed epoch took 0.237, 0.235
+   and 0.354 s in three runs of the same plan.
 2. With that profile the current plan is priced again, and the planner plans again over the
    same partitions, budgets and store (`jgrind.plan.planner.plan`).
 3. The run re-plans when the new plan is predicted faster than the current one (re-priced)
@@ -111,15 +113,15 @@ def _parts(prediction: Prediction, w, a, profile, cache: int, num_params: int) -
 
 
 def measured_parts(sweep_parts: Sequence[dict],
-                   kernel_shares: Optional[Sequence[float]] = None) -> dict:
+                   shares: Optional[Sequence[float]] = None) -> dict:
     """An epoch's measured compute, host/device I/O and SSD I/O seconds, summed over its
-    sweeps (`jgrind.engine.runner.Runner.sweep_parts`). ``kernel_shares``: per sweep, the
+    sweeps (`jgrind.engine.runner.Runner.sweep_parts`). ``shares``: per sweep, the
     share of its time the steps' kernels held the host's cores (`kernel_shares`); that
     share of each I/O thread's time stood still behind them, and is not its own work."""
     out = {"compute": 0.0, "memory": 0.0, "ssd": 0.0}
     for i, parts in enumerate(sweep_parts):
         out["compute"] += parts["compute"]
-        own = 1.0 - (kernel_shares[i] if kernel_shares is not None else 0.0)
+        own = 1.0 - (shares[i] if shares is not None else 0.0)
         for side in ("reads", "writes"):
             for tier, seconds in parts[side].items():
                 out["ssd" if tier == "ssd" else "memory"] += own * seconds
@@ -169,12 +171,11 @@ def calibrate(base, w, a, cache: int, num_params: int, sweep_parts: Sequence[dic
     overlap = _fit_overlap(prediction, float(sum(sweep_seconds)))
     prediction = dataclasses.replace(prediction, overlap=overlap)
     # the parts can each equal what was measured while the sweeps (the form's maxima over
-    # them) add up to less: on the host's cores the main job's reviews re-priced its plan
-    # 20 % under the epochs they reviewed. The rest scales every sweep, of this plan and of
-    # the plans priced with this calibration, so that the run is held against what it ran
+    # them) add up to less; the rest scales every sweep, of this plan and of the plans priced
+    # with this calibration (`with_residual`), so that the run is held against what it ran
     priced = sum(prediction.sweep_seconds(s) for s in prediction.sweeps)
-    measured = float(sum(sweep_seconds))
-    residual = measured / priced if priced > 0 and measured > 0 else 1.0
+    ran = float(sum(sweep_seconds))
+    residual = ran / priced if priced > 0 and ran > 0 else 1.0
     calibration = Calibration(**factors, overlap=overlap, residual=residual)
     profile = calibration.profile(base)
     return calibration, profile, dataclasses.replace(prediction, residual=residual)
