@@ -38,19 +38,15 @@ def main() -> None:
                         "fit of their seconds to calls and bytes")
     args = p.parse_args()
 
-    import jax
     import numpy as np
     import optax
 
     from jgrind.engine import OutOfCore, ssd
     from jgrind.plan import policies
     from jgrind.plan import profile as hw
-    from jgrind.plan.check import engine_prediction
     from jgrind.plan.cost import (COALESCE_BYTES, ITEMSIZE, S, Assignment, accumulate_parts, memory,
                                   page_cached, ssd_span_reads, with_page_cache)
-    from jgrind.plan.inventory import layer_widths
     from jgrind.plan.measure import _best_seconds  # the profile's own timer
-    from jgrind.plan.planner import dense_parameter_count
     cfg = planner_config(args.config)
     graph, model = build_config(cfg)
     profile = hw.load(args.profile) if args.profile else hw.load_current(args.store)
@@ -61,26 +57,13 @@ def main() -> None:
     ex = OutOfCore(graph, model, optimizer, policy=policies.ssd_offload(args.store),
                    num_parts=args.parts, store=args.store, device_budget=cfg.device_budget,
                    host_budget=cfg.host_budget)
-    params = model.init(jax.random.key(0))
-    state = optimizer.init(params)
-    print(f"# {harness.command()}\n# {harness.machine()}", flush=True)
-    pred = engine_prediction(
-        ex, dense_parameter_count(layer_widths(model, graph.num_features)), profile)
-    priced = {s.label: s for s in pred.sweeps}
-    for e in range(args.epochs + 1):
-        params, state, loss = ex.step(params, state, jax.random.key(e))
-        jax.block_until_ready((params, loss))
-        if not e:
-            continue
-        parts = dict(zip((label for label, _ in ex.runner.sweep_seconds),
-                         getattr(ex.runner, "sweep_parts", [])))
-        for label, seconds in ex.runner.sweep_seconds:
-            if not label.startswith("backward") or label not in priced:
-                continue
-            written = sum(parts.get(label, {}).get("writes", {}).values())
-            s = priced[label]
-            print(f"epoch {e} {label}: {seconds:.3f} s (priced {pred.sweep_seconds(s):.3f}); "
-                  f"its writes {written:.3f} s (priced {s.writes:.3f})", flush=True)
+    sweeps = harness.PricedSweeps(ex, model, graph, optimizer, profile)
+    pred = sweeps.prediction
+    for e, label, seconds, measured, price in sweeps.epochs(args.epochs):
+        if label.startswith("backward"):
+            written = sum(measured.get("writes", {}).values())
+            print(f"epoch {e} {label}: {seconds:.3f} s (priced {pred.sweep_seconds(price):.3f}); "
+                  f"its writes {written:.3f} s (priced {price.writes:.3f})", flush=True)
 
     w, built, store = ex.workload, ex.built, ex.store
     a = Assignment.from_fates(ex.fates, w.num_layers, w.num_parts)

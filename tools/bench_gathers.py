@@ -46,11 +46,9 @@ def main() -> None:
     from jgrind.engine.pipeline import _staged
     from jgrind.engine.store import BudgetError
     from jgrind.plan import profile as hw
-    from jgrind.plan.check import engine_prediction
     from jgrind.plan.cost import (ITEMSIZE, S, Assignment, memory, page_cached,
                                   ssd_span_reads, with_page_cache)
-    from jgrind.plan.inventory import layer_widths
-    from jgrind.plan.planner import dense_parameter_count, plan_run
+    from jgrind.plan.planner import plan_run
 
     graph, model, cfg = harness.graph_and_model(args.config, None)
     profile = hw.load_or_measure(log=print)
@@ -74,28 +72,15 @@ def main() -> None:
     except BudgetError as err:
         p.exit(2, f"bench_gathers: {args.policy} does not fit {args.config}'s budgets: "
                   f"{err}\n")
-    params = model.init(jax.random.key(0))
-    state = optimizer.init(params)
-    print(f"# {harness.command()}\n# {harness.machine()}", flush=True)
+    sweeps = harness.PricedSweeps(ex, model, graph, optimizer, profile)
     print(f"{args.config}, {args.policy}, {parts} partitions", flush=True)
-    pred = engine_prediction(
-        ex, dense_parameter_count(layer_widths(model, graph.num_features)), profile)
-    priced = {s.label: s for s in pred.sweeps}
-    for e in range(args.epochs + 1):
-        params, state, loss = ex.step(params, state, jax.random.key(e))
-        jax.block_until_ready((params, loss))
-        if not e:
-            continue
-        measured = dict(zip((label for label, _ in ex.runner.sweep_seconds),
-                            getattr(ex.runner, "sweep_parts", [])))
-        for label, seconds in ex.runner.sweep_seconds:
-            if not label.startswith("forward") or label not in priced:
-                continue
-            reads = measured.get(label, {}).get("reads", {})
-            print(f"epoch {e} {label}: {seconds:.3f} s (priced "
-                  f"{pred.sweep_seconds(priced[label]):.3f}); its loader "
-                  f"{sum(reads.values()):.3f} s ({_tiers(reads)}), priced reads "
-                  f"{priced[label].reads:.3f} s", flush=True)
+    pred, priced = sweeps.prediction, sweeps.priced
+    for e, label, seconds, measured, price in sweeps.epochs(args.epochs):
+        if label.startswith("forward"):
+            reads = measured.get("reads", {})
+            print(f"epoch {e} {label}: {seconds:.3f} s (priced {pred.sweep_seconds(price):.3f}); "
+                  f"its loader {sum(reads.values()):.3f} s ({_tiers(reads)}), priced reads "
+                  f"{price.reads:.3f} s", flush=True)
 
     alone: dict = {}
     plain_forward = sweeps_module.Sweeps.forward
@@ -120,8 +105,7 @@ def main() -> None:
 
     sweeps_module.Sweeps.forward = forward
     try:
-        params, state, loss = ex.step(params, state, jax.random.key(args.epochs + 1))
-        jax.block_until_ready((params, loss))
+        sweeps.step(jax.random.key(args.epochs + 1))
     finally:
         sweeps_module.Sweeps.forward = plain_forward
     w = ex.workload

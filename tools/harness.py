@@ -254,6 +254,48 @@ class Training:
         return time.perf_counter() - start, loss
 
 
+class PricedSweeps:
+    """An out-of-core executor's epochs, each sweep's measured seconds and parts beside the cost
+    model's price of it (`jgrind.plan.check.engine_prediction` under ``profile``): for the
+    tools that hold one kind of sweep against its price (bench_accumulate, bench_gathers).
+    Prints the command line and the machine first."""
+
+    def __init__(self, executor, model, graph, optimizer, profile):
+        import jax
+
+        from jgrind.plan.check import engine_prediction
+        from jgrind.plan.inventory import layer_widths
+        from jgrind.plan.planner import dense_parameter_count
+        self.executor = executor
+        self.params = model.init(jax.random.key(0))
+        self.state = optimizer.init(self.params)
+        print(f"# {command()}\n# {machine()}", flush=True)
+        self.prediction = engine_prediction(
+            executor, dense_parameter_count(layer_widths(model, graph.num_features)), profile)
+        self.priced = {s.label: s for s in self.prediction.sweeps}
+
+    def step(self, key) -> None:
+        """One epoch under ``key``, until its parameters and loss are ready."""
+        import jax
+        self.params, self.state, loss = self.executor.step(self.params, self.state, key)
+        jax.block_until_ready((self.params, loss))
+
+    def epochs(self, count: int):
+        """``count`` epochs after one that compiles: ``(epoch, label, seconds, parts, priced)``
+        for every sweep the prediction prices (``parts``: `SweepTiming`'s record of it)."""
+        import jax
+        for e in range(count + 1):
+            self.step(jax.random.key(e))
+            if not e:
+                continue
+            runner = self.executor.runner
+            parts = dict(zip((label for label, _ in runner.sweep_seconds),
+                             getattr(runner, "sweep_parts", [])))
+            for label, seconds in runner.sweep_seconds:
+                if label in self.priced:
+                    yield e, label, seconds, parts.get(label, {}), self.priced[label]
+
+
 # -- processes and memory ------------------------------------------------------------------
 class DeviceInUse:
     """The most device memory in use in each window of a run, sampled every ``interval``
