@@ -261,14 +261,11 @@ class PricedSweeps:
     Prints the command line and the machine first."""
 
     def __init__(self, executor, model, graph, optimizer, profile):
-        import jax
-
         from jgrind.plan.check import engine_prediction
         from jgrind.plan.inventory import layer_widths
         from jgrind.plan.planner import dense_parameter_count
         self.executor = executor
-        self.params = model.init(jax.random.key(0))
-        self.state = optimizer.init(self.params)
+        self.training = Training(executor, model, optimizer)
         print(f"# {command()}\n# {machine()}", flush=True)
         self.prediction = engine_prediction(
             executor, dense_parameter_count(layer_widths(model, graph.num_features)), profile)
@@ -276,9 +273,7 @@ class PricedSweeps:
 
     def step(self, key) -> None:
         """One epoch under ``key``, until its parameters and loss are ready."""
-        import jax
-        self.params, self.state, loss = self.executor.step(self.params, self.state, key)
-        jax.block_until_ready((self.params, loss))
+        self.training.epoch(key)
 
     def epochs(self, count: int):
         """``count`` epochs after one that compiles: ``(epoch, label, seconds, parts, priced)``
