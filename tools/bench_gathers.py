@@ -36,6 +36,8 @@ def main() -> None:
     harness.add_store(p)
     p.add_argument("--passes", type=int, default=3, help="loads of every partition, best kept")
     args = p.parse_args()
+    if args.passes < 1:
+        p.error("--passes must be at least 1")
 
     import jax
     import numpy as np
@@ -72,65 +74,67 @@ def main() -> None:
     except BudgetError as err:
         p.exit(2, f"bench_gathers: {args.policy} does not fit {args.config}'s budgets: "
                   f"{err}\n")
-    sweeps = harness.PricedSweeps(ex, model, graph, optimizer, profile)
-    print(f"{args.config}, {args.policy}, {parts} partitions", flush=True)
-    pred, priced = sweeps.prediction, sweeps.priced
-    for e, label, seconds, measured, price in sweeps.epochs(args.epochs):
-        if label.startswith("forward"):
-            reads = measured.get("reads", {})
-            print(f"epoch {e} {label}: {seconds:.3f} s (priced {pred.sweep_seconds(price):.3f}); "
-                  f"its loader {sum(reads.values()):.3f} s ({_tiers(reads)}), priced reads "
-                  f"{price.reads:.3f} s", flush=True)
-
-    alone: dict = {}
-    plain_forward = sweeps_module.Sweeps.forward
-
-    def forward(self, params, l, key, *a, **k):
-        """Every partition's input loaded alone, ``--passes`` times, then the sweep."""
-        b = self.built
-        load = self.input_loader(l, b.activations[l], stage=True)
-        load = _staged(load, b.store.count, b.transfers.staging_pieces,
-                       b.transfers.input_staging)
-        best = float("inf")
-        for _ in range(args.passes):
-            before = dict(vars(b.store.accounts))
-            start = time.perf_counter()
-            for part in b.parts:
-                jax.block_until_ready(load(part))
-            best = min(best, time.perf_counter() - start)
-            after = vars(b.store.accounts)
-            made = {k: after[k] - before[k] for k in ("ssd_read_ops", "ssd_file_read")}
-        alone[f"forward {l}"] = best, made
-        return plain_forward(self, params, l, key, *a, **k)
-
-    sweeps_module.Sweeps.forward = forward
     try:
-        sweeps.step(jax.random.key(args.epochs + 1))
+        sweeps = harness.PricedSweeps(ex, model, graph, optimizer, profile)
+        print(f"{args.config}, {args.policy}, {parts} partitions", flush=True)
+        pred, priced = sweeps.prediction, sweeps.priced
+        for e, label, seconds, measured, price in sweeps.epochs(args.epochs):
+            if label.startswith("forward"):
+                reads = measured.get("reads", {})
+                print(f"epoch {e} {label}: {seconds:.3f} s (priced {pred.sweep_seconds(price):.3f}); "
+                      f"its loader {sum(reads.values()):.3f} s ({_tiers(reads)}), priced reads "
+                      f"{price.reads:.3f} s", flush=True)
+
+        alone: dict = {}
+        plain_forward = sweeps_module.Sweeps.forward
+
+        def forward(self, params, l, key, *a, **k):
+            """Every partition's input loaded alone, ``--passes`` times, then the sweep."""
+            b = self.built
+            load = self.input_loader(l, b.activations[l], stage=True)
+            load = _staged(load, b.store.count, b.transfers.staging_pieces,
+                           b.transfers.input_staging)
+            best = float("inf")
+            for _ in range(args.passes):
+                before = dict(vars(b.store.accounts))
+                start = time.perf_counter()
+                for part in b.parts:
+                    jax.block_until_ready(load(part))
+                best = min(best, time.perf_counter() - start)
+                after = vars(b.store.accounts)
+                made = {k: after[k] - before[k] for k in ("ssd_read_ops", "ssd_file_read")}
+            alone[f"forward {l}"] = best, made
+            return plain_forward(self, params, l, key, *a, **k)
+
+        sweeps_module.Sweeps.forward = forward
+        try:
+            sweeps.step(jax.random.key(args.epochs + 1))
+        finally:
+            sweeps_module.Sweeps.forward = plain_forward
+        w = ex.workload
+        a = Assignment.from_fates(ex.fates, w.num_layers, w.num_parts)
+        cached = page_cached(profile, memory(w, a))
+        rates = with_page_cache(profile, cached)  # the regime the model prices the SSD tier in
+        for label, (seconds, made) in sorted(alone.items()):
+            layer = int(label.split()[1])
+            print(f"{label} (H_{layer}: {_tiers_of(ex, layer)}): every partition's load "
+                  f"alone {seconds:.3f} s, priced reads {priced[label].reads:.3f} s "
+                  f"({seconds / max(priced[label].reads, 1e-9):.2f}x)", flush=True)
+            in_ssd = a.activations[layer] == S
+            if w.local(layer) or not in_ssd.any():
+                continue
+            words = w.widths[layer]
+            calls, span_rows = ssd_span_reads(w, words, in_ssd)
+            own = int(np.count_nonzero(in_ssd & (w.owned > 0)))
+            span = (int(span_rows.sum()) + int(w.owned[in_ssd].sum())) * words * ITEMSIZE
+            print(f"  SSD: made {made['ssd_read_ops']:,} read calls and "
+                  f"{made['ssd_file_read'] / 2**20:.1f} MiB; priced {int(calls.sum()) + own:,} "
+                  f"calls and {span / 2**20:.1f} MiB (own blocks and halo spans), at the "
+                  f"{'page cache' if cached else 'disk'}'s "
+                  f"{(rates.ssd_latency + rates.read_call_overhead) * 1e6:.1f} us a call and "
+                  f"{rates.ssd_read_bw / 1e9:.2f} GB/s", flush=True)
     finally:
-        sweeps_module.Sweeps.forward = plain_forward
-    w = ex.workload
-    a = Assignment.from_fates(ex.fates, w.num_layers, w.num_parts)
-    cached = page_cached(profile, memory(w, a))
-    rates = with_page_cache(profile, cached)  # the regime the model prices the SSD tier in
-    for label, (seconds, made) in sorted(alone.items()):
-        layer = int(label.split()[1])
-        print(f"{label} (H_{layer}: {_tiers_of(ex, layer)}): every partition's load "
-              f"alone {seconds:.3f} s, priced reads {priced[label].reads:.3f} s "
-              f"({seconds / max(priced[label].reads, 1e-9):.2f}x)", flush=True)
-        in_ssd = a.activations[layer] == S
-        if w.local(layer) or not in_ssd.any():
-            continue
-        words = w.widths[layer]
-        calls, span_rows = ssd_span_reads(w, words, in_ssd)
-        own = int(np.count_nonzero(in_ssd & (w.owned > 0)))
-        span = (int(span_rows.sum()) + int(w.owned[in_ssd].sum())) * words * ITEMSIZE
-        print(f"  SSD: made {made['ssd_read_ops']:,} read calls and "
-              f"{made['ssd_file_read'] / 2**20:.1f} MiB; priced {int(calls.sum()) + own:,} "
-              f"calls and {span / 2**20:.1f} MiB (own blocks and halo spans), at the "
-              f"{'page cache' if cached else 'disk'}'s "
-              f"{(rates.ssd_latency + rates.read_call_overhead) * 1e6:.1f} us a call and "
-              f"{rates.ssd_read_bw / 1e9:.2f} GB/s", flush=True)
-    ex.close()
+        ex.close()
 
 
 def _tiers(reads: dict) -> str:

@@ -40,6 +40,7 @@ def main() -> None:
 
     from jgrind.engine import OutOfCore
     from jgrind.engine import pipeline
+    from jgrind.engine.store import BudgetError
     from jgrind.plan import profile as hw
     from jgrind.plan.planner import plan_run
 
@@ -52,9 +53,12 @@ def main() -> None:
     policy = planned.policy() if args.policy == "auto" else harness.policy(args.policy,
                                                                            args.store)
     optimizer = optax.adam(1e-3)
-    ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=planned.partitioned,
-                   store=args.store, device_budget=cfg.device_budget,
-                   host_budget=cfg.host_budget)
+    try:
+        ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=planned.partitioned,
+                       store=args.store, device_budget=cfg.device_budget,
+                       host_budget=cfg.host_budget)
+    except BudgetError as err:
+        p.exit(2, f"plain_epochs: {args.policy} does not fit {args.config}'s budgets: {err}\n")
     training = harness.Training(ex, model, optimizer)
     print(f"# {harness.command()}\n# {harness.machine()}", flush=True)
     print(f"{args.config}, {args.policy}, {planned.num_parts} partitions", flush=True)
