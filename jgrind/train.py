@@ -141,6 +141,9 @@ class TrainResult:
         core also ``device_peaks`` (each device's device-tier blocks at their peak,
         measured) beside ``predicted_device_peaks`` (the plan's), ``device_working_sets``
         (the plan's, per device) and ``device_budget`` (per device); else None.
+      plan: where ``auto`` planned the run out of core and could re-plan it (its
+        ``replan``), the `jgrind.plan.planner.Plan` the run ended with: its first plan, or
+        the last it re-planned to; else None (``on_plan`` sees the first plan in any case).
     """
 
     params: Params
@@ -154,6 +157,7 @@ class TrainResult:
     memory: Optional[dict] = None
     first_epoch: int = 0
     devices: Optional[dict] = None
+    plan: Optional[object] = None
 
 
 def _check_train_arguments(key, graph, model, optimizer, *, epochs, eval_every, patience,
@@ -479,7 +483,8 @@ def train(key: jax.Array, graph: Graph, model: GNN, optimizer: optax.GradientTra
     return TrainResult(params=params, best_params=best["params"], history=history,
                        metric=metric, best_epoch=int(best["epoch"]), val=float(best["val"]),
                        test=float(best["test"]), seconds=train_seconds, memory=memory,
-                       first_epoch=resumed_at, devices=devices)
+                       first_epoch=resumed_at, devices=devices,
+                       plan=None if replanner is None else replanner.plan)
 
 
 def _device_peaks(executor) -> dict:

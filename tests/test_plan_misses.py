@@ -44,8 +44,10 @@ def test_the_planner_benchmark_trains_auto_through_train(tmp_path, monkeypatch):
     graph, model, pg, w = equal_parts_workload(num_parts=4, num_layers=2)
     device = int(w.working_set() * 1.05)
     cfg = Config("tiny", 240, 6, 16, 32, 2, "gcn", device, 1 << 30, True, "test")
-    run = bench_planner.train_auto(graph, model, cfg, fixed_profile(), str(tmp_path), 1)
+    plans = []
+    run = bench_planner.train_auto(graph, model, cfg, fixed_profile(), str(tmp_path), 1, plans)
     assert not run["replanned"] and run["num_parts"] >= 2
+    assert len(plans) == 2 and plans[0] is plans[1]  # kept: the first plan is the last
     assert len(run["times_first"]) == len(run["times"]) == 5  # 3 reviewed, 2 after, kept
     assert run["predicted"] == run["predicted_first"] > 0
     assert run["accounts"]["host"] == run["predicted_memory"]["host"]
@@ -61,6 +63,26 @@ def test_the_planner_benchmark_trains_auto_through_train(tmp_path, monkeypatch):
     recorded = list(replay_sweeps._recorded({"auto": {"rounds": [run]}}))
     assert [r[0] for r in recorded] == ["auto 1 first plan"]
     assert recorded[0][2] == min(e["seconds"] for e in run["sweeps_first"])
+    # the runs by turns: the plan's engine beside a fixed policy's, every one closed after
+    import optax
+    from jgrind.engine import OutOfCore
+    from jgrind.plan import policies
+    plan = plans[-1]
+    made = []
+
+    def engine(policy, prediction=None):
+        made.append(OutOfCore(graph, model, optax.adam(1e-3), policy=policy,
+                              partitioned=plan.partitioned, store=str(tmp_path),
+                              device_budget=device, host_budget=1 << 30,
+                              prediction=prediction))
+        return made[-1]
+    turns = bench_planner.compare(
+        {"auto": lambda: engine(plan.policy(), plan.prediction),
+         "ssd_offload": lambda: engine(policies.ssd_offload(str(tmp_path)))},
+        model, 2, "auto", ["ssd_offload"])
+    assert turns["rounds"] == 2 and turns["auto"] == "auto"
+    assert {n: len(t) for n, t in turns["times"].items()} == {"auto": 2, "ssd_offload": 2}
+    assert all(ex.store.run_dir is None for ex in made) and not list(tmp_path.glob("jgrind-run-*"))
 
 
 def _unit_profile(**unit):

@@ -56,10 +56,11 @@ def test_a_wrong_plan_is_replaced_and_the_parameters_stay_exact(tmp_path, monkey
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     budget = _device_floor(graph, model)
+    first = []
     with contextlib.redirect_stdout(printed):
         replanned = train(jax.random.key(0), graph, model, optax.adam(1e-2),
                           policy=policies.auto(profile=_wrong_profile(),
-                                               directory=tmp_path / "a"),
+                                               directory=tmp_path / "a", on_plan=first.append),
                           device_budget=budget, **kwargs)
         fixed = train(jax.random.key(0), graph, model, optax.adam(1e-2),
                       policy=policies.auto(profile=_wrong_profile(), directory=tmp_path / "b",
@@ -79,6 +80,11 @@ def test_a_wrong_plan_is_replaced_and_the_parameters_stay_exact(tmp_path, monkey
     assert replanned.history[4].get("predicted_seconds") is None  # the new engine compiles
     assert replanned.history[5]["plan"] == 1 and "predicted_seconds" in replanned.history[5]
     assert not any("replan" in r for r in fixed.history)
+    # the run hands back the plan it ended with: the re-planned one, off the SSD
+    assert replanned.plan is not None and fixed.plan is None and in_memory.plan is None
+    from jgrind.plan.replan import _describe
+    assert replanned.plan is not first[0]
+    assert _describe(replanned.plan) == replans[-1]["replan"]["now"] != _describe(first[0])
     # each sweep's parts: the first plan reads from SSD; waits and compute fit in the sweep
     assert set(replanned.history[1]["sweep_parts"][0]["measured"]["reads"]) == {"ssd"}
     for record in replanned.history[1:]:

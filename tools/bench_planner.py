@@ -20,6 +20,11 @@ Fixed policies run on the partitioning the planner chose, so they differ from ``
 the fates. A fixed policy whose blocks exceed a budget is reported as "does not fit" (the
 engine's budget check). For every run that fits, the cost model's prediction for *that run's*
 fates is printed beside the measured median epoch time and the store's peak accounts per tier.
+Then (``--turns R``, 4 by default) every run that fits is built again, all at once, and timed
+epoch by epoch by turns for R rounds (`tools/turns.py`): ``auto``'s last plan (and its first,
+where it re-planned) against each fixed policy by the median of their epochs' ratios within a
+round, which this machine's drift over minutes does not move (the rounds' minima above compare
+runs minutes apart).
 
 ``planning-time``: `Workload.build` and `plan` for a 5-layer GCN on 1024 partitions.
 
@@ -83,19 +88,21 @@ def sweep_rows(prediction, measured: tuple) -> list:
     return rows
 
 
-def train_auto(graph, model, cfg: Config, profile, store, epochs: int) -> dict:
+def train_auto(graph, model, cfg: Config, profile, store, epochs: int,
+               plans: Optional[list] = None) -> dict:
     """``auto`` trained through `jgrind.train.train` (re-planning as a user's run does):
     long enough for its review (`REVIEW_EPOCHS` timed epochs after the compiling one), and
     for ``epochs`` timed epochs of a new plan after its compiling epoch. Returns the first
     plan's and the last plan's predicted epoch and measured epoch times, whether it re-planned,
-    the last plan's predicted peaks and the store's measured ones."""
+    the last plan's predicted peaks and the store's measured ones. ``plans``: gets the first
+    and the last `jgrind.plan.planner.Plan` (the same one where it kept its plan)."""
     import jax
     import optax
     from jgrind.plan import policies
     from jgrind.plan.replan import REVIEW_EPOCHS
     from jgrind.train import train
-    plans = []
-    policy = policies.auto(profile=profile, directory=store, on_plan=plans.append)
+    made = []
+    policy = policies.auto(profile=profile, directory=store, on_plan=made.append)
     total = 1 + max(REVIEW_EPOCHS, epochs) + 1 + epochs
     result = train(jax.random.key(1), graph, model, optax.adam(1e-3), epochs=total,
                    policy=policy, store=store, device_budget=cfg.device_budget,
@@ -105,7 +112,9 @@ def train_auto(graph, model, cfg: Config, profile, store, epochs: int) -> dict:
     last_plan = max(r.get("plan", 0) for r in checked)
     last = [r for r in checked if r.get("plan", 0) == last_plan]
     replans = [r["replan"] for r in result.history if "replan" in r]
-    m = plans[0].prediction.memory
+    if plans is not None:
+        plans[:] = [made[0], result.plan if result.plan is not None else made[0]]
+    m = made[0].prediction.memory
     peaks = {"device": m.peak_device, "host": m.peak_host, "ssd": m.peak_ssd}
     if replans:
         peaks = replans[-1]["new_peaks"]
@@ -118,7 +127,7 @@ def train_auto(graph, model, cfg: Config, profile, store, epochs: int) -> dict:
             "predicted": last[0]["predicted_seconds"], "times": [r["seconds"] for r in last],
             "predicted_memory": peaks,
             "accounts": {t: memory.get(f"peak_{t}", 0) for t in ("device", "host", "ssd")},
-            "num_parts": plans[0].num_parts,
+            "num_parts": made[0].num_parts,
             # every checked epoch's sweeps beside the plan's own prediction (as a fixed
             # policy's `sweeps`), so that `tools/replay_sweeps.py` replays the plans auto
             # chose too; a kept plan's epochs after its review are checked against a re-priced
@@ -141,7 +150,10 @@ def _checked_sweeps(records: list, predicted: float) -> list:
     return out
 
 
-def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
+def run_config(cfg: Config, profile, epochs: int, store_root: str, rounds: int = 0) -> dict:
+    """One configuration: the planner's plan, then ``auto`` and every fixed policy measured
+    in two rounds (each run built, compiled and timed in turn); with ``rounds``, then every
+    run that fits again, all built at once and timed epoch by epoch by turns (`compare`)."""
     import optax
     from jgrind.engine import BudgetError, OutOfCore
     from jgrind.plan import policies
@@ -170,6 +182,12 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
                        "recompute": policies.recompute_activations()})
     fits_in_memory = in_memory_bytes(graph, model) <= cfg.device_budget
     optimizer = optax.adam(1e-3)
+    auto_plans: list = []  # the last round's first and last plan, for the runs by turns
+
+    def engine(policy, partitioned, prediction=None):
+        return OutOfCore(graph, model, optimizer, policy=policy, partitioned=partitioned,
+                         store=store, device_budget=cfg.device_budget,
+                         host_budget=cfg.host_budget, prediction=prediction)
 
     def measure(name: str, record: dict) -> None:
         """Build the run's executor, predict it (first round), time its epochs."""
@@ -186,7 +204,7 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
             record["times"] += time_epochs(ex, model, epochs)
             return
         if name == "auto":
-            run = train_auto(graph, model, cfg, profile, store, epochs)
+            run = train_auto(graph, model, cfg, profile, store, epochs, auto_plans)
             if run["num_parts"] != the_plan.num_parts:
                 print(f"  (auto in train() planned {run['num_parts']} partitions, the "
                       f"benchmark's plan {the_plan.num_parts})", flush=True)
@@ -206,8 +224,7 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
             raise BudgetError("no SSD store in this configuration")
         if pg is None:  # auto took the fast path; fixed policies need a partitioning
             raise BudgetError("auto chose the fast path; no partitioning to compare on")
-        ex = OutOfCore(graph, model, optimizer, policy=policy, partitioned=pg, store=store,
-                       device_budget=cfg.device_budget, host_budget=cfg.host_budget)
+        ex = engine(policy, pg)
         try:
             pred = engine_prediction(ex, num_params, profile)
             if "predicted" not in record:  # as `jgrind.train` holds a fixed policy's run
@@ -257,7 +274,47 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str) -> dict:
             label, p, m, _ = max(fastest, key=lambda r: abs(r[2] - r[1]))
             print(f"  {'':<13} furthest sweep: {label} measured {m:.3f} s, predicted "
                   f"{p:.3f} s ({(m / p - 1) * 100 if p else 0:+.0f} %)", flush=True)
+    if rounds:
+        fitting = [n for n in FIXED if "times" in records[n]]
+        makers = {}
+        if not the_plan.in_memory:
+            first, last = auto_plans
+            makers["auto"] = lambda: engine(last.policy(), last.partitioned, last.prediction)
+            if last is not first:
+                makers["auto, first plan"] = lambda: engine(first.policy(), first.partitioned,
+                                                            first.prediction)
+        for name in fitting:
+            makers[name] = (lambda: InMemory(graph, model, optimizer)) if name == "in_memory" \
+                else (lambda policy=candidates[name]: engine(policy, pg))
+        out["turns"] = compare(makers, model, rounds,
+                               "in_memory" if the_plan.in_memory else "auto", fitting)
     return out
+
+
+def compare(makers: dict, model, rounds: int, auto_name: str, fixed: list) -> dict:
+    """The runs ``makers`` builds (by name), all built at once, then timed by turns for
+    ``rounds`` rounds (`turns.by_turns`); ``auto_name``'s run (and its first plan's, where it
+    re-planned) held against the ``fixed`` policies' by paired ratios (`turns.against_best`).
+    Prints the comparison; returns ``{"rounds", "auto", "times"}``."""
+    import optax
+    import turns
+    built = {}
+    try:
+        for name, make in makers.items():
+            built[name] = make()
+        times = turns.by_turns({n: harness.Training(ex, model, optax.adam(1e-3))
+                                for n, ex in built.items()}, rounds)
+    finally:
+        for ex in built.values():
+            getattr(ex, "close", lambda: None)()
+    others = [n for n in fixed if n != auto_name]
+    print(f"  by turns ({rounds} rounds; median epoch): " + ", ".join(
+        f"{n} {statistics.median(t):.3f} s" for n, t in times.items()), flush=True)
+    for name in (auto_name, "auto, first plan"):
+        if name in times and others:
+            ratio, which, _ = turns.against_best(times, name, others)
+            print(f"  {name} / best fixed by turns: {ratio:.2f} (against {which})", flush=True)
+    return {"rounds": rounds, "auto": auto_name, "times": times}
 
 
 STATS = {"median": statistics.median, "min": min}
@@ -325,6 +382,37 @@ def report(results: list[dict], stat: str = "min") -> None:
         before = f"{first / fixed[best]:.2f}" if first and best else "(no re-plan)"
         print(f"| {r['config']['name']} | {r['config']['purpose']} | {plan} | {cell('auto')} | "
               + " | ".join(cell(n) for n in FIXED) + f" | {best} | {ratio:.2f} | {before} |")
+    report_turns(results)
+
+
+def report_turns(results: list[dict]) -> None:
+    """The runs by turns (`compare`), where the results have them: each run's median epoch,
+    and ``auto`` against the best fixed policy by paired ratios."""
+    import turns
+    with_turns = [r for r in results if r.get("turns")]
+    if not with_turns:
+        return
+    print("\n## auto against the fixed policies by turns (median epoch, s; ratios: median "
+          "of the rounds' paired ratios)\n")
+    print("| config | rounds | auto | auto's first plan | " + " | ".join(FIXED) +
+          " | auto / best fixed | faster than each | first plan / best fixed |")
+    print("|---|---|---|---|" + "---|" * len(FIXED) + "---|---|---|")
+    for r in with_turns:
+        t = r["turns"]
+        times, auto_name = t["times"], t["auto"]
+        others = [n for n in FIXED if n in times and n != auto_name]
+        cell = lambda n: f"{statistics.median(times[n]):.3f}" if n in times else "-"  # noqa
+        ratio = first = "-"
+        faster = "-"
+        if others:
+            worst, which, _ = turns.against_best(times, auto_name, others)
+            ratio, faster = f"{worst:.2f} ({which})", "yes" if worst < 1 else "no"
+            if "auto, first plan" in times:
+                worst, which, _ = turns.against_best(times, "auto, first plan", others)
+                first = f"{worst:.2f} ({which})"
+        print(f"| {r['config']['name']} | {t['rounds']} | {cell(auto_name)} | "
+              f"{cell('auto, first plan')} | " + " | ".join(cell(n) for n in FIXED)
+              + f" | {ratio} | {faster} | {first} |")
 
 
 def accuracy(args) -> list[dict]:
@@ -343,7 +431,7 @@ def accuracy(args) -> list[dict]:
                 print(f"  profile re-measured: matmul {profile.matmul_flops / 1e9:.1f} GFLOP/s, "
                       f"spmm {profile.spmm_rate / 1e9:.2f} G/s, overlap {profile.overlap:.2f}",
                       flush=True)
-            result = run_config(cfg, profile, args.epochs, store_root)
+            result = run_config(cfg, profile, args.epochs, store_root, args.turns)
             result["profile"] = profile.to_json()
             results.append(result)
             # after every configuration, so a long run can be cut short
@@ -440,6 +528,10 @@ def main():
                    help="measure a fresh profile before each configuration (not saved): on a "
                         "machine whose speed drifts over minutes, this separates the cost "
                         "model's error from the drift")
+    a.add_argument("--turns", type=int, default=4,
+                   help="then every run that fits built at once and timed epoch by epoch, "
+                        "by turns, for this many rounds: auto against the fixed policies "
+                        "under the same machine (0: not)")
     r = sub.add_parser("report", help="print the tables of a saved accuracy run")
     r.add_argument("--json", required=True, help="the results file of an accuracy run")
     r.add_argument("--stat", choices=sorted(STATS), default="min")
