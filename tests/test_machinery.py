@@ -16,8 +16,10 @@ from test_planner import MACHINERY, brute_force_case, fixed_profile
 
 def test_the_engine_measures_its_own_cost_per_step(tmp_path):
     figures = machinery.measure(tmp_path, parts=16, epochs=2)
-    assert set(figures) == {"forward", "top", "backward", "params", "ssd_call", "device_mix"}
-    for kind in ("forward", "top", "backward", "params"):
+    assert set(figures) == {"forward", "top", "backward", "params", "ssd_call", "device_mix",
+                            "kept_forward", "kept_backward", "kept_params"}
+    for kind in ("forward", "top", "backward", "params", "kept_forward", "kept_backward",
+                 "kept_params"):
         # a step dispatches programs and hands data between three threads: well over 50 us,
         # and under a second for 32 nodes
         assert 5e-5 < figures[kind] < 1.0, (kind, figures[kind])
@@ -44,14 +46,17 @@ def test_a_measured_profile_keeps_the_figures(monkeypatch, tmp_path):
     """`jgrind.plan.measure.measure` puts the probe's figures in the profile, and a profile
     made without them prices `sweep_step` inside each step's compute instead."""
     figures = {"forward": 1e-3, "top": 2e-3, "backward": 3e-3, "params": 4e-3,
-               "ssd_call": 5e-4, "device_mix": 6e-4}
+               "ssd_call": 5e-4, "device_mix": 6e-4, "kept_forward": 7e-4,
+               "kept_backward": 8e-4, "kept_params": 9e-4}
     quick = measuring.measure(tmp_path, quick=True, machinery=lambda d: figures)
     assert quick.machinery_forward == 0.0  # quick skips the probe (tests, a few seconds)
     monkeypatch.setattr(measuring, "_FULL", measuring._QUICK)
     full = measuring.measure(tmp_path, machinery=lambda d: figures)
     assert (full.machinery_forward, full.machinery_top, full.machinery_backward,
-            full.machinery_params, full.machinery_ssd_call, full.machinery_device_mix) == \
-        (1e-3, 2e-3, 3e-3, 4e-3, 5e-4, 6e-4)
+            full.machinery_params, full.machinery_ssd_call, full.machinery_device_mix,
+            full.machinery_kept_forward, full.machinery_kept_backward,
+            full.machinery_kept_params) == \
+        (1e-3, 2e-3, 3e-3, 4e-3, 5e-4, 6e-4, 7e-4, 8e-4, 9e-4)
     assert profiles.Profile.from_json(full.to_json()) == full
     assert "engine step" in full.format() and "not measured" not in \
         [line for line in full.format().splitlines() if "engine step" in line][0]
@@ -91,6 +96,40 @@ def test_the_probe_splits_a_table_between_the_device_and_host_ram():
     assert fates.count(Fate.DEVICE) == 2 and fates.count(Fate.HOST) == len(fates) - 2
     assert machinery._device_and_host(
         TensorInfo(AGGREGATION, 0, 0, (4, 8), "float32", 128)) is Fate.RECOMPUTE
+
+
+def test_the_probes_fourth_run_keeps_every_aggregation_in_host_ram():
+    from jgrind.plan.fates import AGGREGATION, ACTIVATION, Fate, TensorInfo
+    for name in (AGGREGATION, ACTIVATION):
+        assert machinery._kept_on_host(
+            TensorInfo(name, 0, 3, (4, 8), "float32", 128)) is Fate.HOST
+
+
+def test_a_layer_that_keeps_its_aggregation_is_priced_the_kept_steps():
+    """Keeping ``Z_0`` makes forward 0's steps store two outputs and backward 0's read it:
+    each active step costs the probe's kept figure instead of the plain one; a profile
+    without kept figures prices them as plain steps."""
+    w, _ = brute_force_case()
+    P = w.num_parts
+    profile = fixed_profile(**MACHINERY)
+    host = np.full(P, H, np.int8)
+    plain = Assignment((host, host), (host, host), {})
+    kept = Assignment((host, host), (host, host), {0: host})
+    active = int(np.sum(w.owned > 0))
+
+    def steps(a, p):
+        return {s.label: s.machinery for s in predict(w, a, p).sweeps}
+    base, keeping = steps(plain, profile), steps(kept, profile)
+    assert keeping["forward 0"] - base["forward 0"] == pytest.approx(
+        active * (MACHINERY["machinery_kept_forward"] - MACHINERY["machinery_forward"]))
+    assert keeping["backward 0"] - base["backward 0"] == pytest.approx(
+        active * (MACHINERY["machinery_kept_params"] - MACHINERY["machinery_params"]))
+    assert keeping["backward 1"] == base["backward 1"]  # the top step: never kept
+    unmeasured = dataclasses.replace(profile, machinery_kept_forward=0.0,
+                                     machinery_kept_params=0.0)
+    without = steps(kept, unmeasured)
+    assert without["forward 0"] == pytest.approx(base["forward 0"])
+    assert without["backward 0"] == pytest.approx(base["backward 0"])
 
 
 def test_a_sweep_is_priced_its_steps_and_ssd_calls():

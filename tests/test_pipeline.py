@@ -86,6 +86,38 @@ def test_a_step_registered_twice_or_a_sweep_iterated_twice_is_an_error():
         iter(io)
 
 
+def test_a_step_with_two_outputs_does_not_wait_for_its_own_stores():
+    """A step that keeps its aggregation queues two stores (one before it is registered, as
+    the engine's saving forward does). Each store here finishes only once the next step's
+    input has been yielded: the bound counts steps, so the main thread moves on to the next
+    step instead of waiting for its own first store (which would wait 5 s and be seen); and
+    when a step's stores are queued, those of the step before last are done."""
+    import threading
+    pipeline = _pipeline(True)
+    yielded = {i: threading.Event() for i in range(len(PARTS) + 1)}
+    finished, waited, seen = set(), [], []
+
+    def store(step, output):
+        if not yielded[step + 1].wait(5.0):
+            waited.append(step)
+        finished.add((step, output))
+    try:
+        with pipeline.sweep(PARTS, lambda part: part.index, stage=False) as io:
+            for part, _ in io:
+                i = part.index
+                yielded[i].set()
+                io.write(store, i, "aggregation")
+                io.dispatched(jnp.full(2, float(i)))
+                io.write(store, i, "rows")
+                seen.append({s for s in range(i - 1) for o in ("aggregation", "rows")
+                             if (s, o) not in finished})
+            yielded[len(PARTS)].set()
+    finally:
+        pipeline.close()
+    assert waited == [] and len(finished) == 2 * len(PARTS)
+    assert seen == [set()] * len(PARTS)
+
+
 def test_a_writers_error_is_raised_on_the_main_thread_when_the_sweep_ends():
     pipeline = _pipeline(True)
 

@@ -155,9 +155,12 @@ def test_plan_is_optimal_against_brute_force_on_an_accelerator(case, parallel):
 
 # the engine's own cost per step (`jgrind.engine.machinery`), long enough to bound the small
 # workload's sweeps and to make its SSD calls, and its halo calls on a table split between the
-# device and other tiers, cost more than their bytes
+# device and other tiers, cost more than their bytes; a layer that keeps its aggregation
+# stores two outputs in forward (dearer) and regathers nothing in backward (cheaper)
 MACHINERY = dict(machinery_forward=2e-4, machinery_top=4e-4, machinery_backward=3e-4,
-                 machinery_params=2e-4, machinery_ssd_call=4e-4, machinery_device_mix=6e-4)
+                 machinery_params=2e-4, machinery_ssd_call=4e-4, machinery_device_mix=6e-4,
+                 machinery_kept_forward=3e-4, machinery_kept_backward=2.5e-4,
+                 machinery_kept_params=1.5e-4)
 
 
 @pytest.mark.parametrize("case,backend", [(c, b) for c in ("device-tight", "ssd")

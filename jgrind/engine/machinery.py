@@ -19,7 +19,11 @@ top layer's fused step, of a backward step with an input gradient, and of the fi
 to a step (the SSD run's excess over the host run, per SSD call); and the seconds a halo call
 (a gather of a layer's input, a scatter-add of its input gradient) adds when its table has
 some blocks on the device and the others in host RAM (a third run with every `MIX_EVERY`-th
-partition's blocks on the device: its excess over the host run, per halo call). Such a call
+partition's blocks on the device: its excess over the host run, per halo call), and the
+seconds per step of the layers that keep their aggregation (a fourth run with every block in
+host RAM and every aggregation kept there: its forward steps store two outputs and its
+backward steps read the aggregation instead of regathering; on the test machine a kept
+forward step took a third more than a plain one, 1.65 against 1.24 ms). Such a call
 reads the device's rows back beside the host ones, waiting for the device's queue each time:
 on the test machine 0.6-1.0 ms a step (tables 1 in 64 to half on the device,
 tools/bench_split_tables.py), where tables all on the device cost what tables all in host RAM
@@ -57,11 +61,13 @@ MIX_EVERY = 8     # the mixed run's blocks on the device: every 8th partition's,
 
 def measure(directory: Optional[str | os.PathLike] = None, *, parts: int = PARTS,
             epochs: int = EPOCHS) -> dict:
-    """``{"forward", "top", "backward", "params", "ssd_call", "device_mix"}``: seconds per
-    partition step of each kind of sweep with host blocks, per table call on an SSD block
-    beyond a host one, and per halo call on a table split between the device and host RAM
-    beyond an all-host one. ``directory``: where the SSD run's store goes (the disk the
-    profile measures; default the system's temporary folder)."""
+    """``{"forward", "top", "backward", "params", "ssd_call", "device_mix", "kept_forward",
+    "kept_backward", "kept_params"}``: seconds per partition step of each kind of sweep with
+    host blocks, per table call on an SSD block beyond a host one, per halo call on a table
+    split between the device and host RAM beyond an all-host one, and per step of each kind
+    of sweep of a layer that keeps its aggregation (the top layer never does). ``directory``:
+    where the SSD run's store goes (the disk the profile measures; default the system's
+    temporary folder)."""
     graph = csbm(parts * ROWS, num_classes=WIDTH, num_features=WIDTH, avg_degree=10.0,
                  seed=0)
     model = gcn(WIDTH, WIDTH, WIDTH, num_layers=LAYERS, dropout=0.5)
@@ -71,12 +77,15 @@ def measure(directory: Optional[str | os.PathLike] = None, *, parts: int = PARTS
             OutOfCore(graph, model, optax.sgd(0.0), policy=policies.ssd_offload(store),
                       num_parts=parts, store=store) as ssd, \
             OutOfCore(graph, model, optax.sgd(0.0), policy=_device_and_host,
-                      num_parts=parts) as mixed:
-        runs = [_Timed(host, model), _Timed(ssd, model), _Timed(mixed, model)]
+                      num_parts=parts) as mixed, \
+            OutOfCore(graph, model, optax.sgd(0.0), policy=_kept_on_host,
+                      num_parts=parts) as kept:
+        runs = [_Timed(host, model), _Timed(ssd, model), _Timed(mixed, model),
+                _Timed(kept, model)]
         for epoch in range(epochs + 1):  # the first compiles
             for run in runs:
                 run.epoch(timed=epoch > 0)
-        on_host, on_ssd, on_both = (run.per_step() for run in runs)
+        on_host, on_ssd, on_both, keeping = (run.per_step() for run in runs)
     figures = {kind: float(np.median(steps)) for kind, steps in _by_kind(on_host).items()}
     excess = sum(on_ssd[label][0] - seconds for label, (seconds, *_) in on_host.items())
     calls = sum(n for _, n, _ in on_host.values())
@@ -84,6 +93,9 @@ def measure(directory: Optional[str | os.PathLike] = None, *, parts: int = PARTS
     excess = sum(on_both[label][0] - seconds for label, (seconds, _, _) in on_host.items())
     calls = sum(n for _, _, n in on_host.values())
     figures["device_mix"] = max(0.0, excess / calls)
+    for kind, steps in _by_kind(keeping).items():
+        if kind != "top":
+            figures[f"kept_{kind}"] = float(np.median(steps))
     return figures
 
 
@@ -93,6 +105,11 @@ def _device_and_host(info) -> Fate:
     if info.name == AGGREGATION:
         return Fate.RECOMPUTE
     return Fate.DEVICE if info.partition % MIX_EVERY == 0 else Fate.HOST
+
+
+def _kept_on_host(info) -> Fate:
+    """The keeping run's policy: every block in host RAM, every aggregation kept there."""
+    return Fate.HOST
 
 
 class _Timed:

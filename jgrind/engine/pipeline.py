@@ -12,8 +12,8 @@ A sweep's I/O is a `SweepIO` (`Pipeline.sweep`). Its contract, checked as it run
    step of partition i-1 (the last one registered), which bounds the inputs alive to two
    partitions' (the working-set model); a step left unregistered would break that bound
    silently, so it raises `PipelineError` instead.
-3. Queue the step's stores with `SweepIO.write` (at most `MAX_PENDING_WRITES` wait behind
-   the compute).
+3. Queue the step's stores with `SweepIO.write` (the stores of at most `MAX_PENDING_STEPS`
+   steps wait behind the compute).
 4. Leave the ``with`` block (or call `SweepIO.finish`): it waits for the queued writes and
    re-raises a writer's error on the main thread.
 """
@@ -33,7 +33,7 @@ from jgrind import interrupts
 from jgrind.hostio import transfers
 from jgrind.engine.store import DeviceRows
 
-MAX_PENDING_WRITES = 1  # writes queued behind the compute (see `SweepIO.write`)
+MAX_PENDING_STEPS = 1  # steps whose writes are queued behind the compute (`SweepIO.write`)
 # Below this many bytes a piece, one transfer carries the whole array (`_put`)
 MIN_PIECE_BYTES = 4 << 20
 
@@ -118,7 +118,7 @@ class SweepIO:
     def __init__(self, pipeline: Pipeline, parts: list, load: Callable):
         self._pipeline, self._parts, self._load = pipeline, parts, load
         self._in_flight: collections.deque = collections.deque()  # registered steps' markers
-        self._pending: collections.deque = collections.deque()  # queued writes
+        self._pending: collections.deque = collections.deque()  # (step, queued write)
         self._yielded = self._registered = 0
         self._started = False
 
@@ -182,22 +182,28 @@ class SweepIO:
         self._in_flight.append(_marker(jax.tree.leaves(step_output)[0]))
 
     def write(self, fn: Callable, *args) -> None:
-        """Run ``fn(*args)`` on the writer thread. At most `MAX_PENDING_WRITES` writes wait in
-        its queue: each holds a partition's output, so an unbounded queue (a writer slower
-        than the compute, e.g. scatter-adds to SSD) would hold every partition's output at
-        once."""
+        """Run ``fn(*args)`` on the writer thread, as a store of the step on the input last
+        yielded. The writes of at most `MAX_PENDING_STEPS` steps wait in its queue: each holds
+        a partition's output, so an unbounded queue (a writer slower than the compute, e.g.
+        scatter-adds to SSD) would hold every partition's output at once. The bound counts
+        steps, not writes: a step that keeps its aggregation stores two outputs, and with one
+        write allowed to wait, queuing its second would wait for its first, so for its own
+        kernels, before the next step could be dispatched. The outputs of the step running
+        and of the one being stored are what the working-set bound counts
+        (`jgrind.plan.cost.Workload.working_set`)."""
         writer = self._pipeline.writer
         if writer is None:
             fn(*args)
             return
-        self._pending.append(writer.submit(fn, *args))
-        while len(self._pending) > MAX_PENDING_WRITES:
-            self._pending.popleft().result()
+        step = self._yielded
+        self._pending.append((step, writer.submit(fn, *args)))
+        while self._pending[0][0] <= step - MAX_PENDING_STEPS:
+            self._pending.popleft()[1].result()
 
     def finish(self) -> None:
         """Wait for the queued writes; a writer's error is raised here, on the main thread."""
         while self._pending:
-            self._pending.popleft().result()
+            self._pending.popleft()[1].result()
 
 
 # Below this many bytes a step's output is copied whole to wait on (`_marker`)

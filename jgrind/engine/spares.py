@@ -38,8 +38,8 @@ import numpy as np
 
 from jgrind.hostio.buffers import aligned_empty
 
-# When the engine dispatches step i+1, step i-1's output has been stored and handed back (it
-# waits for that write before queuing another, `MAX_PENDING_WRITES`): kept for step i+1, a
+# When the engine dispatches step i+1, step i-1's outputs have been stored and handed back (it
+# waits for those writes before queuing step i's, `MAX_PENDING_STEPS`): kept for step i+1, a
 # buffer waits no longer than a step. Kept for step i+2 as well, it would wait while step
 # i+1, of another shape, runs.
 LOOKAHEAD = 1

@@ -1074,16 +1074,30 @@ def machinery_kind(w: Workload, kind: str, layer: int) -> str:
     return "backward" if layer >= 1 else "params"
 
 
+def step_machinery(w: Workload, profile, kind: str, layer: int, kept: bool = False) -> float:
+    """The profile's seconds per step of a sweep (``kind`` of ``layer``, `machinery_kind`);
+    ``kept``: the layer keeps its aggregation (a forward that stores it, a backward that reads
+    it; a recomputing forward does neither), priced by the profile's kept-step figure where
+    it has one."""
+    name = machinery_kind(w, kind, layer)
+    if kept and kind != "recompute" and name != "top":
+        figure = getattr(profile, f"machinery_kept_{name}", 0.0)
+        if figure > 0.0:
+            return figure
+    return getattr(profile, f"machinery_{name}")
+
+
 def sweep_machinery(w: Workload, profile, kind: str, layer: int,
-                    ssd_calls: np.ndarray, mixed_calls: int = 0) -> np.ndarray:
+                    ssd_calls: np.ndarray, mixed_calls: int = 0,
+                    kept: bool = False) -> np.ndarray:
     """``[P]`` the engine's own seconds for every partition's step of a sweep: the profile's
-    per step of its kind, per call on an SSD block (``ssd_calls[p]``: the sweep's tables
-    whose block ``p`` is on SSD), and per halo call on a table split between the device and
-    other tiers (``mixed_calls``, `mixed_halo_call`); zeros where the profile did not measure
-    them."""
+    per step of its kind (`step_machinery`; ``kept``: the layer keeps its aggregation), per
+    call on an SSD block (``ssd_calls[p]``: the sweep's tables whose block ``p`` is on SSD),
+    and per halo call on a table split between the device and other tiers (``mixed_calls``,
+    `mixed_halo_call`); zeros where the profile did not measure them."""
     if not measured_machinery(profile):
         return np.zeros(w.num_parts)
-    step = getattr(profile, f"machinery_{machinery_kind(w, kind, layer)}")
+    step = step_machinery(w, profile, kind, layer, kept)
     mixed = getattr(profile, "machinery_device_mix", 0.0) * mixed_calls
     return np.where(w.owned > 0, step + profile.machinery_ssd_call * ssd_calls + mixed, 0.0)
 
@@ -2133,7 +2147,7 @@ def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
             mixed_calls += mixed_halo_call(w, l, g)
         # the layer above makes this layer's output masks only if it regathers
         step = _step(w, profile, l, backward_kind(w, l, l in a.kept), masked=l + 1 not in a.kept)
-    machinery = sweep_machinery(w, profile, kind, l, ssd_calls, mixed_calls)
+    machinery = sweep_machinery(w, profile, kind, l, ssd_calls, mixed_calls, l in a.kept)
     return Sweep(label=f"{kind} {l}", layer=l, kind=kind, compute=step.total(),
                  moves=tuple(moves), partitions=tuple(order.tolist()),
                  part_compute=step.parts()[order], part_reads=parts["reads"][order],

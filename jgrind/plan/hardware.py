@@ -17,7 +17,7 @@ from typing import Any, Optional
 from jgrind.hostio import allocator, host_memory
 from jgrind.hostio.rows import threads as row_threads
 
-PROFILE_VERSION = 24  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 25  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.hostio.rows` (take, add, store), not `x[i] += v`
@@ -61,6 +61,9 @@ PROFILE_VERSION = 24  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                     24: what a gather or a scatter-add of halo rows costs the engine when
 #                         its table has blocks both on the device and off it
 #                         (`machinery_device_mix`)
+#                     25: the engine's own cost per step of a layer that keeps its
+#                         aggregation (`machinery_kept_*`): a forward that stores two outputs,
+#                         a backward from the kept aggregation
 
 _MIB = 2**20
 
@@ -84,7 +87,8 @@ _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "sweep_step", "gat
                  "contraction_bw", "link_to_device_bw", "link_to_host_bw",
                  "pageable_to_host_bw", "device_call", "cached_take", "cache_lookup",
                  "machinery_forward", "machinery_top", "machinery_backward",
-                 "machinery_params", "machinery_ssd_call", "machinery_device_mix")
+                 "machinery_params", "machinery_ssd_call", "machinery_device_mix",
+                 "machinery_kept_forward", "machinery_kept_backward", "machinery_kept_params")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
                "to_device_small_bytes")
 
@@ -180,6 +184,12 @@ class Profile:
     # on the device and some off it (the device tier's takes and adds read back beside the
     # host rows: each waits for the device's queue, where an all-device table's stays there)
     machinery_device_mix: float = 0.0
+    # the same per step of a layer that keeps its aggregation (docs/engine.md, "Kept
+    # aggregations"): its forward step stores two outputs, its backward steps read the
+    # aggregation instead of regathering; 0 where not measured (the figures above then)
+    machinery_kept_forward: float = 0.0
+    machinery_kept_backward: float = 0.0
+    machinery_kept_params: float = 0.0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -233,6 +243,10 @@ class Profile:
                              f"{self.machinery_top * 1e3:.3f} ms top, "
                              f"{self.machinery_backward * 1e3:.3f} ms backward, "
                              f"{self.machinery_params * 1e3:.3f} ms first layer's backward; "
+                             f"keeping its aggregation "
+                             f"{self.machinery_kept_forward * 1e3:.3f} ms forward, "
+                             f"{self.machinery_kept_backward * 1e3:.3f} ms backward, "
+                             f"{self.machinery_kept_params * 1e3:.3f} ms first layer's; "
                              f"+{self.machinery_ssd_call * 1e3:.3f} ms per SSD call, "
                              f"+{self.machinery_device_mix * 1e3:.3f} ms per halo call on a "
                              "table split between the device and other tiers "

@@ -101,7 +101,7 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     figures, and the profile is reused by later runs.
 
     ``machinery``: ``directory -> {"forward", "top", "backward", "params", "ssd_call",
-    "device_mix"}``, the engine's own seconds per partition step, measured by running it
+    "device_mix", "kept_forward", "kept_backward", "kept_params"}``, the engine's own seconds per partition step, measured by running it
     (`jgrind.engine.machinery.measure`, which `jgrind.plan.profile.measure` passes: this layer
     cannot import the engine); None leaves them unmeasured. Not run when ``quick``.
     """

@@ -50,7 +50,7 @@ from jgrind.plan.cost import (Assignment, HostCores, Prediction, Workload,
                               accumulate_seconds,
                               backward_kind, fit_masks, format_bytes, format_minimum,
                               fullest_working_set, gather_seconds, in_memory_seconds,
-                              least_device_budget, machinery_kind, measured_machinery, predict,
+                              least_device_budget, measured_machinery, predict, step_machinery,
                               read_block_seconds, step_seconds, uniform, with_page_cache,
                               write_seconds)
 from jgrind.plan.execution import fits_in_memory, in_memory_bytes
@@ -444,15 +444,20 @@ class _Program:
         A backward sweep that may keep ``Z_l`` gathers from ``H_l``'s SSD blocks only if it
         does not keep it: ``v_l >= x[H_l, S] - P k_l``. A gather or scatter-add on a table
         split between the device and other tiers adds its figure per step (``mix[g]``;
-        ``wm[l]`` for a gather that keeping ``Z_l`` saves)."""
+        ``wm[l]`` for a gather that keeping ``Z_l`` saves). A layer that may keep ``Z_l``
+        adds what a kept step costs beyond a plain one (`step_machinery`) times ``k_l``."""
         w, profile = self.w, self.profile
         if not measured_machinery(profile):
             return {}, 0.0
         active = int(np.sum(w.owned > 0))
-        step = getattr(profile, f"machinery_{machinery_kind(w, kind, l)}")
+        step = step_machinery(w, profile, kind, l)
         per_block = profile.machinery_ssd_call * active / self.P
         per_mixed = getattr(profile, "machinery_device_mix", 0.0) * active
         terms: dict = {}
+        if l in self.zi:
+            extra = step_machinery(w, profile, kind, l, kept=True) - step
+            if extra:
+                _addto(terms, self.k(l), extra * active)
 
         def calls_on(group) -> None:
             if group in self.gi:

@@ -56,7 +56,8 @@ REVIEW_EPOCHS = 3
 # factor, per-call and per-row seconds multiplied by it.
 COMPUTE = (("matmul_flops", "spmm_rate", "contraction_bw"),
            ("sweep_step", "machinery_forward", "machinery_top", "machinery_backward",
-            "machinery_params", "machinery_ssd_call", "machinery_device_mix"))
+            "machinery_params", "machinery_ssd_call", "machinery_device_mix",
+            "machinery_kept_forward", "machinery_kept_backward", "machinery_kept_params"))
 MEMORY = (("gather_bw", "scatter_add_bw", "copy_bw", "to_device_bw", "to_device_small_bw",
            "to_host_bw", "link_to_device_bw", "link_to_host_bw", "pageable_to_host_bw"),
           ("gather_row_seconds", "scatter_add_row_seconds", "step_latency", "device_call"))
