@@ -68,6 +68,11 @@ def test_the_run_check_summarises_the_epochs_checked():
     assert summary["median_seconds"] == pytest.approx(4.0)
     assert summary["furthest"] == "backward 0"
     assert run_check([{"epoch": 0, "seconds": 1.0}]) is None
+    # a run that re-planned and went back says so
+    history[1]["replan"] = {"epoch": 1, "replanned": True}
+    history[2]["replan"] = {"epoch": 2, "replanned": True, "stepped_back": True}
+    line = run_check(history)["line"]
+    assert "re-planned 2x (after epoch 1, 2; after epoch 2 back to the plan before" in line
 
 
 def test_a_planned_run_records_every_sweep_beside_its_prediction(tmp_path):

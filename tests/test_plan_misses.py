@@ -48,7 +48,7 @@ def test_the_planner_benchmark_trains_auto_through_train(tmp_path, monkeypatch):
     run = bench_planner.train_auto(graph, model, cfg, fixed_profile(), str(tmp_path), 1, plans)
     assert not run["replanned"] and run["num_parts"] >= 2
     assert len(plans) == 2 and plans[0] is plans[1]  # kept: the first plan is the last
-    assert len(run["times_first"]) == len(run["times"]) == 5  # 3 reviewed, 2 after, kept
+    assert len(run["times_first"]) == len(run["times"]) == 9  # 3 reviewed, 6 after, kept
     assert run["predicted"] == run["predicted_first"] > 0
     assert run["accounts"]["host"] == run["predicted_memory"]["host"]
     # every epoch held against the plan's own prediction keeps its sweeps, for the replay

@@ -186,6 +186,51 @@ def test_a_slow_epoch_replans_only_for_a_gain_worth_a_rebuild(monkeypatch):
         assert review.repriced.epoch_seconds == pytest.approx(repriced.epoch_seconds)
 
 
+def test_a_replan_that_measures_slower_goes_back_to_the_plan_before(monkeypatch):
+    """The first plan's epochs run 60 % over it and another plan is predicted far faster: the
+    run re-plans. The new plan's median measured 20 % over the first plan's: the run goes
+    back to the first plan, held against its re-priced prediction, and reviews no more; 5 %
+    over is the rule's ordinary review (the plan stays)."""
+    import dataclasses
+    from jgrind.plan import replan
+    from jgrind.plan.replan import STEP_BACK_MARGIN, _same_plan
+    graph, model = _small()
+    profile = fixed_profile()
+    plan = plan_run(graph, model, profile, device_budget=_device_floor(graph, model),
+                    host_budget=1 << 30, num_parts=4)
+    slow = 1.6
+
+    def epoch(p, factor, at):
+        sweeps = [(s.label, factor * p.sweep_seconds(s)) for s in p.sweeps]
+        parts = _as_measured(p, profile, factor)
+        return check_epoch(p, sweeps, factor * p.epoch_seconds, epoch=at,
+                           measured_parts=parts), parts
+    check, parts = epoch(plan.prediction, slow, 1)
+    other = tuple(np.roll(a, 1) if a.size > 1 and np.unique(a).size > 1 else 3 - a
+                  for a in plan.assignment.activations)
+    new = dataclasses.replace(plan, assignment=dataclasses.replace(
+        plan.assignment, activations=other), epoch_seconds=0.5 * plan.epoch_seconds)
+    monkeypatch.setattr(replan, "plan_for", lambda *a, **k: new)
+    for over, back in ((1.2, True), (1.05, False)):
+        assert (over > 1 + STEP_BACK_MARGIN) == back
+        replanner = Replanner(plan, profile, 0)
+        first = replanner.review(check, parts)
+        assert first.plan is not None and _same_plan(first.plan, new) and replanner.due
+        later, later_parts = epoch(first.plan.prediction, 1.0, 5)
+        later = dataclasses.replace(later, measured=over * check.measured)
+        second = replanner.review(later, later_parts)
+        if not back:
+            assert second.plan is None and not second.record["replanned"]
+            continue
+        assert second.record["stepped_back"] and second.record["replanned"]
+        assert _same_plan(second.plan, plan) and replanner.plan is second.plan
+        assert second.plan.prediction is first.repriced  # held against what it measured
+        assert second.plan.epoch_seconds == pytest.approx(first.repriced.epoch_seconds)
+        assert second.line.startswith("went back to the plan before (")
+        assert "+20% against the" in second.line
+        assert not replanner.due
+
+
 def test_a_fixed_policy_never_replans():
     graph, model = _small()
     result = train(jax.random.key(0), graph, model, optax.adam(1e-2), epochs=3,

@@ -91,8 +91,10 @@ def sweep_rows(prediction, measured: tuple) -> list:
 def train_auto(graph, model, cfg: Config, profile, store, epochs: int,
                plans: Optional[list] = None) -> dict:
     """``auto`` trained through `jgrind.train.train` (re-planning as a user's run does):
-    long enough for its review (`REVIEW_EPOCHS` timed epochs after the compiling one), and
-    for ``epochs`` timed epochs of a new plan after its compiling epoch. Returns the first
+    long enough for its review (`REVIEW_EPOCHS` timed epochs after the compiling one), a new
+    plan's review after its compiling epoch (which may go back to the first plan,
+    `jgrind.plan.replan.STEP_BACK_MARGIN`), and ``epochs`` timed epochs of the plan it ends
+    with after its compiling epoch. Returns the first
     plan's and the last plan's predicted epoch and measured epoch times, whether it re-planned,
     the last plan's predicted peaks and the store's measured ones. ``plans``: gets the first
     and the last `jgrind.plan.planner.Plan` (the same one where it kept its plan)."""
@@ -103,7 +105,8 @@ def train_auto(graph, model, cfg: Config, profile, store, epochs: int,
     from jgrind.train import train
     made = []
     policy = policies.auto(profile=profile, directory=store, on_plan=made.append)
-    total = 1 + max(REVIEW_EPOCHS, epochs) + 1 + epochs
+    reviewed = max(REVIEW_EPOCHS, epochs)
+    total = 1 + reviewed + 1 + reviewed + 1 + epochs
     result = train(jax.random.key(1), graph, model, optax.adam(1e-3), epochs=total,
                    policy=policy, store=store, device_budget=cfg.device_budget,
                    host_budget=cfg.host_budget, progress=False, eval_every=total)
@@ -376,7 +379,9 @@ def report(results: list[dict], stat: str = "min") -> None:
                                                                 for t, f in r["plan"]["fates"]))
         for run in runs["auto"].get("rounds", ()):
             if run["replanned"]:
-                plan += f"; re-planned to {run['replans'][-1]['now']}"
+                last = run["replans"][-1]
+                plan += (f"; re-planned to {last['was']}, then went back" if
+                         last.get("stepped_back") else f"; re-planned to {last['now']}")
                 break
         first = runs["auto"].get("measured_first")
         before = f"{first / fixed[best]:.2f}" if first and best else "(no re-plan)"

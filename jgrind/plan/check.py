@@ -148,9 +148,11 @@ def run_check(history: Sequence[dict], margin: float = PLAN_MARGIN):
             f"by more than {margin:.0%}; furthest off: {worst}, {median[worst]:.3g} s against "
             f"{planned[worst]:.3g} s")
     if replans:
+        back = [r["epoch"] for r in replans if r.get("stepped_back")]
         line += (f"; re-planned {len(replans)}x (after epoch "
-                 f"{', '.join(str(r['epoch']) for r in replans)}), these are the last plan's "
-                 f"epochs")
+                 f"{', '.join(str(r['epoch']) for r in replans)}"
+                 + (f"; after epoch {back[0]} back to the plan before, which measured faster"
+                    if back else "") + "), these are the last plan's epochs")
     return {"predicted_seconds": predicted, "median_seconds": measured, "epochs": len(checked),
             "off": off, "margin": margin, "furthest": worst, "replans": len(replans),
             "line": line}

@@ -26,6 +26,14 @@ The rule (docs/planner.md, "Re-planning"):
    than the margin (measurements keep missing) *and* the new plan is predicted faster by
    more than the margin: a rebuild costs a compiled epoch. A run re-plans at most
    `MAX_REPLANS` times. A plan reviewed without a re-plan is not reviewed again.
+5. A re-plan is itself held against measurement: when the new plan's reviewed median is more
+   than `STEP_BACK_MARGIN` slower than the median the plan it replaced measured, the run goes
+   back to that plan (held against its re-priced prediction) and reviews no more. Both
+   medians were measured, on this run: the calibrated model that chose the new plan was
+   not. On the planner benchmark's host-tight configuration the first re-plan moved to a
+   slower plan in runs AL, AM, AN and AQ (docs/results.md, section 7). Going back wrongly
+   (the machine slowed between the two medians) costs a compiled epoch and a plan about as
+   fast; staying wrongly costs the rest of the run.
 
 A re-plan changes where tensors live, never the numbers: the trainer rebuilds the engine
 with the new plan on the same partitions, and parameters, optimizer state, random keys and the
@@ -43,14 +51,18 @@ from jgrind.plan.check import PLAN_MARGIN
 from jgrind.plan.cost import HostCores, Prediction, predict
 from jgrind.plan.planner import plan as plan_for
 
-__all__ = ["MAX_REPLANS", "REPLAN_GAIN", "REVIEW_EPOCHS", "Calibration", "Replan", "Replanner",
-           "calibrate", "kernel_shares", "median_epoch", "with_residual"]
+__all__ = ["MAX_REPLANS", "REPLAN_GAIN", "REVIEW_EPOCHS", "STEP_BACK_MARGIN", "Calibration",
+           "Replan", "Replanner", "calibrate", "kernel_shares", "median_epoch",
+           "with_residual"]
 
 MAX_REPLANS = 3
 # The least predicted gain that re-plans after a slow epoch: a rebuild recompiles the steps.
 REPLAN_GAIN = 0.05
 # Checked epochs whose median a review calibrates to: the median of three ignores one outlier.
 REVIEW_EPOCHS = 3
+# How much slower than the plan it replaced a re-planned plan may measure before the run goes
+# back, as a share of the replaced plan's median.
+STEP_BACK_MARGIN = 0.10
 
 # The profile's figures behind each part the calibration scales: rates are divided by the
 # factor, per-call and per-row seconds multiplied by it.
@@ -243,6 +255,9 @@ class Replanner:
         self.replans = 0
         self.reviewed = False  # the current plan has been reviewed
         self.seen: list = []  # the current plan's checked epochs not yet reviewed
+        # (plan, its reviewed median, its re-priced prediction) of the plan the last re-plan
+        # replaced, until the new one is reviewed against it
+        self.replaced: Optional[tuple] = None
 
     @property
     def due(self) -> bool:
@@ -273,6 +288,9 @@ class Replanner:
         self.seen = []
         self.reviewed = True
         old = self.plan
+        replaced, self.replaced = self.replaced, None
+        if replaced is not None and check.measured > (1.0 + STEP_BACK_MARGIN) * replaced[1]:
+            return self._step_back(replaced, check, epochs)
         w, a = old.workload, old.assignment
         calibration, profile, repriced = calibrate(
             self.profile, w, a, old.cache_bytes, self.num_params, sweep_parts,
@@ -307,6 +325,7 @@ class Replanner:
             return Replan(None, f"reviewed the plan: {why}; {reason}", record, repriced)
         self.replans += 1
         self.plan, self.profile, self.reviewed = new, profile, False
+        self.replaced = (old, check.measured, repriced)
         m = new.prediction.memory
         record.update(replanned=True, was=_describe(old), now=_describe(new),
                       new_peaks={"device": m.peak_device, "host": m.peak_host,
@@ -315,6 +334,31 @@ class Replanner:
                 f"{repriced.epoch_seconds:.3g} s, the new plan ({_describe(new)}, was "
                 f"{_describe(old)}) {new.epoch_seconds:.3g} s")
         return Replan(new, line, record, repriced)
+
+
+    def _step_back(self, replaced: tuple, check, epochs: list) -> Replan:
+        """Back to the plan ``replaced`` (``(plan, its reviewed median, its re-priced
+        prediction)``), whose median beat this plan's ``check``; no more reviews."""
+        before, measured_before, repriced = replaced
+        back = dataclasses.replace(before, prediction=repriced,
+                                   epoch_seconds=repriced.epoch_seconds)
+        current = self.plan
+        self.plan, self.reviewed = back, True
+        self.replans = MAX_REPLANS  # both plans measured: nothing left to try
+        m = back.prediction.memory
+        took = f"epoch {check.epoch} took" if len(epochs) == 1 else \
+            f"epochs {epochs[0]}-{epochs[-1]} took a median of"
+        record = {"epoch": check.epoch, "epochs": epochs, "measured_seconds": check.measured,
+                  "predicted_seconds": check.predicted, "replaced_seconds": measured_before,
+                  "new_predicted_seconds": back.epoch_seconds, "replanned": True,
+                  "stepped_back": True, "was": _describe(current), "now": _describe(back),
+                  "new_peaks": {"device": m.peak_device, "host": m.peak_host,
+                                "ssd": m.peak_ssd}}
+        line = (f"went back to the plan before ({_describe(back)}): {took} "
+                f"{check.measured:.3g} s, {check.measured / measured_before - 1:+.0%} against "
+                f"the {measured_before:.3g} s the plan before measured "
+                f"(predicted {check.predicted:.3g} s)")
+        return Replan(back, line, record, None)
 
 
 def median_epoch(seen: Sequence[tuple]) -> tuple:
