@@ -280,7 +280,7 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str, rounds: int =
     if rounds:
         fitting = [n for n in FIXED if "times" in records[n]]
         makers = {}
-        if not the_plan.in_memory:
+        if not the_plan.in_memory and auto_plans:  # (none if auto did not fit)
             first, last = auto_plans
             makers["auto"] = lambda: engine(last.policy(), last.partitioned, last.prediction)
             if last is not first:
