@@ -1,7 +1,7 @@
 """Planner benchmarks (issue 4): is the cost model honest, is the plan worth having, is planning
 fast.
 
-    python tools/bench_planner.py accuracy            # 7 configurations x 5 policies, ~35 min
+    python tools/bench_planner.py accuracy            # 7 configurations x 5 policies, ~50 min
     python tools/bench_planner.py accuracy --only 1,2 --epochs 2     # a quick subset
     python tools/bench_planner.py accuracy --reprofile   # a fresh profile per configuration
     python tools/bench_planner.py planning-time       # 5-layer model, 1024 partitions
