@@ -6,7 +6,8 @@ of 51 MB, out of the caches). A partition step's input is its rows and halo, oft
     python tools/probe_spmm.py --rows 200000 6000 --widths 128 512 --runs 2
 
 Each figure is the fastest of ``--repeats`` products after a compiling one, on a random square
-matrix with uniform degrees (10 per row), as the profile measures it.
+matrix with uniform degrees (10 per row), built as the profile builds it
+(`jgrind.plan.measure.spmm_operands`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,9 @@ import harness
 
 def seconds(rows: int, width: int, repeats: int, rng) -> float:
     import jax
-    from jgrind.sparse import adjacency, spmm
-    degree = 10
-    indptr = np.arange(rows + 1, dtype=np.int64) * degree
-    indices = np.sort(rng.integers(0, rows, (rows, degree), dtype=np.int32), axis=1).ravel()
-    adj = jax.device_put(adjacency(indptr, indices, np.full(indices.size, 1 / degree,
-                                                           np.float32), rows))
-    x = jax.device_put(rng.standard_normal((rows, width), dtype=np.float32))
+    from jgrind.plan.measure import spmm_operands
+    from jgrind.sparse import spmm
+    adj, x, _ = spmm_operands(rows, 10 * rows, width, rng)
     product = jax.jit(spmm)
     product(adj, x).block_until_ready()
     best = float("inf")

@@ -23,7 +23,7 @@ partition's blocks on the device: its excess over the host run, per halo call), 
 seconds per step of the layers that keep their aggregation (a fourth run with every block in
 host RAM and every aggregation kept there: its forward steps store two outputs and its
 backward steps read the aggregation instead of regathering; on the test machine a kept
-forward step took a third more than a plain one, 1.65 against 1.24 ms). Such a call
+forward step took a quarter more than a plain one, 1.67 against 1.32 ms). Such a call
 reads the device's rows back beside the host ones, waiting for the device's queue each time:
 on the test machine 0.6-1.0 ms a step (tables 1 in 64 to half on the device,
 tools/bench_split_tables.py), where tables all on the device cost what tables all in host RAM

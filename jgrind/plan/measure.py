@@ -302,18 +302,27 @@ def _contraction_bw(sizes: _Sizes, rng: np.random.Generator) -> float:
                       lambda: weight_grad(x, g).block_until_ready(), sizes.repeats)
 
 
-def _spmm_rate(sizes: _Sizes, rng: np.random.Generator) -> float:
-    """``A @ x`` through `jgrind.sparse.spmm` (the default backend, jitted) for a random square
-    ``A`` with uniform degrees and mean weights, chained so that each product feeds the next."""
-    rows, nnz, width = sizes.spmm
+def spmm_operands(rows: int, nnz: int, width: int, rng: np.random.Generator) -> tuple:
+    """``(A, x, stored)`` on the device as the profile's sparse product takes them: a random
+    square ``A`` of ``rows`` rows with uniform degrees (``nnz // rows`` each) and mean weights,
+    a ``rows x width`` input, and ``A``'s stored entries (also for tools/probe_spmm.py, which
+    varies the sizes)."""
     degree = max(1, nnz // rows)
     indptr = np.arange(rows + 1, dtype=np.int64) * degree
     indices = np.sort(rng.integers(0, rows, (rows, degree), dtype=np.int32), axis=1).ravel()
     adj = jax.device_put(adjacency(indptr, indices, np.full(indices.size, 1 / degree,
                                                            np.float32), rows))
     x = jax.device_put(rng.standard_normal((rows, width), dtype=np.float32))
+    return adj, x, indices.size
+
+
+def _spmm_rate(sizes: _Sizes, rng: np.random.Generator) -> float:
+    """``A @ x`` through `jgrind.sparse.spmm` (the default backend, jitted) on
+    `spmm_operands`, chained so that each product feeds the next."""
+    rows, nnz, width = sizes.spmm
+    adj, x, stored = spmm_operands(rows, nnz, width, rng)
     product = jax.jit(spmm)
-    return _chain_rate(lambda x: product(adj, x), x, float(indices.size) * width, sizes)
+    return _chain_rate(lambda x: product(adj, x), x, float(stored) * width, sizes)
 
 
 def _fused_step(nodes: int, repeats: int) -> tuple[int, int, float]:
