@@ -37,6 +37,8 @@ def test_measure_gives_positive_figures_and_removes_its_files(measured):
         assert nodes > 0 and edges > nodes and math.isfinite(seconds) and seconds > 0
     assert got.device_free > 0 and got.host_free > 0 and got.ssd_free > 0
     assert got.version == PROFILE_VERSION and got.directory == str(where.resolve())
+    # the sparse product at two input sizes, the cached one the smaller
+    assert got.spmm_cached_rate > 0 and 0 < got.spmm_cached_bytes < got.spmm_bytes
     assert got.machine["cores"] == os.cpu_count() and got.machine["backend"]
     assert list(where.iterdir()) == []
 

@@ -6,7 +6,8 @@ rates of a measured `jgrind.plan.profile.Profile`. Each price is worked out per 
 (`step_parts`, `gather_parts`, ...); a sweep's figure is their sum, and the prediction keeps
 the parts, in the schedule's order, for the plan's chart:
 
-* **compute** of a partition step: sparse products (``nnz * width / spmm_rate``), dense
+* **compute** of a partition step: sparse products (``nnz * width`` at the profile's rate for
+  an input of that size, `spmm_rate_at`), dense
   transforms (``2 m k n / matmul_flops``) and the sweep's fixed cost per step (the profile's
   ``sweep_step``: the pipeline's hand-offs, puts, dispatch and waits); a backward step reruns
   the forward inside ``jax.vjp`` and adds the transposed products (3x the forward, 2x for the
@@ -893,6 +894,33 @@ class Products:
     input_grad: np.ndarray
 
 
+def spmm_rate_at(profile, input_bytes):
+    """The sparse product's rate (nonzeros x width per second) on an input of ``input_bytes``
+    (an array over partitions, or a number): the profile's cached rate up to the size it was
+    measured at, its out-of-cache rate from the larger size on, and between the two
+    geometric in the bytes (on CPU-2, measured with tools/probe_spmm.py, the rate falls
+    from ~6-10 G/s at 5 MB through ~4-5 at 13 MB and ~3-4 at 26 MB to ~2 at 51 MB, which the
+    geometric mean of the two ends follows within the probe's own spread). The product reads
+    its input's rows in the adjacency's random order: a partition step's rows and halo often
+    fit in the caches, a whole graph's do not. A profile without the cached figure (made by
+    hand, or a `jgrind.plan.placement.Rates`) prices every size at ``spmm_rate``."""
+    slow = profile.spmm_rate
+    cached = getattr(profile, "spmm_cached_rate", 0.0)
+    small, large = getattr(profile, "spmm_cached_bytes", 0), getattr(profile, "spmm_bytes", 0)
+    if not cached or not 0 < small < large:
+        return slow + 0.0 * np.asarray(input_bytes, dtype=np.float64)
+    # a cached figure below the out-of-cache one is the machine's noise, not its caches
+    fast = max(cached, slow)
+    share = np.clip((np.log(np.maximum(np.asarray(input_bytes, dtype=np.float64), 1.0))
+                     - np.log(small)) / (np.log(large) - np.log(small)), 0.0, 1.0)
+    return np.exp((1.0 - share) * np.log(fast) + share * np.log(slow))
+
+
+def spmm_seconds(nnz, width: int, input_rows, profile):
+    """Seconds of ``A @ x`` with ``nnz`` stored entries on an ``input_rows x width`` input."""
+    return nnz * float(width) / spmm_rate_at(profile, input_rows * float(width) * ITEMSIZE)
+
+
 def _matmul(profile):
     """``rows x a @ a x b`` seconds at the profile's matmul rate."""
     return lambda rows, a, b: 2.0 * rows * a * b / profile.matmul_flops
@@ -909,7 +937,10 @@ def _weight_grad(profile):
 def layer_products(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> Products:
     """The `Products` of one step of ``layer`` on partitions of the given padded shapes."""
     wg = _weight_grad(profile)
-    sp = lambda width: nnz * float(width) / profile.spmm_rate           # noqa: E731
+    # a product's input: the gathered rows and halo forward, the output rows' cotangent in
+    # the transposed product
+    sp = lambda width: spmm_seconds(nnz, width, n_in, profile)            # noqa: E731
+    sp_t = lambda width: spmm_seconds(nnz, width, n_out, profile)         # noqa: E731
     layer = unwrap(layer)  # a layer running its consumer's dropout: the same products
     kind = type(layer).__name__
     # the forward's sparse width and dense flops, shared with the inventory's recompute price
@@ -922,16 +953,16 @@ def layer_products(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> P
         if first:   # act((A X) W [+ X_own R]): dW needs A X, not a second sparse product
             return Products(forward=sp(sparse_width) + dense, masked=dense,
                             weight_grad=wg(n_out, w_in, w_out) + root_grad,
-                            input_grad=dense + sp(sparse_width))
+                            input_grad=dense + sp_t(sparse_width))
         # act(A (X W) [+ X_own R]): dW = X^T (A^T g) needs the transposed sparse product
         forward = dense + sp(sparse_width)
         return Products(forward=forward, masked=forward,
-                        weight_grad=wg(n_in, w_in, w_out) + root_grad + sp(w_out),
+                        weight_grad=wg(n_in, w_in, w_out) + root_grad + sp_t(w_out),
                         input_grad=dense)
     if kind == "Propagate":  # the aggregation half of a split GCN layer: A U + b, no weight
         forward = sp(sparse_width)
         return Products(forward=forward, masked=forward, weight_grad=0.0 * forward,
-                        input_grad=forward)
+                        input_grad=sp_t(sparse_width))
     if kind == "RGCNConv":
         # one sparse product over the relation rows at the input width gives [out, R, in],
         # then each output row's aggregates times the relation weights, and the
@@ -946,7 +977,7 @@ def layer_products(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> P
         if layer.self_loop:
             grad = grad + wg(n_out, w_in, w_out)
         return Products(forward=sp(sparse_width) + dense, masked=dense, weight_grad=grad,
-                        input_grad=dense + sp(sparse_width))
+                        input_grad=dense + sp_t(sparse_width))
     if kind in ("RGATConv", "GATConv"):
         # x W on every input row (RGAT: every relation's), then per edge: scores, softmax
         # and a weighted gather-sum; the edge work runs as XLA gathers/segment sums, priced
@@ -959,7 +990,7 @@ def layer_products(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile) -> P
     if getattr(layer, "aggregates", True):
         return Products(forward=sp(sparse_width) + dense, masked=dense,
                         weight_grad=wg(n_out, w_in, w_out),
-                        input_grad=dense + sp(sparse_width))
+                        input_grad=dense + sp_t(sparse_width))
     return Products(forward=dense, masked=dense, weight_grad=wg(n_out, w_in, w_out),
                     input_grad=dense)
 
@@ -1012,7 +1043,7 @@ def kept_seconds(layer, w_in: int, w_out: int, n_out, n_in, nnz, profile, *,
     t = wg + (0.0 if masked else mm) \
         + ELEMENTWISE_PASSES * n_out * w_out * ITEMSIZE / profile.copy_bw
     if input_grad:
-        t = t + mm + nnz * float(w_in) / profile.spmm_rate \
+        t = t + mm + spmm_seconds(nnz, w_in, n_out, profile) \
             + input_passes * n_in * w_in * ITEMSIZE / profile.copy_bw
     return t
 

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from jgrind.hostio import allocator, host_memory
 from jgrind.hostio.rows import threads as row_threads
 
-PROFILE_VERSION = 25  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 26  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.hostio.rows` (take, add, store), not `x[i] += v`
@@ -64,6 +64,9 @@ PROFILE_VERSION = 25  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                     25: the engine's own cost per step of a layer that keeps its
 #                         aggregation (`machinery_kept_*`): a forward that stores two outputs,
 #                         a backward from the kept aggregation
+#                     26: the sparse product at two input sizes (`spmm_cached_rate`): a
+#                         partition step's input often fits in the caches, the 200k-row probe's
+#                         does not
 
 _MIB = 2**20
 
@@ -88,9 +91,10 @@ _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "sweep_step", "gat
                  "pageable_to_host_bw", "device_call", "cached_take", "cache_lookup",
                  "machinery_forward", "machinery_top", "machinery_backward",
                  "machinery_params", "machinery_ssd_call", "machinery_device_mix",
-                 "machinery_kept_forward", "machinery_kept_backward", "machinery_kept_params")
+                 "machinery_kept_forward", "machinery_kept_backward", "machinery_kept_params",
+                 "spmm_cached_rate")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
-               "to_device_small_bytes")
+               "to_device_small_bytes", "spmm_bytes", "spmm_cached_bytes")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +115,8 @@ class Profile:
     matmul_flops: float    # dense float32 matmul on the default device, flop/s (2*m*k*n each)
     contraction_bw: float  # jitted ``x.T @ g`` over many rows with a narrow ``g`` (a weight
     #                        gradient into few outputs), bytes of ``x`` and ``g`` per second
-    spmm_rate: float       # jitted `jgrind.sparse.spmm`, nonzeros * width per second
+    spmm_rate: float       # jitted `jgrind.sparse.spmm`, nonzeros * width per second, on an
+    #                        input of `spmm_bytes` (one the caches do not hold)
     step_latency: float    # seconds per dispatch + sync of a jitted call with a layer step's
     #                        number of array arguments
     sweep_step: float      # seconds per partition step of a pipelined sweep with no data to
@@ -190,6 +195,14 @@ class Profile:
     machinery_kept_forward: float = 0.0
     machinery_kept_backward: float = 0.0
     machinery_kept_params: float = 0.0
+    # the sparse product's rate on an input of `spmm_cached_bytes`, which the caches hold, and
+    # the input size of `spmm_rate`: the product reads its input's rows in the adjacency's
+    # random order, so it runs several times faster while they stay in the caches
+    # (`jgrind.plan.cost.spmm_rate_at` prices sizes in between); 0 where not measured: then
+    # `spmm_rate` at every size
+    spmm_cached_rate: float = 0.0
+    spmm_bytes: int = 0
+    spmm_cached_bytes: int = 0
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -235,7 +248,11 @@ class Profile:
             ("dense matmul", f"{self.matmul_flops / 1e9:.1f} GFLOP/s"),
             ("contraction", f"{self.contraction_bw / 1e9:.2f} GB/s (weight gradient, "
                             "narrow output)"),
-            ("sparse spmm", f"{self.spmm_rate / 1e9:.2f} G nonzeros*width/s"),
+            ("sparse spmm", f"{self.spmm_rate / 1e9:.2f} G nonzeros*width/s"
+                            + (f" at {self.spmm_bytes / 1e6:.1f} MB of input, "
+                               f"{self.spmm_cached_rate / 1e9:.2f} at "
+                               f"{self.spmm_cached_bytes / 1e6:.1f} MB"
+                               if self.spmm_cached_rate else "")),
             ("step latency", f"{self.step_latency * 1e3:.3f} ms"),
             ("sweep step", f"{self.sweep_step * 1e3:.3f} ms (per partition step, beyond "
                            "compute and I/O)"),

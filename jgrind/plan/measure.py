@@ -59,6 +59,7 @@ class _Sizes:
     matmul_chain: int                # products per jitted call
     contraction: tuple[int, int, int]  # x.T @ g: rows, width of x, width of g
     spmm: tuple[int, int, int]       # rows (= columns), nonzeros, width
+    spmm_cached: tuple[int, int, int]  # the same, with an input the caches hold
     latency_calls: int               # synchronous calls per latency batch
     gather: tuple[int, int, int]     # table rows, width, rows gathered
     copy_bytes: int
@@ -74,14 +75,14 @@ class _Sizes:
 
 
 _FULL = _Sizes(matmul=(4096, 256), matmul_chain=8, contraction=(100_000, 256, 8),
-               spmm=(200_000, 2_000_000, 64),
+               spmm=(200_000, 2_000_000, 64), spmm_cached=(20_000, 200_000, 64),
                latency_calls=200, gather=(1_000_000, 64, 250_000), copy_bytes=256 * _MIB,
                transfer_bytes=64 * _MIB, small_transfer_bytes=4 * _MIB, ssd_bytes=256 * _MIB,
                chunk=8 * _MIB,
                random_reads=256, target=0.2, overlap_seconds=0.3, repeats=5,
                fused=(40_000, 160_000))
 _QUICK = _Sizes(matmul=(1024, 128), matmul_chain=4, contraction=(10_000, 64, 8),
-                spmm=(20_000, 100_000, 32),
+                spmm=(20_000, 100_000, 32), spmm_cached=(2_000, 10_000, 32),
                 latency_calls=30, gather=(50_000, 32, 12_500), copy_bytes=8 * _MIB,
                 transfer_bytes=4 * _MIB, small_transfer_bytes=1 * _MIB, ssd_bytes=16 * _MIB,
                 chunk=4 * _MIB,
@@ -126,9 +127,14 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     report(f"weight-gradient contraction {contraction_bw / 1e9:.2f} GB/s "
            f"(x.T @ g, x {sizes.contraction[0]}x{sizes.contraction[1]}, "
            f"g {sizes.contraction[0]}x{sizes.contraction[2]})")
-    spmm_rate = _spmm_rate(sizes, rng)
+    spmm_rate = _spmm_rate(sizes.spmm, sizes, rng)
+    spmm_cached_rate = _spmm_rate(sizes.spmm_cached, sizes, rng)
+    spmm_bytes, spmm_cached_bytes = (rows * width * 4 for rows, _, width in
+                                     (sizes.spmm, sizes.spmm_cached))
     report(f"sparse spmm {spmm_rate / 1e9:.2f} G nonzeros*width/s "
-           f"({sizes.spmm[1]} nonzeros, width {sizes.spmm[2]})")
+           f"({sizes.spmm[1]} nonzeros, width {sizes.spmm[2]}, input {spmm_bytes / 1e6:.1f} MB), "
+           f"{spmm_cached_rate / 1e9:.2f} G/s ({sizes.spmm_cached[1]} nonzeros, input "
+           f"{spmm_cached_bytes / 1e6:.1f} MB)")
     step_latency = _step_latency(sizes)
     report(f"step latency {step_latency * 1e3:.3f} ms")
     sweep_step = _sweep_step(sizes)
@@ -200,6 +206,8 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
         version=PROFILE_VERSION, machine=machine_fingerprint(),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         matmul_flops=matmul_flops, contraction_bw=contraction_bw, spmm_rate=spmm_rate,
+        spmm_cached_rate=spmm_cached_rate, spmm_bytes=spmm_bytes,
+        spmm_cached_bytes=spmm_cached_bytes,
         step_latency=step_latency, sweep_step=sweep_step, device_call=device_call,
         cached_take=cached_take, cache_lookup=cache_lookup,
         gather_bw=gather_bw, gather_row_seconds=gather_row, scatter_add_bw=scatter_add_bw,
@@ -316,10 +324,11 @@ def spmm_operands(rows: int, nnz: int, width: int, rng: np.random.Generator) -> 
     return adj, x, indices.size
 
 
-def _spmm_rate(sizes: _Sizes, rng: np.random.Generator) -> float:
+def _spmm_rate(shape: tuple[int, int, int], sizes: _Sizes, rng: np.random.Generator) -> float:
     """``A @ x`` through `jgrind.sparse.spmm` (the default backend, jitted) on
-    `spmm_operands`, chained so that each product feeds the next."""
-    rows, nnz, width = sizes.spmm
+    `spmm_operands` of ``shape`` (rows, nonzeros, width), chained so that each product feeds
+    the next."""
+    rows, nnz, width = shape
     adj, x, stored = spmm_operands(rows, nnz, width, rng)
     product = jax.jit(spmm)
     return _chain_rate(lambda x: product(adj, x), x, float(stored) * width, sizes)

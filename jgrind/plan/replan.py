@@ -66,7 +66,7 @@ STEP_BACK_MARGIN = 0.10
 
 # The profile's figures behind each part the calibration scales: rates are divided by the
 # factor, per-call and per-row seconds multiplied by it.
-COMPUTE = (("matmul_flops", "spmm_rate", "contraction_bw"),
+COMPUTE = (("matmul_flops", "spmm_rate", "spmm_cached_rate", "contraction_bw"),
            ("sweep_step", "machinery_forward", "machinery_top", "machinery_backward",
             "machinery_params", "machinery_ssd_call", "machinery_device_mix",
             "machinery_kept_forward", "machinery_kept_backward", "machinery_kept_params"))

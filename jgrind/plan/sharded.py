@@ -214,7 +214,8 @@ def scaled_profile(profile, speedup: float):
     reference whole-graph steps that much shorter): a profile calibrated to one measured
     epoch of another machine when that machine's own profile was not saved. A uniform
     speed-up is an assumption; a measured profile replaces it."""
-    fast = ("matmul_flops", "contraction_bw", "spmm_rate", "gather_bw", "copy_bw")
+    fast = ("matmul_flops", "contraction_bw", "spmm_rate", "spmm_cached_rate", "gather_bw",
+            "copy_bw")
     changes = {name: getattr(profile, name) * speedup for name in fast}
     changes["fused_steps"] = tuple((n, e, t / speedup) for n, e, t in profile.fused_steps)
     changes["step_latency"] = profile.step_latency / speedup
