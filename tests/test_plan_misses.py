@@ -35,7 +35,7 @@ def test_ssd_offloads_host_peak_is_the_predicted_one(tmp_path, num_layers):
         ex.close()
 
 
-def test_the_planner_benchmark_trains_auto_through_train(tmp_path, monkeypatch):
+def test_the_planner_benchmark_trains_auto_through_train(tmp_path, monkeypatch, capsys):
     """`tools/bench_planner.py accuracy` runs ``auto`` as `jgrind.train.train` runs it: long
     enough for the review and a new plan's timed epochs; its row is the last plan's."""
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parents[1] / "tools"))
@@ -78,10 +78,17 @@ def test_the_planner_benchmark_trains_auto_through_train(tmp_path, monkeypatch):
         return made[-1]
     turns = bench_planner.compare(
         {"auto": lambda: engine(plan.policy(), plan.prediction),
+         bench_planner.AGAIN: lambda: engine(plan.policy(), plan.prediction),
          "ssd_offload": lambda: engine(policies.ssd_offload(str(tmp_path)))},
         model, 2, "auto", ["ssd_offload"])
     assert turns["rounds"] == 2 and turns["auto"] == "auto"
-    assert {n: len(t) for n, t in turns["times"].items()} == {"auto": 2, "ssd_offload": 2}
+    assert {n: len(t) for n, t in turns["times"].items()} == \
+        {"auto": 2, bench_planner.AGAIN: 2, "ssd_offload": 2}
+    # the control (the same plan twice) in the report's own column
+    times = turns["times"]
+    times["auto"], times[bench_planner.AGAIN] = [1.0, 2.0], [1.1, 2.2]
+    bench_planner.report_turns([{"config": {"name": "c"}, "turns": turns}])
+    assert capsys.readouterr().out.rstrip().endswith("| 1.10 |")
     assert all(ex.store.run_dir is None for ex in made) and not list(tmp_path.glob("jgrind-run-*"))
 
 

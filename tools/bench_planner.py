@@ -24,7 +24,8 @@ Then (``--turns R``, 4 by default) every run that fits is built again, all at on
 epoch by epoch by turns for R rounds (`tools/turns.py`): ``auto``'s last plan (and its first,
 where it re-planned) against each fixed policy by the median of their epochs' ratios within a
 round, which this machine's drift over minutes does not move (the rounds' minima above compare
-runs minutes apart).
+runs minutes apart). ``auto``'s last plan is built twice, and the second copy (``auto, again``)
+held against the first gives the comparison's own noise: the same plan against itself.
 
 ``planning-time``: `Workload.build` and `plan` for a 5-layer GCN on 1024 partitions.
 
@@ -51,6 +52,8 @@ import harness
 from harness import CONFIGS, MiB, Config, build_config
 
 FIXED = ("in_memory", "host_offload", "ssd_offload", "recompute")
+# the control of the runs by turns: auto's last plan built a second time
+AGAIN = "auto, again"
 
 
 def time_epochs(executor, model, epochs: int, sweeps: Optional[list] = None) -> list[float]:
@@ -283,6 +286,7 @@ def run_config(cfg: Config, profile, epochs: int, store_root: str, rounds: int =
         if not the_plan.in_memory and auto_plans:  # (none if auto did not fit)
             first, last = auto_plans
             makers["auto"] = lambda: engine(last.policy(), last.partitioned, last.prediction)
+            makers[AGAIN] = makers["auto"]  # the control: the same plan, built again
             if last is not first:
                 makers["auto, first plan"] = lambda: engine(first.policy(), first.partitioned,
                                                             first.prediction)
@@ -317,6 +321,9 @@ def compare(makers: dict, model, rounds: int, auto_name: str, fixed: list) -> di
         if name in times and others:
             ratio, which, _ = turns.against_best(times, name, others)
             print(f"  {name} / best fixed by turns: {ratio:.2f} (against {which})", flush=True)
+    if AGAIN in times:
+        print(f"  {AGAIN} / auto by turns: {turns.paired_ratio(times[AGAIN], times['auto']):.2f}"
+              " (the same plan twice: the comparison's noise)", flush=True)
     return {"rounds": rounds, "auto": auto_name, "times": times}
 
 
@@ -400,8 +407,9 @@ def report_turns(results: list[dict]) -> None:
     print("\n## auto against the fixed policies by turns (median epoch, s; ratios: median "
           "of the rounds' paired ratios)\n")
     print("| config | rounds | auto | auto's first plan | " + " | ".join(FIXED) +
-          " | auto / best fixed | faster than each | first plan / best fixed |")
-    print("|---|---|---|---|" + "---|" * len(FIXED) + "---|---|---|")
+          " | auto / best fixed | faster than each | first plan / best fixed | "
+          "auto again / auto |")
+    print("|---|---|---|---|" + "---|" * len(FIXED) + "---|---|---|---|")
     for r in with_turns:
         t = r["turns"]
         times, auto_name = t["times"], t["auto"]
@@ -415,9 +423,11 @@ def report_turns(results: list[dict]) -> None:
             if "auto, first plan" in times:
                 worst, which, _ = turns.against_best(times, "auto, first plan", others)
                 first = f"{worst:.2f} ({which})"
+        control = f"{turns.paired_ratio(times[AGAIN], times[auto_name]):.2f}" \
+            if AGAIN in times else "-"
         print(f"| {r['config']['name']} | {t['rounds']} | {cell(auto_name)} | "
               f"{cell('auto, first plan')} | " + " | ".join(cell(n) for n in FIXED)
-              + f" | {ratio} | {faster} | {first} |")
+              + f" | {ratio} | {faster} | {first} | {control} |")
 
 
 def accuracy(args) -> list[dict]:

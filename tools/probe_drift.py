@@ -54,7 +54,7 @@ def main() -> None:
     for _ in range(args.times):
         matmul = measure._chain_rate(step, x, work, sizes) / 1e9
         product = wide_rate() / 1e9
-        spmm = measure._spmm_rate(sizes.spmm, sizes, rng) / 1e9
+        spmm = measure._spmm_rate(sizes, rng) / 1e9
         (gather_bw, gather_row), _ = measure._row_rates(sizes, rng)
         row = (gather_bw / 1e9, gather_row * 1e9)
         for name, value in zip(figures, (matmul, product, spmm, *row)):

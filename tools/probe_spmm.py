@@ -4,10 +4,14 @@ of 51 MB, out of the caches). A partition step's input is its rows and halo, oft
 
     python tools/probe_spmm.py                      # 200k and 20k rows, widths 8-512
     python tools/probe_spmm.py --rows 200000 6000 --widths 128 512 --runs 2
+    python tools/probe_spmm.py --rows 937 --halo 5.3 --degree 9 --widths 128 512
 
-Each figure is the fastest of ``--repeats`` products after a compiling one, on a random square
-matrix with uniform degrees (10 per row), built as the profile builds it
-(`jgrind.plan.measure.spmm_operands`).
+Each figure is the fastest of ``--repeats`` products after a compiling one, on a random matrix
+with uniform degrees (``--degree`` per row, 10 by default), built as the profile builds it
+(`jgrind.plan.measure.spmm_operands`). Square by default; ``--halo H`` gives it ``H`` times as
+many columns as rows, the shape of a partition step's block (its own rows out, its rows and
+halo in), and rewrites the input in the same program before the product, as the step's gather
+has just written it (that rewrite is timed alone and taken off).
 """
 
 from __future__ import annotations
@@ -20,17 +24,24 @@ import numpy as np
 import harness
 
 
-def seconds(rows: int, width: int, repeats: int, rng) -> float:
+def seconds(rows: int, columns: int, degree: int, width: int, repeats: int, rng) -> float:
     import jax
     from jgrind.plan.measure import spmm_operands
     from jgrind.sparse import spmm
-    adj, x, _ = spmm_operands(rows, 10 * rows, width, rng)
-    product = jax.jit(spmm)
-    product(adj, x).block_until_ready()
+    adj, x, _ = spmm_operands(rows, degree * rows, width, rng, columns=columns)
+    if columns == rows:
+        return _fastest(jax.jit(spmm), (adj, x), repeats)
+    rewrite = jax.jit(lambda x: x * 1.0001)
+    fresh = jax.jit(lambda adj, x: spmm(adj, x * 1.0001))
+    return _fastest(fresh, (adj, x), repeats) - _fastest(rewrite, (x,), repeats)
+
+
+def _fastest(fn, args, repeats: int) -> float:
+    fn(*args).block_until_ready()
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        product(adj, x).block_until_ready()
+        fn(*args).block_until_ready()
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -39,20 +50,25 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, nargs="+", default=[200_000, 20_000])
     p.add_argument("--widths", type=int, nargs="+", default=[8, 32, 64, 128, 256, 512])
+    p.add_argument("--halo", type=float, default=1.0,
+                   help="columns (rows and halo in) per row out; 1: square")
+    p.add_argument("--degree", type=int, default=10, help="nonzeros per row")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--runs", type=int, default=1, help="passes over every size, in turn")
     args = p.parse_args()
     print(f"# {harness.command()}\n# {harness.machine()}", flush=True)
-    print("| rows | nonzeros | width | input MB | ms | G nonzeros x width/s |")
-    print("|---|---|---|---|---|---|")
+    print("| rows | columns | nonzeros | width | input MB | ms | G nonzeros x width/s |")
+    print("|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)
     for _ in range(args.runs):
         for rows in args.rows:
+            columns = max(rows, round(rows * args.halo))
             for width in args.widths:
-                s = seconds(rows, width, args.repeats, rng)
-                nnz = 10 * rows
-                print(f"| {rows:,} | {nnz:,} | {width} | {rows * width * 4 / 1e6:.1f} | "
-                      f"{s * 1e3:.2f} | {nnz * width / s / 1e9:.2f} |", flush=True)
+                s = seconds(rows, columns, args.degree, width, args.repeats, rng)
+                nnz = args.degree * rows
+                print(f"| {rows:,} | {columns:,} | {nnz:,} | {width} | "
+                      f"{columns * width * 4 / 1e6:.1f} | {s * 1e3:.3f} | "
+                      f"{nnz * width / s / 1e9:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -64,9 +64,9 @@ PROFILE_VERSION = 26  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                     25: the engine's own cost per step of a layer that keeps its
 #                         aggregation (`machinery_kept_*`): a forward that stores two outputs,
 #                         a backward from the kept aggregation
-#                     26: the sparse product at two input sizes (`spmm_cached_rate`): a
-#                         partition step's input often fits in the caches, the 200k-row probe's
-#                         does not
+#                     26: the sparse product on a partition step's block too
+#                         (`spmm_cached_rate`): its input often fits in the caches, the
+#                         200k-row probe's does not
 
 _MIB = 2**20
 
@@ -195,7 +195,8 @@ class Profile:
     machinery_kept_forward: float = 0.0
     machinery_kept_backward: float = 0.0
     machinery_kept_params: float = 0.0
-    # the sparse product's rate on an input of `spmm_cached_bytes`, which the caches hold, and
+    # the sparse product's rate on a partition step's block, whose input of
+    # `spmm_cached_bytes` the caches hold, and
     # the input size of `spmm_rate`: the product reads its input's rows in the adjacency's
     # random order, so it runs several times faster while they stay in the caches
     # (`jgrind.plan.cost.spmm_rate_at` prices sizes in between); 0 where not measured: then

@@ -59,7 +59,8 @@ class _Sizes:
     matmul_chain: int                # products per jitted call
     contraction: tuple[int, int, int]  # x.T @ g: rows, width of x, width of g
     spmm: tuple[int, int, int]       # rows (= columns), nonzeros, width
-    spmm_cached: tuple[int, int, int]  # the same, with an input the caches hold
+    spmm_block: tuple[int, int, int, int]  # a partition step's block: rows, columns (its rows
+    #                                        and halo), nonzeros, width; an input the caches hold
     latency_calls: int               # synchronous calls per latency batch
     gather: tuple[int, int, int]     # table rows, width, rows gathered
     copy_bytes: int
@@ -75,14 +76,16 @@ class _Sizes:
 
 
 _FULL = _Sizes(matmul=(4096, 256), matmul_chain=8, contraction=(100_000, 256, 8),
-               spmm=(200_000, 2_000_000, 64), spmm_cached=(20_000, 200_000, 64),
+               spmm=(200_000, 2_000_000, 64),
+               spmm_block=(3_000, 15_000, 30_000, 64),
                latency_calls=200, gather=(1_000_000, 64, 250_000), copy_bytes=256 * _MIB,
                transfer_bytes=64 * _MIB, small_transfer_bytes=4 * _MIB, ssd_bytes=256 * _MIB,
                chunk=8 * _MIB,
                random_reads=256, target=0.2, overlap_seconds=0.3, repeats=5,
                fused=(40_000, 160_000))
 _QUICK = _Sizes(matmul=(1024, 128), matmul_chain=4, contraction=(10_000, 64, 8),
-                spmm=(20_000, 100_000, 32), spmm_cached=(2_000, 10_000, 32),
+                spmm=(20_000, 100_000, 32),
+                spmm_block=(500, 2_500, 5_000, 32),
                 latency_calls=30, gather=(50_000, 32, 12_500), copy_bytes=8 * _MIB,
                 transfer_bytes=4 * _MIB, small_transfer_bytes=1 * _MIB, ssd_bytes=16 * _MIB,
                 chunk=4 * _MIB,
@@ -127,14 +130,14 @@ def measure(directory: str | os.PathLike | None = None, *, quick: bool = False,
     report(f"weight-gradient contraction {contraction_bw / 1e9:.2f} GB/s "
            f"(x.T @ g, x {sizes.contraction[0]}x{sizes.contraction[1]}, "
            f"g {sizes.contraction[0]}x{sizes.contraction[2]})")
-    spmm_rate = _spmm_rate(sizes.spmm, sizes, rng)
-    spmm_cached_rate = _spmm_rate(sizes.spmm_cached, sizes, rng)
-    spmm_bytes, spmm_cached_bytes = (rows * width * 4 for rows, _, width in
-                                     (sizes.spmm, sizes.spmm_cached))
+    spmm_rate = _spmm_rate(sizes, rng)
+    spmm_cached_rate = _spmm_block_rate(sizes, rng)
+    spmm_bytes = sizes.spmm[0] * sizes.spmm[2] * 4
+    spmm_cached_bytes = sizes.spmm_block[1] * sizes.spmm_block[3] * 4
     report(f"sparse spmm {spmm_rate / 1e9:.2f} G nonzeros*width/s "
            f"({sizes.spmm[1]} nonzeros, width {sizes.spmm[2]}, input {spmm_bytes / 1e6:.1f} MB), "
-           f"{spmm_cached_rate / 1e9:.2f} G/s ({sizes.spmm_cached[1]} nonzeros, input "
-           f"{spmm_cached_bytes / 1e6:.1f} MB)")
+           f"{spmm_cached_rate / 1e9:.2f} G/s on a partition's block ({sizes.spmm_block[2]} "
+           f"nonzeros, input {spmm_cached_bytes / 1e6:.1f} MB)")
     step_latency = _step_latency(sizes)
     report(f"step latency {step_latency * 1e3:.3f} ms")
     sweep_step = _sweep_step(sizes)
@@ -310,28 +313,49 @@ def _contraction_bw(sizes: _Sizes, rng: np.random.Generator) -> float:
                       lambda: weight_grad(x, g).block_until_ready(), sizes.repeats)
 
 
-def spmm_operands(rows: int, nnz: int, width: int, rng: np.random.Generator) -> tuple:
+def spmm_operands(rows: int, nnz: int, width: int, rng: np.random.Generator,
+                  columns: Optional[int] = None) -> tuple:
     """``(A, x, stored)`` on the device as the profile's sparse product takes them: a random
-    square ``A`` of ``rows`` rows with uniform degrees (``nnz // rows`` each) and mean weights,
-    a ``rows x width`` input, and ``A``'s stored entries (also for tools/probe_spmm.py, which
-    varies the sizes)."""
+    ``A`` of ``rows`` rows and ``columns`` columns (default: square) with uniform degrees
+    (``nnz // rows`` each) and mean weights, a ``columns x width`` input, and ``A``'s stored
+    entries (also for tools/probe_spmm.py, which varies the sizes and shapes)."""
+    columns = rows if columns is None else columns
     degree = max(1, nnz // rows)
     indptr = np.arange(rows + 1, dtype=np.int64) * degree
-    indices = np.sort(rng.integers(0, rows, (rows, degree), dtype=np.int32), axis=1).ravel()
+    indices = np.sort(rng.integers(0, columns, (rows, degree), dtype=np.int32), axis=1).ravel()
     adj = jax.device_put(adjacency(indptr, indices, np.full(indices.size, 1 / degree,
-                                                           np.float32), rows))
-    x = jax.device_put(rng.standard_normal((rows, width), dtype=np.float32))
+                                                           np.float32), columns))
+    x = jax.device_put(rng.standard_normal((columns, width), dtype=np.float32))
     return adj, x, indices.size
 
 
-def _spmm_rate(shape: tuple[int, int, int], sizes: _Sizes, rng: np.random.Generator) -> float:
+def _spmm_rate(sizes: _Sizes, rng: np.random.Generator) -> float:
     """``A @ x`` through `jgrind.sparse.spmm` (the default backend, jitted) on
-    `spmm_operands` of ``shape`` (rows, nonzeros, width), chained so that each product feeds
-    the next."""
-    rows, nnz, width = shape
+    `spmm_operands`, chained so that each product feeds the next."""
+    rows, nnz, width = sizes.spmm
     adj, x, stored = spmm_operands(rows, nnz, width, rng)
     product = jax.jit(spmm)
     return _chain_rate(lambda x: product(adj, x), x, float(stored) * width, sizes)
+
+
+def _spmm_block_rate(sizes: _Sizes, rng: np.random.Generator) -> float:
+    """The same product on a partition step's shape (`_Sizes.spmm_block`): a few thousand
+    rows out of five times as many rows and halo in, each input row read about twice, an input
+    of a few MB. Its calls are queued back to back on one input (dispatch hides behind the
+    kernels) and waited for once, enough of them to fill ``sizes.target``."""
+    rows, columns, nnz, width = sizes.spmm_block
+    adj, x, stored = spmm_operands(rows, nnz, width, rng, columns=columns)
+    product = jax.jit(spmm)
+
+    def calls(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            y = product(adj, x)
+        y.block_until_ready()
+        return time.perf_counter() - start
+    calls(1)  # compiles
+    n = max(1, min(100_000, round(sizes.target / max(calls(1), 1e-9))))
+    return float(stored) * width * n / min(calls(n) for _ in range(sizes.repeats))
 
 
 def _fused_step(nodes: int, repeats: int) -> tuple[int, int, float]:
