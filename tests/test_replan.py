@@ -354,3 +354,31 @@ def test_a_review_holds_the_run_against_what_its_sweeps_measured():
     assert review.record["repriced_seconds"] == pytest.approx(measured, rel=1e-2)
     # the same plan planned again carries the residual too: it is priced as re-priced
     assert review.record["new_predicted_seconds"] == pytest.approx(measured, rel=1e-2)
+
+
+def test_the_review_names_the_part_furthest_off_with_the_engines_work_in_the_compute():
+    """A sweep's measured compute is the main thread's time outside its waits: the steps'
+    kernels and the engine's own work for them. The review's "furthest off" holds it against
+    both priced, so a sweep whose engine work was priced right is not named for it; on an
+    accelerator the two run side by side (the longer counts)."""
+    import types
+
+    from jgrind.plan.cost import HostCores
+    from jgrind.plan.replan import _furthest_part
+
+    def part(compute, machinery, reads, measured_compute, measured_reads):
+        return {"predicted": {"compute": compute, "machinery": machinery, "reads": reads,
+                              "writes": 0.0},
+                "measured": {"compute": measured_compute, "reads": {"host": measured_reads},
+                             "writes": {}}}
+    check = types.SimpleNamespace(
+        sweeps=[("forward 0", 0.0, 0.0), ("forward 1", 0.0, 0.0)],
+        parts=[part(0.10, 0.35, 0.20, 0.46, 0.20),    # compute as priced with the engine's
+               part(0.10, 0.05, 0.20, 0.15, 0.40)])   # reads 0.2 s over their price
+    host = HostCores(count=2, compute_on_host=True)
+    assert _furthest_part(check, host) == ("forward 1", "reads", 0.20, 0.40)
+    device = HostCores(count=2, compute_on_host=False)
+    assert _furthest_part(check, device)[:3] == ("forward 1", "reads", 0.20)
+    check.parts[0]["measured"]["compute"] = 0.80      # now the compute is off, by 0.35 s
+    assert _furthest_part(check, host) == ("forward 0", "compute", pytest.approx(0.45), 0.80)
+    assert _furthest_part(check, device) == ("forward 0", "compute", 0.35, 0.80)

@@ -307,7 +307,7 @@ class Replanner:
         gains = new.epoch_seconds < (1.0 - REPLAN_GAIN) * repriced.epoch_seconds
         changed = not _same_plan(new, old)
         trigger = (faster or (slow and gains)) if self.replans == 0 else (missed and faster)
-        label, component, predicted, measured = _furthest_part(check)
+        label, component, predicted, measured = _furthest_part(check, HostCores.of(self.profile))
         record = {"epoch": check.epoch, "epochs": epochs,
                   "calibration": calibration.as_record(),
                   "measured_seconds": check.measured, "predicted_seconds": check.predicted,
@@ -413,18 +413,25 @@ def _describe(plan) -> str:
     return text + (", host cache" if plan.cache_bytes else "")
 
 
-def _furthest_part(check) -> tuple[str, str, float, float]:
+def _furthest_part(check, cores: Optional[HostCores] = None) -> tuple[str, str, float, float]:
     """The sweep and part (compute, reads, writes) furthest from its prediction, in seconds;
-    the whole sweep when its parts were not timed."""
+    the whole sweep when its parts were not timed. The measured compute is the main thread's
+    time outside its waits, the engine's own work for the steps with their kernels: it is
+    held against both priced (`jgrind.plan.cost.Sweep.engine_bound`), not the kernels alone."""
     if not check.parts:
         label, predicted, measured = check.furthest()
         return label, "time", predicted, measured
     best = None
     for (label, _, _), parts in zip(check.sweeps, check.parts):
         measured = parts["measured"]
+        priced = parts["predicted"]
         for name in ("compute", "reads", "writes"):
             m = measured[name] if name == "compute" else sum(measured[name].values())
-            p = parts["predicted"][name]
+            p = priced[name]
+            if name == "compute":
+                engine = priced.get("machinery", 0.0)
+                on_host = cores is None or cores.compute_on_host
+                p = p + engine if on_host else max(p, engine)
             if best is None or abs(m - p) > abs(best[3] - best[2]):
                 best = (label, name, p, m)
     return best
