@@ -195,12 +195,11 @@ class Profile:
     machinery_kept_forward: float = 0.0
     machinery_kept_backward: float = 0.0
     machinery_kept_params: float = 0.0
-    # the sparse product's rate on a partition step's block, whose input of
-    # `spmm_cached_bytes` the caches hold, and
-    # the input size of `spmm_rate`: the product reads its input's rows in the adjacency's
-    # random order, so it runs several times faster while they stay in the caches
-    # (`jgrind.plan.cost.spmm_rate_at` prices sizes in between); 0 where not measured: then
-    # `spmm_rate` at every size
+    # the sparse product's rate on a partition step's block, whose input (`spmm_cached_bytes`)
+    # the caches hold, and the input size `spmm_rate` was measured at (`spmm_bytes`): the
+    # product reads its input's rows in the adjacency's random order, so it runs several
+    # times faster while they stay in the caches (`jgrind.plan.cost.spmm_rate_at` prices the
+    # sizes between); 0 where not measured: then `spmm_rate` at every size
     spmm_cached_rate: float = 0.0
     spmm_bytes: int = 0
     spmm_cached_bytes: int = 0
