@@ -6,44 +6,27 @@ of 51 MB, out of the caches). A partition step's input is its rows and halo, oft
     python tools/probe_spmm.py --rows 200000 6000 --widths 128 512 --runs 2
     python tools/probe_spmm.py --rows 937 --halo 5.3 --degree 9 --widths 128 512
 
-Each figure is the fastest of ``--repeats`` products after a compiling one, on a random matrix
-with uniform degrees (``--degree`` per row, 10 by default), built as the profile builds it
+Each figure is measured as the profile measures its partition-shaped block
+(`jgrind.plan.measure.queued_spmm_rate`: calls queued back to back on one input for about
+0.2 s, the fastest of ``--repeats`` batches) on a random matrix with uniform degrees
+(``--degree`` per row, 10 by default), built as the profile builds it
 (`jgrind.plan.measure.spmm_operands`). Square by default; ``--halo H`` gives it ``H`` times as
 many columns as rows, the shape of a partition step's block (its own rows out, its rows and
-halo in), and rewrites the input in the same program before the product, as the step's gather
-has just written it (that rewrite is timed alone and taken off).
+halo in).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 
 import harness
 
 
-def seconds(rows: int, columns: int, degree: int, width: int, repeats: int, rng) -> float:
-    import jax
-    from jgrind.plan.measure import spmm_operands
-    from jgrind.sparse import spmm
-    adj, x, _ = spmm_operands(rows, degree * rows, width, rng, columns=columns)
-    if columns == rows:
-        return _fastest(jax.jit(spmm), (adj, x), repeats)
-    rewrite = jax.jit(lambda x: x * 1.0001)
-    fresh = jax.jit(lambda adj, x: spmm(adj, x * 1.0001))
-    return _fastest(fresh, (adj, x), repeats) - _fastest(rewrite, (x,), repeats)
-
-
-def _fastest(fn, args, repeats: int) -> float:
-    fn(*args).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*args).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return best
+def rate(rows: int, columns: int, degree: int, width: int, repeats: int, rng) -> float:
+    from jgrind.plan.measure import queued_spmm_rate
+    return queued_spmm_rate(rows, columns, degree * rows, width, rng, repeats=repeats)
 
 
 def main() -> None:
@@ -64,11 +47,11 @@ def main() -> None:
         for rows in args.rows:
             columns = max(rows, round(rows * args.halo))
             for width in args.widths:
-                s = seconds(rows, columns, args.degree, width, args.repeats, rng)
+                r = rate(rows, columns, args.degree, width, args.repeats, rng)
                 nnz = args.degree * rows
                 print(f"| {rows:,} | {columns:,} | {nnz:,} | {width} | "
-                      f"{columns * width * 4 / 1e6:.1f} | {s * 1e3:.3f} | "
-                      f"{nnz * width / s / 1e9:.2f} |", flush=True)
+                      f"{columns * width * 4 / 1e6:.1f} | {nnz * width / r * 1e3:.3f} | "
+                      f"{r / 1e9:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

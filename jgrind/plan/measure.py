@@ -341,9 +341,17 @@ def _spmm_rate(sizes: _Sizes, rng: np.random.Generator) -> float:
 def _spmm_block_rate(sizes: _Sizes, rng: np.random.Generator) -> float:
     """The same product on a partition step's shape (`_Sizes.spmm_block`): a few thousand
     rows out of five times as many rows and halo in, each input row read about twice, an input
-    of a few MB. Its calls are queued back to back on one input (dispatch hides behind the
-    kernels) and waited for once, enough of them to fill ``sizes.target``."""
+    of a few MB (`queued_spmm_rate`)."""
     rows, columns, nnz, width = sizes.spmm_block
+    return queued_spmm_rate(rows, columns, nnz, width, rng, sizes.target, sizes.repeats)
+
+
+def queued_spmm_rate(rows: int, columns: int, nnz: int, width: int, rng: np.random.Generator,
+                     target: float = 0.2, repeats: int = 5) -> float:
+    """Nonzeros x width per second of `jgrind.sparse.spmm` (jitted) on `spmm_operands` of
+    the given shape, its calls queued back to back on one input (dispatch hides behind the
+    kernels) and waited for once, enough of them to fill ``target`` seconds; the fastest of
+    ``repeats`` batches (also for tools/probe_spmm.py)."""
     adj, x, stored = spmm_operands(rows, nnz, width, rng, columns=columns)
     product = jax.jit(spmm)
 
@@ -354,8 +362,8 @@ def _spmm_block_rate(sizes: _Sizes, rng: np.random.Generator) -> float:
         y.block_until_ready()
         return time.perf_counter() - start
     calls(1)  # compiles
-    n = max(1, min(100_000, round(sizes.target / max(calls(1), 1e-9))))
-    return float(stored) * width * n / min(calls(n) for _ in range(sizes.repeats))
+    n = max(1, min(100_000, round(target / max(calls(1), 1e-9))))
+    return float(stored) * width * n / min(calls(n) for _ in range(repeats))
 
 
 def _fused_step(nodes: int, repeats: int) -> tuple[int, int, float]:
