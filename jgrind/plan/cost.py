@@ -898,9 +898,11 @@ def spmm_rate_at(profile, input_bytes):
     """The sparse product's rate (nonzeros x width per second) on an input of ``input_bytes``
     (an array over partitions, or a number): the profile's cached rate up to the size it was
     measured at, its out-of-cache rate from the larger size on, and between the two
-    geometric in the bytes (on CPU-2, measured with tools/probe_spmm.py, the rate falls
-    from ~6-10 G/s at 5 MB through ~4-5 at 13 MB and ~3-4 at 26 MB to ~2 at 51 MB, which the
-    geometric mean of the two ends follows within the probe's own spread). The product reads
+    geometric in the bytes (on CPU-2, measured with tools/probe_spmm.py on square matrices,
+    the rate falls from ~6-10 G/s at 5 MB through ~4-5 at 13 MB and ~3-4 at 26 MB to ~2 at
+    51 MB, which the geometric mean of the two ends follows within the probe's own spread;
+    partition-shaped blocks, whose input rows are read about twice, fall less: ~5 G/s at
+    33 MB, where this gives ~2.8). The product reads
     its input's rows in the adjacency's random order: a partition step's rows and halo often
     fit in the caches, a whole graph's do not. A profile without the cached figure (made by
     hand, or a `jgrind.plan.placement.Rates`) prices every size at ``spmm_rate``."""
