@@ -84,3 +84,11 @@ def test_calibrating_compute_scales_both_rates():
     assert (scaled.spmm_rate, scaled.spmm_cached_rate) == (SLOW / 2, FAST / 2)
     # the sizes they were measured at stay
     assert (scaled.spmm_bytes, scaled.spmm_cached_bytes) == (int(50 * MB), int(5 * MB))
+
+
+def test_a_profile_scaled_to_another_machine_scales_both_rates():
+    """`jgrind.plan.sharded.scaled_profile` (a measured epoch of a machine whose profile was
+    not saved) speeds up the cached rate with the rest."""
+    from jgrind.plan.sharded import scaled_profile
+    faster = scaled_profile(two_sizes(), 3.0)
+    assert (faster.spmm_rate, faster.spmm_cached_rate) == (3 * SLOW, 3 * FAST)
