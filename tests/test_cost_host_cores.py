@@ -47,6 +47,43 @@ def test_an_accelerators_steps_take_no_host_core():
     assert s.io_seconds(0.0, HostCores(1, compute_on_host=False)) == pytest.approx(8.0)
 
 
+def test_an_io_threads_own_seconds_per_step_are_on_its_thread():
+    """The loader and the writer spend their own seconds per step in the store's calls
+    (`jgrind.plan.cost.thread_own`) besides their bytes: on their threads, not in the cores'
+    share, which the engine's own work (whose probe runs those threads too) holds already."""
+    two = HostCores(2, compute_on_host=True)
+    s = Sweep("forward 1", 1, "forward", 0.1, 0.4, 0.1, (), machinery=0.5, reader_own=0.2,
+              writer_own=0.1)
+    assert s.seconds(0.5, 0.0, two) == pytest.approx(0.1 + 0.6)  # the reader: 0.4 + 0.2
+    bare = Sweep("forward 1", 1, "forward", 0.1, 0.4, 0.1, (), machinery=0.5)
+    assert bare.seconds(0.5, 0.0, two) == pytest.approx(0.1 + 0.5)  # the engine's work
+    assert s.io_seconds(0.0, two) == pytest.approx(0.6)
+    sixteen = HostCores(16, compute_on_host=False)
+    assert s.io_seconds(0.0, sixteen) == pytest.approx(0.6)  # each thread on its core
+    assert s.io_seconds(0.0) == pytest.approx(0.6 + 0.2)     # one after the other
+
+
+def test_a_sweep_is_priced_its_io_threads_own_seconds_per_step():
+    from test_planner import MACHINERY, brute_force_case, fixed_profile
+    from jgrind.plan.cost import H, Assignment, predict
+    import dataclasses
+    import numpy as np
+    w, _ = brute_force_case()
+    host = np.full(w.num_parts, H, np.int8)
+    a = Assignment((host, host), (host, host), {})
+    profile = fixed_profile(**MACHINERY)
+    steps = int(np.sum(w.owned > 0))
+    sweeps = {s.label: s for s in predict(w, a, profile).sweeps}
+    assert sweeps["forward 0"].reader_own == pytest.approx(
+        steps * MACHINERY["machinery_loader"])
+    assert sweeps["forward 0"].writer_own == pytest.approx(
+        steps * MACHINERY["machinery_writer"])
+    assert sweeps["backward 0"].writer_own == 0.0  # the first layer's backward stores nothing
+    unmeasured = dataclasses.replace(profile, machinery_loader=0.0, machinery_writer=0.0)
+    assert all(s.reader_own == s.writer_own == 0.0
+               for s in predict(w, a, unmeasured).sweeps)
+
+
 def test_the_profile_says_its_cores():
     class Profile:
         machine = {"cores": 2, "backend": "cpu"}

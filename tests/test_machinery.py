@@ -17,13 +17,18 @@ from test_planner import MACHINERY, brute_force_case, fixed_profile
 def test_the_engine_measures_its_own_cost_per_step(tmp_path):
     figures = machinery.measure(tmp_path, parts=16, epochs=2)
     assert set(figures) == {"forward", "top", "backward", "params", "ssd_call", "device_mix",
-                            "kept_forward", "kept_backward", "kept_params"}
+                            "kept_forward", "kept_backward", "kept_params", "loader",
+                            "writer"}
     for kind in ("forward", "top", "backward", "params", "kept_forward", "kept_backward",
                  "kept_params"):
         # a step dispatches programs and hands data between three threads: well over 50 us,
         # and under a second for 32 nodes
         assert 5e-5 < figures[kind] < 1.0, (kind, figures[kind])
     assert figures["ssd_call"] >= 0.0 and figures["device_mix"] >= 0.0
+    # the I/O threads' calls into the store with next to nothing to move: tens of us at
+    # least (routes, a table call, the hand-over), and less than a whole step
+    for thread in ("loader", "writer"):
+        assert 1e-5 < figures[thread] < figures["backward"], (thread, figures[thread])
     assert not list(tmp_path.iterdir())  # the SSD run's store is gone
 
 
@@ -47,7 +52,7 @@ def test_a_measured_profile_keeps_the_figures(monkeypatch, tmp_path):
     made without them prices `sweep_step` inside each step's compute instead."""
     figures = {"forward": 1e-3, "top": 2e-3, "backward": 3e-3, "params": 4e-3,
                "ssd_call": 5e-4, "device_mix": 6e-4, "kept_forward": 7e-4,
-               "kept_backward": 8e-4, "kept_params": 9e-4}
+               "kept_backward": 8e-4, "kept_params": 9e-4, "loader": 3e-4, "writer": 2e-4}
     quick = measuring.measure(tmp_path, quick=True, machinery=lambda d: figures)
     assert quick.machinery_forward == 0.0  # quick skips the probe (tests, a few seconds)
     monkeypatch.setattr(measuring, "_FULL", measuring._QUICK)
@@ -55,8 +60,8 @@ def test_a_measured_profile_keeps_the_figures(monkeypatch, tmp_path):
     assert (full.machinery_forward, full.machinery_top, full.machinery_backward,
             full.machinery_params, full.machinery_ssd_call, full.machinery_device_mix,
             full.machinery_kept_forward, full.machinery_kept_backward,
-            full.machinery_kept_params) == \
-        (1e-3, 2e-3, 3e-3, 4e-3, 5e-4, 6e-4, 7e-4, 8e-4, 9e-4)
+            full.machinery_kept_params, full.machinery_loader, full.machinery_writer) == \
+        (1e-3, 2e-3, 3e-3, 4e-3, 5e-4, 6e-4, 7e-4, 8e-4, 9e-4, 3e-4, 2e-4)
     assert profiles.Profile.from_json(full.to_json()) == full
     assert "engine step" in full.format() and "not measured" not in \
         [line for line in full.format().splitlines() if "engine step" in line][0]

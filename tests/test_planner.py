@@ -160,7 +160,8 @@ def test_plan_is_optimal_against_brute_force_on_an_accelerator(case, parallel):
 MACHINERY = dict(machinery_forward=2e-4, machinery_top=4e-4, machinery_backward=3e-4,
                  machinery_params=2e-4, machinery_ssd_call=4e-4, machinery_device_mix=6e-4,
                  machinery_kept_forward=3e-4, machinery_kept_backward=2.5e-4,
-                 machinery_kept_params=1.5e-4)
+                 machinery_kept_params=1.5e-4, machinery_loader=6e-5,
+                 machinery_writer=5e-5)
 
 
 @pytest.mark.parametrize("case,backend", [(c, b) for c in ("device-tight", "ssd")
@@ -204,6 +205,34 @@ def test_program_prices_the_engines_own_step_cost_as_the_model(keep):
     cores = HostCores.of(profile)
     assert any(s.machinery > 0 and prediction.sweep_seconds(s) == s.engine_bound(cores)
                for s in prediction.sweeps)
+
+
+def test_program_prices_the_io_threads_own_seconds_as_the_model():
+    """The loader's and the writer's own seconds per step are on their threads
+    (`jgrind.plan.cost.thread_own`): where they make a thread the sweep's longest part, the
+    program's epoch (its epigraphs at the optimum) is still the model's for the assignment it
+    chose; without those constants in its rows it prices those sweeps at the engine's work."""
+    from jgrind.plan.planner import _Coefficients, _Program
+    from jgrind.plan.profile import machine_fingerprint
+    w, _ = brute_force_case()
+    machine = {**machine_fingerprint(), "cores": 2, "backend": "cpu"}
+    profile = fixed_profile(machine=machine, **{**MACHINERY, "machinery_loader": 1e-3,
+                                                "machinery_writer": 8e-4})
+    stored = int(w.block_bytes(1).sum())
+    program = _Program(w, profile, _Coefficients(w, profile), frozenset(), True)
+    program.one_tier_per_block()
+    program.sweep_times()
+    program.memory(w.working_set() + stored // 3 - w.working_set(), stored, True, 1 << 40)
+    counts = program.solve(True)
+    assert counts is not None
+    prediction = predict(w, program.assignment(counts), profile)
+    epigraphs = program.solution[program.t0:program.t0 + len(program.order)]
+    assert sum(prediction.sweep_seconds(s) for s in prediction.sweeps) == \
+        pytest.approx(float(epigraphs.sum()), rel=5e-4)
+    # a thread's own seconds make it the longest part of some sweep: the test checks them
+    cores = HostCores.of(profile)
+    assert any(prediction.sweep_seconds(s) > max(s.engine_bound(cores), s.compute + s.reads
+                                                  + s.writes) for s in prediction.sweeps)
 
 
 def test_a_kept_aggregation_spares_its_layers_split_gather_in_the_program():

@@ -86,7 +86,8 @@ def sweep_rows(prediction, measured: tuple) -> list:
             break
         rows.append([label, prediction.sweep_seconds(s), m, {
             "predicted": {"compute": s.compute, "reads": s.reads, "writes": s.writes,
-                          "machinery": s.machinery},
+                          "machinery": s.machinery, "reader_own": s.reader_own,
+                          "writer_own": s.writer_own},
             "measured": parts[i] if i < len(parts) else None}])
     return rows
 

@@ -12,7 +12,9 @@ Forms (`jgrind.plan.cost.Sweep.seconds`):
   ``max(r, w, (r + w) / cores + c)`` (which counted the steps twice);
 * ``cores``: the host form from e09f96d, ``max(c, r, w, (r + w) / cores + c)``;
 * ``alone``: the current host form (`jgrind.plan.cost.HostCores`), the kernels on every
-  core and the rest around them: ``c + max(e, r, w, (e + r + w) / cores)``;
+  core and the rest around them: ``c + max(e, r + r_own, w + w_own, (e + r + w) / cores)``,
+  with the I/O threads' own seconds where the recording has them (0 before profile
+  version 27);
 * ``engine``: the host form from 399c209 until ``alone``, with the engine's own work for the
   steps ``e``: ``max(c + e, r, w, (r + w) / cores + c)``: the steps'
   kernels after the engine's work, not beside it. A run recorded with it keeps its ``e`` per
@@ -68,7 +70,9 @@ def _engine(parts: dict, overlap: float, parallel: float, cores: int) -> float:
 
 def _alone(parts: dict, overlap: float, parallel: float, cores: int) -> float:
     sweep = Sweep("", 0, "", parts["compute"], parts["reads"], parts["writes"], (),
-                  machinery=parts.get("machinery", 0.0))
+                  machinery=parts.get("machinery", 0.0),
+                  reader_own=parts.get("reader_own", 0.0),
+                  writer_own=parts.get("writer_own", 0.0))
     return sweep.seconds(overlap, parallel, HostCores(cores, compute_on_host=True))
 
 

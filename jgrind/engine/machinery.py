@@ -27,7 +27,10 @@ forward step took a quarter more than a plain one, 1.67 against 1.32 ms). Such a
 reads the device's rows back beside the host ones, waiting for the device's queue each time:
 on the test machine 0.6-1.0 ms a step (tables 1 in 64 to half on the device,
 tools/bench_split_tables.py), where tables all on the device cost what tables all in host RAM
-do.
+do. Last, the loader's and the writer's own seconds per step in the host run (the time they
+spent in the store's read and write calls with next to nothing to move: routes, table calls,
+the hand-over; on the test machine 0.2-0.4 ms each, against 1.1-2.0 ms a step): an I/O
+thread's time in a sweep is that and its bytes (`jgrind.plan.cost.Sweep.reader_own`).
 """
 
 from __future__ import annotations
@@ -62,10 +65,11 @@ MIX_EVERY = 8     # the mixed run's blocks on the device: every 8th partition's,
 def measure(directory: Optional[str | os.PathLike] = None, *, parts: int = PARTS,
             epochs: int = EPOCHS) -> dict:
     """``{"forward", "top", "backward", "params", "ssd_call", "device_mix", "kept_forward",
-    "kept_backward", "kept_params"}``: seconds per partition step of each kind of sweep with
-    host blocks, per table call on an SSD block beyond a host one, per halo call on a table
-    split between the device and host RAM beyond an all-host one, and per step of each kind
-    of sweep of a layer that keeps its aggregation (the top layer never does). ``directory``:
+    "kept_backward", "kept_params", "loader", "writer"}``: seconds per partition step of each
+    kind of sweep with host blocks, per table call on an SSD block beyond a host one, per halo
+    call on a table split between the device and host RAM beyond an all-host one, per step of
+    each kind of sweep of a layer that keeps its aggregation (the top layer never does), and
+    the loader's and the writer's own seconds per step with host blocks. ``directory``:
     where the SSD run's store goes (the disk the profile measures; default the system's
     temporary folder)."""
     graph = csbm(parts * ROWS, num_classes=WIDTH, num_features=WIDTH, avg_degree=10.0,
@@ -96,6 +100,7 @@ def measure(directory: Optional[str | os.PathLike] = None, *, parts: int = PARTS
     for kind, steps in _by_kind(keeping).items():
         if kind != "top":
             figures[f"kept_{kind}"] = float(np.median(steps))
+    figures.update(runs[0].threads_per_step())
     return figures
 
 
@@ -120,6 +125,7 @@ class _Timed:
         self.params = model.init(jax.random.key(0))
         self.opt_state = engine.optimizer.init(self.params)
         self.seconds: dict = {}
+        self.threads: dict = {"loader": [], "writer": []}  # per sweep: seconds per step
         self.epochs = 0
 
     def epoch(self, timed: bool) -> None:
@@ -130,13 +136,27 @@ class _Timed:
         if timed:
             for label, seconds in self.engine.sweep_seconds:
                 self.seconds.setdefault(label, []).append(seconds)
+            steps = self._steps()
+            for parts in self.engine.runner.sweep_parts:
+                self.threads["loader"].append(sum(parts["reads"].values()) / steps)
+                if parts["writes"]:  # the first layer's backward stores nothing
+                    self.threads["writer"].append(sum(parts["writes"].values()) / steps)
+
+    def _steps(self) -> int:
+        return sum(1 for p in self.engine.parts if p.num_out > 0) or 1
+
+    def threads_per_step(self) -> dict:
+        """``{"loader", "writer"}``: the median over the timed sweeps of each I/O thread's
+        seconds in the store's calls per step (`jgrind.engine.timing.SweepTiming`)."""
+        return {name: float(np.median(per_step)) if per_step else 0.0
+                for name, per_step in self.threads.items()}
 
     def per_step(self) -> dict:
         """``{sweep label: (median seconds per step, stored-table calls per step, halo calls
         per step)}``."""
         calls = {f"{s.kind} {s.layer}": (_calls(s), _halo_calls(s))
                  for s in self.engine.built.plan.schedule.sweeps}
-        steps = sum(1 for p in self.engine.parts if p.num_out > 0) or 1
+        steps = self._steps()
         return {label: (float(np.median(seconds)) / steps, *calls[label])
                 for label, seconds in self.seconds.items()}
 

@@ -89,9 +89,11 @@ def check_epoch(prediction, measured_sweeps: Sequence[tuple[str, float]],
     parts = ()
     if len(measured_parts) == len(sweeps):
         # the engine's own work for the steps is kept too (`Sweep.machinery`): it has no
-        # measured counterpart of its own, being in the measured compute and I/O both
+        # measured counterpart of its own, being in the measured compute and I/O both; and
+        # the I/O threads' own seconds (`Sweep.reader_own`), in their measured time
         parts = tuple({"predicted": {name: float(getattr(s, name, 0.0))
-                                     for name in PARTS + ("machinery",)},
+                                     for name in PARTS + ("machinery", "reader_own",
+                                                          "writer_own")},
                        "measured": measured}
                       for s, measured in zip(prediction.sweeps, measured_parts))
     return EpochCheck(epoch, float(prediction.epoch_seconds), float(epoch_seconds), sweeps,
@@ -184,6 +186,14 @@ def format_sweep_table(rows: Sequence[tuple[str, float, float]]) -> str:
     return "\n".join(lines)
 
 
+def priced_part(predicted: dict, name: str) -> float:
+    """A sweep's priced ``name`` (one of `PARTS`) from a check's predicted parts, as its
+    measurement counts it: reads and writes are their threads' time, so their threads' own
+    seconds (`jgrind.plan.cost.Sweep.reader_own`, absent in older records) are in it."""
+    own = {"reads": "reader_own", "writes": "writer_own"}.get(name)
+    return predicted[name] + (predicted.get(own, 0.0) if own else 0.0)
+
+
 def parts_table(history: Sequence[dict]) -> list[dict]:
     """Every sweep's parts, predicted and measured (the median over the last plan's checked
     epochs, part by part), in the schedule's order: ``{"label", "predicted": {part: s},
@@ -223,7 +233,7 @@ def format_parts_table(rows: Sequence[dict]) -> str:
              f"{'waits r/w':>15}  by tier (measured reads/writes)"]
     for row in rows:
         p, m = row["predicted"], row["measured"]
-        cells = " ".join(f"{p[name]:>8.4f}/{m[name]:<8.4f}" for name in PARTS)
+        cells = " ".join(f"{priced_part(p, name):>8.4f}/{m[name]:<8.4f}" for name in PARTS)
         tiers = ", ".join(f"{t} {m['reads_by_tier'][t]:.4f}/{m['writes_by_tier'][t]:.4f}"
                           for t in m["reads_by_tier"])
         lines.append(f"  {row['label']:<14} {cells} {m['read_wait']:>7.4f}/"

@@ -24,7 +24,10 @@ the parts, in the schedule's order, for the plan's chart:
   longer than the host's cores need for them. Where the steps run on the host's cores too
   (the CPU backend), the kernels take every core while they run, and the rest (the engine's
   own work for the steps ``e``, the reads and the writes) shares the cores around them:
-  ``c + max(e, r, w, (e + r + w) / cores)`` (`HostCores`).
+  ``c + max(e, r, w, (e + r + w) / cores)`` (`HostCores`). The reader's and the writer's
+  threads also spend their own seconds per step in the store's calls, besides their bytes
+  (the profile's ``machinery_loader`` and ``machinery_writer``): their threads' terms are
+  ``r + r_own`` and ``w + w_own`` (`Sweep.reader_own`).
 
 Every I/O term is linear in the tier indicators of the blocks (except the all-on-device fast
 paths, which the planner handles with one binary per tensor), which is what lets the planner
@@ -1135,6 +1138,18 @@ def sweep_machinery(w: Workload, profile, kind: str, layer: int,
     return np.where(w.owned > 0, step + profile.machinery_ssd_call * ssd_calls + mixed, 0.0)
 
 
+def thread_own(w: Workload, profile, kind: str, layer: int) -> tuple[float, float]:
+    """``(reader, writer)``: the loader's and the writer's own seconds for a sweep's steps
+    (``kind`` of ``layer``) besides their bytes, the profile's per step (``machinery_loader``,
+    ``machinery_writer``) times the steps; the first layer's backward stores nothing. Zeros
+    where the profile did not measure them."""
+    steps = int(np.count_nonzero(w.owned > 0))
+    reader = getattr(profile, "machinery_loader", 0.0) * steps
+    writes = kind != "backward" or layer >= 1
+    writer = getattr(profile, "machinery_writer", 0.0) * steps if writes else 0.0
+    return float(reader), float(writer)
+
+
 def mixed_halo_call(w: Workload, layer: int, codes: np.ndarray) -> bool:
     """Whether a gather of ``H_layer`` (or a scatter-add into ``G_layer``) reads halo rows from
     a table with some blocks on the device and some off it: the device tier's takes (adds)
@@ -1679,6 +1694,11 @@ class Sweep:
     # the engine's own seconds for the sweep's steps (`sweep_machinery`): the sweep takes no
     # less, however little it computes and moves
     machinery: float = 0.0
+    # the loader's and the writer's own seconds for the sweep's steps besides their bytes
+    # (`thread_own`): part of ``machinery``'s wall time, and of their threads' time too, so
+    # that a thread's time is its bytes and these
+    reader_own: float = 0.0
+    writer_own: float = 0.0
 
     def io_seconds(self, parallel: float, cores: Optional["HostCores"] = None) -> float:
         """The sweep's I/O time: reads and writes run on two threads, so ``parallel`` (the
@@ -1686,12 +1706,13 @@ class Sweep:
         runs beside the longer. ``cores``: the host's cores, which bound it the other way:
         each thread on a core of its own (`HostCores.io_bound`); where the steps share them
         too, that bound is the I/O's time (the share is not read: `HostCores`)."""
+        reads, writes = self.reads + self.reader_own, self.writes + self.writer_own
         if cores is not None and cores.compute_on_host:
-            return cores.io_bound(self.reads, self.writes)
-        io = self.reads + self.writes - parallel * min(self.reads, self.writes)
+            return cores.io_bound(reads, writes)
+        io = reads + writes - parallel * min(reads, writes)
         if cores is None:
             return io
-        return min(io, cores.io_bound(self.reads, self.writes))
+        return min(io, cores.io_bound(reads, writes))
 
     def seconds(self, overlap: float, parallel: float,
                 cores: Optional["HostCores"] = None) -> float:
@@ -1701,7 +1722,8 @@ class Sweep:
         Never less than the engine's own work for the steps (``machinery``): a sweep of small
         steps is bound by their dispatch, hand-offs and table calls."""
         if cores is not None and cores.compute_on_host:
-            return cores.sweep_seconds(self.compute, self.reads, self.writes, self.machinery)
+            return cores.sweep_seconds(self.compute, self.reads, self.writes, self.machinery,
+                                       self.reader_own, self.writer_own)
         io = self.io_seconds(parallel, cores)
         return max(self.compute + io - overlap * min(self.compute, io), self.machinery)
 
@@ -1742,11 +1764,15 @@ class HostCores:
     compute_on_host: bool
 
     def sweep_seconds(self, compute: float, reads: float, writes: float,
-                      machinery: float = 0.0) -> float:
+                      machinery: float = 0.0, reader_own: float = 0.0,
+                      writer_own: float = 0.0) -> float:
         """A sweep's seconds when its steps run on these cores (the class's form): its
         kernels ``compute``, then the engine's own work for the steps ``machinery``
-        (`Sweep.machinery`), the reads and the writes around them."""
-        return compute + max(machinery, reads, writes,
+        (`Sweep.machinery`), the reads and the writes around them. ``reader_own``,
+        ``writer_own``: the I/O threads' own seconds besides their bytes (`thread_own`),
+        on their threads; in the cores' share they are ``machinery``'s already (the probe
+        that measures it runs those threads too)."""
+        return compute + max(machinery, reads + reader_own, writes + writer_own,
                              (machinery + reads + writes) / self.count)
 
     def io_bound(self, reads: float, writes: float) -> float:
@@ -2181,11 +2207,13 @@ def _price_sweep(w: Workload, a: Assignment, profile, cache: CacheModel, sweep,
         # the layer above makes this layer's output masks only if it regathers
         step = _step(w, profile, l, backward_kind(w, l, l in a.kept), masked=l + 1 not in a.kept)
     machinery = sweep_machinery(w, profile, kind, l, ssd_calls, mixed_calls, l in a.kept)
+    reader_own, writer_own = thread_own(w, profile, kind, l)
     return Sweep(label=f"{kind} {l}", layer=l, kind=kind, compute=step.total(),
                  moves=tuple(moves), partitions=tuple(order.tolist()),
                  part_compute=step.parts()[order], part_reads=parts["reads"][order],
                  part_writes=parts["writes"][order], **totals, **link,
-                 machinery=float(machinery.sum()))
+                 machinery=float(machinery.sum()), reader_own=reader_own,
+                 writer_own=writer_own)
 
 
 # The whole-graph training steps `jgrind profile` times (`Profile.fused_steps`): a GCN with

@@ -17,7 +17,7 @@ from typing import Any, Optional
 from jgrind.hostio import allocator, host_memory
 from jgrind.hostio.rows import threads as row_threads
 
-PROFILE_VERSION = 26  # 2: page-cache figures; 3: per-call overheads of row I/O;
+PROFILE_VERSION = 27  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                      4: gathers into the output buffer, scatter-add rate;
 #                      5: host -> device rate at two transfer sizes;
 #                      6: scatter-adds through `jgrind.hostio.rows` (take, add, store), not `x[i] += v`
@@ -67,6 +67,9 @@ PROFILE_VERSION = 26  # 2: page-cache figures; 3: per-call overheads of row I/O;
 #                     26: the sparse product on a partition step's block too
 #                         (`spmm_cached_rate`): its input often fits in the caches, the
 #                         200k-row probe's does not
+#                     27: the loader's and the writer's own seconds per step
+#                         (`machinery_loader`, `machinery_writer`): an I/O thread's time is
+#                         that and its bytes
 
 _MIB = 2**20
 
@@ -92,7 +95,7 @@ _FLOAT_FIELDS = ("matmul_flops", "spmm_rate", "step_latency", "sweep_step", "gat
                  "machinery_forward", "machinery_top", "machinery_backward",
                  "machinery_params", "machinery_ssd_call", "machinery_device_mix",
                  "machinery_kept_forward", "machinery_kept_backward", "machinery_kept_params",
-                 "spmm_cached_rate")
+                 "machinery_loader", "machinery_writer", "spmm_cached_rate")
 _INT_FIELDS = ("device_free", "host_free", "ssd_free", "to_device_bytes",
                "to_device_small_bytes", "spmm_bytes", "spmm_cached_bytes")
 
@@ -195,6 +198,12 @@ class Profile:
     machinery_kept_forward: float = 0.0
     machinery_kept_backward: float = 0.0
     machinery_kept_params: float = 0.0
+    # the loader's and the writer's own seconds per step in the same run with host blocks:
+    # their calls into the store with next to nothing to move (routes, table calls, the
+    # hand-over), which their thread spends besides its bytes (`jgrind.plan.cost.Sweep`);
+    # 0 where not measured
+    machinery_loader: float = 0.0
+    machinery_writer: float = 0.0
     # the sparse product's rate on a partition step's block, whose input (`spmm_cached_bytes`)
     # the caches hold, and the input size `spmm_rate` was measured at (`spmm_bytes`): the
     # product reads its input's rows in the adjacency's random order, so it runs several
@@ -269,6 +278,10 @@ class Profile:
                              "table split between the device and other tiers "
                              "(the engine's own, per partition step)")
              if self.machinery_forward else "not measured"),
+            ("I/O threads' own", f"{self.machinery_loader * 1e3:.3f} ms loader, "
+                                 f"{self.machinery_writer * 1e3:.3f} ms writer (per step, "
+                                 "besides their bytes)"
+             if self.machinery_loader else "not measured"),
             ("device call", f"{self.device_call * 1e3:.3f} ms (a device-tier block write, "
                             "row take or row add)" if self.device_call else "not measured"),
             ("cached halo owner", f"{self.cached_take * 1e6:.1f} us from a cached block, "

@@ -51,8 +51,8 @@ from jgrind.plan.cost import (Assignment, HostCores, Prediction, Workload,
                               backward_kind, fit_masks, format_bytes, format_minimum,
                               fullest_working_set, gather_seconds, in_memory_seconds,
                               least_device_budget, measured_machinery, predict, step_machinery,
-                              read_block_seconds, step_seconds, uniform, with_page_cache,
-                              write_seconds)
+                              read_block_seconds, step_seconds, thread_own, uniform,
+                              with_page_cache, write_seconds)
 from jgrind.plan.execution import fits_in_memory, in_memory_bytes
 from jgrind.plan.fates import (ACTIVATION, AGGREGATION, EXACT, FATES, GRADIENT, D, Fate, H, R,
                                S, Storage, TensorInfo)
@@ -426,15 +426,18 @@ class _Program:
             reads, writes, read_const, write_const = self._sweep_io(kind, l)
             c, c_lin = self._sweep_compute(kind, l)
             terms, const = self._sweep_machinery(kind, l)
+            own = thread_own(self.w, self.profile, kind, l)
             if self.cores is not None and self.cores.compute_on_host:
                 # the kernels, then the engine's work beside the I/O (`HostCores`)
                 self._shared_cores(s, (reads, read_const), (writes, write_const), c, c_lin,
-                                   (terms, const))
+                                   (terms, const), own)
                 continue
             if terms or const:
                 self.add({self.t0 + s: 1.0, **{key: -v for key, v in terms.items()}},
                          const, np.inf)
-            self._epigraph(s, (reads, read_const), (writes, write_const), c, c_lin)
+            # each I/O thread's time is its bytes and its own seconds (`Sweep.io_seconds`)
+            self._epigraph(s, (reads, read_const + own[0]), (writes, write_const + own[1]),
+                           c, c_lin)
 
     def _sweep_machinery(self, kind: str, l: int):
         """The engine's own seconds for the sweep's steps, a lower bound on ``T_s``
@@ -605,18 +608,20 @@ class _Program:
             self.add(first, c + (1 - eta) * io_const, np.inf)
             self.add(second, (1 - eta) * c + io_const, np.inf)
 
-    def _shared_cores(self, s: int, reads, writes, c: float, c_lin: dict, machinery) -> None:
+    def _shared_cores(self, s: int, reads, writes, c: float, c_lin: dict, machinery,
+                      own: tuple = (0.0, 0.0)) -> None:
         """The sweep's price where the steps, the reader and the writer share the host's cores
-        (`HostCores.sweep_seconds`): ``T_s >= c + e``, ``c + r``, ``c + w`` and ``c + (e + r +
-        w) / cores``, four constraints, exact; ``machinery``: the engine's own work ``e``
-        (`_sweep_machinery`), ``({variable: seconds}, constant seconds)`` as the others."""
+        (`HostCores.sweep_seconds`): ``T_s >= c + e``, ``c + r + r_own``, ``c + w + w_own``
+        and ``c + (e + r + w) / cores``, four constraints, exact; ``machinery``: the engine's
+        own work ``e`` (`_sweep_machinery`), ``({variable: seconds}, constant seconds)`` as
+        the others; ``own``: the I/O threads' own seconds (`jgrind.plan.cost.thread_own`)."""
         (r, r_const), (wr, w_const), (e, e_const) = reads, writes, machinery
         count = self.cores.count
         spread = {}
         for terms in (r, wr, e):
             for key, v in terms.items():
                 _addto(spread, key, v / count)
-        for terms, const in ((e, e_const), (r, r_const), (wr, w_const),
+        for terms, const in ((e, e_const), (r, r_const + own[0]), (wr, w_const + own[1]),
                              (spread, (r_const + w_const + e_const) / count)):
             bound = {self.t0 + s: 1.0}
             for key, v in (*terms.items(), *c_lin.items()):

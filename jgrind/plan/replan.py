@@ -9,7 +9,8 @@ The rule (docs/planner.md, "Re-planning"):
    every sweep's parts, sweep by sweep and part by part): the cost model's compute, its
    host/device I/O and its SSD I/O are each scaled by measured over predicted, summed over
    the sweeps' parts (`jgrind.engine.timing`; where the steps run on the host's cores, an I/O
-   thread's seconds less the share of its sweep the kernels took, `kernel_shares`), the
+   thread's seconds less the share of its sweep the kernels took, `kernel_shares`; less the
+   thread's own seconds per step as the profile has them, which are not its bytes), the
    overlap of I/O with compute is fitted to the measured sweeps' total, and what is left
    between the sweeps as priced and as measured scales every sweep (`Calibration.residual`).
    One epoch is too noisy to plan from: the main job's first timed epoch took 0.237, 0.235
@@ -47,7 +48,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from jgrind.plan.check import PLAN_MARGIN
+from jgrind.plan.check import PLAN_MARGIN, priced_part
 from jgrind.plan.cost import HostCores, Prediction, predict
 from jgrind.plan.planner import plan as plan_for
 
@@ -126,18 +127,26 @@ def _parts(prediction: Prediction, w, a, profile, cache: int, num_params: int) -
 
 
 def measured_parts(sweep_parts: Sequence[dict],
-                   shares: Optional[Sequence[float]] = None) -> dict:
+                   shares: Optional[Sequence[float]] = None,
+                   threads_own: Optional[Sequence[tuple]] = None) -> dict:
     """An epoch's measured compute, host/device I/O and SSD I/O seconds, summed over its
     sweeps (`jgrind.engine.runner.Runner.sweep_parts`). ``shares``: per sweep, the
     share of its time the steps' kernels held the host's cores (`kernel_shares`); that
-    share of each I/O thread's time stood still behind them, and is not its own work."""
+    share of each I/O thread's time stood still behind them, and is not its own work.
+    ``threads_own``: per sweep, the reader's and the writer's own seconds besides their
+    bytes as priced (`jgrind.plan.cost.Sweep.reader_own`), taken off each thread's time
+    (from its tiers in proportion): the I/O rates are what is left, so that a thread's
+    fixed cost per step is not read as slow bytes."""
     out = {"compute": 0.0, "memory": 0.0, "ssd": 0.0}
     for i, parts in enumerate(sweep_parts):
         out["compute"] += parts["compute"]
-        own = 1.0 - (shares[i] if shares is not None else 0.0)
-        for side in ("reads", "writes"):
+        running = 1.0 - (shares[i] if shares is not None else 0.0)
+        for j, side in enumerate(("reads", "writes")):
+            total = running * sum(parts[side].values())
+            fixed = threads_own[i][j] if threads_own is not None else 0.0
+            keep = max(0.0, total - fixed) / total if total > 0 else 0.0
             for tier, seconds in parts[side].items():
-                out["ssd" if tier == "ssd" else "memory"] += own * seconds
+                out["ssd" if tier == "ssd" else "memory"] += keep * running * seconds
     return out
 
 
@@ -169,8 +178,11 @@ def calibrate(base, w, a, cache: int, num_params: int, sweep_parts: Sequence[dic
     ``w`` is predicted as measured: each part's total as the epoch's ``sweep_parts``, the
     sweeps' total as ``sweep_seconds``. Returns it, the calibrated profile and the
     prediction. A part the model or the measurement puts at nothing keeps its factor."""
+    before = predict(w, a, base, cache, num_params)
+    threads_own = [(s.reader_own, s.writer_own) for s in before.sweeps] \
+        if len(before.sweeps) == len(sweep_parts) else None
     measured = measured_parts(sweep_parts, kernel_shares(
-        predict(w, a, base, cache, num_params), sweep_parts, sweep_seconds, HostCores.of(base)))
+        before, sweep_parts, sweep_seconds, HostCores.of(base)), threads_own)
     factors = {"compute": 1.0, "memory": 1.0, "ssd": 1.0}
     for _ in range(_ITERATIONS):
         profile = Calibration(**factors).profile(base)
@@ -417,7 +429,9 @@ def _furthest_part(check, cores: Optional[HostCores] = None) -> tuple[str, str, 
     """The sweep and part (compute, reads, writes) furthest from its prediction, in seconds;
     the whole sweep when its parts were not timed. The measured compute is the main thread's
     time outside its waits, the engine's own work for the steps with their kernels: it is
-    held against both priced (`jgrind.plan.cost.Sweep.engine_bound`), not the kernels alone."""
+    held against both priced (`jgrind.plan.cost.Sweep.engine_bound`), not the kernels alone;
+    the measured reads and writes are their threads' time, held against their bytes' price
+    and the threads' own seconds (`jgrind.plan.cost.Sweep.reader_own`)."""
     if not check.parts:
         label, predicted, measured = check.furthest()
         return label, "time", predicted, measured
@@ -427,7 +441,7 @@ def _furthest_part(check, cores: Optional[HostCores] = None) -> tuple[str, str, 
         priced = parts["predicted"]
         for name in ("compute", "reads", "writes"):
             m = measured[name] if name == "compute" else sum(measured[name].values())
-            p = priced[name]
+            p = priced_part(priced, name)
             if name == "compute":
                 engine = priced.get("machinery", 0.0)
                 on_host = cores is None or cores.compute_on_host
