@@ -20,7 +20,9 @@ The rule (docs/planner.md, "Re-planning"):
 3. The run re-plans when the new plan is predicted faster than the current one (re-priced)
    by more than `PLAN_MARGIN` of it, or by more than `REPLAN_GAIN` of it when the measured
    epoch was more than `PLAN_MARGIN` slower than predicted: a rebuild costs a compiled
-   epoch, which a gain of a few percent does not pay back. When the plan stays, the run is
+   epoch, which a gain of a few percent does not pay back. Either gain must also exceed the
+   calibration's residual (the share of the epoch its parts could not place, which prices
+   the new plan only to within that share). When the plan stays, the run is
    held from then on against the current plan re-priced with the calibrated profile.
 4. After a re-plan the next plan is reviewed the same way (its first epoch compiles; the ones
    after are reviewed), but re-plans again only if their median missed its prediction by more
@@ -53,7 +55,7 @@ from jgrind.plan.cost import HostCores, Prediction, predict
 from jgrind.plan.planner import plan as plan_for
 
 __all__ = ["MAX_REPLANS", "REPLAN_GAIN", "REVIEW_EPOCHS", "STEP_BACK_MARGIN", "Calibration",
-           "Replan", "Replanner", "calibrate", "kernel_shares", "median_epoch",
+           "Replan", "Replanner", "calibrate", "kernel_shares", "median_epoch", "needed_gain",
            "with_residual"]
 
 MAX_REPLANS = 3
@@ -315,8 +317,11 @@ class Replanner:
         new = with_residual(new, calibration.residual)
         slow = check.deviation > self.margin
         missed = abs(check.deviation) > self.margin
-        faster = new.epoch_seconds < (1.0 - self.margin) * repriced.epoch_seconds
-        gains = new.epoch_seconds < (1.0 - REPLAN_GAIN) * repriced.epoch_seconds
+        unplaced = abs(calibration.residual - 1.0)
+        faster = new.epoch_seconds < (1.0 - needed_gain(self.margin, calibration)) * \
+            repriced.epoch_seconds
+        gains = new.epoch_seconds < (1.0 - needed_gain(REPLAN_GAIN, calibration)) * \
+            repriced.epoch_seconds
         changed = not _same_plan(new, old)
         trigger = (faster or (slow and gains)) if self.replans == 0 else (missed and faster)
         label, component, predicted, measured = _furthest_part(check, HostCores.of(self.profile))
@@ -333,7 +338,9 @@ class Replanner:
                f"{measured:.3g} s against {predicted:.3g} s")
         if not (changed and trigger):
             reason = "the plan stays" if not changed else \
-                "no other plan is predicted enough faster to pay for a rebuild"
+                "no other plan is predicted enough faster to pay for a rebuild" + (
+                    f" and beyond the {unplaced:.0%} of the epoch the calibration could "
+                    "not place" if unplaced > REPLAN_GAIN else "")
             return Replan(None, f"reviewed the plan: {why}; {reason}", record, repriced)
         self.replans += 1
         self.plan, self.profile, self.reviewed = new, profile, False
@@ -371,6 +378,14 @@ class Replanner:
                 f"the {measured_before:.3g} s the plan before measured "
                 f"(predicted {check.predicted:.3g} s)")
         return Replan(back, line, record, None)
+
+
+def needed_gain(least: float, calibration: Calibration) -> float:
+    """The share of the current plan's re-priced epoch a new plan must be predicted faster
+    by: ``least``, and at least the share of the measured epoch the calibration's parts
+    could not place (its residual), which it spreads evenly over another plan's sweeps and so
+    prices that plan no better than to within it."""
+    return max(least, abs(calibration.residual - 1.0))
 
 
 def median_epoch(seen: Sequence[tuple]) -> tuple:
