@@ -119,6 +119,8 @@ def train_auto(graph, model, cfg: Config, profile, store, epochs: int,
     last_plan = max(r.get("plan", 0) for r in checked)
     last = [r for r in checked if r.get("plan", 0) == last_plan]
     replans = [r["replan"] for r in result.history if "replan" in r]
+    # every review, kept plans' too: their calibration and the best other plan's price
+    reviews = [r["plan_review"] for r in result.history if "plan_review" in r]
     if plans is not None:
         plans[:] = [made[0], result.plan if result.plan is not None else made[0]]
     m = made[0].prediction.memory
@@ -128,7 +130,7 @@ def train_auto(graph, model, cfg: Config, profile, store, epochs: int,
     memory = result.memory or {}
     # a kept plan is held against its re-priced prediction after the review: the plan's own
     # prediction is its first checked epoch's
-    return {"replanned": bool(replans), "replans": replans,
+    return {"replanned": bool(replans), "replans": replans, "reviews": reviews,
             "predicted_first": first[0]["predicted_seconds"],
             "times_first": [r["seconds"] for r in first],
             "predicted": last[0]["predicted_seconds"], "times": [r["seconds"] for r in last],
