@@ -181,14 +181,11 @@ def test_plan_is_optimal_against_brute_force_with_the_engines_own_step_cost(case
     assert bound, "the engine's own cost bounds no sweep: the test checks nothing"
 
 
-@pytest.mark.parametrize("keep", [True, False])
-def test_program_prices_the_engines_own_step_cost_as_the_model(keep):
-    """The program's epoch (its sweeps' epigraphs at the optimum) is the cost model's for the
-    assignment it chose, the engine's own cost per step and per SSD call included: without
-    those rows the program would price the SSD plan's narrow sweeps at their kernels."""
+def _solved_with_a_third_on_the_host(w, profile, keep: bool):
+    """The planner's program for ``w`` with room on the host for a third of layer 1's blocks
+    and SSD for the rest, solved: its assignment, the model's prediction of that assignment,
+    and the program's epoch (its sweeps' epigraphs at the optimum)."""
     from jgrind.plan.planner import _Coefficients, _Program
-    w, _ = brute_force_case()
-    profile = fixed_profile(**MACHINERY)
     stored = int(w.block_bytes(1).sum())
     program = _Program(w, profile, _Coefficients(w, profile), frozenset(), keep)
     program.one_tier_per_block()
@@ -197,11 +194,21 @@ def test_program_prices_the_engines_own_step_cost_as_the_model(keep):
     counts = program.solve(True)
     assert counts is not None
     a = program.assignment(counts)
-    assert any(np.any(c == S) for c in a.activations + a.gradients)
-    prediction = predict(w, a, profile)
     epigraphs = program.solution[program.t0:program.t0 + len(program.order)]
+    return a, predict(w, a, profile), float(epigraphs.sum())
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_program_prices_the_engines_own_step_cost_as_the_model(keep):
+    """The program's epoch (its sweeps' epigraphs at the optimum) is the cost model's for the
+    assignment it chose, the engine's own cost per step and per SSD call included: without
+    those rows the program would price the SSD plan's narrow sweeps at their kernels."""
+    w, _ = brute_force_case()
+    profile = fixed_profile(**MACHINERY)
+    a, prediction, epigraphs = _solved_with_a_third_on_the_host(w, profile, keep)
+    assert any(np.any(c == S) for c in a.activations + a.gradients)
     assert sum(prediction.sweep_seconds(s) for s in prediction.sweeps) == \
-        pytest.approx(float(epigraphs.sum()), rel=5e-4)
+        pytest.approx(epigraphs, rel=5e-4)
     cores = HostCores.of(profile)
     assert any(s.machinery > 0 and prediction.sweep_seconds(s) == s.engine_bound(cores)
                for s in prediction.sweeps)
@@ -212,23 +219,14 @@ def test_program_prices_the_io_threads_own_seconds_as_the_model():
     (`jgrind.plan.cost.thread_own`): where they make a thread the sweep's longest part, the
     program's epoch (its epigraphs at the optimum) is still the model's for the assignment it
     chose; without those constants in its rows it prices those sweeps at the engine's work."""
-    from jgrind.plan.planner import _Coefficients, _Program
     from jgrind.plan.profile import machine_fingerprint
     w, _ = brute_force_case()
     machine = {**machine_fingerprint(), "cores": 2, "backend": "cpu"}
     profile = fixed_profile(machine=machine, **{**MACHINERY, "machinery_loader": 1e-3,
                                                 "machinery_writer": 8e-4})
-    stored = int(w.block_bytes(1).sum())
-    program = _Program(w, profile, _Coefficients(w, profile), frozenset(), True)
-    program.one_tier_per_block()
-    program.sweep_times()
-    program.memory(w.working_set() + stored // 3 - w.working_set(), stored, True, 1 << 40)
-    counts = program.solve(True)
-    assert counts is not None
-    prediction = predict(w, program.assignment(counts), profile)
-    epigraphs = program.solution[program.t0:program.t0 + len(program.order)]
+    _, prediction, epigraphs = _solved_with_a_third_on_the_host(w, profile, True)
     assert sum(prediction.sweep_seconds(s) for s in prediction.sweeps) == \
-        pytest.approx(float(epigraphs.sum()), rel=5e-4)
+        pytest.approx(epigraphs, rel=5e-4)
     # a thread's own seconds make it the longest part of some sweep: the test checks them
     cores = HostCores.of(profile)
     assert any(prediction.sweep_seconds(s) > max(s.engine_bound(cores), s.compute + s.reads
